@@ -1,0 +1,310 @@
+package limiter
+
+import (
+	"math"
+	"math/bits"
+	"time"
+)
+
+// Decision is the answer to one check.
+type Decision struct {
+	Allowed bool
+	// Limit is the rule's Capacity: the most that can pass at once.
+	Limit int64
+	// Remaining is what could still pass right after this decision.
+	Remaining int64
+	// ResetAfter is how long until Remaining is back at Limit with no
+	// further traffic.
+	ResetAfter time.Duration
+	// RetryAfter is how long until this same check would pass; 0 when
+	// allowed.
+	RetryAfter time.Duration
+	// Delay (leaky_bucket only) is how long an allowed request must wait
+	// to be released in order.
+	Delay time.Duration
+}
+
+// The steps below share one contract: the caller has validated the rule
+// (Rule.Validate) and the cost (Rule.CheckCost). A cost of 0 spends
+// nothing and answers whether a cost-1 check would pass now. Denied
+// checks never change the state.
+
+// TAT is the state of token_bucket, gcra and leaky_bucket: the
+// theoretical arrival time, the instant the bucket will be full again
+// (nanoseconds on the caller's clock). A TAT at or before now is the same
+// as a fresh, full bucket; the zero value is one.
+//
+// A token bucket of capacity b refilled one token every T is exactly GCRA
+// with tolerance b·T: tokens(now) = b − (TAT − now)/T. Keeping the TAT
+// instead of (tokens, last) fits the whole state in one int64 and keeps
+// all arithmetic in integer nanoseconds.
+type TAT int64
+
+// Dead reports whether the state is equivalent to a fresh key at now.
+func (s TAT) Dead(now int64) bool { return int64(s) <= now }
+
+// StepTAT decides a check for token_bucket, gcra and leaky_bucket.
+// For leaky_bucket the decision's Delay is how long after now this
+// request leaves the bucket: consecutive admissions are released one
+// interval apart, and never more than Burst intervals ahead.
+func StepTAT(s TAT, r *Rule, now, cost int64) (TAT, Decision) {
+	t := r.interval()
+	tau := r.Capacity() * t // ≤ MaxTolerance, see Validate
+	start := max(int64(s), now)
+	d := Decision{Allowed: true, Limit: r.Capacity()}
+	want := cost
+	if cost == 0 {
+		want = 1
+	}
+	ahead := start - now // debt already in the bucket
+	if ahead+want*t > tau {
+		d.Allowed = false
+		d.RetryAfter = time.Duration(ahead + want*t - tau)
+	}
+	if d.Allowed && cost > 0 {
+		if r.Algorithm == LeakyBucket {
+			d.Delay = time.Duration(ahead)
+		}
+		ahead += cost * t
+		s = TAT(now + ahead)
+	}
+	d.Remaining = max(tau-ahead, 0) / t // ahead > tau only after the rule shrank
+	d.ResetAfter = time.Duration(ahead)
+	return s, d
+}
+
+// Window is the state of fixed_window and sliding_window. DeadAt is the
+// instant the state stops mattering: the end of the current window for
+// fixed_window, the end of the window after it for sliding_window (when
+// the current count stops weighing as "previous"). Counts is the count
+// of the current window (fixed), or previous<<32 | current (sliding).
+// The zero value is a fresh key.
+type Window struct {
+	DeadAt int64
+	Counts uint64
+}
+
+// Dead reports whether the state is equivalent to a fresh key at now.
+func (s Window) Dead(now int64) bool { return s.DeadAt <= now }
+
+// StepWindow decides a check for fixed_window and sliding_window.
+func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
+	if r.Algorithm == SlidingWindow {
+		return stepSliding(s, r, now, cost)
+	}
+	p := int64(r.Period)
+	if s.Dead(now) {
+		s = Window{DeadAt: alignDown(now, p) + p}
+	}
+	count := int64(s.Counts)
+	want := max(cost, 1)
+	d := Decision{Allowed: count+want <= r.Limit, Limit: r.Limit}
+	if !d.Allowed {
+		// cost ≤ Limit, so it passes as soon as the window turns.
+		d.RetryAfter = time.Duration(s.DeadAt - now)
+	} else if cost > 0 {
+		count += cost
+		s.Counts = uint64(count)
+	}
+	d.Remaining = r.Limit - count
+	if count > 0 {
+		d.ResetAfter = time.Duration(s.DeadAt - now)
+	}
+	return s, d
+}
+
+// stepSliding: estimate = prev × (P − elapsed)/P + cur; admit when
+// estimate + cost ≤ limit. All comparisons are exact in 128-bit integers:
+// prev × (P − elapsed) + (cur + cost) × P ≤ limit × P.
+func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
+	p := int64(r.Period)
+	var start int64 // start of the current window
+	var prev, cur int64
+	if s.Dead(now) {
+		start = alignDown(now, p)
+	} else {
+		start = s.DeadAt - 2*p
+		prev, cur = int64(s.Counts>>32), int64(s.Counts&0xffffffff)
+		if now >= start+p { // the current window has turned: it becomes previous
+			k := (now - start) / p // 1, since the state is not dead
+			start += k * p
+			prev, cur = cur, 0
+		}
+	}
+	elapsed := max(now-start, 0) // a clock that went back stays in this window
+	want := max(cost, 1)
+	limitP := mul128(r.Limit, p)
+	used := add128(mul128(prev, p-elapsed), mul128(cur, p))
+	d := Decision{Limit: r.Limit, Allowed: !less128(limitP, add128(used, mul128(want, p)))}
+	if d.Allowed && cost > 0 {
+		cur += cost
+		used = add128(used, mul128(cost, p))
+	}
+	if !d.Allowed {
+		d.RetryAfter = time.Duration(slidingRetry(prev, cur, want, r.Limit, p, elapsed))
+	}
+	if !less128(limitP, used) { // used > limit×P only after the rule shrank
+		d.Remaining = int64(div128(sub128(limitP, used), p))
+	}
+	switch {
+	case cur > 0:
+		d.ResetAfter = time.Duration(start + 2*p - now)
+	case prev > 0:
+		d.ResetAfter = time.Duration(start + p - now)
+	}
+	s = Window{DeadAt: start + 2*p, Counts: uint64(prev)<<32 | uint64(cur)}
+	if prev == 0 && cur == 0 {
+		s = Window{}
+	}
+	return s, d
+}
+
+// slidingRetry is the exact wait until prev×(P−e)/P + cur + want ≤ limit,
+// for a window state observed at elapsed e.
+func slidingRetry(prev, cur, want, limit, p, e int64) int64 {
+	// wait returns the least e' with n × (P − e') ≤ room × P:
+	// e' = P − ⌊room·P/n⌋, or 0 when that is negative.
+	wait := func(n, room int64) int64 {
+		q := div128(mul128(room, p), n)
+		if q >= uint64(p) {
+			return 0
+		}
+		return p - int64(q)
+	}
+	if room := limit - cur - want; room >= 0 && prev > 0 {
+		if e2 := wait(prev, room); e2 < p {
+			return max(e2-e, 0)
+		}
+	}
+	// In the next window previous = cur and current = 0; room ≥ 0 since
+	// want ≤ Limit.
+	e2 := int64(0)
+	if cur > 0 {
+		e2 = wait(cur, limit-want)
+	}
+	return p - e + e2
+}
+
+func alignDown(now, p int64) int64 {
+	q := now / p
+	if now < 0 && now%p != 0 {
+		q--
+	}
+	return q * p
+}
+
+// Log is the state of sliding_log: the admitted requests of the last
+// Period as (expiry, cost) entries in arrival order. The sum of their
+// costs never exceeds Limit and no entry has cost 0, so a Log holds at
+// most Limit ≤ MaxLogLimit entries. The zero value is a fresh key. A Log
+// is not safe for concurrent use.
+type Log struct {
+	ents []logEntry // ring buffer
+	head int        // index of the oldest entry
+	n    int        // live entries
+	sum  int64      // cost of the live entries
+}
+
+type logEntry struct {
+	exp  int64 // admitted at exp − Period
+	cost int64
+}
+
+// Dead reports whether the state is equivalent to a fresh key at now.
+func (l *Log) Dead(now int64) bool { l.expire(now); return l.n == 0 }
+
+// Len is the number of entries held.
+func (l *Log) Len() int { return l.n }
+
+func (l *Log) at(i int) *logEntry { return &l.ents[(l.head+i)%len(l.ents)] }
+
+func (l *Log) expire(now int64) {
+	for l.n > 0 && l.ents[l.head].exp <= now {
+		l.sum -= l.ents[l.head].cost
+		l.ents[l.head] = logEntry{}
+		l.head = (l.head + 1) % len(l.ents)
+		l.n--
+	}
+	if l.n == 0 {
+		l.head = 0
+		if cap(l.ents) > 8 {
+			l.ents = nil // memory tracks active keys
+		}
+	}
+}
+
+func (l *Log) push(e logEntry, limit int) {
+	if l.n == len(l.ents) {
+		size := min(max(2*l.n, 2), limit)
+		if size <= l.n {
+			size = l.n + 1 // unreachable with valid input
+		}
+		ents := make([]logEntry, size)
+		for i := 0; i < l.n; i++ {
+			ents[i] = *l.at(i)
+		}
+		l.ents, l.head = ents, 0
+	}
+	*l.at(l.n) = e
+	l.n++
+	l.sum += e.cost
+}
+
+// Step decides a sliding_log check and updates the log in place.
+func (l *Log) Step(r *Rule, now, cost int64) Decision {
+	l.expire(now)
+	want := max(cost, 1)
+	d := Decision{Allowed: l.sum+want <= r.Limit, Limit: r.Limit}
+	if !d.Allowed {
+		// Wait until enough of the oldest entries have left the window.
+		freed := int64(0)
+		for i := 0; i < l.n; i++ {
+			e := l.at(i)
+			freed += e.cost
+			if l.sum-freed+want <= r.Limit {
+				d.RetryAfter = time.Duration(e.exp - now)
+				break
+			}
+		}
+	} else if cost > 0 {
+		exp := now + int64(r.Period)
+		if l.n > 0 {
+			exp = max(exp, l.at(l.n-1).exp) // keep arrival order if time went back
+		}
+		l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
+	}
+	d.Remaining = r.Limit - l.sum
+	if l.n > 0 {
+		d.ResetAfter = time.Duration(l.at(l.n-1).exp - now)
+	}
+	return d
+}
+
+// 128-bit helpers for the sliding window's exact comparisons.
+type u128 struct{ hi, lo uint64 }
+
+func mul128(a, b int64) u128 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	return u128{hi, lo}
+}
+
+func add128(a, b u128) u128 {
+	lo, c := bits.Add64(a.lo, b.lo, 0)
+	return u128{a.hi + b.hi + c, lo}
+}
+
+func sub128(a, b u128) u128 {
+	lo, br := bits.Sub64(a.lo, b.lo, 0)
+	return u128{a.hi - b.hi - br, lo}
+}
+
+func less128(a, b u128) bool { return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo) }
+
+// div128 returns a / d for d > 0, saturated at the largest uint64.
+func div128(a u128, d int64) uint64 {
+	if a.hi >= uint64(d) {
+		return math.MaxUint64
+	}
+	q, _ := bits.Div64(a.hi, a.lo, uint64(d))
+	return q
+}
