@@ -1,0 +1,134 @@
+// Package api holds the wire types of ringlimit's HTTP API, shared by the
+// server (router/httpapi), the CLI and the Go client, and the sentinel
+// errors that lower layers return so that the HTTP layer can answer with
+// the contract's status codes. See shared/API.md for the contract.
+//
+// The package has no behaviour beyond (un)marshalling; its values are
+// plain data.
+package api
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Limits of the contract.
+const (
+	MaxKeyLen   = 1024    // bytes in a check's key
+	MaxBatch    = 1000    // checks in one batch
+	MaxBodySize = 1 << 20 // bytes in any request body
+)
+
+// CheckRequest is one check. Cost nil means 1.
+type CheckRequest struct {
+	Rule string `json:"rule"`
+	Key  string `json:"key"`
+	Cost *int64 `json:"cost,omitempty"`
+}
+
+// BatchRequest is a batch of checks, decided one by one.
+type BatchRequest struct {
+	Checks []CheckRequest `json:"checks"`
+}
+
+// Decision is the answer to one check; all durations are whole
+// milliseconds, rounded up.
+type Decision struct {
+	Allowed      bool  `json:"allowed"`
+	Limit        int64 `json:"limit"`
+	Remaining    int64 `json:"remaining"`
+	ResetAfterMs int64 `json:"reset_after_ms"`
+	RetryAfterMs int64 `json:"retry_after_ms"`
+	DelayMs      int64 `json:"delay_ms"`
+	Degraded     bool  `json:"degraded"`
+}
+
+// BatchResponse answers a BatchRequest, in the same order.
+type BatchResponse struct {
+	Results []Decision `json:"results"`
+}
+
+// Rule is a rule as GET /v1/rules shows it.
+type Rule struct {
+	Name        string `json:"name"`
+	Algorithm   string `json:"algorithm"`
+	Limit       int64  `json:"limit"`
+	Period      string `json:"period"`
+	Burst       int64  `json:"burst"`
+	FailureMode string `json:"failure_mode"`
+}
+
+// Rules is the body of GET and PUT /v1/rules.
+type Rules struct {
+	Rules []Rule `json:"rules"`
+}
+
+// Member is one cluster member as GET /v1/cluster shows it.
+type Member struct {
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	HTTP       string `json:"http"`
+	Raft       string `json:"raft"`
+	Peer       string `json:"peer"`
+	Partitions int    `json:"partitions"`
+}
+
+// Cluster is the body of GET /v1/cluster.
+type Cluster struct {
+	Leader     string   `json:"leader"`
+	Epoch      uint64   `json:"epoch"`
+	Partitions int      `json:"partitions"`
+	Members    []Member `json:"members"`
+}
+
+// JoinRequest is the body of POST /v1/cluster/join.
+type JoinRequest struct {
+	ID   string `json:"id"`
+	HTTP string `json:"http"`
+	Raft string `json:"raft"`
+	Peer string `json:"peer"`
+}
+
+// LeaveRequest is the body of POST /v1/cluster/leave.
+type LeaveRequest struct {
+	ID string `json:"id"`
+}
+
+// Error codes of the contract.
+const (
+	CodeBadRequest   = "bad_request"
+	CodeInvalidRules = "invalid_rules"
+	CodeUnauthorized = "unauthorized"
+	CodeForbidden    = "forbidden"
+	CodeUnknownRule  = "unknown_rule"
+	CodeNotFound     = "not_found"
+	CodeTooLarge     = "body_too_large"
+	CodeUnavailable  = "unavailable"
+	CodeInternal     = "internal"
+	CodeMethod       = "method_not_allowed"
+)
+
+// Error is the body of every error answer. It is also what the client
+// returns for one, with the HTTP status.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"error"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message)
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Sentinel errors that lower layers wrap so the HTTP layer can map them.
+var (
+	// ErrUnavailable: no leader for a write, or the node is not ready (503).
+	ErrUnavailable = errors.New("unavailable")
+	// ErrNotFound: an unknown member in a leave request (404).
+	ErrNotFound = errors.New("not found")
+	// ErrBadRequest: a request that can never succeed as written (400).
+	ErrBadRequest = errors.New("bad request")
+)

@@ -1,0 +1,66 @@
+package router
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's Prometheus series.
+type metrics struct {
+	decisions     *prometheus.CounterVec // rule, outcome
+	latency       prometheus.Histogram
+	batchSize     prometheus.Histogram
+	forwarded     prometheus.Counter
+	notOwner      prometheus.Counter
+	forwardErrors prometheus.Counter
+	degraded      prometheus.Counter
+
+	perRule sync.Map // rule name → *ruleCounters
+}
+
+type ruleCounters struct{ allowed, denied prometheus.Counter }
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_decisions_total", Help: "Checks decided, by rule and outcome (allowed, denied).",
+		}, []string{"rule", "outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "ringlimit_check_duration_seconds", Help: "Time to decide one call of checks (single or batch), forwarding included.",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "ringlimit_forward_batch_checks", Help: "Checks per batch sent to another owner.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 7),
+		}),
+		forwarded:     prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_forwarded_checks_total", Help: "Checks forwarded to another owner."}),
+		notOwner:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_not_owner_total", Help: "Checks answered NOT_OWNER and retried on a newer ring."}),
+		forwardErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_forward_errors_total", Help: "Batches to another owner that failed or timed out."}),
+		degraded:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_degraded_total", Help: "Checks answered by the rule's failure mode."}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.decisions, m.latency, m.batchSize, m.forwarded, m.notOwner, m.forwardErrors, m.degraded} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// count records one decision; the per-rule counters are looked up once.
+func (m *metrics) count(rule string, r Result) {
+	c, ok := m.perRule.Load(rule)
+	if !ok {
+		c, _ = m.perRule.LoadOrStore(rule, &ruleCounters{
+			allowed: m.decisions.WithLabelValues(rule, "allowed"),
+			denied:  m.decisions.WithLabelValues(rule, "denied"),
+		})
+	}
+	if r.Allowed {
+		c.(*ruleCounters).allowed.Inc()
+	} else {
+		c.(*ruleCounters).denied.Inc()
+	}
+}

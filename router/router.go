@@ -1,0 +1,449 @@
+// Package router forwards checks to the owners of their keys.
+//
+// A Router holds the current View of the cluster (the ring, the rules and
+// the hash seed), pushed to it with SetView whenever the cluster changes;
+// it never reads the Raft log, so it runs as well inside a member as in a
+// stateless front door. For each check it computes the key's partition
+// and owner: checks this node owns go to the Local handler in place;
+// checks owned elsewhere join that owner's micro-batch, which is sent over
+// the data plane when it is full or after a short linger. An owner that
+// answers NOT_OWNER makes the router wait briefly for a newer ring and
+// retry once; an owner that does not answer in time makes the rule's
+// failure mode answer (open: allowed, closed: denied; both degraded).
+//
+// A Router is safe for concurrent use. Per-request deadlines survive
+// batching: a batch is sent with the earliest deadline of its callers.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// View is an immutable snapshot of what the router needs of the cluster.
+type View struct {
+	Ring  *ring.Ring
+	Self  string // this node's member id; "" for a router that owns nothing
+	Seed  uint64 // the cluster's secret key-hash seed
+	Rules map[string]*limiter.Rule
+}
+
+// Remote sends a batch to the owner at a data-plane address
+// (transport.Pool implements it).
+type Remote interface {
+	Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error
+}
+
+// Config tunes a Router. The zero value of a field means its default.
+type Config struct {
+	// Linger is how long a remote batch waits for more checks (200µs).
+	Linger time.Duration
+	// MaxBatch is the most checks in one remote batch (512).
+	MaxBatch int
+	// Timeout is how long an owner may take to answer before the rule's
+	// failure mode answers instead (250ms).
+	Timeout time.Duration
+	// RefreshWait is how long a NOT_OWNER answer may wait for this
+	// router's view to reach the owner's epoch before the retry (500ms).
+	RefreshWait time.Duration
+	// Registerer receives the router's metrics; nil = not registered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{Linger: 200 * time.Microsecond, MaxBatch: 512, Timeout: 250 * time.Millisecond, RefreshWait: 500 * time.Millisecond}
+}
+
+// Validate checks the fields without changing them.
+func (c Config) Validate() error {
+	switch {
+	case c.Linger < 0 || c.Linger > time.Second:
+		return fmt.Errorf("router: linger %v outside [0, 1s]", c.Linger)
+	case c.MaxBatch < 0 || c.MaxBatch > 65536:
+		return fmt.Errorf("router: max batch %d outside [1, 65536]", c.MaxBatch)
+	case c.Timeout < 0 || c.RefreshWait < 0:
+		return errors.New("router: negative timeout")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Linger == 0 {
+		c.Linger = d.Linger
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = d.MaxBatch
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.RefreshWait == 0 {
+		c.RefreshWait = d.RefreshWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Router forwards checks to their owners. Create it with New.
+type Router struct {
+	cfg    Config
+	local  transport.Handler // decides what this node owns; nil for a pure router
+	remote Remote
+	m      *metrics
+
+	ctx    context.Context // lives until Close: the base of batch sends
+	cancel context.CancelFunc
+
+	view    atomic.Pointer[View]
+	viewMu  sync.Mutex    // guards viewNew
+	viewNew chan struct{} // closed when the view changes
+
+	mu       sync.Mutex // guards batchers
+	batchers map[string]*batcher
+
+	scratch sync.Pool // *scratch
+}
+
+// New returns a router. local decides the partitions this node owns (may
+// be nil when View.Self is ""); remote reaches the other owners.
+func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	r := &Router{cfg: cfg, local: local, remote: remote, viewNew: make(chan struct{}), batchers: map[string]*batcher{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.scratch.New = func() any { return new(scratch) }
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	return r, nil
+}
+
+// Close stops the router: batches in flight fail and answer by failure mode.
+func (r *Router) Close() { r.cancel() }
+
+// SetView installs a new view; checks from now on use it.
+func (r *Router) SetView(v *View) {
+	r.view.Store(v)
+	r.viewMu.Lock()
+	close(r.viewNew)
+	r.viewNew = make(chan struct{})
+	r.viewMu.Unlock()
+}
+
+// View returns the current view, nil before the first SetView.
+func (r *Router) View() *View { return r.view.Load() }
+
+// awaitEpoch waits until the view's ring epoch is at least epoch, ctx is
+// done or RefreshWait passes, and returns the view then current.
+func (r *Router) awaitEpoch(ctx context.Context, epoch uint64) *View {
+	timer := time.NewTimer(r.cfg.RefreshWait)
+	defer timer.Stop()
+	for {
+		r.viewMu.Lock()
+		ch := r.viewNew
+		r.viewMu.Unlock()
+		v := r.view.Load()
+		if v != nil && v.Ring != nil && v.Ring.Epoch() >= epoch {
+			return v
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return r.view.Load()
+		case <-ctx.Done():
+			return r.view.Load()
+		}
+	}
+}
+
+// scratch is the per-call working memory, pooled.
+type scratch struct {
+	checks  []transport.Check
+	rules   []*limiter.Rule
+	pending []int
+	retry   []int
+	local   transport.BatchRequest
+	resp    transport.BatchResponse
+	waits   []ticket
+}
+
+// ticket is a caller's share of a remote batch.
+type ticket struct {
+	b   *batch
+	off int
+	idx []int // indexes into the caller's requests, in batch order
+}
+
+// Check decides every request and writes its result to out (len(out) ≥
+// len(reqs)). An invalid request fails the whole call with an *ItemError
+// before anything is spent; an error wrapping api.ErrUnavailable means
+// the router knows no cluster yet; otherwise the only error is ctx's.
+func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {
+	start := time.Now()
+	v := r.view.Load()
+	if v == nil || v.Ring == nil {
+		return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
+	}
+	if len(out) < len(reqs) {
+		return fmt.Errorf("%w: %d results for %d checks", api.ErrBadRequest, len(out), len(reqs))
+	}
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	s.checks, s.rules, s.pending = s.checks[:0], s.rules[:0], s.pending[:0]
+	for i, q := range reqs {
+		rule, ok := v.Rules[q.Rule]
+		switch {
+		case !ok:
+			return &ItemError{i, fmt.Errorf("%w %q", ErrUnknownRule, q.Rule)}
+		case q.Key == "":
+			return &ItemError{i, fmt.Errorf("%w: key is empty", api.ErrBadRequest)}
+		case len(q.Key) > api.MaxKeyLen:
+			return &ItemError{i, fmt.Errorf("%w: key is %d bytes, at most %d", api.ErrBadRequest, len(q.Key), api.MaxKeyLen)}
+		}
+		if err := rule.CheckCost(q.Cost); err != nil {
+			return &ItemError{i, fmt.Errorf("%w: %w", api.ErrBadRequest, err)}
+		}
+		kh := limiter.KeyHash(v.Seed, q.Key)
+		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost)})
+		s.rules = append(s.rules, rule)
+		s.pending = append(s.pending, i)
+	}
+	for attempt := 0; len(s.pending) > 0; attempt++ {
+		epoch := r.dispatch(ctx, v, s, out)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if len(s.retry) == 0 {
+			break
+		}
+		if attempt == 1 { // NOT_OWNER twice: the cluster is still moving
+			for _, i := range s.retry {
+				out[i] = failureAnswer(s.rules[i])
+				r.m.degraded.Inc()
+			}
+			break
+		}
+		r.m.notOwner.Add(float64(len(s.retry)))
+		v = r.awaitEpoch(ctx, epoch)
+		s.pending, s.retry = append(s.pending[:0], s.retry...), s.pending[:0]
+	}
+	for i := range reqs {
+		r.m.count(reqs[i].Rule, out[i])
+	}
+	r.m.latency.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// dispatch decides s.pending under view v, writing out[]; the indexes
+// that met NOT_OWNER are left in s.retry, and the highest epoch an owner
+// reported is returned.
+func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result) (maxEpoch uint64) {
+	s.retry = s.retry[:0]
+	s.local.Checks = s.local.Checks[:0]
+	s.waits = s.waits[:0]
+	var localIdx []int
+	var groups map[string]*ticket // per owner address, built lazily
+	for _, i := range s.pending {
+		owner, ok := v.Ring.Owner(s.checks[i].Partition)
+		switch {
+		case !ok:
+			out[i] = failureAnswer(s.rules[i])
+			r.m.degraded.Inc()
+		case owner.ID == v.Self && r.local != nil:
+			s.local.Checks = append(s.local.Checks, s.checks[i])
+			localIdx = append(localIdx, i)
+		default:
+			if groups == nil {
+				groups = map[string]*ticket{}
+			}
+			t := groups[owner.Peer]
+			if t == nil {
+				t = &ticket{}
+				groups[owner.Peer] = t
+			}
+			t.idx = append(t.idx, i)
+		}
+	}
+	// Remote groups first, so their batches fly while we decide locally.
+	for addr, t := range groups {
+		b := r.batcherFor(addr)
+		t.b, t.off = b.add(ctx, v.Ring.Epoch(), s.checks, t.idx)
+		s.waits = append(s.waits, *t)
+		r.m.forwarded.Add(float64(len(t.idx)))
+	}
+	if len(localIdx) > 0 {
+		s.local.Epoch = v.Ring.Epoch()
+		s.resp.Results = resize(s.resp.Results, len(s.local.Checks))
+		r.local.HandleBatch(ctx, &s.local, &s.resp)
+		maxEpoch = max(maxEpoch, s.resp.Epoch)
+		for k, i := range localIdx {
+			r.settle(out, s, i, &s.resp.Results[k])
+		}
+	}
+	for _, t := range s.waits {
+		select {
+		case <-t.b.done:
+		case <-ctx.Done():
+			return maxEpoch
+		}
+		if t.b.err != nil {
+			r.m.forwardErrors.Inc()
+			r.cfg.Logger.Debug("forward failed", "owner", t.b.addr, "err", t.b.err)
+		}
+		maxEpoch = max(maxEpoch, t.b.resp.Epoch)
+		for k, i := range t.idx {
+			res := transport.Result{Status: transport.StatusUnavailable}
+			if t.b.err == nil && t.off+k < len(t.b.resp.Results) {
+				res = t.b.resp.Results[t.off+k]
+			}
+			r.settle(out, s, i, &res)
+		}
+	}
+	return maxEpoch
+}
+
+// settle turns an owner's answer into the caller's result.
+func (r *Router) settle(out []Result, s *scratch, i int, res *transport.Result) {
+	switch res.Status {
+	case transport.StatusOK:
+		out[i] = Result{Decision: limiter.Decision{
+			Allowed: res.Allowed, Limit: res.Limit, Remaining: res.Remaining,
+			ResetAfter: res.ResetAfter, RetryAfter: res.RetryAfter, Delay: res.Delay,
+		}}
+	case transport.StatusNotOwner:
+		s.retry = append(s.retry, i)
+	default:
+		// Unreachable, late, or disagreeing about the rule (rules still
+		// replicating): the rule's failure mode answers.
+		out[i] = failureAnswer(s.rules[i])
+		r.m.degraded.Inc()
+	}
+}
+
+// failureAnswer is the decision of a rule's failure mode.
+func failureAnswer(rule *limiter.Rule) Result {
+	d := limiter.Decision{Limit: rule.Capacity()}
+	if rule.FailureMode == limiter.FailOpen {
+		d.Allowed = true
+	} else {
+		d.RetryAfter = min(rule.Period, time.Second)
+	}
+	return Result{Decision: d, Degraded: true}
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+func (r *Router) batcherFor(addr string) *batcher {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.batchers[addr]
+	if b == nil {
+		b = &batcher{r: r, addr: addr}
+		r.batchers[addr] = b
+	}
+	return b
+}
+
+// batcher collects the checks bound for one owner into micro-batches.
+type batcher struct {
+	r    *Router
+	addr string
+
+	mu  sync.Mutex // guards cur
+	cur *batch     // the batch filling up, nil when none
+}
+
+// batch is one frame to an owner and, once done is closed, its answer.
+type batch struct {
+	addr     string
+	req      transport.BatchRequest
+	resp     transport.BatchResponse
+	deadline time.Time // the earliest of its callers'
+	timer    *time.Timer
+	done     chan struct{}
+	err      error
+}
+
+// add appends the checks at idx to the owner's current batch and returns
+// the batch and the offset of the first one in it.
+func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Check, idx []int) (*batch, int) {
+	deadline := time.Now().Add(b.r.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	b.mu.Lock()
+	if b.cur != nil && len(b.cur.req.Checks)+len(idx) > b.r.cfg.MaxBatch {
+		full := b.cur
+		b.cur = nil
+		if full.timer.Stop() {
+			go b.send(full)
+		}
+	}
+	if b.cur == nil {
+		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
+		bt.req.Epoch = epoch
+		bt.timer = time.AfterFunc(b.r.cfg.Linger, func() { b.flush(bt) })
+		b.cur = bt
+	}
+	bt := b.cur
+	off := len(bt.req.Checks)
+	for _, i := range idx {
+		bt.req.Checks = append(bt.req.Checks, checks[i])
+	}
+	if deadline.Before(bt.deadline) {
+		bt.deadline = deadline
+	}
+	bt.req.Epoch = max(bt.req.Epoch, epoch)
+	if len(bt.req.Checks) >= b.r.cfg.MaxBatch {
+		b.cur = nil
+		if bt.timer.Stop() {
+			go b.send(bt)
+		}
+	}
+	b.mu.Unlock()
+	return bt, off
+}
+
+// flush sends bt when its linger ends, unless it was sent already.
+func (b *batcher) flush(bt *batch) {
+	b.mu.Lock()
+	if b.cur == bt {
+		b.cur = nil
+	}
+	b.mu.Unlock()
+	b.send(bt)
+}
+
+func (b *batcher) send(bt *batch) {
+	defer close(bt.done)
+	ctx, cancel := context.WithDeadline(b.r.ctx, bt.deadline)
+	defer cancel()
+	b.r.m.batchSize.Observe(float64(len(bt.req.Checks)))
+	bt.err = b.r.remote.Do(ctx, b.addr, &bt.req, &bt.resp)
+}
