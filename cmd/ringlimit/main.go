@@ -1,0 +1,58 @@
+// Command ringlimit is a distributed rate limiter: a cluster member
+// (serve) and its clients (check, status, leave, bench). See README.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `ringlimit — a rate limiter cluster with no shared store
+
+usage:
+  ringlimit serve   [flags]   run a cluster member (bootstraps a single-node cluster by default)
+  ringlimit check   --addr HOST:PORT --rule NAME --key KEY [--cost N] [--json]
+  ringlimit status  --addr HOST:PORT [--json]
+  ringlimit leave   --addr HOST:PORT [--id ID] [--admin-token T]
+  ringlimit bench   [flags]   load generator: checks/s, latency
+
+Every flag may also come from the environment as RINGLIMIT_<FLAG>.
+Run 'ringlimit <command> -h' for the flags of a command.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches a subcommand and returns the process exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return runServe(ctx, rest, getenv, stdout, stderr)
+	case "check":
+		return runCheck(ctx, rest, getenv, stdout, stderr)
+	case "status":
+		return runStatus(ctx, rest, getenv, stdout, stderr)
+	case "leave":
+		return runLeave(ctx, rest, getenv, stdout, stderr)
+	case "bench":
+		return runBench(ctx, rest, getenv, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "ringlimit: unknown command %q\n\n%s", cmd, usage)
+	return 2
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/ringlimit/ringlimit/node"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/server"
+)
+
+// runServe runs a cluster member until ctx is done (SIGINT/SIGTERM) or
+// the member is removed from the cluster.
+func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("serve", stderr)
+	hostname, _ := os.Hostname()
+	if hostname == "" {
+		hostname = "ringlimit"
+	}
+	var (
+		id           = fs.String("id", hostname, "node id, unique in the cluster")
+		httpAddr     = fs.String("http", "127.0.0.1:8080", "HTTP listen address (API, metrics, health)")
+		raftAddr     = fs.String("raft", "127.0.0.1:8081", "Raft listen/advertise address")
+		peerAddr     = fs.String("peer", "127.0.0.1:8082", "data-plane (check forwarding) listen/advertise address")
+		advHost      = fs.String("advertise-host", "", "host other nodes use to reach this one, when it differs from the listen host")
+		dataDir      = fs.String("data-dir", "./ringlimit-data", "Raft log, stable store and snapshots")
+		join         = fs.String("join", "", "HTTP address of any existing member; empty with an empty data dir bootstraps a new cluster")
+		rulesFile    = fs.String("rules", "", "rules YAML file, applied through Raft whenever it changes")
+		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
+		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before it is marked dead (failure detection comes with failover; accepted now)")
+		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend draining")
+		partitions   = fs.Int("partitions", ring.DefaultConfig().Partitions, "partition count of a new cluster (fixed once bootstrapped)")
+		linger       = fs.Duration("linger", router.DefaultConfig().Linger, "how long a forwarded batch waits to fill")
+		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
+		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
+		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
+	)
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return 2
+	}
+	_ = deadAfter
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "ringlimit serve: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	fail := func(format string, a ...any) int {
+		log.Error(fmt.Sprintf(format, a...))
+		return 2
+	}
+	if *rulesFile != "" {
+		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
+			return fail("rules file %s refused: %v", *rulesFile, err)
+		}
+	}
+	rc := ring.DefaultConfig()
+	rc.Partitions = *partitions
+	if err := rc.Validate(); err != nil {
+		return fail("--partitions: %v", err)
+	}
+	adv := func(listen string) (string, error) { return advertise(listen, *advHost) }
+	var ls server.Listeners
+	var advHTTP, advRaft, advPeer string
+	for _, l := range []struct {
+		name, addr string
+		ln         *net.Listener
+		adv        *string
+	}{{"http", *httpAddr, &ls.HTTP, &advHTTP}, {"raft", *raftAddr, &ls.Raft, &advRaft}, {"peer", *peerAddr, &ls.Peer, &advPeer}} {
+		ln, err := net.Listen("tcp", hostPort(l.addr))
+		if err != nil {
+			closeAll(ls)
+			return fail("--%s: %v", l.name, err)
+		}
+		*l.ln = ln
+		a, err := adv(ln.Addr().String())
+		if err != nil {
+			closeAll(ls)
+			return fail("--%s: %v", l.name, err)
+		}
+		*l.adv = a
+	}
+	srv, err := server.Start(server.Config{
+		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
+		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
+		DrainTimeout: *drainTimeout, Ring: rc,
+		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
+		Logger: log, LogOutput: stderr,
+	}, ls)
+	if err != nil {
+		closeAll(ls)
+		return fail("starting: %v", err)
+	}
+	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "data_dir", *dataDir)
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())
+	case <-srv.Removed():
+		log.Info("removed from the cluster: exiting")
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+// advertise returns the address others use for a listener: the listen
+// address with its host replaced by --advertise-host when given.
+func advertise(listen, advHost string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", err
+	}
+	if advHost != "" {
+		return net.JoinHostPort(advHost, port), nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return "", fmt.Errorf("listening on all interfaces (%s): set --advertise-host to the address other nodes should use", listen)
+	}
+	return listen, nil
+}
+
+func closeAll(ls server.Listeners) {
+	for _, l := range []net.Listener{ls.HTTP, ls.Raft, ls.Peer} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}

@@ -1,0 +1,360 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// MaxVoters is the most Raft voters; later members join as non-voters
+// (they are still ring members and own partitions).
+const MaxVoters = 5
+
+// applyTimeout bounds one Raft write.
+const applyTimeout = 5 * time.Second
+
+// apply writes a command through Raft on the leader and returns the FSM's
+// answer. A non-leader gets an error wrapping api.ErrUnavailable.
+func (n *Node) apply(cmd []byte) error {
+	f := n.raft.raft.Apply(cmd, applyTimeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) {
+			return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+		}
+		return fmt.Errorf("node: raft apply: %w", err)
+	}
+	if err, _ := f.Response().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// leader returns the leader's id and HTTP address ("" when unknown).
+func (n *Node) leader() (id, http string) {
+	_, lid := n.raft.raft.LeaderWithID()
+	id = string(lid)
+	if id == "" {
+		return "", ""
+	}
+	if m, ok := n.fsm.State().Member(id); ok {
+		return id, m.HTTP
+	}
+	return id, ""
+}
+
+func (n *Node) isLeader() bool { return n.raft.raft.State() == raft.Leader }
+
+// leaderHTTP returns where to forward a write, or an error wrapping
+// api.ErrUnavailable when there is no reachable leader.
+func (n *Node) leaderHTTP() (string, error) {
+	id, addr := n.leader()
+	if id == "" || addr == "" {
+		return "", fmt.Errorf("%w: no leader", api.ErrUnavailable)
+	}
+	return addr, nil
+}
+
+// leaderLoop initialises the cluster the first time this node leads it.
+func (n *Node) leaderLoop() {
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case isLeader := <-n.raft.raft.LeaderCh():
+			if !isLeader || n.fsm.State().Initialized {
+				continue
+			}
+			cfg := fsm.Config{Partitions: n.cfg.Ring.Partitions, ReplicationFactor: n.cfg.Ring.ReplicationFactor, Load: n.cfg.Ring.Load, Seed: randomSeed()}
+			cmd, err := fsm.Init(cfg)
+			if err == nil {
+				err = n.apply(cmd)
+			}
+			if err != nil && !errors.Is(err, fsm.ErrInitialized) {
+				n.log.Error("initialising the cluster", "err", err)
+				continue
+			}
+			n.log.Info("cluster initialised", "partitions", cfg.Partitions)
+		}
+	}
+}
+
+// self is this member's registration.
+func (n *Node) self() api.JoinRequest {
+	return api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr}
+}
+
+// registered reports whether the cluster lists this member as active
+// with its current addresses.
+func (n *Node) registered() bool {
+	st := n.fsm.State()
+	m, ok := st.Member(n.cfg.ID)
+	return ok && m.State == fsm.Active && m.HTTP == n.cfg.HTTPAddr && m.Raft == n.cfg.RaftAdvertise && m.Peer == n.cfg.PeerAddr
+}
+
+// registerLoop makes sure the cluster lists this member, active, with its
+// current addresses: after a bootstrap, a join, or a restart.
+func (n *Node) registerLoop() {
+	backoff := 50 * time.Millisecond
+	ch, cancel := n.fsm.Watch()
+	defer cancel()
+	for {
+		if n.removed.Load() {
+			return
+		}
+		if !n.registered() {
+			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
+			err := n.register(ctx)
+			cancelReq()
+			if err != nil {
+				n.log.Debug("registering", "err", err)
+			} else {
+				backoff = 50 * time.Millisecond
+			}
+		}
+		wait := time.Second
+		if !n.registered() {
+			wait = backoff
+			backoff = min(2*backoff, 2*time.Second)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (n *Node) register(ctx context.Context) error {
+	req := n.self()
+	if n.isLeader() {
+		if !n.fsm.State().Initialized {
+			return errors.New("cluster not initialised yet")
+		}
+		return n.join(req)
+	}
+	if addr, err := n.leaderHTTP(); err == nil {
+		return n.cfg.Forward.Join(ctx, addr, req)
+	}
+	if n.cfg.Join != "" && !n.raft.hasState {
+		// Not in the cluster yet: ask the member we were told about.
+		return n.cfg.Forward.Join(ctx, n.cfg.Join, req)
+	}
+	return fmt.Errorf("%w: no leader", api.ErrUnavailable)
+}
+
+// Join adds (or re-activates, or re-addresses) a member. On a non-leader
+// it is forwarded to the leader.
+func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
+	if req.ID == "" || req.HTTP == "" || req.Raft == "" || req.Peer == "" {
+		return fmt.Errorf("%w: id, http, raft and peer are required", api.ErrBadRequest)
+	}
+	if !n.isLeader() {
+		addr, err := n.leaderHTTP()
+		if err != nil {
+			return err
+		}
+		return n.cfg.Forward.Join(ctx, addr, req)
+	}
+	return n.join(req)
+}
+
+// join runs on the leader: Raft configuration first (so the new member
+// receives the log), then the ring membership.
+func (n *Node) join(req api.JoinRequest) error {
+	n.joinedMu.Lock()
+	defer n.joinedMu.Unlock()
+	cf := n.raft.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+	}
+	voters := 0
+	var existing *raft.Server
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+		if s.ID == raft.ServerID(req.ID) {
+			existing = &s
+		}
+	}
+	suffrage := raft.Nonvoter
+	switch {
+	case existing != nil && existing.Address == raft.ServerAddress(req.Raft):
+		suffrage = existing.Suffrage
+	default:
+		// New, or back with another address (AddVoter/AddNonvoter update
+		// the address of a server already present).
+		var f raft.IndexFuture
+		if existing != nil && existing.Suffrage == raft.Voter || existing == nil && voters < MaxVoters {
+			suffrage = raft.Voter
+			f = n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
+		} else {
+			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
+		}
+		if err := f.Error(); err != nil {
+			return fmt.Errorf("%w: adding %s to raft: %w", api.ErrUnavailable, req.ID, err)
+		}
+	}
+	if m, ok := n.fsm.State().Member(req.ID); ok && m.State == fsm.Active && m.HTTP == req.HTTP && m.Raft == req.Raft && m.Peer == req.Peer {
+		return nil
+	}
+	cmd, err := fsm.AddMember(fsm.Member{ID: req.ID, HTTP: req.HTTP, Raft: req.Raft, Peer: req.Peer, State: fsm.Active, Voter: suffrage == raft.Voter})
+	if err != nil {
+		return err
+	}
+	if err := n.apply(cmd); err != nil {
+		return err
+	}
+	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter)
+	return nil
+}
+
+// Leave removes a member for good: from the ring, then from Raft.
+func (n *Node) Leave(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: id is required", api.ErrBadRequest)
+	}
+	if !n.isLeader() {
+		addr, err := n.leaderHTTP()
+		if err != nil {
+			return err
+		}
+		return n.cfg.Forward.Leave(ctx, addr, id)
+	}
+	n.joinedMu.Lock()
+	defer n.joinedMu.Unlock()
+	if _, ok := n.fsm.State().Member(id); !ok {
+		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+	}
+	cmd, err := fsm.RemoveMember(id)
+	if err != nil {
+		return err
+	}
+	if err := n.apply(cmd); err != nil {
+		return err
+	}
+	if err := n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
+		return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
+	}
+	n.log.Info("member left", "id", id)
+	return nil
+}
+
+// Rules returns the rules in force, default first.
+func (n *Node) Rules() []limiter.Rule {
+	if v := n.view.Load(); v != nil {
+		return v.List
+	}
+	return rules.Effective(nil)
+}
+
+// PutRules replaces the written rules through Raft and returns the set
+// then in force. Invalid rules fail with an error wrapping rules.ErrInvalid.
+func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
+	if err := rules.Validate(written); err != nil {
+		return nil, err
+	}
+	// Store the canonical form: burst spelled out (it is the capacity), so
+	// a rule reads the same whichever way it was written or forwarded.
+	written = append([]limiter.Rule(nil), written...)
+	for i := range written {
+		written[i].Burst = written[i].Capacity()
+	}
+	if !n.isLeader() {
+		addr, err := n.leaderHTTP()
+		if err != nil {
+			return nil, err
+		}
+		return n.cfg.Forward.PutRules(ctx, addr, written)
+	}
+	cmd, err := fsm.PutRules(written)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.apply(cmd); err != nil {
+		return nil, err
+	}
+	return rules.Effective(n.fsm.State().Rules), nil
+}
+
+// Cluster describes the cluster as this node sees it.
+func (n *Node) Cluster(context.Context) (api.Cluster, error) {
+	leaderID, _ := n.leader()
+	v := n.view.Load()
+	if v == nil {
+		return api.Cluster{Leader: leaderID, Members: []api.Member{}}, nil
+	}
+	counts := v.Ring.Counts()
+	out := api.Cluster{Leader: leaderID, Epoch: v.Ring.Epoch(), Partitions: v.State.Config.Partitions, Members: []api.Member{}}
+	for _, m := range v.State.Members {
+		out.Members = append(out.Members, api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+	}
+	return out, nil
+}
+
+// Ready returns nil when this member has a leader, a ring, and is active
+// in it; otherwise an error wrapping api.ErrUnavailable saying why.
+func (n *Node) Ready() error {
+	switch {
+	case n.removed.Load():
+		return fmt.Errorf("%w: removed from the cluster", api.ErrUnavailable)
+	case n.raft.raft.Leader() == "":
+		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
+	case n.view.Load() == nil:
+		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+	case !n.registered():
+		return fmt.Errorf("%w: not an active member yet", api.ErrUnavailable)
+	}
+	return nil
+}
+
+func (n *Node) registerMetrics() error {
+	reg := n.cfg.Registerer
+	if reg == nil {
+		return nil
+	}
+	cs := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_active_keys", Help: "Bucket states held by this node (idle keys are dropped)."},
+			func() float64 {
+				if t := n.table.Load(); t != nil {
+					return float64(t.Len())
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_raft_state", Help: "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown."},
+			func() float64 { return float64(n.raft.raft.State()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_ring_epoch", Help: "Epoch (raft index) of the ring in use."},
+			func() float64 {
+				if v := n.view.Load(); v != nil {
+					return float64(v.Ring.Epoch())
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_owned_partitions", Help: "Partitions this node owns."},
+			func() float64 {
+				if v := n.view.Load(); v != nil {
+					return float64(len(v.Ring.PartitionsOf(n.cfg.ID)))
+				}
+				return 0
+			}),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("node: metrics: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// appliedFile records, in the data dir, the fingerprint of the rules last
+// applied from the rules file, so that a restart with an unchanged file
+// does not undo a later PUT.
+const appliedFile = "rules-file.applied"
+
+// LoadRulesFile reads and validates a rules file.
+func LoadRulesFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := rules.Parse(data); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// WatchRulesFile applies the rules file through Raft whenever its content
+// differs from what this node last applied from it, checking every
+// interval until ctx is done. An invalid file is refused whole with a log
+// line; the rules in force stay.
+func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Duration) {
+	var seen [32]byte // content last looked at
+	pending := false  // valid content not applied yet (no leader, say)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		data, err := os.ReadFile(path)
+		switch {
+		case err != nil:
+			if sum := sha256.Sum256([]byte(err.Error())); sum != seen {
+				seen = sum
+				n.log.Error("cannot read the rules file; the rules in force stay", "path", path, "err", err)
+			}
+		case sha256.Sum256(data) != seen || pending:
+			seen = sha256.Sum256(data)
+			pending = n.applyRulesFile(ctx, path, data)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// applyRulesFile applies one version of the file; it reports whether it
+// must be tried again.
+func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (retry bool) {
+	written, err := rules.Parse(data)
+	if err != nil {
+		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
+		return false
+	}
+	fp := rules.Fingerprint(written)
+	marker := filepath.Join(n.cfg.DataDir, appliedFile)
+	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp {
+		return false // unchanged since we applied it: a later PUT stays in force
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := n.PutRules(actx, written); err != nil {
+		if errors.Is(err, rules.ErrInvalid) {
+			n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
+			return false
+		}
+		n.log.Warn("rules file not applied yet; will retry", "path", path, "err", err)
+		return true
+	}
+	if err := os.WriteFile(marker, []byte(fp+"\n"), 0o644); err != nil {
+		n.log.Error("recording the applied rules file", "err", err)
+	}
+	n.log.Info("rules file applied", "path", path, "rules", len(written))
+	return false
+}

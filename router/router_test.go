@@ -1,0 +1,259 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// owner is a fake member: it decides with a real table the partitions
+// its ring gives it, and answers NOT_OWNER for the others.
+type owner struct {
+	id    string
+	mu    sync.Mutex
+	ring  *ring.Ring
+	table *limiter.Table
+	rules map[string]*limiter.Rule
+	seed  uint64
+	calls atomic.Int64
+}
+
+func (o *owner) HandleBatch(_ context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	o.calls.Add(1)
+	o.mu.Lock()
+	r := o.ring
+	o.mu.Unlock()
+	resp.Epoch = r.Epoch()
+	for i, c := range req.Checks {
+		if m, ok := r.Owner(c.Partition); !ok || m.ID != o.id {
+			resp.Results[i] = transport.Result{Status: transport.StatusNotOwner}
+			continue
+		}
+		rule := o.rules[c.Rule]
+		d, err := o.table.Check(c.Partition, limiter.BucketHash(c.KeyHash, limiter.RuleSalt(o.seed, rule.Name, rule.Algorithm)), rule, 0, int64(c.Cost))
+		if err != nil {
+			resp.Results[i] = transport.Result{Status: transport.StatusBadRequest}
+			continue
+		}
+		resp.Results[i] = transport.Result{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining}
+	}
+}
+
+// network routes Do calls to fake owners by peer address.
+type network struct {
+	owners map[string]*owner
+	down   map[string]bool
+	called chan string // when set, receives the address of every call after it is answered
+}
+
+func (n *network) Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error {
+	if n.down[addr] {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	resp.Results = make([]transport.Result, len(req.Checks))
+	n.owners[addr].HandleBatch(ctx, req, resp)
+	if n.called != nil {
+		n.called <- addr
+	}
+	return nil
+}
+
+func testRules(t *testing.T) map[string]*limiter.Rule {
+	t.Helper()
+	rs := map[string]*limiter.Rule{
+		"log5":   {Name: "log5", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Minute},
+		"closed": {Name: "closed", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Minute, FailureMode: limiter.FailClosed},
+	}
+	for _, r := range rs {
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rs
+}
+
+func mustRing(t *testing.T, epoch uint64, ids ...string) *ring.Ring {
+	t.Helper()
+	var ms []ring.Member
+	for _, id := range ids {
+		ms = append(ms, ring.Member{ID: id, Peer: id + ":1"})
+	}
+	r, err := ring.New(ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, epoch, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func newOwner(t *testing.T, id string, r *ring.Ring, rules map[string]*limiter.Rule) *owner {
+	tab, err := limiter.NewTable(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &owner{id: id, ring: r, table: tab, rules: rules, seed: 7}
+}
+
+func TestRouterForwardsAndLimitsGlobally(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a", "b", "c")
+	net := &network{owners: map[string]*owner{}}
+	for _, id := range []string{"a", "b", "c"} {
+		net.owners[id+":1"] = newOwner(t, id, r1, rules)
+	}
+	// Three routers, one per member, each deciding its own partitions in place.
+	var routers []*Router
+	for _, id := range []string{"a", "b", "c"} {
+		rt, err := New(Config{Linger: 50 * time.Microsecond, Timeout: 5 * time.Second}, net.owners[id+":1"], net)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&View{Ring: r1, Self: id, Seed: 7, Rules: rules})
+		routers = append(routers, rt)
+	}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]Result, 1)
+			if err := routers[i%3].Check(context.Background(), []Request{{Rule: "log5", Key: "k", Cost: 1}}, out); err != nil {
+				t.Error(err)
+			}
+			if out[0].Allowed {
+				allowed.Add(1)
+			}
+			if out[0].Degraded {
+				t.Error("degraded answer with every owner up")
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 5 {
+		t.Fatalf("60 checks on one key over 3 routers admitted %d, want exactly 5", got)
+	}
+}
+
+func TestRouterRetriesNotOwnerOnNewerRing(t *testing.T) {
+	rules := testRules(t)
+	old := mustRing(t, 1, "a", "b")
+	next := mustRing(t, 2, "a", "b", "c")
+	net := &network{owners: map[string]*owner{}, called: make(chan string)}
+	for _, id := range []string{"a", "b", "c"} {
+		net.owners[id+":1"] = newOwner(t, id, next, rules) // the owners already moved on
+	}
+	rt, err := New(Config{Linger: 10 * time.Microsecond, Timeout: 5 * time.Second, RefreshWait: 5 * time.Second}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(&View{Ring: old, Seed: 7, Rules: rules})
+	// A key whose partition moved to c between the two rings.
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := "key-" + string(rune('a'+i%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i/676%26))
+		p := old.Partition(limiter.KeyHash(7, k))
+		if o1, _ := old.Owner(p); o1.ID != "c" {
+			if o2, _ := next.Owner(p); o2.ID == "c" {
+				key = k
+			}
+		}
+	}
+	done := make(chan Result)
+	go func() {
+		out := make([]Result, 1)
+		if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: key, Cost: 1}}, out); err != nil {
+			t.Error(err)
+		}
+		done <- out[0]
+	}()
+	// The old owner answers NOT_OWNER (epoch 2): the router waits for a
+	// ring of epoch 2, then retries at the new owner, exactly once.
+	if addr := <-net.called; addr == "c:1" {
+		t.Fatalf("first call went to %s, the new owner, on the old ring", addr)
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("decided %+v before the router saw the new ring", res)
+	default:
+	}
+	rt.SetView(&View{Ring: next, Seed: 7, Rules: rules})
+	if addr := <-net.called; addr != "c:1" {
+		t.Fatalf("retry went to %s, want the new owner c", addr)
+	}
+	res := <-done
+	if !res.Allowed || res.Degraded || res.Remaining != 4 {
+		t.Fatalf("after the retry: %+v, want allowed, not degraded, remaining 4 (one spend, at the new owner)", res)
+	}
+	if got := net.owners["c:1"].calls.Load(); got != 1 {
+		t.Fatalf("new owner called %d times, want 1", got)
+	}
+}
+
+func TestRouterFailureModes(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a")
+	net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules)}, down: map[string]bool{"a:1": true}}
+	rt, err := New(Config{Linger: 10 * time.Microsecond, Timeout: 20 * time.Millisecond}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(&View{Ring: r1, Seed: 7, Rules: rules})
+	out := make([]Result, 2)
+	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}, {Rule: "closed", Key: "x", Cost: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if !out[0].Allowed || !out[0].Degraded {
+		t.Errorf("fail-open rule with its owner down: %+v, want allowed and degraded", out[0])
+	}
+	if out[1].Allowed || !out[1].Degraded || out[1].RetryAfter <= 0 {
+		t.Errorf("fail-closed rule with its owner down: %+v, want denied, degraded, with a RetryAfter", out[1])
+	}
+}
+
+func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a")
+	o := newOwner(t, "a", r1, rules)
+	rt, err := New(Config{}, o, &network{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	out := make([]Result, 3)
+	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}}, out); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("check before any view: %v, want ErrUnavailable", err)
+	}
+	rt.SetView(&View{Ring: r1, Self: "a", Seed: 7, Rules: rules})
+	tests := []struct {
+		reqs  []Request
+		index int
+		is    error
+	}{
+		{[]Request{{Rule: "log5", Key: "x", Cost: 1}, {Rule: "nope", Key: "x", Cost: 1}}, 1, ErrUnknownRule},
+		{[]Request{{Rule: "log5", Key: "", Cost: 1}}, 0, api.ErrBadRequest},
+		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x", Cost: 6}}, 2, limiter.ErrCost},
+		{[]Request{{Rule: "log5", Key: "x", Cost: -1}}, 0, api.ErrBadRequest},
+	}
+	for i, tt := range tests {
+		err := rt.Check(context.Background(), tt.reqs, out)
+		var ie *ItemError
+		if !errors.As(err, &ie) || ie.Index != tt.index || !errors.Is(err, tt.is) {
+			t.Errorf("case %d: %v, want an ItemError at %d wrapping %v", i, err, tt.index, tt.is)
+		}
+	}
+	if o.calls.Load() != 0 || o.table.Len() != 0 {
+		t.Fatalf("invalid batches reached the owner (%d calls, %d states): nothing may be spent", o.calls.Load(), o.table.Len())
+	}
+}

@@ -1,0 +1,288 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+// These tests run real members in one process: real Raft over loopback
+// TCP, the real data plane, real HTTP listeners. Sockets are not fake
+// time, so they wait for conditions (eventually), never for a fixed while.
+
+func listen(t *testing.T) Listeners {
+	t.Helper()
+	var ls Listeners
+	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*l = ln
+	}
+	return ls
+}
+
+func startMember(t *testing.T, id, dir, join string) *Server {
+	t.Helper()
+	ls := listen(t)
+	s, err := Start(Config{
+		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
+		DataDir: dir, Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+		RaftTimeout: 300 * time.Millisecond,
+		Router:      router.Config{Timeout: 5 * time.Second, RefreshWait: 2 * time.Second},
+	}, ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
+// eventually polls cond until it holds or 20s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startCluster starts n members, the first bootstrapping, the others
+// joining through it, and waits until every member sees n active owners.
+func startCluster(t *testing.T, n int) []*Server {
+	t.Helper()
+	var ss []*Server
+	for i := range n {
+		join := ""
+		if i > 0 {
+			join = ss[0].cfg.HTTPAdvertise
+		}
+		ss = append(ss, startMember(t, fmt.Sprintf("n%d", i+1), t.TempDir(), join))
+	}
+	waitSettled(t, ss, n)
+	return ss
+}
+
+func waitSettled(t *testing.T, ss []*Server, n int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d members settled", n), func() bool {
+		var epoch uint64
+		for i, s := range ss {
+			v := s.Node.View()
+			if v == nil || s.Node.Ready() != nil || len(v.Ring.Members()) != n {
+				return false
+			}
+			if i > 0 && v.Ring.Epoch() != epoch {
+				return false
+			}
+			epoch = v.Ring.Epoch()
+		}
+		return true
+	})
+}
+
+func putRules(t *testing.T, ss []*Server, rs ...limiter.Rule) {
+	t.Helper()
+	if _, err := ss[len(ss)-1].Node.PutRules(context.Background(), rs); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rules everywhere", func() bool {
+		for _, s := range ss {
+			v := s.Router.View()
+			for _, r := range rs {
+				r.Burst = r.Capacity() // the cluster stores the canonical form
+				if v == nil || v.Rules[r.Name] == nil || *v.Rules[r.Name] != r {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+func check(t *testing.T, s *Server, rule, key string) router.Result {
+	t.Helper()
+	out := make([]router.Result, 1)
+	if err := s.Router.Check(context.Background(), []router.Request{{Rule: rule, Key: key, Cost: 1}}, out); err != nil {
+		t.Error(err)
+	}
+	return out[0]
+}
+
+func TestThreeNodesAdmitTheLimitNotThreeTimesIt(t *testing.T) {
+	ss := startCluster(t, 3)
+	putRules(t, ss,
+		limiter.Rule{Name: "log50", Algorithm: limiter.SlidingLog, Limit: 50, Period: time.Hour},
+		limiter.Rule{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour},
+		limiter.Rule{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 20, Period: time.Second, Burst: 40},
+	)
+	counts := map[string]int{}
+	for _, s := range ss {
+		counts[s.Node.ID()] = len(s.Node.View().Ring.PartitionsOf(s.Node.ID()))
+	}
+	t.Logf("partitions per member: %v", counts)
+
+	t.Run("one key, 300 concurrent checks, limit 50", func(t *testing.T) {
+		var allowed, degraded atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 300 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := check(t, ss[i%3], "log50", "hot-key")
+				if r.Allowed {
+					allowed.Add(1)
+				}
+				if r.Degraded {
+					degraded.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if allowed.Load() != 50 || degraded.Load() != 0 {
+			t.Fatalf("admitted %d (degraded %d), want exactly 50 and none degraded", allowed.Load(), degraded.Load())
+		}
+	})
+
+	t.Run("200 keys x 10 checks, limit 5", func(t *testing.T) {
+		var mu sync.Mutex
+		perKey := map[string]int{}
+		var wg sync.WaitGroup
+		for k := range 200 {
+			for i := range 10 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := fmt.Sprintf("tenant-%d", k)
+					if check(t, ss[(k+i)%3], "five", key).Allowed {
+						mu.Lock()
+						perKey[key]++
+						mu.Unlock()
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		for k := range 200 {
+			if got := perKey[fmt.Sprintf("tenant-%d", k)]; got != 5 {
+				t.Fatalf("tenant-%d admitted %d, want exactly 5", k, got)
+			}
+		}
+	})
+
+	t.Run("token bucket stays within burst + rate·T", func(t *testing.T) {
+		start := time.Now()
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 150 {
+					if check(t, ss[(w+i)%3], "tb", "bucket").Allowed {
+						allowed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		bound := 40 + int64(20*elapsed.Seconds()) + 1
+		t.Logf("token bucket: %d admitted in %v (bound %d)", allowed.Load(), elapsed, bound)
+		if allowed.Load() > bound || allowed.Load() < 40 {
+			t.Fatalf("admitted %d in %v, want between the burst 40 and %d", allowed.Load(), elapsed, bound)
+		}
+	})
+}
+
+// A member joins while checks flow: partitions change owners mid-stream.
+// Every check gets exactly one decision; the new owners answer after the
+// NOT_OWNER retry, and no check is answered degraded.
+func TestOwnerChangeMidStream(t *testing.T) {
+	ss := startCluster(t, 2)
+	putRules(t, ss, limiter.Rule{Name: "big", Algorithm: limiter.SlidingLog, Limit: 10_000, Period: time.Hour})
+	stop := make(chan struct{})
+	var sent, decided, degraded atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent.Add(1)
+				r := check(t, ss[(w+i)%2], "big", fmt.Sprintf("k%d", i%500))
+				decided.Add(1)
+				if r.Degraded {
+					degraded.Add(1)
+				}
+			}
+		}()
+	}
+	before := ss[0].Router.View().Ring.Epoch()
+	n3 := startMember(t, "n3", t.TempDir(), ss[0].cfg.HTTPAdvertise)
+	all := append(ss, n3)
+	waitSettled(t, all, 3)
+	// Keep the load on a little after the change, then stop.
+	target := decided.Load() + 500
+	eventually(t, "checks after the change", func() bool { return decided.Load() >= target })
+	close(stop)
+	wg.Wait()
+	after := ss[0].Router.View().Ring.Epoch()
+	var notOwner float64
+	for _, s := range all {
+		mf, _ := s.Registry.Gather()
+		for _, f := range mf {
+			if f.GetName() == "ringlimit_not_owner_total" {
+				notOwner += f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+	}
+	t.Logf("epoch %d → %d; %d checks, %d NOT_OWNER retries, %d degraded", before, after, decided.Load(), int(notOwner), degraded.Load())
+	if sent.Load() != decided.Load() {
+		t.Fatalf("%d checks sent, %d decided", sent.Load(), decided.Load())
+	}
+	if degraded.Load() != 0 {
+		t.Fatalf("%d checks answered degraded during the owner change", degraded.Load())
+	}
+	if len(n3.Node.View().Ring.PartitionsOf("n3")) == 0 {
+		t.Fatal("the new member owns nothing")
+	}
+}
+
+func TestRulesSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s}, 1)
+	putRules(t, []*Server{s}, limiter.Rule{Name: "kept", Algorithm: limiter.FixedWindow, Limit: 3, Period: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s2 := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s2}, 1)
+	if r := s2.Node.View().Rules["kept"]; r == nil || r.Limit != 3 {
+		t.Fatalf("after restart the rule is %+v, want the one PUT before", r)
+	}
+}

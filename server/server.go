@@ -1,0 +1,230 @@
+// Package server wires one ringlimit member together: the node (Raft,
+// bucket table, data-plane handler), the router, the data-plane server,
+// and the HTTP API. cmd/ringlimit's serve is a thin shell over it, and
+// tests start whole clusters in one process with it.
+//
+// A Server owns the listeners it is given and the goroutines it starts;
+// Shutdown stops them all.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/httpapi"
+	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// Config is one member's configuration (the serve flags).
+type Config struct {
+	ID            string
+	HTTPAdvertise string // host:port others reach the HTTP API at
+	RaftAdvertise string
+	PeerAdvertise string
+	DataDir       string
+	Join          string // HTTP address of any member; "" bootstraps when DataDir is empty
+	RulesFile     string // "" = none
+	RulesInterval time.Duration
+	AdminToken    string
+	DrainTimeout  time.Duration
+	Ring          ring.Config
+	Router        router.Config
+	RaftTimeout   time.Duration
+	Logger        *slog.Logger
+	LogOutput     io.Writer // raft's log lines
+}
+
+// Listeners are the three sockets of a member, opened by the caller so
+// that port conflicts fail before anything starts.
+type Listeners struct {
+	HTTP, Raft, Peer net.Listener
+}
+
+// Server is a running member.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	Registry *prometheus.Registry
+	Node     *node.Node
+	Router   *router.Router
+	pool     *transport.Pool
+	peer     *transport.Server
+	http     *http.Server
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	removed chan struct{}
+}
+
+// Start starts a member on the given listeners.
+func Start(cfg Config, ls Listeners) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.RulesInterval == 0 {
+		cfg.RulesInterval = time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, Registry: prometheus.NewRegistry(), removed: make(chan struct{})}
+	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	s.pool = transport.NewPool(transport.DefaultClientConfig())
+	rcfg := cfg.Router
+	rcfg.Registerer, rcfg.Logger = s.Registry, cfg.Logger
+	var removeOnce sync.Once
+	// The router's local handler is the node, created just below; the
+	// indirection lets the two be built in order.
+	var local localHandler
+	rt, err := router.New(rcfg, &local, s.pool)
+	if err != nil {
+		return nil, err
+	}
+	s.Router = rt
+	n, err := node.Open(node.Config{
+		ID: cfg.ID, HTTPAddr: cfg.HTTPAdvertise, RaftAdvertise: cfg.RaftAdvertise, PeerAddr: cfg.PeerAdvertise,
+		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
+		Forward: forwarder{token: cfg.AdminToken}, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
+		Registerer: s.Registry,
+		OnView: func(v *node.View) {
+			rt.SetView(&router.View{Ring: v.Ring, Self: v.Self, Seed: v.Seed, Rules: v.Rules})
+		},
+		OnRemoved: func() { removeOnce.Do(func() { close(s.removed) }) },
+	}, ls.Raft)
+	if err != nil {
+		rt.Close()
+		_ = s.pool.Close()
+		return nil, err
+	}
+	s.Node = n
+	local.h = n
+
+	s.peer = transport.NewServer(transport.DefaultServerConfig(), n)
+	s.goServe("data plane", func() error { return s.peer.Serve(ls.Peer) }, transport.ErrServerClosed)
+
+	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
+	s.http = httpapi.NewServer(ls.HTTP.Addr().String(), h)
+	s.goServe("http", func() error { return s.http.Serve(ls.HTTP) }, http.ErrServerClosed)
+
+	if cfg.RulesFile != "" {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); n.WatchRulesFile(s.ctx, cfg.RulesFile, cfg.RulesInterval) }()
+	}
+	return s, nil
+}
+
+// localHandler forwards to the node once it exists.
+type localHandler struct{ h transport.Handler }
+
+func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	l.h.HandleBatch(ctx, req, resp)
+}
+
+func (s *Server) goServe(name string, serve func() error, closed error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := serve(); err != nil && !errors.Is(err, closed) {
+			s.log.Error("server stopped", "server", name, "err", err)
+		}
+	}()
+}
+
+// Removed is closed when this member has been removed from the cluster
+// (ringlimit leave): its process should then exit.
+func (s *Server) Removed() <-chan struct{} { return s.removed }
+
+// Handler returns the HTTP API handler (for tests).
+func (s *Server) Handler() http.Handler { return s.http.Handler }
+
+// Shutdown stops taking new requests, drains those in flight (bounded by
+// ctx), then stops the data plane and Raft. The member stays a member.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.cancel()
+	err := s.http.Shutdown(ctx)
+	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {
+		err = e
+	}
+	s.Router.Close()
+	if e := s.Node.Close(); err == nil {
+		err = e
+	}
+	if e := s.pool.Close(); err == nil {
+		err = e
+	}
+	s.wg.Wait()
+	return err
+}
+
+// forwarder carries writes to the leader's HTTP API.
+type forwarder struct{ token string }
+
+func (f forwarder) client(addr string) *client.Client {
+	return client.New(addr, client.WithAdminToken(f.token))
+}
+
+func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
+	return wrapRemote(f.client(leader).Join(ctx, req))
+}
+
+func (f forwarder) Leave(ctx context.Context, leader, id string) error {
+	return wrapRemote(f.client(leader).Leave(ctx, id))
+}
+
+func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
+	doc, err := rules.Marshal(written)
+	if err != nil {
+		return nil, err
+	}
+	got, err := f.client(leader).PutRules(ctx, doc, "application/json")
+	if err != nil {
+		return nil, wrapRemote(err)
+	}
+	back, err := json.Marshal(api.Rules{Rules: got})
+	if err != nil {
+		return nil, err
+	}
+	return rules.Parse(back)
+}
+
+// wrapRemote maps the leader's HTTP answer back onto this side's sentinels.
+func wrapRemote(err error) error {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		if err != nil {
+			return fmt.Errorf("%w: leader unreachable: %w", api.ErrUnavailable, err)
+		}
+		return nil
+	}
+	switch e.Status {
+	case http.StatusBadRequest:
+		if e.Code == api.CodeInvalidRules {
+			return fmt.Errorf("%w: %s", rules.ErrInvalid, e.Message)
+		}
+		return fmt.Errorf("%w: %s", api.ErrBadRequest, e.Message)
+	case http.StatusNotFound:
+		return fmt.Errorf("%w: %s", api.ErrNotFound, e.Message)
+	}
+	return fmt.Errorf("%w: leader answered %w", api.ErrUnavailable, e)
+}
