@@ -182,7 +182,7 @@ type Rule struct {
 
 // FieldError says which field of which rule is invalid.
 type FieldError struct {
-	Rule  string // the rule's name, or its index as "#3" when it has none
+	Rule  string // the rule's name (package rules names unnamed rules by index)
 	Field string // the field as written in rules files: "limit", "period"…
 	Msg   string
 }
@@ -228,15 +228,15 @@ func (r *Rule) Validate() error {
 	case r.Limit <= 0:
 		return bad("limit", "must be > 0, got %d", r.Limit)
 	case r.Limit > MaxLimit:
-		return bad("limit", "must be ≤ %d, got %d", MaxLimit, r.Limit)
+		return bad("limit", "must be <= %d, got %d", MaxLimit, r.Limit)
 	case r.Period <= 0:
 		return bad("period", "must be > 0, got %v", r.Period)
 	case r.Period < MinPeriod || r.Period > MaxPeriod:
 		return bad("period", "must be between %v and %v, got %v", MinPeriod, MaxPeriod, r.Period)
 	case r.Burst < 0:
-		return bad("burst", "must be ≥ 0, got %d", r.Burst)
+		return bad("burst", "must be >= 0, got %d", r.Burst)
 	case r.Burst > MaxLimit:
-		return bad("burst", "must be ≤ %d, got %d", MaxLimit, r.Burst)
+		return bad("burst", "must be <= %d, got %d", MaxLimit, r.Burst)
 	case r.FailureMode > FailClosed:
 		return bad("failure_mode", "must be open or closed")
 	}
@@ -246,7 +246,7 @@ func (r *Rule) Validate() error {
 			return bad("limit", "%d per %v is over 1,000,000 per second per key, the most %s supports", r.Limit, r.Period, r.Algorithm)
 		}
 		if hi, lo := bits.Mul64(uint64(r.Capacity()), uint64(r.interval())); hi != 0 || lo > uint64(MaxTolerance) {
-			return bad("burst", "burst × period/limit must be ≤ %v", MaxTolerance)
+			return bad("burst", "burst * period/limit must be <= %v", MaxTolerance)
 		}
 	case r.Burst != 0 && r.Burst != r.Limit:
 		return bad("burst", "%s has no burst; omit it or set it equal to limit", r.Algorithm)

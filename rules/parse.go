@@ -1,0 +1,215 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"sigs.k8s.io/yaml"
+)
+
+// The fields of a rule, in the order they are checked and written.
+var ruleFields = []string{"name", "algorithm", "limit", "period", "burst", "failure_mode"}
+
+// algorithmList is the list of algorithm names for messages.
+var algorithmList = func() string {
+	var names []string
+	for a := limiter.TokenBucket; a <= limiter.SlidingLog; a++ {
+		names = append(names, a.String())
+	}
+	return strings.Join(names, ", ")
+}()
+
+// Parse reads a rules document, YAML or JSON, and returns the written rules
+// in the order written, each validated, with no two of the same name. An
+// empty document, "rules:" or "rules: []" gives no rules (the built-in
+// default alone is then in force). A field left out keeps its zero value:
+// burst 0 means "equal to limit", failure_mode "" means open.
+//
+// Any problem is an *Error (wrapping ErrInvalid) that names the rule, by
+// name or as "rules[i]", and the field: unknown fields (matched exactly,
+// case-sensitively), values of the wrong type, duplicate YAML keys,
+// duplicate rule names and everything limiter's Rule.Validate rejects. A
+// document over MaxDocumentSize bytes or MaxRules rules is refused.
+func Parse(data []byte) ([]limiter.Rule, error) {
+	if len(data) > MaxDocumentSize {
+		return nil, &Error{Index: -1, Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(data), MaxDocumentSize)}
+	}
+	js, err := yamlToJSON(data)
+	if err != nil {
+		// One line: yaml's errors may span several.
+		msg := strings.Join(strings.Fields(err.Error()), " ")
+		return nil, &Error{Index: -1, Msg: "not valid YAML or JSON: " + msg}
+	}
+	items, err := ruleList(js)
+	if err != nil {
+		return nil, err
+	}
+	rs := make([]limiter.Rule, len(items))
+	for i, raw := range items {
+		if err := parseRule(i, raw, &rs[i]); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkDuplicates(rs); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// yamlToJSON converts with duplicate keys rejected. A panic in the YAML
+// parser on hostile input becomes an error: a rules PUT must not crash a
+// node.
+func yamlToJSON(data []byte) (js []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			js, err = nil, fmt.Errorf("parser failed: %v", p)
+		}
+	}()
+	return yaml.YAMLToJSONStrict(data)
+}
+
+// ruleList returns the elements of the document's "rules" list.
+func ruleList(js []byte) ([]json.RawMessage, error) {
+	js = bytes.TrimSpace(js)
+	if isNull(js) {
+		return nil, nil
+	}
+	var top map[string]json.RawMessage
+	if js[0] != '{' || json.Unmarshal(js, &top) != nil {
+		return nil, &Error{Index: -1, Msg: "must be a mapping with a \"rules\" list, got " + rawText(js)}
+	}
+	for _, k := range sortedKeys(top) {
+		if k != "rules" {
+			return nil, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules)"}
+		}
+	}
+	raw := bytes.TrimSpace(top["rules"])
+	if len(raw) == 0 || isNull(raw) {
+		return nil, nil
+	}
+	var items []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+		return nil, &Error{Index: -1, Field: "rules", Msg: "must be a list of rules, got " + rawText(raw)}
+	}
+	if len(items) > MaxRules {
+		return nil, &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules, over the limit of %d", len(items), MaxRules)}
+	}
+	return items, nil
+}
+
+// parseRule decodes and validates the i-th rule of a document into r.
+func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
+	raw = bytes.TrimSpace(raw)
+	var fields map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &fields) != nil {
+		return &Error{Index: i, Msg: "must be a mapping of " + strings.Join(ruleFields, ", ") + ", got " + rawText(raw)}
+	}
+	// The name first, so that every later message can use it.
+	e := &Error{Index: i}
+	fail := func(field, format string, args ...any) error {
+		e.Field, e.Msg = field, fmt.Sprintf(format, args...)
+		return e
+	}
+	if v, ok := present(fields, "name"); ok {
+		if json.Unmarshal(v, &r.Name) != nil {
+			return fail("name", "must be a string, got %s", rawText(v))
+		}
+		e.Rule = ruleName(r.Name)
+	}
+	if !limiter.ValidName(r.Name) {
+		return validateRule(i, r) // Validate checks the name first
+	}
+	for _, k := range sortedKeys(fields) {
+		if !slices.Contains(ruleFields, k) {
+			return fail(truncate(k), "unknown field (want %s)", strings.Join(ruleFields, ", "))
+		}
+	}
+	if v, ok := present(fields, "algorithm"); ok {
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return fail("algorithm", "must be a string, one of %s; got %s", algorithmList, rawText(v))
+		}
+		a, err := limiter.ParseAlgorithm(s)
+		if err != nil {
+			return fail("algorithm", "unknown algorithm %s (want one of %s)", quoteTrunc(s), algorithmList)
+		}
+		r.Algorithm = a
+	} else {
+		return fail("algorithm", "missing (want one of %s)", algorithmList)
+	}
+	if v, ok := present(fields, "limit"); ok {
+		if json.Unmarshal(v, &r.Limit) != nil {
+			return fail("limit", "must be an integer, got %s", rawText(v))
+		}
+	}
+	if v, ok := present(fields, "period"); ok {
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return fail("period", "must be a Go duration such as \"1s\" or \"1m\", got %s", rawText(v))
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fail("period", "must be a Go duration such as \"1s\" or \"1m\", got %s", quoteTrunc(s))
+		}
+		r.Period = d
+	}
+	if v, ok := present(fields, "burst"); ok {
+		if json.Unmarshal(v, &r.Burst) != nil {
+			return fail("burst", "must be an integer, got %s", rawText(v))
+		}
+	}
+	if v, ok := present(fields, "failure_mode"); ok {
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return fail("failure_mode", "must be open or closed, got %s", rawText(v))
+		}
+		m, err := limiter.ParseFailureMode(s)
+		if err != nil {
+			return fail("failure_mode", "must be open or closed, got %s", quoteTrunc(s))
+		}
+		r.FailureMode = m
+	}
+	return validateRule(i, r)
+}
+
+// present returns fields[k] unless it is missing or null: a key written
+// without a value ("burst:") is as good as left out.
+func present(fields map[string]json.RawMessage, k string) (json.RawMessage, bool) {
+	v, ok := fields[k]
+	if !ok || isNull(bytes.TrimSpace(v)) {
+		return nil, false
+	}
+	return v, true
+}
+
+func isNull(js []byte) bool { return string(js) == "null" }
+
+func sortedKeys(m map[string]json.RawMessage) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// rawText shows a JSON value in a message, cut to maxQuoted bytes.
+func rawText(js []byte) string { return truncate(string(js)) }
+
+// truncate cuts s to about maxQuoted bytes, at a character boundary.
+func truncate(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	n := maxQuoted
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
