@@ -104,7 +104,7 @@ func TestParseErrors(t *testing.T) {
 		{"period zero", base("login", "period", "period: 0s"), 0, "login", "period", `rule "login": period: must be > 0, got 0s`},
 		{"period missing", base("login", "period"), 0, "login", "period", `rule "login": period: must be > 0, got 0s`},
 		{"period negative", base("login", "period", "period: -1m"), 0, "login", "period", `rule "login": period: must be > 0, got -1m0s`},
-		{"burst negative", base("login", "burst", "burst: -1"), 0, "login", "burst", `rule "login": burst: must be ≥ 0, got -1`},
+		{"burst negative", base("login", "burst", "burst: -1"), 0, "login", "burst", `rule "login": burst: must be >= 0, got -1`},
 		{"duplicate name", rule("name: a", "algorithm: gcra", "limit: 1", "period: 1s") +
 			"  - {name: b, algorithm: gcra, limit: 1, period: 1s}\n  - {name: a, algorithm: gcra, limit: 2, period: 1s}\n",
 			2, "a", "name", `rule "a": name: duplicate name (also rules[0])`},

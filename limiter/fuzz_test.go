@@ -1,0 +1,121 @@
+package limiter
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// fuzzPart is the partition every fuzzed stream is imported into.
+const fuzzPart = 1
+
+// fuzzSeeds exports real partitions: every kind of state, the zero hash,
+// long logs, an empty partition.
+func fuzzSeeds(t testing.TB) [][]byte {
+	const now = int64(1 << 60)
+	tb := mustTable(t, 2)
+	rules := []*Rule{
+		{Name: "tb", Algorithm: TokenBucket, Limit: 10, Burst: 20, Period: time.Second},
+		{Name: "gc", Algorithm: GCRA, Limit: 3, Period: time.Hour},
+		{Name: "lb", Algorithm: LeakyBucket, Limit: 100, Period: time.Minute},
+		{Name: "fw", Algorithm: FixedWindow, Limit: 1000, Period: time.Minute},
+		{Name: "sw", Algorithm: SlidingWindow, Limit: 50, Period: 10 * time.Second},
+		{Name: "sl", Algorithm: SlidingLog, Limit: 10, Period: time.Minute},
+	}
+	seeds := [][]byte{tb.Export(nil, fuzzPart, now)}
+	for i, r := range rules {
+		for h := range uint64(4) {
+			for k := range int64(i + 3) {
+				tb.Check(fuzzPart, h*0x9e3779b97f4a7c15, r, now+k*int64(time.Millisecond), 1+k%3)
+			}
+		}
+		seeds = append(seeds, tb.Export(nil, fuzzPart, now+int64(10*time.Millisecond)))
+	}
+	// A sliding window with a previous and a current count.
+	tb.Check(fuzzPart, 99, rules[4], now+int64(11*time.Second), 1)
+	seeds = append(seeds, tb.Export(nil, fuzzPart, now+int64(11*time.Second)))
+	return seeds
+}
+
+func FuzzImport(f *testing.F) {
+	for _, s := range fuzzSeeds(f) {
+		f.Add(s, int64(1<<60))
+	}
+	f.Add([]byte("RLP1\x01\x01\x00"), int64(-1))
+	f.Fuzz(func(t *testing.T, src []byte, now int64) {
+		tb := mustTable(t, 2)
+		n, err := tb.Import(fuzzPart, src, now)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrPartition) {
+				t.Fatalf("error %v is neither ErrCorrupt nor ErrPartition", err)
+			}
+			if n != 0 || tb.Len() != 0 {
+				t.Fatalf("failed import returned %d and stored %d states", n, tb.Len())
+			}
+			return
+		}
+		// The encoding is canonical: what was accepted exports back to
+		// the same bytes at the same now.
+		if tb.Len() != n {
+			t.Fatalf("imported %d records, table holds %d", n, tb.Len())
+		}
+		if out := tb.Export(nil, fuzzPart, now); !bytes.Equal(out, src) {
+			t.Fatalf("re-export differs:\n in % x\nout % x", src, out)
+		}
+		// Importing it again merges every state with itself.
+		if n2, err := tb.Import(fuzzPart, src, now); err != nil || n2 != n || tb.Len() != n {
+			t.Fatalf("second import: %d, %v; table holds %d, want %d", n2, err, tb.Len(), n)
+		}
+		// Whatever was imported, the steps run on it without panicking,
+		// under rules of every algorithm and at the extremes of cost.
+		p := &tb.parts[fuzzPart]
+		var hashes []uint64
+		p.tats.all(func(h uint64, _ TAT) { hashes = append(hashes, h) })
+		p.wins.all(func(h uint64, _ Window) { hashes = append(hashes, h) })
+		for h := range p.logs {
+			hashes = append(hashes, h)
+		}
+		later := now
+		if now < math.MaxInt64-int64(time.Second) {
+			later = now + int64(time.Second)
+		}
+		for _, r := range fuzzRules {
+			for _, h := range hashes[:min(len(hashes), 64)] {
+				for _, cost := range []int64{0, 1, r.Capacity()} {
+					for _, at := range []int64{now, later} {
+						if _, err := tb.Check(fuzzPart, h, r, at, cost); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+		checkInvariants(t, tb)
+	})
+}
+
+var fuzzRules = []*Rule{
+	{Name: "tb", Algorithm: TokenBucket, Limit: 10, Burst: 20, Period: time.Second},
+	{Name: "lb", Algorithm: LeakyBucket, Limit: MaxLimit, Period: MaxPeriod},
+	{Name: "fw", Algorithm: FixedWindow, Limit: 7, Period: time.Minute},
+	{Name: "sw", Algorithm: SlidingWindow, Limit: MaxLimit, Period: time.Millisecond},
+	{Name: "sw2", Algorithm: SlidingWindow, Limit: 3, Period: MaxPeriod},
+	{Name: "sl", Algorithm: SlidingLog, Limit: 5, Period: time.Second},
+	{Name: "sl2", Algorithm: SlidingLog, Limit: MaxLogLimit, Period: MaxPeriod},
+}
+
+// The seeds are valid streams, and the rules are valid rules.
+func TestFuzzSeeds(t *testing.T) {
+	for i, s := range fuzzSeeds(t) {
+		if _, err := mustTable(t, 2).Import(fuzzPart, s, 0); err != nil {
+			t.Errorf("seed %d: %v", i, err)
+		}
+	}
+	for _, r := range fuzzRules {
+		if err := r.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// MaxPartitions is the most partitions a Table may have.
+const MaxPartitions = 1 << 20
+
+// ErrPartition: a partition number outside [0, Partitions()).
+var ErrPartition = errors.New("limiter: partition out of range")
+
+// Table holds the bucket states of many keys, in memory, for one node.
+//
+// A bucket is found by its 64-bit BucketHash; the key itself is never
+// stored. The table is split into a fixed number of partitions, chosen by
+// the caller (key hash mod partitions, see hash.go); a partition is the
+// unit of locking and of hand-off between nodes (Export, Import, Drop).
+// Each partition has three stores:
+//
+//   - TAT states (token_bucket, gcra, leaky_bucket): 16 bytes a slot;
+//   - Window states (fixed_window, sliding_window): 24 bytes a slot;
+//   - Logs (sliding_log): one *Log each, in a built-in map.
+//
+// A state that equals a fresh key's (a full bucket, an expired window, an
+// empty log) is never stored and may be dropped at any time, so memory
+// tracks the keys active now, not every key ever seen; there is no TTL to
+// tune. Dropping is done by Check (the state it leaves), by Sweep, and by a
+// store about to grow, which sweeps itself first.
+//
+// Times are nanoseconds on the caller's clock and must not run backwards
+// between calls on one partition: a state dropped because it was dead at
+// now would count again if a later call came with an earlier now.
+//
+// Table is safe for concurrent use; calls on different partitions do not
+// contend. Methods that take a partition number panic if it is out of
+// range, except Check and Import, which return an error wrapping
+// ErrPartition.
+type Table struct {
+	parts []partition
+}
+
+type partition struct {
+	mu    sync.Mutex
+	tats  slots[TAT]      // guarded by mu
+	wins  slots[Window]   // guarded by mu
+	logs  map[uint64]*Log // guarded by mu; never holds an empty log after Check
+	spare *Log            // guarded by mu; an empty Log for the next fresh key
+}
+
+// NewTable returns an empty table of the given number of partitions,
+// 1 ≤ partitions ≤ MaxPartitions. An empty partition costs about 150
+// bytes.
+func NewTable(partitions int) (*Table, error) {
+	if partitions < 1 || partitions > MaxPartitions {
+		return nil, fmt.Errorf("limiter: table of %d partitions, want 1 to %d", partitions, MaxPartitions)
+	}
+	return &Table{parts: make([]partition, partitions)}, nil
+}
+
+// Partitions returns the number of partitions.
+func (t *Table) Partitions() int { return len(t.parts) }
+
+func (t *Table) part(part uint32) *partition {
+	if int64(part) >= int64(len(t.parts)) {
+		panic(fmt.Sprintf("limiter: partition %d out of range [0, %d)", part, len(t.parts)))
+	}
+	return &t.parts[part]
+}
+
+func (t *Table) checkPart(part uint32) error {
+	if int64(part) >= int64(len(t.parts)) {
+		return fmt.Errorf("%w: %d, table has %d", ErrPartition, part, len(t.parts))
+	}
+	return nil
+}
+
+// Check decides a check of cost on the bucket (a BucketHash) of partition
+// part under rule r at now, and keeps the bucket's new state. The rule
+// must be valid (Rule.Validate); an out-of-range cost returns an error
+// wrapping ErrCost and spends nothing. A cost of 0 spends nothing: it
+// answers whether a cost-1 check would pass.
+func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Decision, error) {
+	if err := t.checkPart(part); err != nil {
+		return Decision{}, err
+	}
+	if err := r.CheckCost(cost); err != nil {
+		return Decision{}, err
+	}
+	p := &t.parts[part]
+	switch {
+	case r.Algorithm.tat():
+		return p.checkTAT(bucket, r, now, cost), nil
+	case r.Algorithm.window():
+		return p.checkWindow(bucket, r, now, cost), nil
+	case r.Algorithm == SlidingLog:
+		return p.checkLog(bucket, r, now, cost), nil
+	}
+	return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+}
+
+func (p *partition) checkTAT(h uint64, r *Rule, now, cost int64) Decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var s TAT
+	ps := p.tats.get(h)
+	if ps != nil {
+		s = *ps
+	}
+	s, d := StepTAT(s, r, now, cost)
+	switch {
+	case s.idle(now):
+		if ps != nil {
+			p.tats.del(h)
+		}
+	case ps != nil:
+		*ps = s
+	default:
+		p.tats.insert(h, s, now)
+	}
+	return d
+}
+
+func (p *partition) checkWindow(h uint64, r *Rule, now, cost int64) Decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var s Window
+	ps := p.wins.get(h)
+	if ps != nil {
+		s = *ps
+	}
+	s, d := StepWindow(s, r, now, cost)
+	switch {
+	case s.idle(now):
+		if ps != nil {
+			p.wins.del(h)
+		}
+	case ps != nil:
+		*ps = s
+	default:
+		p.wins.insert(h, s, now)
+	}
+	return d
+}
+
+func (p *partition) checkLog(h uint64, r *Rule, now, cost int64) Decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.logs[h]
+	if !ok {
+		l = p.spare
+		if l == nil {
+			l = new(Log)
+		}
+	}
+	d := l.Step(r, now, cost)
+	switch {
+	case l.n == 0:
+		if ok {
+			delete(p.logs, h)
+		}
+		p.spare = l // empty again: ents is nil or at most 8 slots
+	case !ok:
+		if p.logs == nil {
+			p.logs = make(map[uint64]*Log)
+		}
+		p.logs[h] = l
+		p.spare = nil
+	}
+	return d
+}
+
+// Sweep drops every state of the partition that is dead at now and
+// returns how many it dropped. Decisions do not change: a dead state
+// decides like a fresh key.
+func (t *Table) Sweep(part uint32, now int64) (dropped int) {
+	p := t.part(part)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	dropped = p.tats.sweep(now) + p.wins.sweep(now)
+	for h, l := range p.logs {
+		if l.Dead(now) {
+			delete(p.logs, h)
+			dropped++
+		}
+	}
+	if len(p.logs) == 0 {
+		p.logs = nil // a map never shrinks; let it go
+	}
+	p.spare = nil
+	return dropped
+}
+
+// Len returns the number of states held in all partitions.
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.parts {
+		n += t.parts[i].len()
+	}
+	return n
+}
+
+// PartitionLen returns the number of states held in partition part.
+func (t *Table) PartitionLen(part uint32) int { return t.part(part).len() }
+
+func (p *partition) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.tats.len() + p.wins.len() + len(p.logs)
+}
+
+// Drop forgets every state of partition part and frees its memory, as
+// after handing the partition off to another node.
+func (t *Table) Drop(part uint32) {
+	p := t.part(part)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tats.reset()
+	p.wins.reset()
+	p.logs, p.spare = nil, nil
+}
