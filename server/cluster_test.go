@@ -18,7 +18,7 @@ import (
 // TCP, the real data plane, real HTTP listeners. Sockets are not fake
 // time, so they wait for conditions (eventually), never for a fixed while.
 
-func listen(t *testing.T) Listeners {
+func listen(t testing.TB) Listeners {
 	t.Helper()
 	var ls Listeners
 	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {

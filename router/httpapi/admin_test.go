@@ -1,0 +1,429 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// adminCalls are one valid call of each admin endpoint.
+var adminCalls = []struct{ method, path, body string }{
+	{"PUT", "/v1/rules", `{"rules":[{"name":"a","algorithm":"gcra","limit":1,"period":"1s"}]}`},
+	{"POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`},
+	{"POST", "/v1/cluster/leave", `{"id":"n2"}`},
+}
+
+func TestAdminAuth(t *testing.T) {
+	tests := []struct {
+		name   string
+		token  string // configured
+		hdr    []string
+		status int
+		code   string
+	}{
+		{"token: none sent", "s3cret", nil, 401, api.CodeUnauthorized},
+		{"token: wrong", "s3cret", []string{"Authorization", "Bearer s3cre"}, 401, api.CodeUnauthorized},
+		{"token: longer", "s3cret", []string{"Authorization", "Bearer s3crett"}, 401, api.CodeUnauthorized},
+		{"token: not bearer", "s3cret", []string{"Authorization", "Basic s3cret"}, 401, api.CodeUnauthorized},
+		{"token: bare", "s3cret", []string{"Authorization", "s3cret"}, 401, api.CodeUnauthorized},
+		{"token: empty bearer", "s3cret", []string{"Authorization", "Bearer "}, 401, api.CodeUnauthorized},
+		{"token: right", "s3cret", []string{"Authorization", "Bearer s3cret"}, 200, ""},
+		{"token: right, scheme case", "s3cret", []string{"Authorization", "bearer s3cret"}, 200, ""},
+		{"token: right from afar", "s3cret", []string{"Authorization", "Bearer s3cret", "RemoteAddr", "203.0.113.9:5000"}, 200, ""},
+		{"token: wrong from loopback", "s3cret", []string{"Authorization", "Bearer nope", "RemoteAddr", "127.0.0.1:1"}, 401, api.CodeUnauthorized},
+		{"no token: loopback v4", "", []string{"RemoteAddr", "127.0.0.1:5000"}, 200, ""},
+		{"no token: loopback 127/8", "", []string{"RemoteAddr", "127.3.2.1:5000"}, 200, ""},
+		{"no token: loopback v6", "", []string{"RemoteAddr", "[::1]:5000"}, 200, ""},
+		{"no token: v4-mapped loopback", "", []string{"RemoteAddr", "[::ffff:127.0.0.1]:5000"}, 200, ""},
+		{"no token: remote", "", []string{"RemoteAddr", "203.0.113.9:5000"}, 403, api.CodeForbidden},
+		{"no token: private", "", []string{"RemoteAddr", "10.0.0.1:5000"}, 403, api.CodeForbidden},
+		{"no token: unspecified", "", []string{"RemoteAddr", "0.0.0.0:5000"}, 403, api.CodeForbidden},
+		{"no token: garbage addr", "", []string{"RemoteAddr", "localhost"}, 403, api.CodeForbidden},
+		{"no token: bearer sent anyway", "", []string{"RemoteAddr", "203.0.113.9:5000", "Authorization", "Bearer x"}, 403, api.CodeForbidden},
+	}
+	for _, tt := range tests {
+		for _, c := range adminCalls {
+			t.Run(tt.name+" "+c.path, func(t *testing.T) {
+				e := newEnv(t, tt.token)
+				w := e.do(c.method, c.path, c.body, tt.hdr...)
+				if tt.status == 200 {
+					if w.Code != 200 {
+						t.Fatalf("status %d: %s", w.Code, w.Body)
+					}
+					return
+				}
+				apiError(t, w, tt.status, tt.code)
+				if got := w.Header().Get("WWW-Authenticate"); (tt.status == 401) != (got == "Bearer") {
+					t.Errorf("WWW-Authenticate = %q", got)
+				}
+				if len(e.a.joins)+len(e.a.leaves) != 0 || e.a.written != nil {
+					t.Errorf("an unauthorized call reached the node")
+				}
+			})
+		}
+	}
+}
+
+// Non-admin endpoints need no token, from anywhere.
+func TestPublicEndpointsNeedNoToken(t *testing.T) {
+	e := newEnv(t, "s3cret")
+	for _, p := range []string{"/v1/rules", "/v1/cluster", "/healthz", "/readyz", "/metrics"} {
+		if w := e.do("GET", p, "", "RemoteAddr", "203.0.113.9:1"); w.Code != 200 {
+			t.Errorf("GET %s: %d %s", p, w.Code, w.Body)
+		}
+	}
+	if w := e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`, "RemoteAddr", "203.0.113.9:1"); w.Code != 200 {
+		t.Errorf("POST /v1/check: %d %s", w.Code, w.Body)
+	}
+}
+
+var wantDefault = api.Rule{Name: "default", Algorithm: "token_bucket", Limit: 100, Period: "1s", Burst: 200, FailureMode: "open"}
+
+func TestRulesGet(t *testing.T) {
+	e := newEnv(t, "")
+	e.a.written = []limiter.Rule{
+		{Name: "login", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Minute, FailureMode: limiter.FailClosed},
+		{Name: "api", Algorithm: limiter.GCRA, Limit: 10, Period: time.Second},
+	}
+	var got api.Rules
+	decodeOK(t, e.do("GET", "/v1/rules", ""), &got)
+	want := []api.Rule{
+		wantDefault,
+		{Name: "login", Algorithm: "sliding_log", Limit: 5, Period: "1m", Burst: 5, FailureMode: "closed"},
+		{Name: "api", Algorithm: "gcra", Limit: 10, Period: "1s", Burst: 10, FailureMode: "open"},
+	}
+	if !reflect.DeepEqual(got.Rules, want) {
+		t.Errorf("rules = %+v, want %+v", got.Rules, want)
+	}
+}
+
+func TestRulesPut(t *testing.T) {
+	tests := []struct {
+		name, ctype, body string
+	}{
+		{"json", "application/json", `{"rules":[{"name":"login","algorithm":"sliding_log","limit":5,"period":"1m","failure_mode":"closed"},
+			{"name":"public-api","algorithm":"token_bucket","limit":100,"period":"1s","burst":300}]}`},
+		{"yaml", "application/yaml", `
+rules:
+  - name: login
+    algorithm: sliding_log
+    limit: 5
+    period: 1m
+    failure_mode: closed
+  - name: public-api
+    algorithm: token_bucket   # capacity 300
+    limit: 100
+    period: 1s
+    burst: 300
+`},
+		{"yaml without content type", "", "rules:\n- {name: login, algorithm: sliding_log, limit: 5, period: 1m, failure_mode: closed}\n- {name: public-api, algorithm: token_bucket, limit: 100, period: 1s, burst: 300}\n"},
+	}
+	want := []api.Rule{
+		wantDefault,
+		{Name: "login", Algorithm: "sliding_log", Limit: 5, Period: "1m", Burst: 5, FailureMode: "closed"},
+		{Name: "public-api", Algorithm: "token_bucket", Limit: 100, Period: "1s", Burst: 300, FailureMode: "open"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "")
+			var hdr []string
+			if tt.ctype != "" {
+				hdr = []string{"Content-Type", tt.ctype}
+			}
+			var got api.Rules
+			decodeOK(t, e.do("PUT", "/v1/rules", tt.body, hdr...), &got)
+			if !reflect.DeepEqual(got.Rules, want) {
+				t.Errorf("PUT answered %+v, want %+v", got.Rules, want)
+			}
+			if len(e.a.written) != 2 || e.a.written[1].Burst != 300 {
+				t.Errorf("node got %+v", e.a.written)
+			}
+			var again api.Rules
+			decodeOK(t, e.do("GET", "/v1/rules", ""), &again)
+			if !reflect.DeepEqual(again, got) {
+				t.Errorf("GET after PUT = %+v, want %+v", again, got)
+			}
+		})
+	}
+}
+
+func TestRulesPutErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		putErr error
+		status int
+		code   string
+		msg    string // substring
+	}{
+		{"unknown algorithm", `{"rules":[{"name":"x","algorithm":"magic","limit":1,"period":"1s"}]}`, nil, 400, api.CodeInvalidRules, `rule "x": algorithm: unknown algorithm "magic"`},
+		{"limit 0", "rules:\n- {name: why, algorithm: gcra, limit: 0, period: 1s}\n", nil, 400, api.CodeInvalidRules, `rule "why": limit`},
+		{"unknown field", "rules:\n- {name: why, algorithm: gcra, limit: 1, period: 1s, colour: red}\n", nil, 400, api.CodeInvalidRules, `rule "why": colour: unknown field`},
+		{"duplicate", "rules:\n- {name: why, algorithm: gcra, limit: 1, period: 1s}\n- {name: why, algorithm: gcra, limit: 1, period: 1s}\n", nil, 400, api.CodeInvalidRules, "duplicate name"},
+		{"not yaml", "rules: [", nil, 400, api.CodeInvalidRules, "not valid YAML or JSON"},
+		{"empty", "  \n", nil, 400, api.CodeInvalidRules, "empty body"},
+		{"over 1 MiB", "rules: []\n" + strings.Repeat("#", api.MaxBodySize), nil, 413, api.CodeTooLarge, "request body over"},
+		{"no leader", `{"rules":[]}`, fmt.Errorf("node: %w: no leader", api.ErrUnavailable), 503, api.CodeUnavailable, "no leader"},
+		{"node rejects", `{"rules":[]}`, fmt.Errorf("node: %w", &rules.Error{Index: -1, Field: "rules", Msg: "too many"}), 400, api.CodeInvalidRules, "too many"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "")
+			e.a.putErr = tt.putErr
+			got := apiError(t, e.do("PUT", "/v1/rules", tt.body), tt.status, tt.code)
+			if !strings.Contains(got.Message, tt.msg) {
+				t.Errorf("message = %q, want it to contain %q", got.Message, tt.msg)
+			}
+			if e.a.written != nil {
+				t.Errorf("rules written: %+v", e.a.written)
+			}
+		})
+	}
+}
+
+func TestCluster(t *testing.T) {
+	e := newEnv(t, "")
+	var got map[string]any
+	decodeOK(t, e.do("GET", "/v1/cluster", ""), &got)
+	if m, ok := got["members"].([]any); !ok || len(m) != 0 {
+		t.Errorf("no members = %v, want []", got["members"])
+	}
+	e.a.cluster = api.Cluster{Leader: "n1", Epoch: 42, Partitions: 1024, Members: []api.Member{
+		{ID: "n1", State: "active", HTTP: "127.0.0.1:8080", Raft: "127.0.0.1:8081", Peer: "127.0.0.1:8082", Partitions: 341},
+	}}
+	var c api.Cluster
+	decodeOK(t, e.do("GET", "/v1/cluster", ""), &c)
+	if !reflect.DeepEqual(c, e.a.cluster) {
+		t.Errorf("cluster = %+v, want %+v", c, e.a.cluster)
+	}
+}
+
+func TestJoin(t *testing.T) {
+	e := newEnv(t, "")
+	var ok statusBody
+	decodeOK(t, e.do("POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`), &ok)
+	if want := (api.JoinRequest{ID: "n2", HTTP: "h:1", Raft: "h:2", Peer: "h:3"}); len(e.a.joins) != 1 || e.a.joins[0] != want {
+		t.Errorf("joins = %+v", e.a.joins)
+	}
+	tests := []struct {
+		body    string
+		joinErr error
+		status  int
+		code    string
+		msg     string
+	}{
+		{`{"http":"h:1","raft":"h:2","peer":"h:3"}`, nil, 400, api.CodeBadRequest, "id is empty"},
+		{`{"id":"n","raft":"h:2","peer":"h:3"}`, nil, 400, api.CodeBadRequest, "http is empty"},
+		{`{"id":"n","http":"h:1","peer":"h:3"}`, nil, 400, api.CodeBadRequest, "raft is empty"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":""}`, nil, 400, api.CodeBadRequest, "peer is empty"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3","x":1}`, nil, 400, api.CodeBadRequest, `unknown field "x"`},
+		{`{"id":5}`, nil, 400, api.CodeBadRequest, "id: must be a string, got number"},
+		{`{"id":"n"`, nil, 400, api.CodeBadRequest, "malformed JSON"},
+		{``, nil, 400, api.CodeBadRequest, "empty body"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}`, fmt.Errorf("%w: id n taken by another address", api.ErrBadRequest), 400, api.CodeBadRequest, "taken"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}`, fmt.Errorf("%w: no leader", api.ErrUnavailable), 503, api.CodeUnavailable, "no leader"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}` + strings.Repeat(" ", api.MaxBodySize), nil, 413, api.CodeTooLarge, "over"},
+	}
+	for _, tt := range tests {
+		e := newEnv(t, "")
+		e.a.joinErr = tt.joinErr
+		got := apiError(t, e.do("POST", "/v1/cluster/join", tt.body), tt.status, tt.code)
+		if !strings.Contains(got.Message, tt.msg) {
+			t.Errorf("%s: message %q, want it to contain %q", tt.body, got.Message, tt.msg)
+		}
+	}
+}
+
+func TestLeave(t *testing.T) {
+	e := newEnv(t, "")
+	var ok statusBody
+	decodeOK(t, e.do("POST", "/v1/cluster/leave", `{"id":"n2"}`), &ok)
+	decodeOK(t, e.do("POST", "/v1/cluster/leave", `{}`), &ok) // this node
+	if !reflect.DeepEqual(e.a.leaves, []string{"n2", ""}) {
+		t.Errorf("leaves = %q", e.a.leaves)
+	}
+	e.a.leaveErr = fmt.Errorf("node: %w: member n9", api.ErrNotFound)
+	got := apiError(t, e.do("POST", "/v1/cluster/leave", `{"id":"n9"}`), 404, api.CodeNotFound)
+	if !strings.Contains(got.Message, "n9") {
+		t.Errorf("message %q", got.Message)
+	}
+	e.a.leaveErr = fmt.Errorf("node: %w: no leader", api.ErrUnavailable)
+	apiError(t, e.do("POST", "/v1/cluster/leave", `{"id":"n9"}`), 503, api.CodeUnavailable)
+	apiError(t, e.do("POST", "/v1/cluster/leave", `{"id":"n9"} x`), 400, api.CodeBadRequest)
+}
+
+func TestHealthAndReady(t *testing.T) {
+	e := newEnv(t, "")
+	var s statusBody
+	decodeOK(t, e.do("GET", "/healthz", ""), &s)
+	if s.Status != "ok" {
+		t.Errorf("healthz = %+v", s)
+	}
+	decodeOK(t, e.do("GET", "/readyz", ""), &s)
+	if s.Status != "ready" {
+		t.Errorf("readyz = %+v", s)
+	}
+	e.a.ready = fmt.Errorf("%w: no leader yet", api.ErrUnavailable)
+	got := apiError(t, e.do("GET", "/readyz", ""), 503, api.CodeUnavailable)
+	if got.Message != "unavailable: no leader yet" {
+		t.Errorf("reason = %q", got.Message)
+	}
+	decodeOK(t, e.do("GET", "/healthz", ""), &s) // up even when not ready
+	if w := e.do("HEAD", "/healthz", ""); w.Code != 200 {
+		t.Errorf("HEAD /healthz = %d", w.Code)
+	}
+}
+
+func TestMethodNotAllowed(t *testing.T) {
+	tests := []struct {
+		path    string
+		allow   string
+		methods []string
+	}{
+		{"/v1/check", "POST", []string{"GET", "PUT", "DELETE", "HEAD", "OPTIONS"}},
+		{"/v1/rules", "GET, HEAD, PUT", []string{"POST", "DELETE", "PATCH"}},
+		{"/v1/cluster", "GET, HEAD", []string{"POST", "PUT", "DELETE"}},
+		{"/v1/cluster/join", "POST", []string{"GET", "PUT", "DELETE"}},
+		{"/v1/cluster/leave", "POST", []string{"GET", "PUT", "DELETE"}},
+		{"/healthz", "GET, HEAD", []string{"POST", "PUT"}},
+		{"/readyz", "GET, HEAD", []string{"POST", "DELETE"}},
+		{"/metrics", "GET, HEAD", []string{"POST", "PUT"}},
+	}
+	for _, tt := range tests {
+		for _, m := range tt.methods {
+			// With a token configured and none sent: 405 comes before 401.
+			e := newEnv(t, "s3cret")
+			w := e.do(m, tt.path, `{}`)
+			if got := w.Header().Get("Allow"); got != tt.allow {
+				t.Errorf("%s %s: Allow = %q, want %q", m, tt.path, got, tt.allow)
+			}
+			if m == "HEAD" {
+				if w.Code != 405 {
+					t.Errorf("HEAD %s = %d", tt.path, w.Code)
+				}
+				continue
+			}
+			apiError(t, w, 405, api.CodeMethod)
+		}
+	}
+}
+
+func TestUnknownPath(t *testing.T) {
+	e := newEnv(t, "")
+	for _, p := range []string{"/", "/v1", "/v1/check/", "/v1/checks", "/V1/check"} {
+		apiError(t, e.do("GET", p, ""), 404, api.CodeNotFound)
+	}
+}
+
+func TestPanicIsA500(t *testing.T) {
+	e := newEnv(t, "")
+	e.a.panicIn = "rules"
+	got := apiError(t, e.do("GET", "/v1/rules", ""), 500, api.CodeInternal)
+	if strings.Contains(got.Message, "boom") {
+		t.Errorf("500 leaks the panic: %q", got.Message)
+	}
+	logs := e.logs.String()
+	for _, want := range []string{"level=ERROR", "panic", "fakeAdmin: boom", "goroutine", "httpapi.(*handler).serveRules"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %q:\n%s", want, logs)
+		}
+	}
+	// The checker panicking too, on the hot path.
+	e.c.decide = func(router.Request) router.Result { panic("checker boom") }
+	apiError(t, e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`), 500, api.CodeInternal)
+	// And the handler goes on answering.
+	e.c.decide = nil
+	if w := e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`); w.Code != 200 {
+		t.Errorf("after a panic: %d %s", w.Code, w.Body)
+	}
+	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="500",endpoint="/v1/rules"} 1`) {
+		t.Errorf("the 500 was not counted")
+	}
+}
+
+// A panic over a real connection still answers (no dropped connection).
+func TestPanicOverTheWire(t *testing.T) {
+	e := newEnv(t, "")
+	e.a.panicIn = "rules"
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/v1/rules")
+	if err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 500 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("answer %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+func scrape(t *testing.T, e *env) string {
+	t.Helper()
+	w := e.do("GET", "/metrics", "")
+	if w.Code != 200 {
+		t.Fatalf("GET /metrics: %d %s", w.Code, w.Body)
+	}
+	return w.Body.String()
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, "")
+	e.h = New(Config{Registry: e.reg, Now: fixedClock(3 * time.Millisecond)}, e.c, e.a)
+	e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`)
+	e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`)
+	e.do("POST", "/v1/check", `{"rule":"nope","key":"k"}`)
+	e.do("GET", "/v1/check", ``)
+	e.do("GET", "/nowhere", ``)
+	e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`, "X", "y")
+	body := scrape(t, e)
+	for _, want := range []string{
+		`ringlimit_http_requests_total{code="200",endpoint="/v1/check"} 3`,
+		`ringlimit_http_requests_total{code="404",endpoint="/v1/check"} 1`,
+		`ringlimit_http_requests_total{code="405",endpoint="/v1/check"} 1`,
+		`ringlimit_http_requests_total{code="404",endpoint="other"} 1`,
+		`ringlimit_http_request_duration_seconds_bucket{endpoint="/v1/check",le="0.0025"} 0`,
+		`ringlimit_http_request_duration_seconds_bucket{endpoint="/v1/check",le="0.005"} 5`,
+		`ringlimit_http_request_duration_seconds_count{endpoint="/v1/check"} 5`,
+		`# TYPE ringlimit_http_request_duration_seconds histogram`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics serves the global registry")
+	}
+	// A second handler on the same registry shares the series.
+	h2 := New(Config{Registry: e.reg}, e.c, e.a)
+	h2.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/healthz", nil))
+	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="200",endpoint="/healthz"} 1`) {
+		t.Errorf("second handler's request not counted")
+	}
+}
+
+func TestNilRegistry(t *testing.T) {
+	h := New(Config{}, newFakeChecker(), &fakeAdmin{}) // a registry of its own
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 200 || !strings.Contains(w.Body.String(), "ringlimit_http_requests_total") {
+		t.Errorf("/metrics = %d %s", w.Code, w.Body)
+	}
+}
+
+func TestNewServer(t *testing.T) {
+	h := http.NotFoundHandler()
+	s := NewServer("127.0.0.1:0", h)
+	if s.Addr != "127.0.0.1:0" || s.Handler == nil || s.ReadHeaderTimeout != 5*time.Second || s.ReadTimeout != 10*time.Second ||
+		s.WriteTimeout != 10*time.Second || s.IdleTimeout != 120*time.Second || s.MaxHeaderBytes != 64<<10 {
+		t.Errorf("server = %+v", s)
+	}
+}

@@ -1,0 +1,347 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+// checkBody is the body of POST /v1/check: a single check (rule, key,
+// cost) or a batch (checks). Each field remembers whether it was present,
+// so the handler can tell the two shapes apart and refuse a body with
+// both or neither.
+type checkBody struct {
+	Rule   optString `json:"rule"`
+	Key    optString `json:"key"`
+	Cost   optCost   `json:"cost"`
+	Checks checkList `json:"checks"`
+}
+
+// checkItem is one entry of a batch.
+type checkItem struct {
+	Rule string  `json:"rule"`
+	Key  string  `json:"key"`
+	Cost optCost `json:"cost"`
+}
+
+// optString is a JSON string field that remembers its presence; null is
+// present and empty. name is the field's name, for messages.
+type optString struct {
+	name    string
+	present bool
+	v       string
+}
+
+func (s *optString) UnmarshalJSON(b []byte) error {
+	s.present = true
+	switch {
+	case string(b) == "null":
+		s.v = ""
+		return nil
+	case b[0] != '"':
+		return &bodyError{fmt.Sprintf("%s: must be a string, got %s", s.name, truncate(string(b)))}
+	}
+	// The decoder has checked the syntax: without escapes and with valid
+	// UTF-8, the string is the bytes between the quotes.
+	if raw := b[1 : len(b)-1]; bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		s.v = string(raw)
+		return nil
+	}
+	return json.Unmarshal(b, &s.v)
+}
+
+// optCost is the cost field: absent or null means the default, 1.
+type optCost struct {
+	present bool // in the body, null included
+	set     bool // with a value
+	v       int64
+}
+
+func (c *optCost) UnmarshalJSON(b []byte) error {
+	c.present = true
+	if string(b) == "null" {
+		return nil
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return &bodyError{"cost: must be an integer, got " + truncate(string(b))}
+	}
+	c.set, c.v = true, n
+	return nil
+}
+
+func (c *optCost) value() int64 {
+	if !c.set {
+		return 1
+	}
+	return c.v
+}
+
+// checkList is the checks field of a batch. Its entries are decoded one
+// by one, so that an error names its index and a batch over api.MaxBatch
+// stops at entry api.MaxBatch+1.
+type checkList struct {
+	present bool
+	items   []checkItem
+}
+
+func (l *checkList) UnmarshalJSON(b []byte) error {
+	l.present = true
+	if b[0] != '[' {
+		return &bodyError{"checks: must be an array, got " + truncate(string(b))}
+	}
+	clear(l.items) // a repeated "checks" replaces the first, as in encoding/json
+	l.items = l.items[:0]
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if _, err := dec.Token(); err != nil { // '['
+		return err
+	}
+	for dec.More() {
+		i := len(l.items)
+		if i == api.MaxBatch {
+			return &bodyError{fmt.Sprintf("checks: more than %d checks in a batch", api.MaxBatch)}
+		}
+		l.items = append(l.items, checkItem{})
+		if err := dec.Decode(&l.items[i]); err != nil {
+			return &bodyError{fmt.Sprintf("checks[%d]: %s", i, describe(err))}
+		}
+	}
+	return nil
+}
+
+// bodyError is a body the decoder accepted as JSON but not as a request;
+// its text is the message of the 400.
+type bodyError struct{ msg string }
+
+func (e *bodyError) Error() string { return e.msg }
+
+// checkScratch is the pooled working memory of one POST /v1/check.
+type checkScratch struct {
+	body checkBody
+	reqs []router.Request
+	out  []router.Result
+	buf  []byte
+}
+
+// reset readies s for a request, dropping the last one's strings.
+func (s *checkScratch) reset() {
+	clear(s.body.Checks.items)
+	clear(s.reqs)
+	s.body = checkBody{
+		Rule:   optString{name: "rule"},
+		Key:    optString{name: "key"},
+		Checks: checkList{items: s.body.Checks.items[:0]},
+	}
+	s.reqs, s.buf = s.reqs[:0], s.buf[:0]
+}
+
+func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
+	s := h.scratch.Get().(*checkScratch)
+	defer h.scratch.Put(s)
+	s.reset()
+	batch, e := s.decode(limitBody(w, r))
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	if len(s.reqs) > 0 {
+		if cap(s.out) < len(s.reqs) {
+			s.out = make([]router.Result, len(s.reqs), max(len(s.reqs), 8))
+		}
+		out := s.out[:len(s.reqs)]
+		clear(out)
+		if err := h.checker.Check(r.Context(), s.reqs, out); err != nil {
+			e := h.errorOf(r, err)
+			var ie *router.ItemError
+			if !batch && errors.As(err, &ie) {
+				e.Message = ie.Err.Error() // a single check has no index
+			}
+			writeError(w, e)
+			return
+		}
+		s.out = out
+	}
+	if batch {
+		s.buf = append(s.buf, `{"results":[`...)
+		for i := range s.reqs {
+			if i > 0 {
+				s.buf = append(s.buf, ',')
+			}
+			s.buf = appendDecision(s.buf, &s.out[i])
+		}
+		s.buf = append(s.buf, "]}\n"...)
+	} else {
+		s.buf = appendDecision(s.buf, &s.out[0])
+		s.buf = append(s.buf, '\n')
+	}
+	writeBody(w, http.StatusOK, s.buf)
+}
+
+// decode reads a check body into s.body and s.reqs and validates what
+// needs no rule: the shape, names, key lengths and cost signs, so that
+// such an entry is named before the router sees the batch. The router
+// checks rules and costs against them. batch says which shape the body
+// had.
+func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s.body); err != nil {
+		return false, decodeError(err)
+	}
+	if e := atEOF(dec); e != nil {
+		return false, e
+	}
+	b := &s.body
+	single := b.Rule.present || b.Key.present || b.Cost.present
+	switch {
+	case b.Checks.present && single:
+		return false, badRequest(`body has both "checks" and a single check's fields; send one or the other`)
+	case b.Checks.present:
+		for i := range b.Checks.items {
+			c := &b.Checks.items[i]
+			q := router.Request{Rule: c.Rule, Key: c.Key, Cost: c.Cost.value()}
+			if msg := validate(&q); msg != "" {
+				return true, badRequest(fmt.Sprintf("checks[%d]: %s", i, msg))
+			}
+			s.reqs = append(s.reqs, q)
+		}
+		return true, nil
+	case single:
+		q := router.Request{Rule: b.Rule.v, Key: b.Key.v, Cost: b.Cost.value()}
+		if msg := validate(&q); msg != "" {
+			return false, badRequest(msg)
+		}
+		s.reqs = append(s.reqs, q)
+		return false, nil
+	}
+	return false, badRequest(`body is neither a check {"rule", "key", "cost"} nor a batch {"checks": [...]}`)
+}
+
+// validate returns what is wrong with q that no rule can make right, or "".
+// The cost's upper bound depends on the rule: the router checks it.
+func validate(q *router.Request) string {
+	switch {
+	case q.Rule == "":
+		return "rule is empty"
+	case q.Key == "":
+		return "key is empty"
+	case len(q.Key) > api.MaxKeyLen:
+		return fmt.Sprintf("key is %d bytes, at most %d", len(q.Key), api.MaxKeyLen)
+	case q.Cost < 0:
+		return fmt.Sprintf("cost must be ≥ 0, got %d", q.Cost)
+	}
+	return ""
+}
+
+func badRequest(msg string) *api.Error {
+	return &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest, Message: msg}
+}
+
+// decodeError is the answer to a body that does not decode.
+func decodeError(err error) *api.Error {
+	if e := tooLarge(err); e != nil {
+		return e
+	}
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == io.EOF:
+		return badRequest("empty body: want a JSON object")
+	case errors.As(err, &te) && te.Field == "":
+		return badRequest("body must be a JSON object, got " + te.Value)
+	}
+	return badRequest(describe(err))
+}
+
+// atEOF answers a body with more after its JSON value.
+func atEOF(dec *json.Decoder) *api.Error {
+	if _, err := dec.Token(); err != io.EOF {
+		if e := tooLarge(err); e != nil {
+			return e
+		}
+		return badRequest("malformed JSON: data after the body's JSON value")
+	}
+	return nil
+}
+
+// describe says what is wrong with a JSON body in the API's terms, not
+// Go's.
+func describe(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	var be *bodyError
+	switch {
+	case errors.As(err, &be):
+		return be.msg
+	case errors.As(err, &se):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "malformed JSON: unexpected end of body"
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("%s: must be %s, got %s", te.Field, kindOf(te.Type), te.Value)
+		}
+		return fmt.Sprintf("must be %s, got %s", kindOf(te.Type), te.Value)
+	}
+	msg := err.Error()
+	if len(msg) > 6 && msg[:6] == "json: " {
+		msg = msg[6:] // unknown field "x"
+	}
+	return msg
+}
+
+// kindOf names the JSON kind a Go type decodes from.
+func kindOf(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	}
+	return "a " + t.Kind().String()
+}
+
+// millis is d in whole milliseconds, rounded up; 0 or less is 0.
+func millis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d-1)/time.Millisecond) + 1
+}
+
+// appendDecision appends the api.Decision of res as JSON: the same bytes
+// json.Marshal writes for it, without reflection.
+func appendDecision(b []byte, res *router.Result) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, res.Allowed)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, res.Limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, res.Remaining, 10)
+	b = append(b, `,"reset_after_ms":`...)
+	b = strconv.AppendInt(b, millis(res.ResetAfter), 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, millis(res.RetryAfter), 10)
+	b = append(b, `,"delay_ms":`...)
+	b = strconv.AppendInt(b, millis(res.Delay), 10)
+	b = append(b, `,"degraded":`...)
+	b = strconv.AppendBool(b, res.Degraded)
+	return append(b, '}')
+}

@@ -1,0 +1,428 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+func TestCheckSingle(t *testing.T) {
+	e := newEnv(t, "")
+	w := e.do("POST", "/v1/check", `{"rule": "default", "key": "tenant-42", "cost": 1}`)
+	var d api.Decision
+	decodeOK(t, w, &d)
+	want := api.Decision{Allowed: true, Limit: 200, Remaining: 199}
+	if d != want {
+		t.Errorf("decision = %+v, want %+v", d, want)
+	}
+	if got := e.c.Calls(); len(got) != 1 || !reflect.DeepEqual(got[0], []router.Request{{Rule: "default", Key: "tenant-42", Cost: 1}}) {
+		t.Errorf("checker calls = %+v", got)
+	}
+}
+
+func TestCheckDenied(t *testing.T) {
+	e := newEnv(t, "")
+	e.c.decide = func(q router.Request) router.Result {
+		return router.Result{Decision: limiter.Decision{Allowed: false, Limit: 5, RetryAfter: 2 * time.Second, ResetAfter: 3 * time.Second}}
+	}
+	var d api.Decision
+	decodeOK(t, e.do("POST", "/v1/check", `{"rule":"small","key":"k"}`), &d)
+	want := api.Decision{Allowed: false, Limit: 5, ResetAfterMs: 3000, RetryAfterMs: 2000}
+	if d != want {
+		t.Errorf("decision = %+v, want %+v", d, want)
+	}
+}
+
+// Durations become whole milliseconds, rounded up; 0 stays 0.
+func TestCheckMillisRoundUp(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want int64
+	}{
+		{0, 0},
+		{-time.Second, 0}, // never negative
+		{1, 1},
+		{time.Millisecond - 1, 1},
+		{time.Millisecond, 1},
+		{time.Millisecond + 1, 2},
+		{1500 * time.Microsecond, 2},
+		{time.Second, 1000},
+		{time.Second + 1, 1001},
+		{time.Duration(1<<63 - 1), (1<<63-1)/1_000_000 + 1},
+	}
+	e := newEnv(t, "")
+	for _, tt := range tests {
+		e.c.decide = func(router.Request) router.Result {
+			return router.Result{Decision: limiter.Decision{ResetAfter: tt.d, RetryAfter: tt.d, Delay: tt.d}, Degraded: true}
+		}
+		var d api.Decision
+		decodeOK(t, e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`), &d)
+		if d.ResetAfterMs != tt.want || d.RetryAfterMs != tt.want || d.DelayMs != tt.want || !d.Degraded {
+			t.Errorf("duration %v → %+v, want %d ms in each", tt.d, d, tt.want)
+		}
+	}
+}
+
+// appendDecision writes what json.Marshal writes for the api.Decision.
+func TestAppendDecisionMatchesMarshal(t *testing.T) {
+	for _, res := range []router.Result{
+		{},
+		{Decision: limiter.Decision{Allowed: true, Limit: 1 << 40, Remaining: -3, ResetAfter: 7, RetryAfter: time.Hour, Delay: 3 * time.Millisecond}, Degraded: true},
+	} {
+		want, err := json.Marshal(api.Decision{
+			Allowed: res.Allowed, Limit: res.Limit, Remaining: res.Remaining,
+			ResetAfterMs: millis(res.ResetAfter), RetryAfterMs: millis(res.RetryAfter), DelayMs: millis(res.Delay), Degraded: res.Degraded,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendDecision(nil, &res); string(got) != string(want) {
+			t.Errorf("appendDecision = %s, want %s", got, want)
+		}
+	}
+}
+
+func TestCheckCost(t *testing.T) {
+	tests := []struct {
+		body string
+		want int64
+	}{
+		{`{"rule":"small","key":"k"}`, 1},
+		{`{"rule":"small","key":"k","cost":null}`, 1},
+		{`{"rule":"small","key":"k","cost":0}`, 0},
+		{`{"rule":"small","key":"k","cost":5}`, 5}, // = capacity
+		{`{"checks":[{"rule":"small","key":"k"}]}`, 1},
+		{`{"checks":[{"rule":"small","key":"k","cost":0}]}`, 0},
+	}
+	for _, tt := range tests {
+		e := newEnv(t, "")
+		w := e.do("POST", "/v1/check", tt.body)
+		if w.Code != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", tt.body, w.Code, w.Body)
+		}
+		calls := e.c.Calls()
+		if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Cost != tt.want {
+			t.Errorf("%s: checker got %+v, want cost %d", tt.body, calls, tt.want)
+		}
+	}
+}
+
+// Every 400/404/413 of POST /v1/check (the Errors table's check rows).
+func TestCheckErrors(t *testing.T) {
+	long := strings.Repeat("k", api.MaxKeyLen+1)
+	tests := []struct {
+		name   string
+		body   string
+		status int
+		code   string
+		msg    string // a prefix of the message
+	}{
+		{"empty body", ``, 400, api.CodeBadRequest, "empty body"},
+		{"malformed", `{"rule":`, 400, api.CodeBadRequest, "malformed JSON"},
+		{"not json", `rule=a`, 400, api.CodeBadRequest, "malformed JSON"},
+		{"trailing object", `{"rule":"default","key":"k"} {}`, 400, api.CodeBadRequest, "malformed JSON: data after"},
+		{"trailing brace", `{"rule":"default","key":"k"}}`, 400, api.CodeBadRequest, "malformed JSON: data after"},
+		{"array body", `[{"rule":"default","key":"k"}]`, 400, api.CodeBadRequest, "body must be a JSON object, got array"},
+		{"string body", `"x"`, 400, api.CodeBadRequest, "body must be a JSON object"},
+		{"unknown field", `{"rule":"default","key":"k","tenant":1}`, 400, api.CodeBadRequest, `unknown field "tenant"`},
+		{"neither", `{}`, 400, api.CodeBadRequest, "body is neither"},
+		{"null", `null`, 400, api.CodeBadRequest, "body is neither"},
+		{"both", `{"rule":"default","key":"k","checks":[]}`, 400, api.CodeBadRequest, "body has both"},
+		{"both by cost", `{"cost":1,"checks":[{"rule":"default","key":"k"}]}`, 400, api.CodeBadRequest, "body has both"},
+		{"rule not string", `{"rule":1,"key":"k"}`, 400, api.CodeBadRequest, "rule: must be a string"},
+		{"key not string", `{"rule":"default","key":{}}`, 400, api.CodeBadRequest, "key: must be a string"},
+		{"empty rule", `{"rule":"","key":"k"}`, 400, api.CodeBadRequest, "rule is empty"},
+		{"empty key", `{"rule":"default","key":""}`, 400, api.CodeBadRequest, "key is empty"},
+		{"missing key", `{"rule":"default"}`, 400, api.CodeBadRequest, "key is empty"},
+		{"null key", `{"rule":"default","key":null}`, 400, api.CodeBadRequest, "key is empty"},
+		{"long key", `{"rule":"default","key":"` + long + `"}`, 400, api.CodeBadRequest, "key is 1025 bytes, at most 1024"},
+		{"negative cost", `{"rule":"default","key":"k","cost":-1}`, 400, api.CodeBadRequest, "cost must be ≥ 0, got -1"},
+		{"fractional cost", `{"rule":"default","key":"k","cost":1.5}`, 400, api.CodeBadRequest, "cost: must be an integer"},
+		{"exponent cost", `{"rule":"default","key":"k","cost":1e2}`, 400, api.CodeBadRequest, "cost: must be an integer"},
+		{"string cost", `{"rule":"default","key":"k","cost":"1"}`, 400, api.CodeBadRequest, "cost: must be an integer"},
+		{"huge cost", `{"rule":"default","key":"k","cost":99999999999999999999}`, 400, api.CodeBadRequest, "cost: must be an integer"},
+		{"cost over capacity", `{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, "bad request: limiter: cost out of range"},
+		{"unknown rule", `{"rule":"nope","key":"k"}`, 404, api.CodeUnknownRule, `unknown rule "nope"`},
+		{"checks not array", `{"checks":{}}`, 400, api.CodeBadRequest, "checks: must be an array"},
+		{"checks null", `{"checks":null}`, 400, api.CodeBadRequest, "checks: must be an array"},
+		{"entry not object", `{"checks":[{"rule":"default","key":"k"},3]}`, 400, api.CodeBadRequest, "checks[1]: must be an object"},
+		{"entry unknown field", `{"checks":[{"rule":"default","key":"k","x":1}]}`, 400, api.CodeBadRequest, `checks[0]: unknown field "x"`},
+		{"entry bad type", `{"checks":[{"rule":"default","key":"k"},{"rule":"default","key":7}]}`, 400, api.CodeBadRequest, "checks[1]: key: must be a string, got number"},
+		{"entry bad cost", `{"checks":[{"rule":"default","key":"k","cost":0.5}]}`, 400, api.CodeBadRequest, "checks[0]: cost: must be an integer"},
+		{"batch over 1000", batchBody(api.MaxBatch+1, -1, ""), 400, api.CodeBadRequest, "checks: more than 1000 checks"},
+		{"body over 1 MiB", `{"rule":"default","key":"` + strings.Repeat("k", api.MaxBodySize) + `"}`, 413, api.CodeTooLarge, "request body over 1048576 bytes"},
+		{"trailing over 1 MiB", `{"rule":"default","key":"k"}` + strings.Repeat(" ", api.MaxBodySize), 413, api.CodeTooLarge, "request body over"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "")
+			got := apiError(t, e.do("POST", "/v1/check", tt.body), tt.status, tt.code)
+			if !strings.HasPrefix(got.Message, tt.msg) {
+				t.Errorf("message = %q, want prefix %q", got.Message, tt.msg)
+			}
+			if calls := e.c.Calls(); len(calls) != 0 {
+				t.Errorf("something was decided: %+v", calls)
+			}
+		})
+	}
+}
+
+func TestCheckKeyAtLimit(t *testing.T) {
+	e := newEnv(t, "")
+	key := strings.Repeat("é", api.MaxKeyLen/2) // 1024 bytes
+	var d api.Decision
+	decodeOK(t, e.do("POST", "/v1/check", `{"rule":"default","key":"`+key+`"}`), &d)
+	if calls := e.c.Calls(); len(calls) != 1 || calls[0][0].Key != key {
+		t.Errorf("checker got %+v", calls)
+	}
+	// An escaped key is decoded before it is measured.
+	decodeOK(t, e.do("POST", "/v1/check", `{"rule":"default","key":"a\"b\u00e9"}`), &d)
+	if calls := e.c.Calls(); calls[1][0].Key != `a"bé` {
+		t.Errorf("escaped key = %q", calls[1][0].Key)
+	}
+}
+
+// batchBody is a batch of n checks of rule "default"; the entry at bad
+// (if ≥ 0) is replaced by badEntry.
+func batchBody(n, bad int, badEntry string) string {
+	var b strings.Builder
+	b.WriteString(`{"checks":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if i == bad {
+			b.WriteString(badEntry)
+			continue
+		}
+		fmt.Fprintf(&b, `{"rule":"default","key":"k%d","cost":%d}`, i, i%3)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+func TestCheckBatch(t *testing.T) {
+	e := newEnv(t, "")
+	var resp api.BatchResponse
+	decodeOK(t, e.do("POST", "/v1/check", `{"checks":[
+		{"rule":"default","key":"a","cost":3},
+		{"rule":"small","key":"b"},
+		{"rule":"small","key":"c","cost":0}]}`), &resp)
+	want := []api.Decision{
+		{Allowed: true, Limit: 200, Remaining: 197},
+		{Allowed: true, Limit: 5, Remaining: 4},
+		{Allowed: true, Limit: 5, Remaining: 5},
+	}
+	if !reflect.DeepEqual(resp.Results, want) {
+		t.Errorf("results = %+v, want %+v", resp.Results, want)
+	}
+}
+
+func TestCheckBatchSizes(t *testing.T) {
+	e := newEnv(t, "")
+	var resp api.BatchResponse
+	decodeOK(t, e.do("POST", "/v1/check", `{"checks":[]}`), &resp)
+	if resp.Results == nil || len(resp.Results) != 0 || len(e.c.Calls()) != 0 {
+		t.Errorf("empty batch: results %#v, calls %d", resp.Results, len(e.c.Calls()))
+	}
+	decodeOK(t, e.do("POST", "/v1/check", batchBody(api.MaxBatch, -1, "")), &resp)
+	if len(resp.Results) != api.MaxBatch {
+		t.Fatalf("%d results for %d checks", len(resp.Results), api.MaxBatch)
+	}
+	for i, d := range resp.Results {
+		if d.Remaining != 200-int64(i%3) {
+			t.Fatalf("results[%d] = %+v: out of order", i, d)
+		}
+	}
+	apiError(t, e.do("POST", "/v1/check", batchBody(api.MaxBatch+1, -1, "")), 400, api.CodeBadRequest)
+	if n := len(e.c.Calls()); n != 1 {
+		t.Errorf("%d checker calls, want 1", n)
+	}
+}
+
+// A batch with an invalid entry is refused whole, naming the entry, with
+// the status it would get alone; nothing is decided.
+func TestCheckBatchAllOrNothing(t *testing.T) {
+	tests := []struct {
+		entry  string
+		status int
+		code   string
+		msg    string
+	}{
+		{`{"rule":"nope","key":"k"}`, 404, api.CodeUnknownRule, `checks[3]: unknown rule "nope"`},
+		{`{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, `checks[3]: bad request: limiter: cost out of range`},
+		{`{"rule":"default","key":""}`, 400, api.CodeBadRequest, `checks[3]: key is empty`},
+		{`{"rule":"default","key":"` + strings.Repeat("x", 1025) + `"}`, 400, api.CodeBadRequest, `checks[3]: key is 1025 bytes`},
+		{`{"rule":"default","key":"k","cost":-2}`, 400, api.CodeBadRequest, `checks[3]: cost must be ≥ 0`},
+		{`{"rule":"","key":"k"}`, 400, api.CodeBadRequest, `checks[3]: rule is empty`},
+		{`{"rule":"default","key":"k","weight":2}`, 400, api.CodeBadRequest, `checks[3]: unknown field "weight"`},
+	}
+	for _, tt := range tests {
+		e := newEnv(t, "")
+		got := apiError(t, e.do("POST", "/v1/check", batchBody(6, 3, tt.entry)), tt.status, tt.code)
+		if !strings.HasPrefix(got.Message, tt.msg) {
+			t.Errorf("%s: message = %q, want prefix %q", tt.entry, got.Message, tt.msg)
+		}
+		if calls := e.c.Calls(); len(calls) != 0 {
+			t.Errorf("%s: something was decided: %+v", tt.entry, calls)
+		}
+	}
+}
+
+// A single check's error names no index.
+func TestCheckSingleItemErrorHasNoIndex(t *testing.T) {
+	e := newEnv(t, "")
+	got := apiError(t, e.do("POST", "/v1/check", `{"rule":"nope","key":"k"}`), 404, api.CodeUnknownRule)
+	if got.Message != `unknown rule "nope"` {
+		t.Errorf("message = %q", got.Message)
+	}
+}
+
+func TestCheckCheckerErrors(t *testing.T) {
+	tests := []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable), 503, api.CodeUnavailable},
+		{&router.ItemError{Index: 0, Err: fmt.Errorf("%w: no ring", api.ErrUnavailable)}, 503, api.CodeUnavailable},
+		{context.DeadlineExceeded, 503, api.CodeUnavailable},
+		{errors.New("disk on fire"), 500, api.CodeInternal},
+	}
+	for _, tt := range tests {
+		e := newEnv(t, "")
+		e.c.err = tt.err
+		got := apiError(t, e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`), tt.status, tt.code)
+		if tt.status == 500 {
+			if strings.Contains(got.Message, "fire") {
+				t.Errorf("500 leaks the error: %q", got.Message)
+			}
+			if !strings.Contains(e.logs.String(), "disk on fire") {
+				t.Errorf("unexpected error not logged: %s", e.logs)
+			}
+		}
+	}
+}
+
+func TestCheckPassesRequestContext(t *testing.T) {
+	type key struct{}
+	e := newEnv(t, "")
+	e.c.ctxKey = key{}
+	req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(`{"rule":"default","key":"k"}`))
+	req = req.WithContext(context.WithValue(req.Context(), key{}, 1))
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, req)
+	if w.Code != 200 {
+		t.Errorf("status %d: %s", w.Code, w.Body)
+	}
+}
+
+// Pooled scratch memory never leaks one request's data into another's.
+func TestCheckConcurrent(t *testing.T) {
+	e := newEnv(t, "")
+	e.c.decide = func(q router.Request) router.Result {
+		return router.Result{Decision: limiter.Decision{Allowed: true, Remaining: int64(len(q.Key)), Limit: q.Cost}}
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				n := 1 + (g*7+i)%20
+				var b strings.Builder
+				b.WriteString(`{"checks":[`)
+				for j := range n {
+					if j > 0 {
+						b.WriteByte(',')
+					}
+					if j%2 == 0 {
+						fmt.Fprintf(&b, `{"rule":"default","key":%q}`, strings.Repeat("x", j+g+1))
+					} else {
+						fmt.Fprintf(&b, `{"rule":"default","key":%q,"cost":%d}`, strings.Repeat("x", j+g+1), j)
+					}
+				}
+				b.WriteString(`]}`)
+				w := e.do("POST", "/v1/check", b.String())
+				var resp api.BatchResponse
+				if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil || len(resp.Results) != n {
+					t.Errorf("batch of %d: %d %s", n, w.Code, w.Body)
+					return
+				}
+				for j, d := range resp.Results {
+					cost := int64(1)
+					if j%2 == 1 {
+						cost = int64(j)
+					}
+					if d.Remaining != int64(j+g+1) || d.Limit != cost {
+						t.Errorf("results[%d] = %+v, want remaining %d, limit %d", j, d, j+g+1, cost)
+						return
+					}
+				}
+				var d api.Decision
+				w = e.do("POST", "/v1/check", fmt.Sprintf(`{"rule":"default","key":%q}`, strings.Repeat("y", n)))
+				if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil || d.Remaining != int64(n) || d.Limit != 1 {
+					t.Errorf("single after batch: %s", w.Body)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func BenchmarkCheckSingle(b *testing.B) {
+	e := newEnv(b, "")
+	body := `{"rule":"default","key":"tenant-42","cost":1}`
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(body))
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatal(w.Body)
+		}
+	}
+}
+
+// A body declared over the limit is refused without reading it; one with
+// no declared length is cut at the limit; a hand-built Request without a
+// body is an empty body.
+func TestCheckBodyLimit(t *testing.T) {
+	e := newEnv(t, "")
+	req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(`{"rule":"default","key":"k"}`))
+	req.ContentLength = api.MaxBodySize + 1
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, req)
+	apiError(t, w, 413, api.CodeTooLarge)
+
+	big := `{"rule":"default","key":"k"}` + strings.Repeat("\n", api.MaxBodySize-28)
+	req = httptest.NewRequest("POST", "/v1/check", strings.NewReader(big))
+	req.ContentLength = -1
+	w = httptest.NewRecorder()
+	e.h.ServeHTTP(w, req)
+	if w.Code != 200 {
+		t.Errorf("body of exactly %d bytes: %d %s", len(big), w.Code, w.Body)
+	}
+	req = httptest.NewRequest("POST", "/v1/check", strings.NewReader(big+" "))
+	req.ContentLength = -1
+	w = httptest.NewRecorder()
+	e.h.ServeHTTP(w, req)
+	apiError(t, w, 413, api.CodeTooLarge)
+
+	req = httptest.NewRequest("POST", "/v1/check", nil)
+	req.Body = nil
+	w = httptest.NewRecorder()
+	e.h.ServeHTTP(w, req)
+	apiError(t, w, 400, api.CodeBadRequest)
+}

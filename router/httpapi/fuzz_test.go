@@ -1,0 +1,90 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+// FuzzCheckHandler sends arbitrary bodies to POST /v1/check. The handler
+// must never panic and must always answer valid JSON with 200 (a decision
+// or a batch of them, one per check), 400, 404 or 413 (an api.Error).
+func FuzzCheckHandler(f *testing.F) {
+	for _, seed := range []string{
+		``,
+		`{}`,
+		`null`,
+		`[]`,
+		`{"rule":"default","key":"k"}`,
+		`{"rule":"default","key":"k","cost":0}`,
+		`{"rule":"small","key":"k","cost":6}`,
+		`{"rule":"nope","key":"k","cost":1}`,
+		`{"rule":"default","key":"k","cost":-1}`,
+		`{"rule":"default","key":"k","cost":1.5}`,
+		`{"rule":"default","key":"\u00e9\"\\","cost":null}`,
+		`{"rule":"default","key":"k"} {}`,
+		`{"checks":[]}`,
+		`{"checks":null}`,
+		`{"checks":[{"rule":"default","key":"a"},{"rule":"small","key":"b","cost":2}]}`,
+		`{"checks":[{"rule":"default","key":"a"},{"rule":"nope","key":"b"}]}`,
+		`{"checks":[{"rule":"default","key":""}],"rule":"x"}`,
+		`{"checks":[1,"x",null,{}]}`,
+		`{"checks":[{"rule":"default","key":"a","extra":true}]}`,
+		`{"RULE":"default","Key":"k"}`,
+		`{"rule":"default","key":"k","rule":"small"}`,
+		`{"checks":[{"rule":"default","key":"a"}],"checks":[{"rule":"small","key":"b"},{"rule":"small","key":"c"}]}`,
+		"{\"rule\":\"default\",\"key\":\"\xff\xfe\"}",
+		batchBody(3, 1, `{"rule":"default","key":"k","cost":99999999999999999999}`),
+	} {
+		f.Add([]byte(seed))
+	}
+	e := newEnv(f, "")
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest("POST", "/v1/check", bytes.NewReader(body))
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, req)
+		out := w.Body.Bytes()
+		if !json.Valid(out) {
+			t.Fatalf("body %q: answer is not JSON: %q", body, out)
+		}
+		if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("body %q: Content-Type %q", body, ct)
+		}
+		dec := json.NewDecoder(bytes.NewReader(out))
+		dec.DisallowUnknownFields()
+		switch w.Code {
+		case 200:
+			if strings.HasPrefix(string(out), `{"results":`) {
+				var b api.BatchResponse
+				if err := dec.Decode(&b); err != nil || b.Results == nil {
+					t.Fatalf("body %q: batch answer %q: %v", body, out, err)
+				}
+				// One result per check, as encoding/json counts them.
+				var in struct{ Checks []json.RawMessage }
+				if err := json.Unmarshal(body, &in); err != nil || len(in.Checks) != len(b.Results) {
+					t.Fatalf("body %q: %d results, %d checks (%v)", body, len(b.Results), len(in.Checks), err)
+				}
+				return
+			}
+			var d api.Decision
+			if err := dec.Decode(&d); err != nil {
+				t.Fatalf("body %q: decision %q: %v", body, out, err)
+			}
+		case 400, 404, 413:
+			var ae api.Error
+			if err := dec.Decode(&ae); err != nil || ae.Code == "" || ae.Message == "" {
+				t.Fatalf("body %q: error answer %q: %v", body, out, err)
+			}
+			want := map[int]string{400: api.CodeBadRequest, 404: api.CodeUnknownRule, 413: api.CodeTooLarge}[w.Code]
+			if ae.Code != want {
+				t.Fatalf("body %q: status %d with code %q", body, w.Code, ae.Code)
+			}
+		default:
+			t.Fatalf("body %q: status %d: %s", body, w.Code, out)
+		}
+	})
+}

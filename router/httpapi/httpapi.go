@@ -1,0 +1,381 @@
+// Package httpapi is ringlimit's HTTP API (shared/API.md, "HTTP API" and
+// "Errors"): checks on POST /v1/check, handed to a Checker (the router),
+// and the node's rules, membership, health and metrics endpoints, handed
+// to an Admin.
+//
+// The handler New returns is a thin shell: it decodes and validates
+// bodies, enforces methods and admin authentication, maps errors to the
+// contract's statuses and codes, and records two metrics per request. It
+// keeps no state beyond pooled scratch memory and is safe for concurrent
+// use. Every answer, error or not, is JSON; every error body is an
+// api.Error. A panic in a handler becomes a 500 "internal" answer and an
+// error log line with the stack.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// Checker decides checks (the router).
+type Checker interface {
+	// Check decides every request and writes its result to out, which
+	// has len(reqs) elements. Its error is an *router.ItemError for an
+	// invalid entry (nothing spent), or an error wrapping
+	// api.ErrUnavailable, or ctx's error.
+	Check(ctx context.Context, reqs []router.Request, out []router.Result) error
+}
+
+// Admin is the node side of the API: rules and membership.
+type Admin interface {
+	// Rules returns the set in force, default first. The handler does
+	// not modify it.
+	Rules() []limiter.Rule
+	// PutRules replaces the written rules and returns the new set in
+	// force. Errors wrapping rules.ErrInvalid answer 400 invalid_rules,
+	// api.ErrUnavailable 503 (no leader).
+	PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error)
+	// Cluster returns the membership as GET /v1/cluster shows it.
+	Cluster(ctx context.Context) (api.Cluster, error)
+	// Join adds a member; every field of req is non-empty. Errors
+	// wrapping api.ErrBadRequest answer 400, api.ErrUnavailable 503.
+	Join(ctx context.Context, req api.JoinRequest) error
+	// Leave drains and removes the member id for good. id is passed on
+	// as the caller sent it; an empty id means the node serving the
+	// request. An error wrapping api.ErrNotFound answers 404.
+	Leave(ctx context.Context, id string) error
+	// Ready returns nil when the node is ready, else an error wrapping
+	// api.ErrUnavailable whose text is the reason.
+	Ready() error
+}
+
+// Config configures the handler. The zero value works: no admin token
+// (admin endpoints from loopback callers only), no logging, a private
+// metrics registry.
+type Config struct {
+	// AdminToken is the bearer token the admin endpoints require. Empty
+	// means they answer only loopback callers (403 for others).
+	AdminToken string
+	// Logger receives panics and unexpected errors; nil discards them.
+	Logger *slog.Logger
+	// Registry is served on /metrics and receives the HTTP metrics; nil
+	// means a new registry of the handler's own. The global default
+	// registry is never used.
+	Registry *prometheus.Registry
+	// Now is the clock of the request duration metric; nil = time.Now.
+	Now func() time.Time
+}
+
+// handler is the http.Handler New returns.
+type handler struct {
+	checker  Checker
+	admin    Admin
+	log      *slog.Logger
+	now      func() time.Time
+	hasToken bool
+	tokenSum [sha256.Size]byte // of Config.AdminToken
+	metrics  http.Handler
+	eps      [numEndpoints]endpointMetrics
+	scratch  sync.Pool // *checkScratch
+}
+
+// New returns the API handler for one node: checks go to c, the rest to a.
+func New(cfg Config, c Checker, a Admin) http.Handler {
+	h := &handler{checker: c, admin: a, log: cfg.Logger, now: cfg.Now}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if cfg.AdminToken != "" {
+		h.hasToken = true
+		h.tokenSum = sha256.Sum256([]byte(cfg.AdminToken))
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	h.eps = newMetrics(reg)
+	h.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	h.scratch.New = func() any { return new(checkScratch) }
+	return h
+}
+
+// The endpoints, as indexes of the metrics table.
+const (
+	epCheck = iota
+	epRules
+	epCluster
+	epJoin
+	epLeave
+	epHealthz
+	epReadyz
+	epMetrics
+	epOther // no such endpoint
+	numEndpoints
+)
+
+var endpointNames = [numEndpoints]string{
+	epCheck:   "/v1/check",
+	epRules:   "/v1/rules",
+	epCluster: "/v1/cluster",
+	epJoin:    "/v1/cluster/join",
+	epLeave:   "/v1/cluster/leave",
+	epHealthz: "/healthz",
+	epReadyz:  "/readyz",
+	epMetrics: "/metrics",
+	epOther:   "other",
+}
+
+// Methods allowed per endpoint, as the Allow header says them. HEAD is
+// allowed wherever GET is.
+var endpointAllow = [numEndpoints]string{
+	epCheck:   "POST",
+	epRules:   "GET, HEAD, PUT",
+	epCluster: "GET, HEAD",
+	epJoin:    "POST",
+	epLeave:   "POST",
+	epHealthz: "GET, HEAD",
+	epReadyz:  "GET, HEAD",
+	epMetrics: "GET, HEAD",
+}
+
+func endpointOf(path string) int {
+	switch path {
+	case "/v1/check":
+		return epCheck
+	case "/v1/rules":
+		return epRules
+	case "/v1/cluster":
+		return epCluster
+	case "/v1/cluster/join":
+		return epJoin
+	case "/v1/cluster/leave":
+		return epLeave
+	case "/healthz":
+		return epHealthz
+	case "/readyz":
+		return epReadyz
+	case "/metrics":
+		return epMetrics
+	}
+	return epOther
+}
+
+// ServeHTTP routes, recovers panics and records the metrics.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ep := endpointOf(r.URL.Path)
+	start := h.now()
+	rec := recorderPool.Get().(*recorder)
+	*rec = recorder{ResponseWriter: w}
+	defer func() {
+		p := recover()
+		if p != nil && p != http.ErrAbortHandler {
+			h.log.Error("httpapi: panic in handler", "endpoint", endpointNames[ep], "method", r.Method,
+				"panic", p, "stack", string(debug.Stack()))
+			if !rec.wrote {
+				writeError(rec, &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: "internal error"})
+			}
+		}
+		h.eps[ep].observe(rec.status, h.now().Sub(start))
+		if p == http.ErrAbortHandler {
+			panic(p) // net/http's own way to abort a response; it logs nothing
+		}
+		*rec = recorder{}
+		recorderPool.Put(rec)
+	}()
+	h.route(ep, rec, r)
+}
+
+func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
+	if ep == epOther {
+		writeError(w, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
+			Message: "no endpoint " + r.Method + " " + truncate(r.URL.Path)})
+		return
+	}
+	get := r.Method == http.MethodGet || r.Method == http.MethodHead
+	switch {
+	case ep == epCheck && r.Method == http.MethodPost:
+		h.serveCheck(w, r)
+	case ep == epRules && get:
+		h.serveRules(w, r)
+	case ep == epRules && r.Method == http.MethodPut:
+		if h.authorize(w, r) {
+			h.servePutRules(w, r)
+		}
+	case ep == epCluster && get:
+		h.serveCluster(w, r)
+	case ep == epJoin && r.Method == http.MethodPost:
+		if h.authorize(w, r) {
+			h.serveJoin(w, r)
+		}
+	case ep == epLeave && r.Method == http.MethodPost:
+		if h.authorize(w, r) {
+			h.serveLeave(w, r)
+		}
+	case ep == epHealthz && get:
+		writeJSON(w, http.StatusOK, statusBody{"ok"})
+	case ep == epReadyz && get:
+		h.serveReady(w, r)
+	case ep == epMetrics && get:
+		h.metrics.ServeHTTP(w, r)
+	default:
+		w.Header().Set("Allow", endpointAllow[ep])
+		writeError(w, &api.Error{Status: http.StatusMethodNotAllowed, Code: api.CodeMethod,
+			Message: truncate(r.Method) + " " + endpointNames[ep] + ": method not allowed (allowed: " + endpointAllow[ep] + ")"})
+	}
+}
+
+// statusBody is the answer of /healthz, /readyz, join and leave.
+type statusBody struct {
+	Status string `json:"status"`
+}
+
+func (h *handler) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if err := h.admin.Ready(); err != nil {
+		writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, statusBody{"ready"})
+}
+
+// errorOf maps an error of the Checker or the Admin to the contract's
+// answer. Errors it does not know are logged and answered 500 without
+// their text.
+func (h *handler) errorOf(r *http.Request, err error) *api.Error {
+	e := &api.Error{Message: err.Error()}
+	switch {
+	case errors.Is(err, rules.ErrInvalid):
+		e.Status, e.Code = http.StatusBadRequest, api.CodeInvalidRules
+	case errors.Is(err, router.ErrUnknownRule):
+		e.Status, e.Code = http.StatusNotFound, api.CodeUnknownRule
+	case errors.Is(err, api.ErrBadRequest), errors.Is(err, limiter.ErrCost):
+		e.Status, e.Code = http.StatusBadRequest, api.CodeBadRequest
+	case errors.Is(err, api.ErrNotFound):
+		e.Status, e.Code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, api.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// A canceled context means the caller left; the answer is moot.
+		e.Status, e.Code = http.StatusServiceUnavailable, api.CodeUnavailable
+	default:
+		h.log.Error("httpapi: unexpected error", "endpoint", r.URL.Path, "method", r.Method, "err", err)
+		e.Status, e.Code, e.Message = http.StatusInternalServerError, api.CodeInternal, "internal error"
+	}
+	return e
+}
+
+// writeJSON answers status with v as JSON and a trailing newline.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // the bodies are plain wire types: cannot happen
+		panic("httpapi: marshal " + err.Error())
+	}
+	writeBody(w, status, append(b, '\n'))
+}
+
+// writeBody answers status with body, which is JSON.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	hd := w.Header()
+	hd.Set("Content-Type", "application/json")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body) // a failed write means the client left
+}
+
+// writeError answers with e's status and body.
+func writeError(w http.ResponseWriter, e *api.Error) {
+	writeJSON(w, e.Status, e)
+}
+
+// maxQuoted bounds how much of a caller's input an error message repeats.
+const maxQuoted = 64
+
+// truncate cuts s to about maxQuoted bytes for a message.
+func truncate(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxQuoted], "") + "…"
+}
+
+// recorder remembers the status a handler answered, for the metrics and
+// for the panic handler (which can only answer when nothing was written).
+type recorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+var recorderPool = sync.Pool{New: func() any { return new(recorder) }}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote && code >= 200 {
+		r.status, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if !r.wrote {
+		r.status, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController and http.MaxBytesReader reach the
+// server's writer.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// limitBody returns r.Body limited to api.MaxBodySize: reading past the
+// limit fails with an *http.MaxBytesError, at once when the declared
+// Content-Length is over it. It hands the limit to the server's own
+// writer, so that a body over it also closes the connection after the
+// answer.
+func limitBody(w http.ResponseWriter, r *http.Request) io.Reader {
+	if r.ContentLength > api.MaxBodySize {
+		return errReader{&http.MaxBytesError{Limit: api.MaxBodySize}}
+	}
+	if r.Body == nil { // a Request built by hand; servers always set one
+		return http.NoBody
+	}
+	if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
+		w = u.Unwrap()
+	}
+	return http.MaxBytesReader(w, r.Body, api.MaxBodySize)
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// tooLarge is the answer to a body over api.MaxBodySize.
+func tooLarge(err error) *api.Error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &api.Error{Status: http.StatusRequestEntityTooLarge, Code: api.CodeTooLarge,
+			Message: "request body over " + strconv.FormatInt(mbe.Limit, 10) + " bytes"}
+	}
+	return nil
+}
+
+// The router is the Checker of a node.
+var _ Checker = (*router.Router)(nil)
