@@ -1,0 +1,361 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client sends batches to one peer address over one long-lived, pipelined
+// connection. Any number of goroutines may call Do at once: their frames are
+// coalesced by the connection's writer and their answers are matched by
+// request id by its reader. When the connection breaks, the calls in flight
+// fail with ErrConnClosed and the next call dials again (once at a time; a
+// failed dial makes calls fail fast for RedialBackoff). Do never resends a
+// batch that may have reached the peer: checks consume budget, so the
+// caller decides.
+type Client struct {
+	addr  string
+	cfg   ClientConfig
+	now   func() time.Time
+	calls sync.Pool      // of *call
+	wg    sync.WaitGroup // goroutines of every connection
+
+	mu        sync.Mutex
+	cc        *clientConn   // guarded by mu: current connection, may be broken
+	dialing   chan struct{} // guarded by mu: closed when the dial in progress ends
+	dialErr   error         // guarded by mu: the last dial's error
+	dialErrAt time.Time     // guarded by mu
+	closed    bool          // guarded by mu
+}
+
+// Dial connects to addr and returns a Client for it. ctx bounds the dial
+// only.
+func Dial(ctx context.Context, addr string, cfg ClientConfig) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := newClient(addr, cfg)
+	if _, err := c.conn(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func newClient(addr string, cfg ClientConfig) *Client {
+	c := &Client{addr: addr, cfg: cfg, now: time.Now}
+	c.calls.New = func() any { return &call{done: make(chan error, 1)} }
+	return c
+}
+
+// Addr returns the address the client dials.
+func (c *Client) Addr() string { return c.addr }
+
+// Do sends req and waits for the answer, which it decodes into resp
+// (reusing resp.Results). ctx's deadline travels with the batch; when ctx
+// ends first, Do returns ctx.Err() and the late answer is dropped. Other
+// errors: *TooManyChecksError or *FrameTooLargeError (nothing sent), a dial
+// error, an error wrapping ErrConnClosed (the batch may or may not have been
+// decided), *RemoteError, or an error wrapping ErrMalformedFrame for an
+// answer that does not decode or does not match the request. On error the
+// contents of *resp are unspecified. req is not retained after Do returns.
+// While MaxPendingWrite bytes of other callers' frames wait to be written,
+// Do waits for room without watching ctx; WriteTimeout bounds that wait.
+func (c *Client) Do(ctx context.Context, req *BatchRequest, resp *BatchResponse) error {
+	if req == nil || resp == nil {
+		return errors.New("transport: Do with nil request or response")
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(req.Checks) > c.cfg.Limits.maxChecks() {
+		return &TooManyChecksError{Count: uint64(len(req.Checks)), Limit: c.cfg.Limits.maxChecks()}
+	}
+	for attempt := 0; ; attempt++ {
+		cc, err := c.conn(ctx)
+		if err != nil {
+			return err
+		}
+		sent, err := cc.do(ctx, req, resp)
+		if err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
+			continue // the connection broke before this batch left: redial once
+		}
+		return err
+	}
+}
+
+// conn returns a healthy connection, dialing one if needed.
+func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClientClosed
+		}
+		if c.cc != nil && !c.cc.broken.Load() {
+			cc := c.cc
+			c.mu.Unlock()
+			return cc, nil
+		}
+		if ch := c.dialing; ch != nil {
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if c.dialErr != nil && c.now().Sub(c.dialErrAt) < c.cfg.RedialBackoff {
+			err := c.dialErr
+			c.mu.Unlock()
+			return nil, err
+		}
+		ch := make(chan struct{})
+		c.dialing = ch
+		c.mu.Unlock()
+
+		nc, err := c.dial(ctx)
+
+		c.mu.Lock()
+		c.dialing = nil
+		close(ch)
+		if err != nil {
+			if ctx.Err() == nil { // the peer failed, not our caller
+				c.dialErr, c.dialErrAt = err, c.now()
+			}
+			c.mu.Unlock()
+			return nil, err
+		}
+		if c.closed {
+			c.mu.Unlock()
+			_ = nc.Close()
+			return nil, ErrClientClosed
+		}
+		c.dialErr = nil
+		c.cc = newClientConn(c, nc)
+		cc := c.cc
+		c.mu.Unlock()
+		return cc, nil
+	}
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	var nc net.Conn
+	var err error
+	if c.cfg.Dial != nil {
+		nc, err = c.cfg.Dial(ctx, c.addr)
+	} else {
+		var d net.Dialer
+		nc, err = d.DialContext(ctx, "tcp", c.addr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", c.addr, err)
+	}
+	return nc, nil
+}
+
+// Close closes the connection, fails the calls in flight with an error
+// wrapping ErrClientClosed and ErrConnClosed, and waits for the client's
+// goroutines to end. Later calls return ErrClientClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	cc := c.cc
+	c.mu.Unlock()
+	if cc != nil {
+		cc.fail(ErrClientClosed)
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// call is one Do waiting for its answer. Calls are pooled: a call is reused
+// only after its done channel delivered, or after Do removed it from
+// pending itself (then nothing else holds it).
+type call struct {
+	done chan error // capacity 1: exactly one send per registration
+	resp *BatchResponse
+	want int    // number of results expected
+	buf  []byte // the encoded request
+}
+
+// clientConn is one connection of a Client.
+type clientConn struct {
+	c      *Client
+	nc     net.Conn
+	w      *frameWriter
+	nextID atomic.Uint64
+	broken atomic.Bool // set once err is set
+
+	mu      sync.Mutex
+	pending map[uint64]*call // guarded by mu; nil once broken
+	err     error            // guarded by mu: why the connection broke
+}
+
+func newClientConn(c *Client, nc net.Conn) *clientConn {
+	cc := &clientConn{
+		c:       c,
+		nc:      nc,
+		w:       newFrameWriter(nc, c.cfg.WriteTimeout, c.cfg.MaxPendingWrite),
+		pending: make(map[uint64]*call),
+	}
+	c.wg.Add(2)
+	go func() {
+		defer c.wg.Done()
+		cc.w.run()
+	}()
+	go func() {
+		defer c.wg.Done()
+		cc.readLoop()
+	}()
+	return cc
+}
+
+// do sends one batch and waits for its answer. sent is false when the batch
+// certainly did not leave this process.
+func (cc *clientConn) do(ctx context.Context, req *BatchRequest, resp *BatchResponse) (sent bool, err error) {
+	var budget time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		if budget = time.Until(d); budget <= 0 {
+			return false, context.DeadlineExceeded
+		}
+	}
+	cl := cc.c.calls.Get().(*call)
+	defer cc.c.calls.Put(cl)
+	id := cc.nextID.Add(1)
+	cl.buf = AppendBatchRequest(cl.buf[:0], id, budget, req)
+	if limit := cc.c.cfg.Limits.maxFrame(); len(cl.buf) > limit {
+		return false, &FrameTooLargeError{Size: uint64(len(cl.buf)), Limit: limit}
+	}
+	cl.resp, cl.want = resp, len(req.Checks)
+	defer func() { cl.resp = nil }()
+
+	cc.mu.Lock()
+	if cc.err != nil {
+		err := cc.err
+		cc.mu.Unlock()
+		return false, err
+	}
+	cc.pending[id] = cl
+	cc.mu.Unlock()
+
+	if err := cc.w.write(cl.buf); err != nil {
+		cc.fail(err)
+		if !cc.forget(id) {
+			<-cl.done // the teardown owns the call: wait for it to let go
+		}
+		return false, cc.failure()
+	}
+	select {
+	case err := <-cl.done:
+		return true, err
+	case <-ctx.Done():
+		if cc.forget(id) {
+			return true, ctx.Err()
+		}
+		// The reader is delivering the answer right now (it has the whole
+		// frame in memory, so this wait is short): take it.
+		return true, <-cl.done
+	}
+}
+
+// forget removes a call from pending and reports whether it was there.
+func (cc *clientConn) forget(id uint64) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if _, ok := cc.pending[id]; ok {
+		delete(cc.pending, id)
+		return true
+	}
+	return false
+}
+
+func (cc *clientConn) failure() error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err
+}
+
+// fail marks the connection broken for cause (first cause wins), fails
+// every pending call and closes the socket, which ends the read loop.
+func (cc *clientConn) fail(cause error) {
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = fmt.Errorf("%w: %s: %w", ErrConnClosed, cc.c.addr, cause)
+		cc.broken.Store(true)
+	}
+	err, pending := cc.err, cc.pending
+	cc.pending = nil
+	cc.mu.Unlock()
+	for _, cl := range pending {
+		cl.done <- err
+	}
+	_ = cc.nc.Close()
+}
+
+func (cc *clientConn) readLoop() {
+	lim := cc.c.cfg.Limits
+	br := bufio.NewReaderSize(cc.nc, cc.c.cfg.ReadBufferSize)
+	var buf []byte
+	var err error
+	for {
+		buf, err = lim.ReadFrame(br, buf)
+		if err != nil {
+			break
+		}
+		if err = cc.dispatch(lim, buf); err != nil {
+			break
+		}
+		if cap(buf) > 1<<20 {
+			buf = nil
+		}
+	}
+	cc.fail(err)
+	cc.w.close()
+}
+
+// dispatch delivers one answer frame to its call. Errors in the frame's
+// header end the connection; errors in its body fail that call only.
+func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
+	h, err := lim.ParseHeader(frame)
+	if err != nil {
+		return err
+	}
+	if h.Type != FrameBatchResponse && h.Type != FrameError {
+		return &UnknownFrameTypeError{Type: h.Type}
+	}
+	cc.mu.Lock()
+	cl := cc.pending[h.ID]
+	delete(cc.pending, h.ID)
+	cc.mu.Unlock()
+	if cl == nil {
+		return nil // its caller gave up: drop the late answer
+	}
+	if h.Type == FrameError {
+		_, rerr, err := lim.DecodeError(frame)
+		if err == nil {
+			err = rerr
+		}
+		cl.done <- err
+		return nil
+	}
+	_, err = lim.DecodeBatchResponse(frame, cl.resp)
+	if err == nil && len(cl.resp.Results) != cl.want {
+		err = malformed(fmt.Sprintf("%d results for %d checks", len(cl.resp.Results), cl.want))
+	}
+	cl.done <- err
+	return nil
+}

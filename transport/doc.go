@@ -1,0 +1,45 @@
+// Package transport is ringlimit's node-to-node data plane: the binary
+// protocol that carries batches of rate-limit checks from a router to the
+// node that owns them, and the answers back. It knows nothing of what a
+// check means; a [Handler] on the owner decides.
+//
+// # Model
+//
+// Everything travels in length-prefixed frames (see codec.go for the byte
+// layout). A frame carries a version byte and a type byte, so new frame
+// types (partition hand-off streams, backup replication) can be added later;
+// a peer that meets an unknown version or type closes the connection with an
+// [*UnsupportedVersionError] or [*UnknownFrameTypeError].
+//
+// One [BatchRequest] frame carries many checks. Rule names are sent once per
+// frame in a name table and decoded into strings that are shared by every
+// check of the frame (and reused from the previous frame when they repeat),
+// so decoding allocates nothing in steady state. Every frame carries a
+// request id; a [Client] keeps many requests in flight on one connection and
+// matches answers by id (pipelining). The caller's context deadline travels
+// in the frame as a relative budget (nodes' clocks are not comparable); the
+// owner starts the budget when the frame arrives and answers checks of a
+// frame whose budget is already spent with [StatusUnavailable] without
+// calling the handler.
+//
+// A [Client] holds one long-lived connection to one address and redials it
+// lazily after it breaks; a [Pool] holds one Client per address. A [Server]
+// runs one read loop per connection, up to MaxConcurrentBatches handler calls
+// per connection at once, and one writer per connection that coalesces
+// answers into few syscalls. The client side has the same writer. For TLS,
+// serve a tls.NewListener and set ClientConfig.Dial to a tls.Dialer.
+//
+// # Concurrency
+//
+// Client, Pool and Server are safe for concurrent use. A [Handler] is called
+// concurrently, from many connections and from many batches of one
+// connection. The codec functions are pure: they share nothing and may run
+// concurrently on distinct buffers. Every goroutine this package starts ends
+// when its Client, Pool or Server is closed: Client.Close and Server.Close
+// wait for them; Server.Close also cancels every handler context, so
+// handlers must honour ctx.
+//
+// Errors are sentinels and typed errors meant for errors.Is and errors.As:
+// a broken connection fails every call in flight with an error wrapping
+// [ErrConnClosed]; every decoding failure wraps [ErrMalformedFrame].
+package transport

@@ -1,0 +1,130 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors.
+var (
+	// ErrServerClosed is returned by Server.Serve after Shutdown or Close.
+	ErrServerClosed = errors.New("transport: server closed")
+
+	// ErrConnClosed is wrapped by the error of every call that was in
+	// flight (or sent) on a connection that broke or was closed. The check
+	// may or may not have been decided by the peer.
+	ErrConnClosed = errors.New("transport: connection closed")
+
+	// ErrClientClosed is returned by calls on a closed Client or Pool. It is
+	// also wrapped, together with ErrConnClosed, by calls that were in
+	// flight when Close was called.
+	ErrClientClosed = errors.New("transport: client closed")
+
+	// ErrMalformedFrame is wrapped by every error that reports bytes which
+	// do not form a valid frame, including the typed errors below.
+	ErrMalformedFrame = errors.New("transport: malformed frame")
+
+	// ErrInvalidConfig is wrapped by the errors of Validate.
+	ErrInvalidConfig = errors.New("transport: invalid config")
+)
+
+// FrameTooLargeError reports a frame whose size exceeds Limits.MaxFrameSize.
+// Size is the whole frame, length prefix included.
+type FrameTooLargeError struct {
+	Size  uint64
+	Limit int
+}
+
+func (e *FrameTooLargeError) Error() string {
+	return fmt.Sprintf("transport: frame of %d bytes exceeds limit of %d", e.Size, e.Limit)
+}
+
+// Unwrap returns ErrMalformedFrame.
+func (e *FrameTooLargeError) Unwrap() error { return ErrMalformedFrame }
+
+// TooManyChecksError reports a batch with more checks (or results) than
+// Limits.MaxChecks.
+type TooManyChecksError struct {
+	Count uint64
+	Limit int
+}
+
+func (e *TooManyChecksError) Error() string {
+	return fmt.Sprintf("transport: batch of %d checks exceeds limit of %d", e.Count, e.Limit)
+}
+
+// Unwrap returns ErrMalformedFrame.
+func (e *TooManyChecksError) Unwrap() error { return ErrMalformedFrame }
+
+// UnsupportedVersionError reports a frame whose version byte this package
+// does not speak.
+type UnsupportedVersionError struct {
+	Version uint8
+}
+
+func (e *UnsupportedVersionError) Error() string {
+	return fmt.Sprintf("transport: unsupported protocol version %d (want %d)", e.Version, ProtocolVersion)
+}
+
+// Unwrap returns ErrMalformedFrame.
+func (e *UnsupportedVersionError) Unwrap() error { return ErrMalformedFrame }
+
+// UnknownFrameTypeError reports a frame whose type byte is unknown, or a
+// known type that is not expected where it arrived (a response sent to a
+// server, for instance).
+type UnknownFrameTypeError struct {
+	Type FrameType
+}
+
+func (e *UnknownFrameTypeError) Error() string {
+	return fmt.Sprintf("transport: unexpected frame type %v", e.Type)
+}
+
+// Unwrap returns ErrMalformedFrame.
+func (e *UnknownFrameTypeError) Unwrap() error { return ErrMalformedFrame }
+
+// ErrorCode classifies a RemoteError.
+type ErrorCode uint8
+
+// Error codes carried by error frames.
+const (
+	// CodeMalformed: the peer could not decode the request frame's body
+	// (the frame boundary was intact, so the connection stays up).
+	CodeMalformed ErrorCode = 1
+	// CodeTooLarge: the answer would exceed the peer's frame size limit.
+	CodeTooLarge ErrorCode = 2
+	// CodeInternal: anything else.
+	CodeInternal ErrorCode = 3
+)
+
+func (c ErrorCode) String() string {
+	switch c {
+	case CodeMalformed:
+		return "malformed"
+	case CodeTooLarge:
+		return "too large"
+	case CodeInternal:
+		return "internal"
+	}
+	return fmt.Sprintf("code(%d)", uint8(c))
+}
+
+// RemoteError is a whole-request failure reported by the peer in an error
+// frame instead of an answer. Per-check failures are Result.Status values.
+type RemoteError struct {
+	Code    ErrorCode
+	Message string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("transport: peer answered %v: %s", e.Code, e.Message)
+}
+
+func malformed(what string) error {
+	return fmt.Errorf("%w: %s", ErrMalformedFrame, what)
+}
+
+var (
+	errTruncated = malformed("truncated")
+	errVarint    = malformed("varint overflows 64 bits")
+)

@@ -1,0 +1,94 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Check is one rate-limit check inside a batch.
+type Check struct {
+	Rule      string // rule name
+	KeyHash   uint64 // seeded hash of the client key
+	Partition uint32
+	Cost      uint64
+}
+
+// Status is the outcome class of one check.
+type Status uint8
+
+// Statuses. Only StatusOK results carry a decision; the others say why there
+// is none.
+const (
+	StatusOK          Status = iota // decided: see Allowed and the figures
+	StatusNotOwner                  // the node does not own the partition at its epoch
+	StatusUnknownRule               // the node has no rule of that name
+	StatusBadRequest                // the check is invalid (e.g. cost above the limit)
+	StatusUnavailable               // not decided in time (deadline spent, node busy or stopping)
+	StatusInternal                  // the node failed to decide
+
+	maxStatus = StatusInternal
+)
+
+var statusNames = [...]string{"OK", "NOT_OWNER", "UNKNOWN_RULE", "BAD_REQUEST", "UNAVAILABLE", "INTERNAL"}
+
+func (s Status) String() string {
+	if s <= maxStatus {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Result is the answer to one check.
+type Result struct {
+	Status     Status
+	Allowed    bool
+	Limit      int64
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+	Delay      time.Duration
+}
+
+// BatchRequest is a batch of checks sent to one owner.
+//
+// A BatchRequest can be decoded into again and again: DecodeBatchRequest
+// reuses the capacity of Checks and keeps the rule names of the previous
+// frame to avoid allocating them again. Its zero value is an empty batch.
+type BatchRequest struct {
+	Epoch  uint64 // the sender's ring epoch
+	Checks []Check
+
+	// names is the decoder's intern table: the rule names of the last
+	// decoded frame, reused when the next frame repeats them.
+	names []string
+}
+
+// BatchResponse answers a BatchRequest.
+type BatchResponse struct {
+	Epoch   uint64   // the owner's ring epoch (so a NOT_OWNER answer tells the router how stale it is); 0 when the transport answered without the handler
+	Results []Result // same order and length as the request's Checks
+}
+
+// Handler decides batches of checks on the owner node.
+//
+// HandleBatch is called concurrently. When it is called, resp.Results has
+// len(req.Checks) entries, each preset to Result{Status: StatusInternal},
+// and resp.Epoch is 0; the handler overwrites every entry (whole Result
+// values) and sets Epoch. A result slice of any other length after the call
+// is answered as StatusInternal for every check. ctx carries the frame's
+// deadline and is canceled when the server closes. req and resp (and their
+// slices) belong to the server and must not be retained after HandleBatch
+// returns; the Rule strings themselves are ordinary strings and may be kept. A panic in HandleBatch is recovered
+// and answered as StatusInternal.
+type Handler interface {
+	HandleBatch(ctx context.Context, req *BatchRequest, resp *BatchResponse)
+}
+
+// HandlerFunc adapts a function to a Handler.
+type HandlerFunc func(ctx context.Context, req *BatchRequest, resp *BatchResponse)
+
+// HandleBatch calls f(ctx, req, resp).
+func (f HandlerFunc) HandleBatch(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+	f(ctx, req, resp)
+}

@@ -1,0 +1,361 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Server answers BatchRequest frames with a Handler.
+//
+// Each connection has a read loop, up to MaxConcurrentBatches workers (each
+// with its own request, response and encoding buffers, reused from batch to
+// batch) and a writer. The read loop decodes a frame into an idle worker;
+// while every worker is busy it stops reading, which pushes back on the
+// sender through TCP. Create one with NewServer; the zero value is not
+// usable.
+type Server struct {
+	cfg ServerConfig
+	h   Handler
+	err error            // from NewServer: bad config or nil handler
+	now func() time.Time // the clock frames' budgets are measured with
+
+	ctx    context.Context // parent of every handler context
+	cancel context.CancelFunc
+	quit   chan struct{} // closed when shutdown begins
+
+	inShutdown atomic.Bool    // set under mu, read without it
+	wg         sync.WaitGroup // one per connection goroutine
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{} // guarded by mu
+	conns     map[*serverConn]struct{}  // guarded by mu
+}
+
+// NewServer returns a Server that answers with h. If cfg is invalid or h is
+// nil, Serve returns that error.
+func NewServer(cfg ServerConfig, h Handler) *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:       cfg,
+		h:         h,
+		err:       cfg.Validate(),
+		now:       time.Now,
+		ctx:       ctx,
+		cancel:    cancel,
+		quit:      make(chan struct{}),
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*serverConn]struct{}),
+	}
+	if s.err == nil && h == nil {
+		s.err = fmt.Errorf("%w: nil Handler", ErrInvalidConfig)
+	}
+	return s
+}
+
+// Serve accepts connections on ln and serves each in its own goroutines. It
+// always closes ln, and returns ErrServerClosed once Shutdown or Close was
+// called, or the error that stopped accepting.
+func (s *Server) Serve(ln net.Listener) error {
+	defer ln.Close()
+	if s.err != nil {
+		return s.err
+	}
+	s.mu.Lock()
+	if s.inShutdown.Load() {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.inShutdown.Load() {
+				return ErrServerClosed
+			}
+			if !temporary(err) {
+				return fmt.Errorf("transport: accept: %w", err)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.logf(fmt.Errorf("transport: accept: %w; retrying in %v", err, backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.quit:
+				t.Stop()
+			}
+			continue
+		}
+		backoff = 0
+		s.track(nc)
+	}
+}
+
+func temporary(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EMFILE) ||
+		errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
+func (s *Server) track(nc net.Conn) {
+	sc := &serverConn{
+		s:    s,
+		nc:   nc,
+		lim:  s.cfg.Limits,
+		w:    newFrameWriter(nc, s.cfg.WriteTimeout, s.cfg.MaxPendingWrite),
+		idle: make(chan *worker, s.cfg.MaxConcurrentBatches),
+	}
+	s.mu.Lock()
+	if s.inShutdown.Load() {
+		s.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	s.conns[sc] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go sc.serve()
+}
+
+// aLongTimeAgo is a read deadline that makes blocked reads return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// beginShutdown stops accepting and makes every connection's read loop stop
+// after its current frame; batches already read are still answered.
+func (s *Server) beginShutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.inShutdown.Load() {
+		s.inShutdown.Store(true)
+		close(s.quit)
+	}
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	for sc := range s.conns {
+		_ = sc.nc.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// Shutdown stops accepting connections and reading frames, lets the batches
+// already read finish and their answers be written, then closes every
+// connection. If ctx ends first, it closes everything as Close does and
+// returns ctx.Err(). Frames a peer had sent but the server had not read yet
+// are dropped; their callers see ErrConnClosed.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.beginShutdown()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+		_ = s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting, closes every connection, cancels the context of
+// every running handler and waits for the connections' goroutines to end
+// (which waits for running handlers to return).
+func (s *Server) Close() error {
+	s.beginShutdown()
+	s.cancel()
+	s.mu.Lock()
+	for sc := range s.conns {
+		_ = sc.nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) logf(err error) {
+	if s.cfg.ErrorLog != nil {
+		s.cfg.ErrorLog(err)
+	}
+}
+
+// serverConn is one accepted connection.
+type serverConn struct {
+	s   *Server
+	nc  net.Conn
+	lim Limits
+	w   *frameWriter
+
+	idle     chan *worker   // workers waiting for a batch
+	inflight sync.WaitGroup // batches handed to workers and not yet answered
+	workerWG sync.WaitGroup // worker goroutines
+
+	workers []*worker // owned by the read loop
+}
+
+// worker handles one batch at a time; its buffers are reused.
+type worker struct {
+	in       chan struct{} // a token: req, id, deadline and received are set
+	id       uint64
+	deadline time.Duration
+	received time.Time
+	req      BatchRequest
+	resp     BatchResponse
+	out      []byte
+}
+
+func (sc *serverConn) serve() {
+	defer sc.s.wg.Done()
+	go sc.w.run()
+	err := sc.readLoop()
+	if !sc.s.inShutdown.Load() && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		sc.s.logf(fmt.Errorf("transport: connection from %v: %w", sc.nc.RemoteAddr(), err))
+	}
+	sc.inflight.Wait()
+	for _, w := range sc.workers {
+		close(w.in)
+	}
+	sc.workerWG.Wait()
+	sc.w.close()
+	_ = sc.nc.Close()
+	sc.s.mu.Lock()
+	delete(sc.s.conns, sc)
+	sc.s.mu.Unlock()
+}
+
+// readLoop reads frames until the connection fails, the peer breaks the
+// protocol or shutdown sets a past read deadline, and returns why.
+func (sc *serverConn) readLoop() error {
+	br := bufio.NewReaderSize(sc.nc, sc.s.cfg.ReadBufferSize)
+	var buf, ebuf []byte
+	for {
+		frame, err := sc.lim.ReadFrame(br, buf)
+		if err != nil {
+			return err
+		}
+		buf = frame
+		received := sc.s.now()
+		h, err := sc.lim.parseAs(frame, FrameBatchRequest)
+		if err != nil {
+			// The peer does not speak our protocol: tell it why (in a
+			// version-1 error frame, flushed before the close) and hang up.
+			var ve *UnsupportedVersionError
+			var te *UnknownFrameTypeError
+			if errors.As(err, &ve) || errors.As(err, &te) {
+				_ = sc.w.write(AppendError(ebuf[:0], h.ID, CodeMalformed, err.Error()))
+			}
+			return err
+		}
+		w := sc.idleWorker()
+		id, deadline, err := sc.lim.DecodeBatchRequest(frame, &w.req)
+		if err != nil {
+			// The frame boundary is intact: answer this request only.
+			sc.idle <- w
+			ebuf = AppendError(ebuf[:0], h.ID, CodeMalformed, err.Error())
+			if err := sc.w.write(ebuf); err != nil {
+				return err
+			}
+			continue
+		}
+		w.id, w.deadline, w.received = id, deadline, received
+		sc.inflight.Add(1)
+		w.in <- struct{}{}
+		if cap(buf) > 1<<20 { // do not keep a huge frame's buffer
+			buf = nil
+		}
+	}
+}
+
+func (sc *serverConn) idleWorker() *worker {
+	select {
+	case w := <-sc.idle:
+		return w
+	default:
+	}
+	if len(sc.workers) < cap(sc.idle) {
+		w := &worker{in: make(chan struct{}, 1)}
+		sc.workers = append(sc.workers, w)
+		sc.workerWG.Add(1)
+		go sc.runWorker(w)
+		return w
+	}
+	return <-sc.idle
+}
+
+func (sc *serverConn) runWorker(w *worker) {
+	defer sc.workerWG.Done()
+	for range w.in {
+		sc.process(w)
+		sc.idle <- w
+		sc.inflight.Done()
+	}
+}
+
+func (sc *serverConn) process(w *worker) {
+	n := len(w.req.Checks)
+	w.resp.Epoch = 0
+	if w.deadline > 0 && sc.s.now().Sub(w.received) >= w.deadline {
+		// The budget was spent in transit or in the queue: do not decide.
+		w.resp.Results = fill(w.resp.Results, n, StatusUnavailable)
+	} else {
+		w.resp.Results = fill(w.resp.Results, n, StatusInternal)
+		sc.handle(w)
+	}
+	w.out = AppendBatchResponse(w.out[:0], w.id, &w.resp)
+	if len(w.out) > sc.lim.maxFrame() {
+		w.out = AppendError(w.out[:0], w.id, CodeTooLarge,
+			fmt.Sprintf("answer of %d bytes exceeds the frame limit of %d", len(w.out), sc.lim.maxFrame()))
+	}
+	// An error means the connection is failing; the read loop will see it.
+	_ = sc.w.write(w.out)
+}
+
+func (sc *serverConn) handle(w *worker) {
+	n := len(w.req.Checks)
+	ctx := sc.s.ctx
+	if w.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, w.received.Add(w.deadline))
+		defer cancel()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			sc.s.logf(fmt.Errorf("transport: handler panic: %v", p))
+			w.resp.Results = fill(w.resp.Results, n, StatusInternal)
+		}
+	}()
+	sc.s.h.HandleBatch(ctx, &w.req, &w.resp)
+	if len(w.resp.Results) != n {
+		w.resp.Results = fill(w.resp.Results, n, StatusInternal)
+	}
+}
+
+// fill returns rs resized to n results, each Result{Status: st}.
+func fill(rs []Result, n int, st Status) []Result {
+	rs = slices.Grow(rs[:0], n)[:n]
+	for i := range rs {
+		rs[i] = Result{Status: st}
+	}
+	return rs
+}

@@ -1,0 +1,174 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// pipeListener is an in-memory listener of net.Pipe connections, so that
+// client and server can run inside a synctest bubble (whose fake clock only
+// advances when every goroutine is blocked on something it understands;
+// sockets are not, pipes are).
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+func (l *pipeListener) dial(ctx context.Context, _ string) (net.Conn, error) {
+	server, client := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
+// The caller's budget reaches the handler intact, and the caller gives up
+// exactly when it is spent.
+func TestDeadlineTravelsWithBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		left := make(chan time.Duration, 1)
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			dl, _ := ctx.Deadline()
+			left <- time.Until(dl)
+			if req.Checks[0].Rule == "wait" {
+				<-release
+			}
+			echo(ctx, req, resp)
+		})
+		ln := newPipeListener()
+		srv := NewServer(DefaultServerConfig(), h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		cfg := DefaultClientConfig()
+		cfg.Dial = ln.dial
+		c, err := Dial(t.Context(), "pipe", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		const budget = 100 * time.Millisecond
+		ctx, cancel := context.WithTimeout(t.Context(), budget)
+		req := batchOf(3, "now")
+		var resp BatchResponse
+		if err := c.Do(ctx, req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		checkEcho(t, req, &resp)
+		if got := <-left; got != budget {
+			t.Errorf("handler's budget = %v, want the caller's %v", got, budget)
+		}
+		cancel()
+
+		start := time.Now()
+		ctx, cancel = context.WithTimeout(t.Context(), budget)
+		defer cancel()
+		if err := c.Do(ctx, batchOf(3, "wait"), &resp); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Do = %v, want context.DeadlineExceeded", err)
+		}
+		if waited := time.Since(start); waited != budget {
+			t.Errorf("Do gave up after %v, want %v", waited, budget)
+		}
+		<-left
+		close(release)
+
+		_ = c.Close()
+		_ = srv.Close()
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve = %v, want ErrServerClosed", err)
+		}
+	})
+}
+
+// A batch whose budget runs out while it waits for a busy connection's
+// worker is answered without calling the handler.
+func TestBudgetSpentInQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		release := make(chan struct{})
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			calls.Add(1)
+			if req.Checks[0].Rule == "hold" {
+				<-release
+			}
+			echo(ctx, req, resp)
+		})
+		cfg := DefaultServerConfig()
+		cfg.MaxConcurrentBatches = 1
+		ln := newPipeListener()
+		srv := NewServer(cfg, h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		ccfg := DefaultClientConfig()
+		ccfg.Dial = ln.dial
+		c, err := Dial(t.Context(), "pipe", ccfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		held := make(chan error, 1)
+		go func() { held <- c.Do(t.Context(), batchOf(1, "hold"), new(BatchResponse)) }()
+		synctest.Wait() // the only worker is busy
+
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		if err := c.Do(ctx, batchOf(1, "queued"), new(BatchResponse)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("queued Do = %v, want context.DeadlineExceeded", err)
+		}
+		close(release)
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+		// Frames of a connection reach its single worker in order, so once
+		// this answer is back the queued batch has been dealt with.
+		req := batchOf(2, "after")
+		var resp BatchResponse
+		if err := c.Do(t.Context(), req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		checkEcho(t, req, &resp)
+		if n := calls.Load(); n != 2 {
+			t.Errorf("handler called %d times, want 2 (the spent batch skipped)", n)
+		}
+
+		_ = c.Close()
+		_ = srv.Close()
+		<-served
+	})
+}
