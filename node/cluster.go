@@ -106,9 +106,12 @@ func (n *Node) registerLoop() {
 	backoff := 50 * time.Millisecond
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
+	seen := false // the cluster has listed us since we started
 	for {
-		if n.removed.Load() {
-			return
+		_, member := n.fsm.State().Member(n.cfg.ID)
+		seen = seen || member
+		if n.removed.Load() || seen && !member {
+			return // removed (ringlimit leave): never re-register
 		}
 		if !n.registered() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
@@ -236,8 +239,12 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	}
 	n.joinedMu.Lock()
 	defer n.joinedMu.Unlock()
-	if _, ok := n.fsm.State().Member(id); !ok {
+	st := n.fsm.State()
+	if _, ok := st.Member(id); !ok {
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+	}
+	if len(st.Members) == 1 {
+		return fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
 	}
 	cmd, err := fsm.RemoveMember(id)
 	if err != nil {

@@ -1,0 +1,513 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+)
+
+// Bounds of the bench flags.
+const (
+	benchMaxDuration    = 10 * time.Minute
+	benchMaxConcurrency = 1024
+	benchMaxErrorKinds  = 8       // distinct error messages kept per worker
+	benchKeyTable       = 100_000 // key names built once up to this many keys
+)
+
+// runBench is `ringlimit bench`: a bounded load generator against the HTTP
+// API. It runs until --duration, --requests or ctx ends, whichever comes
+// first, then prints throughput, latency per HTTP request and the split of
+// decisions. It exits 0, or 2 on a flag error or when no request succeeded.
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("bench", stderr)
+	addrs := fs.String("addr", defaultAddr, "comma-separated HTTP addresses of members; each worker goes round-robin over them")
+	var cfg loadConfig
+	fs.StringVar(&cfg.Rule, "rule", "default", "rule to check")
+	fs.IntVar(&cfg.Keys, "keys", 1000, "number of distinct keys (key-0 … key-<N-1>)")
+	dist := fs.String("dist", "uniform", "key distribution: uniform | zipf (s=1.1)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key choice")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 16, fmt.Sprintf("concurrent workers, each one request at a time (max %d)", benchMaxConcurrency))
+	fs.IntVar(&cfg.Batch, "batch", 1, fmt.Sprintf("checks per request: 1 = single form, more = batch form (max %d)", api.MaxBatch))
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, fmt.Sprintf("how long to run (max %v)", benchMaxDuration))
+	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many HTTP requests (0 = no cap)")
+	fs.Int64Var(&cfg.Cost, "cost", 1, "cost of each check")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
+	}
+	switch *dist {
+	case "uniform":
+	case "zipf":
+		cfg.Zipf = true
+	default:
+		return fail(stderr, "bench", fmt.Errorf("--dist %q: want uniform or zipf", *dist))
+	}
+	var targets []string
+	for a := range strings.SplitSeq(*addrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			targets = append(targets, a)
+		}
+	}
+	if len(targets) == 0 {
+		return fail(stderr, "bench", errors.New("--addr: no address"))
+	}
+	if err := cfg.validate(); err != nil {
+		return fail(stderr, "bench", err)
+	}
+
+	// One transport for all targets, with an idle connection per worker
+	// and target, so that every worker keeps its connections alive.
+	tr := client.NewTransport(max(256, cfg.Concurrency))
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	funcs := make([]checkFunc, len(targets))
+	urls := make([]string, len(targets))
+	for i, a := range targets {
+		c := client.New(baseURL(a), client.WithHTTPClient(hc))
+		funcs[i], urls[i] = httpChecks(c), c.Addr()
+	}
+
+	fmt.Fprintf(stderr, "ringlimit bench: %d workers, %d target(s), up to %v…\n", cfg.Concurrency, len(targets), cfg.Duration)
+	res := runLoad(ctx, cfg, funcs)
+	rep := newBenchReport(cfg, *dist, urls, res)
+	var err error
+	if *asJSON {
+		err = writeJSON(stdout, rep)
+	} else {
+		err = rep.writeText(stdout)
+	}
+	if err != nil {
+		return fail(stderr, "bench", err)
+	}
+	if res.Requests == 0 {
+		if res.Errors > 0 {
+			return fail(stderr, "bench", fmt.Errorf("all %d requests failed", res.Errors))
+		}
+		return fail(stderr, "bench", errors.New("no request completed"))
+	}
+	return exitOK
+}
+
+// checkFunc decides checks, in order, in one request to one target; it is
+// what the load loop drives (the HTTP API today, the binary data plane
+// later). It must not keep checks after it returns.
+type checkFunc func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error)
+
+// httpChecks is the checkFunc of one node's HTTP API: the single form of
+// POST /v1/check for one check, the batch form for more.
+func httpChecks(c *client.Client) checkFunc {
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		if len(checks) != 1 {
+			return c.CheckBatch(ctx, checks)
+		}
+		cost := int64(1)
+		if checks[0].Cost != nil {
+			cost = *checks[0].Cost
+		}
+		d, err := c.Check(ctx, checks[0].Rule, checks[0].Key, cost)
+		if err != nil {
+			return nil, err
+		}
+		return []api.Decision{d}, nil
+	}
+}
+
+// loadConfig is what the load loop does.
+type loadConfig struct {
+	Rule        string
+	Keys        int // distinct keys, key-0 … key-<Keys-1>
+	Zipf        bool
+	Seed        uint64
+	Concurrency int
+	Batch       int // checks per request
+	Duration    time.Duration
+	Requests    int64 // cap on requests, answered or failed; 0 = none
+	Cost        int64
+}
+
+func (c loadConfig) validate() error {
+	switch {
+	case c.Rule == "":
+		return errors.New("--rule: empty")
+	case c.Keys < 1:
+		return fmt.Errorf("--keys %d: must be ≥ 1", c.Keys)
+	case c.Concurrency < 1 || c.Concurrency > benchMaxConcurrency:
+		return fmt.Errorf("--concurrency %d: must be in 1…%d", c.Concurrency, benchMaxConcurrency)
+	case c.Batch < 1 || c.Batch > api.MaxBatch:
+		return fmt.Errorf("--batch %d: must be in 1…%d", c.Batch, api.MaxBatch)
+	case c.Duration <= 0 || c.Duration > benchMaxDuration:
+		return fmt.Errorf("--duration %v: must be in (0, %v]", c.Duration, benchMaxDuration)
+	case c.Requests < 0:
+		return fmt.Errorf("--requests %d: must be ≥ 0", c.Requests)
+	case c.Cost < 0:
+		return fmt.Errorf("--cost %d: must be ≥ 0", c.Cost)
+	}
+	return nil
+}
+
+// loadResult is what the load loop measured. Requests counts answered
+// requests; one that failed counts in Errors only; one cut off by the end
+// of the run counts nowhere.
+type loadResult struct {
+	Elapsed                           time.Duration
+	Requests, Errors                  int64
+	Checks, Allowed, Denied, Degraded int64
+	Latency                           histogram        // of answered requests
+	ErrorKinds                        map[string]int64 // message → count; "(other)" past benchMaxErrorKinds
+}
+
+// runLoad runs cfg.Concurrency workers until cfg.Duration has passed,
+// cfg.Requests requests were sent or ctx is done. Worker w starts at
+// targets[w % len(targets)] and moves to the next target after each
+// request. Workers keep going after errors (backing off up to 50ms while
+// they persist). Memory is bounded: each worker owns a fixed-size
+// histogram and at most benchMaxErrorKinds error messages.
+func runLoad(ctx context.Context, cfg loadConfig, targets []checkFunc) loadResult {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	var names []string
+	if cfg.Keys <= benchKeyTable {
+		names = make([]string, cfg.Keys)
+		for i := range names {
+			names[i] = keyName(i)
+		}
+	}
+	var issued atomic.Int64
+	workers := make([]loadWorker, cfg.Concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range workers {
+		w := &workers[i]
+		w.id, w.errKinds = i, map[string]int64{}
+		wg.Go(func() { w.run(ctx, cfg, targets, names, &issued) })
+	}
+	wg.Wait()
+	res := loadResult{Elapsed: time.Since(start), ErrorKinds: map[string]int64{}}
+	for i := range workers {
+		w := &workers[i]
+		res.Requests += w.requests
+		res.Errors += w.errors
+		res.Checks += w.checks
+		res.Allowed += w.allowed
+		res.Denied += w.denied
+		res.Degraded += w.degraded
+		res.Latency.merge(&w.latency)
+		for k, n := range w.errKinds {
+			res.ErrorKinds[k] += n
+		}
+	}
+	return res
+}
+
+func keyName(i int) string { return "key-" + strconv.Itoa(i) }
+
+// loadWorker is one worker's state; only its goroutine touches it until
+// runLoad has waited for it.
+type loadWorker struct {
+	id                                int
+	requests, errors                  int64
+	checks, allowed, denied, degraded int64
+	latency                           histogram
+	errKinds                          map[string]int64
+}
+
+func (w *loadWorker) run(ctx context.Context, cfg loadConfig, targets []checkFunc, names []string, issued *atomic.Int64) {
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w.id)))
+	pick := func() int { return rng.IntN(cfg.Keys) }
+	if cfg.Zipf && cfg.Keys > 1 {
+		z := rand.NewZipf(rng, 1.1, 1, uint64(cfg.Keys-1))
+		pick = func() int { return int(z.Uint64()) }
+	}
+	cost := cfg.Cost
+	checks := make([]api.CheckRequest, cfg.Batch)
+	next := w.id % len(targets)
+	var backoff time.Duration
+	for ctx.Err() == nil {
+		if cfg.Requests > 0 && issued.Add(1) > cfg.Requests {
+			return
+		}
+		for i := range checks {
+			var key string
+			if k := pick(); names != nil {
+				key = names[k]
+			} else {
+				key = keyName(k)
+			}
+			checks[i] = api.CheckRequest{Rule: cfg.Rule, Key: key, Cost: &cost}
+		}
+		t0 := time.Now()
+		ds, err := targets[next](ctx, checks)
+		lat := time.Since(t0)
+		next = (next + 1) % len(targets)
+		if err == nil && len(ds) != len(checks) {
+			err = fmt.Errorf("%d decisions for %d checks", len(ds), len(checks))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return // cut off by the end of the run: not the target's fault
+			}
+			w.errors++
+			w.noteError(err)
+			backoff = min(max(2*backoff, time.Millisecond), 50*time.Millisecond)
+			if !sleepCtx(ctx, backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		w.requests++
+		w.latency.record(lat)
+		for _, d := range ds {
+			w.checks++
+			if d.Allowed {
+				w.allowed++
+			} else {
+				w.denied++
+			}
+			if d.Degraded {
+				w.degraded++
+			}
+		}
+	}
+}
+
+func (w *loadWorker) noteError(err error) {
+	msg := err.Error()
+	if _, ok := w.errKinds[msg]; !ok && len(w.errKinds) >= benchMaxErrorKinds {
+		msg = "(other)"
+	}
+	w.errKinds[msg]++
+}
+
+// sleepCtx waits d or until ctx is done; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// histogram is a log-linear histogram of durations in nanoseconds: exact
+// below 2·histSub ns, then histSub buckets per power of two, so a
+// percentile read from it is at most 1/histSub (1.6%) above the true value.
+// Durations of 2^histMaxExp ns (~18 min) and more share the last bucket.
+// The zero value is empty and ready; it is not safe for concurrent use.
+type histogram struct {
+	counts   [histBuckets]uint64
+	n        uint64
+	sum, max time.Duration
+}
+
+const (
+	histSubBits = 6
+	histSub     = 1 << histSubBits
+	histMaxExp  = 40
+	// Values of exponent e (2^e ≤ v < 2^(e+1)) take buckets
+	// (e-histSubBits+1)·histSub … (e-histSubBits+2)·histSub-1.
+	histBuckets = (histMaxExp - 1 - histSubBits + 2) * histSub
+)
+
+// histIndex is the bucket of v nanoseconds.
+func histIndex(v uint64) int {
+	if v < 2*histSub {
+		return int(v)
+	}
+	v = min(v, 1<<histMaxExp-1)
+	e := bits.Len64(v) - 1
+	shift := e - histSubBits
+	return shift*histSub + int(v>>shift)
+}
+
+// histUpper is the largest value in bucket i.
+func histUpper(i int) uint64 {
+	if i < 2*histSub {
+		return uint64(i)
+	}
+	shift := i/histSub - 1
+	m := uint64(i%histSub + histSub)
+	return (m+1)<<shift - 1
+}
+
+func (h *histogram) record(d time.Duration) {
+	d = max(d, 0)
+	h.counts[histIndex(uint64(d))]++
+	h.n++
+	h.sum += d
+	h.max = max(h.max, d)
+}
+
+func (h *histogram) merge(o *histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+	h.sum += o.sum
+	h.max = max(h.max, o.max)
+}
+
+// quantile is the q-quantile (0 < q ≤ 1): the upper end of the bucket of
+// the ⌈q·n⌉-th smallest value, never above the largest value recorded.
+func (h *histogram) quantile(q float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q*float64(h.n) - 1e-9))
+	rank = min(max(rank, 1), h.n)
+	var cum uint64
+	for i, c := range h.counts {
+		cum += c
+		if cum >= rank {
+			return min(time.Duration(histUpper(i)), h.max)
+		}
+	}
+	return h.max
+}
+
+func (h *histogram) mean() time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	return h.sum / time.Duration(h.n)
+}
+
+// benchReport is the outcome of a bench, as --json prints it.
+type benchReport struct {
+	Config struct {
+		Targets     []string `json:"targets"`
+		Rule        string   `json:"rule"`
+		Keys        int      `json:"keys"`
+		Dist        string   `json:"dist"`
+		Seed        uint64   `json:"seed"`
+		Concurrency int      `json:"concurrency"`
+		Batch       int      `json:"batch"`
+		Cost        int64    `json:"cost"`
+		Duration    string   `json:"duration"`
+		Requests    int64    `json:"requests"`
+	} `json:"config"`
+	ElapsedSeconds    float64 `json:"elapsed_seconds"`
+	Requests          int64   `json:"requests"`
+	RequestsPerSecond float64 `json:"requests_per_second"`
+	Errors            int64   `json:"errors"`
+	Checks            int64   `json:"checks"`
+	ChecksPerSecond   float64 `json:"checks_per_second"`
+	// LatencyMs is per answered HTTP request, in milliseconds.
+	LatencyMs struct {
+		P50  float64 `json:"p50"`
+		P90  float64 `json:"p90"`
+		P99  float64 `json:"p99"`
+		P999 float64 `json:"p999"`
+		Max  float64 `json:"max"`
+		Mean float64 `json:"mean"`
+	} `json:"latency_ms"`
+	Allowed       int64            `json:"allowed"`
+	Denied        int64            `json:"denied"`
+	Degraded      int64            `json:"degraded"`
+	AllowedRatio  float64          `json:"allowed_ratio"`
+	DeniedRatio   float64          `json:"denied_ratio"`
+	DegradedRatio float64          `json:"degraded_ratio"`
+	ErrorKinds    map[string]int64 `json:"error_kinds,omitempty"`
+
+	lat [5]time.Duration // p50 p90 p99 p999 max, for the text form
+}
+
+func newBenchReport(cfg loadConfig, dist string, targets []string, res loadResult) *benchReport {
+	r := &benchReport{}
+	r.Config.Targets = targets
+	r.Config.Rule, r.Config.Keys, r.Config.Dist, r.Config.Seed = cfg.Rule, cfg.Keys, dist, cfg.Seed
+	r.Config.Concurrency, r.Config.Batch, r.Config.Cost = cfg.Concurrency, cfg.Batch, cfg.Cost
+	r.Config.Duration, r.Config.Requests = cfg.Duration.String(), cfg.Requests
+
+	secs := res.Elapsed.Seconds()
+	r.ElapsedSeconds = round3(secs)
+	r.Requests, r.Errors, r.Checks = res.Requests, res.Errors, res.Checks
+	if secs > 0 {
+		r.RequestsPerSecond = round3(float64(res.Requests) / secs)
+		r.ChecksPerSecond = round3(float64(res.Checks) / secs)
+	}
+	h := &res.Latency
+	r.lat = [5]time.Duration{h.quantile(0.5), h.quantile(0.9), h.quantile(0.99), h.quantile(0.999), h.max}
+	toMs := func(d time.Duration) float64 { return round3(float64(d) / 1e6) }
+	r.LatencyMs.P50, r.LatencyMs.P90, r.LatencyMs.P99 = toMs(r.lat[0]), toMs(r.lat[1]), toMs(r.lat[2])
+	r.LatencyMs.P999, r.LatencyMs.Max, r.LatencyMs.Mean = toMs(r.lat[3]), toMs(r.lat[4]), toMs(h.mean())
+
+	r.Allowed, r.Denied, r.Degraded = res.Allowed, res.Denied, res.Degraded
+	if res.Checks > 0 {
+		n := float64(res.Checks)
+		r.AllowedRatio = round3(float64(res.Allowed) / n)
+		r.DeniedRatio = round3(float64(res.Denied) / n)
+		r.DegradedRatio = round3(float64(res.Degraded) / n)
+	}
+	if len(res.ErrorKinds) > 0 {
+		r.ErrorKinds = res.ErrorKinds
+	}
+	return r
+}
+
+func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
+
+// writeText prints the report for people.
+func (r *benchReport) writeText(w io.Writer) error {
+	c := r.Config
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "targets\t%s\n", strings.Join(c.Targets, ", "))
+	fmt.Fprintf(tw, "load\trule=%s keys=%d dist=%s concurrency=%d batch=%d cost=%d\n",
+		c.Rule, c.Keys, c.Dist, c.Concurrency, c.Batch, c.Cost)
+	fmt.Fprintf(tw, "elapsed\t%.3fs\n", r.ElapsedSeconds)
+	fmt.Fprintf(tw, "checks\t%d\t%.1f/s\n", r.Checks, r.ChecksPerSecond)
+	fmt.Fprintf(tw, "requests\t%d\t%.1f/s\n", r.Requests, r.RequestsPerSecond)
+	fmt.Fprintf(tw, "errors\t%d\n", r.Errors)
+	fmt.Fprintf(tw, "latency\tp50=%v p90=%v p99=%v p99.9=%v max=%v\t(per HTTP request)\n",
+		roundLatency(r.lat[0]), roundLatency(r.lat[1]), roundLatency(r.lat[2]), roundLatency(r.lat[3]), roundLatency(r.lat[4]))
+	fmt.Fprintf(tw, "decisions\tallowed=%d (%.1f%%) denied=%d (%.1f%%) degraded=%d (%.1f%%)\n",
+		r.Allowed, 100*r.AllowedRatio, r.Denied, 100*r.DeniedRatio, r.Degraded, 100*r.DegradedRatio)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	kinds := make([]string, 0, len(r.ErrorKinds))
+	for k := range r.ErrorKinds {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool {
+		if a, b := r.ErrorKinds[kinds[i]], r.ErrorKinds[kinds[j]]; a != b {
+			return a > b
+		}
+		return kinds[i] < kinds[j]
+	})
+	for _, k := range kinds {
+		if _, err := fmt.Fprintf(w, "  %6d× %s\n", r.ErrorKinds[k], k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// roundLatency keeps three or so significant digits.
+func roundLatency(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
+}

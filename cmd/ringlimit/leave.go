@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+)
+
+// runLeave is `ringlimit leave`: drain a member and remove it from the
+// cluster for good. --addr names any member; --id the one to remove, by
+// default the member whose HTTP address is --addr. It exits 0, or 2 on
+// error.
+func runLeave(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("leave", stderr)
+	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
+	id := fs.String("id", "", "id of the member to remove (default: the member at --addr)")
+	token := fs.String("admin-token", "", "bearer token of the admin endpoints")
+	timeout := fs.Duration("timeout", time.Minute, "give up after this long (leaving drains the member first)")
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
+	}
+	ctx, cancel := withTimeout(ctx, *timeout)
+	defer cancel()
+
+	c := client.New(baseURL(*addr), client.WithAdminToken(*token))
+	defer c.CloseIdleConnections()
+	target := *id
+	if target == "" {
+		cl, err := c.Cluster(ctx)
+		if err != nil {
+			return fail(stderr, "leave", err)
+		}
+		if target, err = memberAt(cl, hostPort(*addr)); err != nil {
+			return fail(stderr, "leave", err)
+		}
+	}
+	if err := c.Leave(ctx, target); err != nil {
+		return fail(stderr, "leave", fmt.Errorf("member %q: %w", target, err))
+	}
+	fmt.Fprintf(stdout, "member %s left the cluster\n", target)
+	return exitOK
+}
+
+// memberAt returns the id of the one member whose HTTP address is addr.
+func memberAt(cl api.Cluster, addr string) (string, error) {
+	var ids, all []string
+	for _, m := range cl.Members {
+		all = append(all, m.ID+"="+m.HTTP)
+		if m.HTTP == addr {
+			ids = append(ids, m.ID)
+		}
+	}
+	switch len(ids) {
+	case 1:
+		return ids[0], nil
+	case 0:
+		if len(all) == 0 {
+			return "", errors.New("the cluster has no members; give --id")
+		}
+		return "", fmt.Errorf("no member has HTTP address %s (members: %s); give --id", addr, strings.Join(all, ", "))
+	default:
+		return "", fmt.Errorf("members %s all have HTTP address %s; give --id", strings.Join(ids, ", "), addr)
+	}
+}

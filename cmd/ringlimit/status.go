@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+)
+
+// runStatus is `ringlimit status`: the membership as --addr sees it, as a
+// table or (--json) as the /v1/cluster object. It exits 0, or 2 on error.
+func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("status", stderr)
+	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
+	asJSON := fs.Bool("json", false, "print the /v1/cluster object")
+	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
+	}
+	ctx, cancel := withTimeout(ctx, *timeout)
+	defer cancel()
+
+	c := client.New(baseURL(*addr))
+	defer c.CloseIdleConnections()
+	cl, err := c.Cluster(ctx)
+	if err != nil {
+		return fail(stderr, "status", err)
+	}
+	if *asJSON {
+		err = writeJSON(stdout, cl)
+	} else {
+		err = writeStatus(stdout, cl)
+	}
+	if err != nil {
+		return fail(stderr, "status", err)
+	}
+	return exitOK
+}
+
+// writeStatus prints the cluster as a table:
+//
+//	leader      n1
+//	epoch       42
+//	partitions  1024
+//
+//	ID  STATE   HTTP            RAFT            PEER            PARTITIONS
+//	n1  active  127.0.0.1:8080  127.0.0.1:8081  127.0.0.1:8082  341
+func writeStatus(w io.Writer, cl api.Cluster) error {
+	leader := cl.Leader
+	if leader == "" {
+		leader = "(none)"
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "leader\t%s\n", leader)
+	fmt.Fprintf(tw, "epoch\t%d\n", cl.Epoch)
+	fmt.Fprintf(tw, "partitions\t%d\n", cl.Partitions)
+	fmt.Fprintf(tw, "members\t%d\n", len(cl.Members))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tHTTP\tRAFT\tPEER\tPARTITIONS")
+	for _, m := range cl.Members {
+		id := m.ID
+		if m.ID == cl.Leader {
+			id += " *"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", id, m.State, m.HTTP, m.Raft, m.Peer, m.Partitions)
+	}
+	return tw.Flush()
+}

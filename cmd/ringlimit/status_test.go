@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+func TestStatusCommand(t *testing.T) {
+	f := newFakeAPI(t)
+	ctx := context.Background()
+
+	code, out, errs := runCmd(ctx, runStatus, nil, "--addr", f.addr)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr: %s", code, errs)
+	}
+	lines := strings.Split(out, "\n")
+	head := "leader      n1\nepoch       42\npartitions  1024\nmembers     2\n\n"
+	if !strings.HasPrefix(out, head) || len(lines) != 9 {
+		t.Fatalf("table:\n%s\nwant it to start with:\n%s", out, head)
+	}
+	for i, want := range []string{
+		"ID STATE HTTP RAFT PEER PARTITIONS",
+		"n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512",
+		"n2 draining " + f.addr + " 127.0.0.1:9 127.0.0.1:10 512",
+	} {
+		if got := strings.Join(strings.Fields(lines[5+i]), " "); got != want {
+			t.Errorf("table line %d = %q, want %q", 5+i, lines[5+i], want)
+		}
+	}
+	// Columns are aligned: every row starts its HTTP column where the
+	// header's does.
+	col := strings.Index(lines[5], "HTTP")
+	for _, l := range lines[6:8] {
+		if len(l) <= col || l[col-1] != ' ' || l[col] == ' ' {
+			t.Errorf("row %q not aligned with HTTP at column %d", l, col)
+		}
+	}
+
+	// --json is the /v1/cluster object; the address may come from the
+	// environment and be a URL.
+	code, out, errs = runCmd(ctx, runStatus, map[string]string{"RINGLIMIT_ADDR": f.srv.URL, "RINGLIMIT_JSON": "1"})
+	if code != 0 {
+		t.Fatalf("--json: exit %d; stderr: %s", code, errs)
+	}
+	var got api.Cluster
+	if err := json.Unmarshal([]byte(out), &got); err != nil || !reflect.DeepEqual(got, f.cluster) {
+		t.Errorf("--json printed %s (%v), want %+v", out, err, f.cluster)
+	}
+	if !strings.Contains(out, `"leader":"n1","epoch":42,"partitions":1024,"members":[{"id":"n1","state":"active","http":"10.0.0.1:8080"`) {
+		t.Errorf("--json printed %s, not the wire form", out)
+	}
+}
+
+func TestStatusNoLeader(t *testing.T) {
+	f := newFakeAPI(t)
+	f.cluster = api.Cluster{Partitions: 1024}
+	code, out, _ := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
+	if code != 0 || !strings.Contains(out, "leader      (none)") || !strings.Contains(out, "members     0") {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+}
+
+func TestStatusErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--addr", "127.0.0.1:1"},          // nothing listens
+		{"--addr", "127.0.0.1:1", "extra"}, // stray argument
+		{"--json=maybe"},                   // bad flag value
+	} {
+		code, out, errs := runCmd(context.Background(), runStatus, nil, args...)
+		if code != 2 || out != "" || errs == "" {
+			t.Errorf("status %q: exit %d, stdout %q, stderr %q; want 2, nothing, a message", args, code, out, errs)
+		}
+	}
+}
