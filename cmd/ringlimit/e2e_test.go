@@ -65,20 +65,28 @@ func freePort(t *testing.T) string {
 type proc struct {
 	id, http, dir string
 	cmd           *exec.Cmd
-	log           *bytes.Buffer
+	log           *syncBuffer
 	done          chan struct{}
 	exitErr       error
 }
 
+// syncBuffer is a locked buffer; it does not embed bytes.Buffer, whose
+// ReadFrom would let exec's copier bypass the lock.
 type syncBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startServe(t *testing.T, id, dir string, extra ...string) *proc {
@@ -86,9 +94,8 @@ func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 	p := &proc{id: id, http: freePort(t), dir: dir, done: make(chan struct{})}
 	args := append([]string{"serve", "--id", id, "--http", p.http, "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir, "--log-level", "debug"}, extra...)
 	p.cmd = exec.Command(binary(t), args...)
-	var logBuf syncBuffer
-	p.cmd.Stderr = &logBuf
-	p.log = &logBuf.Buffer
+	p.log = &syncBuffer{}
+	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -96,9 +103,7 @@ func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
-			logBuf.mu.Lock()
-			t.Logf("log of %s:\n%s", id, lastLines(logBuf.String(), 40))
-			logBuf.mu.Unlock()
+			t.Logf("log of %s:\n%s", id, lastLines(p.log.String(), 40))
 		}
 	})
 	waitFor(t, id+" ready", func() bool { return get(p.http, "/readyz", nil) == 200 })
@@ -308,12 +313,12 @@ func TestServeRulesFile(t *testing.T) {
 		}
 		return strings.Join(n, ",")
 	}
-	waitFor(t, "rules file applied", func() bool { return names() == "default/200,a/5" })
+	waitFor(t, "rules file applied", func() bool { return names() == "default/100,a/5" })
 	write("rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 7\n    period: 1m\n")
-	waitFor(t, "changed rules file applied", func() bool { return names() == "default/200,a/7" })
+	waitFor(t, "changed rules file applied", func() bool { return names() == "default/100,a/7" })
 	write("rules:\n  - name: a\n    algorithm: fixed_window\n    limit: -1\n    period: 1m\n")
 	waitFor(t, "invalid rules file logged", func() bool { return strings.Contains(p.log.String(), "rules file refused") })
-	if got := names(); got != "default/200,a/7" {
+	if got := names(); got != "default/100,a/7" {
 		t.Fatalf("after an invalid file the rules are %s, want the previous ones", got)
 	}
 	// A serve started with an invalid file refuses to start.
