@@ -375,8 +375,9 @@ type batcher struct {
 	r    *Router
 	addr string
 
-	mu  sync.Mutex // guards cur
-	cur *batch     // the batch filling up, nil when none
+	mu       sync.Mutex // guards cur and inflight
+	cur      *batch     // the batch filling up, nil when none
+	inflight int        // batches sent and not yet answered
 }
 
 // batch is one frame to an owner and, once done is closed, its answer.
@@ -402,8 +403,22 @@ func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Chec
 		full := b.cur
 		b.cur = nil
 		if full.timer.Stop() {
+			b.inflight++
 			go b.send(full)
 		}
+	}
+	if b.cur == nil && b.inflight == 0 {
+		// Nothing in flight to this owner: lingering would only add
+		// latency. Send at once; checks arriving meanwhile batch up.
+		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
+		bt.req.Epoch = epoch
+		for _, i := range idx {
+			bt.req.Checks = append(bt.req.Checks, checks[i])
+		}
+		b.inflight++
+		b.mu.Unlock()
+		go b.send(bt)
+		return bt, 0
 	}
 	if b.cur == nil {
 		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
@@ -423,6 +438,7 @@ func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Chec
 	if len(bt.req.Checks) >= b.r.cfg.MaxBatch {
 		b.cur = nil
 		if bt.timer.Stop() {
+			b.inflight++
 			go b.send(bt)
 		}
 	}
@@ -436,11 +452,30 @@ func (b *batcher) flush(bt *batch) {
 	if b.cur == bt {
 		b.cur = nil
 	}
+	b.inflight++
 	b.mu.Unlock()
 	b.send(bt)
 }
 
+// send sends bt, publishes the answer, and — when it was the last batch
+// in flight — sends the batch that filled up meanwhile without waiting
+// for its linger.
 func (b *batcher) send(bt *batch) {
+	defer func() {
+		b.mu.Lock()
+		b.inflight--
+		next := b.cur
+		if b.inflight == 0 && next != nil && next.timer.Stop() {
+			b.cur = nil
+			b.inflight++
+		} else {
+			next = nil
+		}
+		b.mu.Unlock()
+		if next != nil {
+			go b.send(next)
+		}
+	}()
 	defer close(bt.done)
 	ctx, cancel := context.WithDeadline(b.r.ctx, bt.deadline)
 	defer cancel()
