@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -284,5 +286,73 @@ func TestRulesSurviveRestart(t *testing.T) {
 	waitSettled(t, []*Server{s2}, 1)
 	if r := s2.Node.View().Rules["kept"]; r == nil || r.Limit != 3 {
 		t.Fatalf("after restart the rule is %+v, want the one PUT before", r)
+	}
+}
+
+// An owner that cannot be reached: its keys are answered by each rule's
+// failure mode, degraded; the other keys are unaffected.
+func TestOwnerDownFailureModes(t *testing.T) {
+	ss := startCluster(t, 2)
+	putRules(t, ss,
+		limiter.Rule{Name: "open", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour},
+		limiter.Rule{Name: "closed", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour, FailureMode: limiter.FailClosed},
+	)
+	v := ss[0].Router.View()
+	keyOwnedBy := func(id string) string {
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("k%d", i)
+			if m, _ := v.Ring.Owner(v.Ring.Partition(limiter.KeyHash(v.Seed, k))); m.ID == id {
+				return k
+			}
+		}
+	}
+	remote, local := keyOwnedBy("n2"), keyOwnedBy("n1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ss[1].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rule, key         string
+		allowed, degraded bool
+	}{
+		{"open", remote, true, true},
+		{"open", remote, true, true}, // every time: nothing is counted while degraded
+		{"closed", remote, false, true},
+		{"open", local, true, false},
+		{"open", local, false, false}, // limit 1, decided for real by n1
+	} {
+		r := check(t, ss[0], tc.rule, tc.key)
+		if r.Allowed != tc.allowed || r.Degraded != tc.degraded {
+			t.Errorf("%s on %s: allowed %v degraded %v, want %v %v", tc.rule, tc.key, r.Allowed, r.Degraded, tc.allowed, tc.degraded)
+		}
+	}
+}
+
+// The first five members are Raft voters; the sixth joins as a
+// non-voter and still owns partitions.
+func TestSixthMemberIsANonVoter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts six members")
+	}
+	ss := startCluster(t, 6)
+	cf := ss[0].Node.Raft().GetConfiguration()
+	if err := cf.Error(); err != nil {
+		t.Fatal(err)
+	}
+	voters := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	if voters != 5 || len(cf.Configuration().Servers) != 6 {
+		t.Fatalf("raft has %d servers, %d voters; want 6 and 5", len(cf.Configuration().Servers), voters)
+	}
+	if n := len(ss[5].Node.View().Ring.PartitionsOf("n6")); n == 0 {
+		t.Fatal("the non-voter owns no partitions")
+	}
+	if m, _ := ss[5].Node.View().State.Member("n6"); m.Voter {
+		t.Fatalf("n6 recorded as a voter: %+v", m)
 	}
 }

@@ -33,7 +33,6 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		join         = fs.String("join", "", "HTTP address of any existing member; empty with an empty data dir bootstraps a new cluster")
 		rulesFile    = fs.String("rules", "", "rules YAML file, applied through Raft whenever it changes")
 		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
-		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before it is marked dead (failure detection comes with failover; accepted now)")
 		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend draining")
 		partitions   = fs.Int("partitions", ring.DefaultConfig().Partitions, "partition count of a new cluster (fixed once bootstrapped)")
 		linger       = fs.Duration("linger", router.DefaultConfig().Linger, "how long a forwarded batch waits to fill")
@@ -44,7 +43,6 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return 2
 	}
-	_ = deadAfter
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		fmt.Fprintf(stderr, "ringlimit serve: --log-level: %v\n", err)
