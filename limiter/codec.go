@@ -294,14 +294,18 @@ func (d *decoder) at(what string, now int64) (int64, error) {
 // at the importer's now.
 func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 	d := &decoder{b: src}
-	if len(src) < len(streamMagic)+1 || string(src[:len(streamMagic)]) != streamMagic {
-		return nil, d.fail("no %q header", streamMagic)
+	if len(src) < len(streamMagic) || string(src[:len(streamMagic)]) != streamMagic {
+		return nil, d.fail("no %q magic", streamMagic)
 	}
 	d.off = len(streamMagic)
-	if v := src[d.off]; v != streamVersion {
+	v, err := d.byte1("version")
+	if err != nil {
+		return nil, err
+	}
+	if v != streamVersion {
+		d.off--
 		return nil, d.fail("version %d, want %d", v, streamVersion)
 	}
-	d.off++
 	sp, err := d.uvarint("partition", math.MaxUint32)
 	if err != nil {
 		return nil, err
