@@ -106,10 +106,11 @@ func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
 		count += cost
 		s.Counts = uint64(count)
 	}
-	d.Remaining = r.Limit - count
-	if count > 0 {
-		d.ResetAfter = time.Duration(s.DeadAt - now)
+	d.Remaining = max(r.Limit-count, 0) // count > Limit only after the rule shrank
+	if count == 0 {
+		return Window{}, d // a query on a fresh window stores nothing
 	}
+	d.ResetAfter = time.Duration(s.DeadAt - now)
 	return s, d
 }
 
@@ -211,6 +212,8 @@ type logEntry struct {
 }
 
 // Dead reports whether the state is equivalent to a fresh key at now.
+// Unlike the other states' Dead it writes: it first drops the entries
+// that have left the window.
 func (l *Log) Dead(now int64) bool { l.expire(now); return l.n == 0 }
 
 // Len is the number of entries held.
@@ -273,7 +276,7 @@ func (l *Log) Step(r *Rule, now, cost int64) Decision {
 		}
 		l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
 	}
-	d.Remaining = r.Limit - l.sum
+	d.Remaining = max(r.Limit-l.sum, 0) // sum > Limit only after the rule shrank
 	if l.n > 0 {
 		d.ResetAfter = time.Duration(l.at(l.n-1).exp - now)
 	}

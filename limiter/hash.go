@@ -17,12 +17,7 @@ import "github.com/cespare/xxhash/v2"
 // instead of reading one algorithm's state as another's.
 
 // KeyHash returns the seeded hash of a client key.
-func KeyHash(seed uint64, key string) uint64 {
-	var d xxhash.Digest
-	d.ResetWithSeed(seed)
-	_, _ = d.WriteString(key)
-	return d.Sum64()
-}
+func KeyHash(seed uint64, key string) uint64 { return xxh64(seed, key) }
 
 // RuleSalt returns the seeded salt of a rule's buckets.
 func RuleSalt(seed uint64, name string, a Algorithm) uint64 {
