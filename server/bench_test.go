@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,25 +47,37 @@ func BenchmarkRouterCheck(b *testing.B) {
 			for _, par := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%s/batch=%d/goroutines=%d", where.name, batch, par), func(b *testing.B) {
 					var next atomic.Int64
-					b.SetParallelism(par) // × GOMAXPROCS
+					var mu sync.Mutex
+					var lat []time.Duration // every call's latency, for p50/p99
+					b.SetParallelism(par)   // × GOMAXPROCS
 					b.ResetTimer()
 					b.RunParallel(func(pb *testing.PB) {
 						reqs := make([]router.Request, batch)
 						out := make([]router.Result, batch)
+						var mine []time.Duration
 						for pb.Next() {
 							base := int(next.Add(int64(batch)))
 							for i := range reqs {
 								reqs[i] = router.Request{Rule: "bench", Key: keys[(base+i)%len(keys)], Cost: 1}
 							}
+							start := time.Now()
 							if err := ss[0].Router.Check(context.Background(), reqs, out); err != nil {
 								b.Fatal(err)
 							}
+							mine = append(mine, time.Since(start))
 							if out[0].Degraded {
 								b.Fatal("degraded answer")
 							}
 						}
+						mu.Lock()
+						lat = append(lat, mine...)
+						mu.Unlock()
 					})
+					b.StopTimer()
 					b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "checks/s")
+					slices.Sort(lat)
+					b.ReportMetric(float64(lat[len(lat)/2])/1e3, "p50-µs")
+					b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-µs")
 				})
 			}
 		}
