@@ -94,6 +94,14 @@ type LeaveRequest struct {
 	ID string `json:"id"`
 }
 
+// StateRequest is the body of POST /v1/cluster/state: a member that stops
+// gracefully marks itself "down" (it stays a member and owns nothing
+// until it returns); a returning member is made "active" again.
+type StateRequest struct {
+	ID    string `json:"id"`
+	State string `json:"state"` // "down" or "active"
+}
+
 // Error codes of the contract.
 const (
 	CodeBadRequest   = "bad_request"

@@ -187,6 +187,11 @@ func (c *Client) Leave(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, "/v1/cluster/leave", true, api.LeaveRequest{ID: id}, nil)
 }
 
+// SetState marks member id "down" (stopped gracefully) or "active".
+func (c *Client) SetState(ctx context.Context, id, state string) error {
+	return c.do(ctx, http.MethodPost, "/v1/cluster/state", true, api.StateRequest{ID: id, State: state}, nil)
+}
+
 // Ready returns nil when the node is ready (GET /readyz answers 2xx): in a
 // cluster with a leader, with its partitions received.
 func (c *Client) Ready(ctx context.Context) error {

@@ -110,7 +110,7 @@ func (n *Node) registerLoop() {
 	for {
 		_, member := n.fsm.State().Member(n.cfg.ID)
 		seen = seen || member
-		if n.removed.Load() || seen && !member {
+		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
 		}
 		if !n.registered() {
@@ -258,6 +258,50 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	}
 	n.log.Info("member left", "id", id)
 	return nil
+}
+
+// SetState marks a member "down" (stopped gracefully: still a member,
+// owning nothing until it returns) or "active". On a non-leader it is
+// forwarded to the leader.
+func (n *Node) SetState(ctx context.Context, id, state string) error {
+	s := fsm.MemberState(state)
+	if id == "" || (s != fsm.Down && s != fsm.Active) {
+		return fmt.Errorf("%w: want a member id and the state down or active", api.ErrBadRequest)
+	}
+	if !n.isLeader() {
+		addr, err := n.leaderHTTP()
+		if err != nil {
+			return err
+		}
+		return n.cfg.Forward.SetState(ctx, addr, id, state)
+	}
+	n.joinedMu.Lock()
+	defer n.joinedMu.Unlock()
+	if _, ok := n.fsm.State().Member(id); !ok {
+		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+	}
+	cmd, err := fsm.SetMemberState(id, s)
+	if err != nil {
+		return err
+	}
+	return n.apply(cmd)
+}
+
+// MarkDown is the first step of a graceful stop: this member stops
+// re-registering and asks the cluster to mark it down, so its partitions
+// go to the other members (their keys start fresh there until hand-off
+// exists) instead of being answered by failure modes while it is away.
+// It gives up when ctx ends (no leader, no quorum).
+func (n *Node) MarkDown(ctx context.Context) error {
+	n.stopping.Store(true)
+	if _, ok := n.fsm.State().Member(n.cfg.ID); !ok {
+		return nil
+	}
+	st := n.fsm.State()
+	if len(st.Active()) == 1 && st.Active()[0].ID == n.cfg.ID {
+		return nil // the last active member: nobody to take its partitions
+	}
+	return n.SetState(ctx, n.cfg.ID, string(fsm.Down))
 }
 
 // Rules returns the rules in force, default first.

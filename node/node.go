@@ -42,6 +42,7 @@ import (
 type Forwarder interface {
 	Join(ctx context.Context, leaderHTTP string, req api.JoinRequest) error
 	Leave(ctx context.Context, leaderHTTP, id string) error
+	SetState(ctx context.Context, leaderHTTP, id, state string) error
 	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)
 }
 
@@ -118,7 +119,8 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	removed  atomic.Bool
-	joinedMu sync.Mutex // serialises leader-side membership changes
+	stopping atomic.Bool // marked down for a graceful stop: do not re-register
+	joinedMu sync.Mutex  // serialises leader-side membership changes
 
 	viewMu  sync.Mutex    // guards viewNew
 	viewNew chan struct{} // closed when a new view is published

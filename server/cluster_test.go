@@ -309,7 +309,7 @@ func TestOwnerDownFailureModes(t *testing.T) {
 	remote, local := keyOwnedBy("n2"), keyOwnedBy("n1")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := ss[1].Shutdown(ctx); err != nil {
+	if err := ss[1].stop(ctx, false); err != nil { // gone without a word, as a crash
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -354,5 +354,34 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 	}
 	if m, _ := ss[5].Node.View().State.Member("n6"); m.Voter {
 		t.Fatalf("n6 recorded as a voter: %+v", m)
+	}
+}
+
+// A graceful stop marks the member down: the others take its partitions
+// (its keys are decided, not degraded, while it is away); a restart with
+// the same data dir makes it active again and gives its partitions back.
+func TestGracefulStopMarksDownAndRestartReturns(t *testing.T) {
+	ss := startCluster(t, 2)
+	putRules(t, ss, limiter.Rule{Name: "closed", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour, FailureMode: limiter.FailClosed})
+	dir := ss[1].cfg.DataDir
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ss[1].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n2 down, n1 owning everything", func() bool {
+		v := ss[0].Node.View()
+		m, _ := v.State.Member("n2")
+		return m.State == "down" && len(v.Ring.PartitionsOf("n1")) == v.State.Config.Partitions
+	})
+	for i := range 50 {
+		if r := check(t, ss[0], "closed", fmt.Sprintf("k%d", i)); !r.Allowed || r.Degraded {
+			t.Fatalf("k%d with n2 down: %+v, want decided by n1", i, r)
+		}
+	}
+	n2 := startMember(t, "n2", dir, "")
+	waitSettled(t, []*Server{ss[0], n2}, 2)
+	if len(n2.Node.View().Ring.PartitionsOf("n2")) == 0 {
+		t.Fatal("n2 came back owning nothing")
 	}
 }

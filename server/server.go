@@ -160,8 +160,22 @@ func (s *Server) Handler() http.Handler { return s.http.Handler }
 
 // Shutdown stops taking new requests, drains those in flight (bounded by
 // ctx), then stops the data plane and Raft. The member stays a member.
-func (s *Server) Shutdown(ctx context.Context) error {
+//
+// First the member asks to be marked down (bounded by markDownTimeout),
+// so the other members take its partitions while it is away.
+func (s *Server) Shutdown(ctx context.Context) error { return s.stop(ctx, true) }
+
+// stop stops the member; without markDown it vanishes as a crash would
+// (tests use that to make an owner unreachable).
+func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.cancel()
+	if markDown {
+		mctx, cancel := context.WithTimeout(ctx, markDownTimeout)
+		if err := s.Node.MarkDown(mctx); err != nil {
+			s.log.Warn("could not mark this member down; its keys are answered by failure modes until it returns", "err", err)
+		}
+		cancel()
+	}
 	err := s.http.Shutdown(ctx)
 	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {
 		err = e
@@ -177,6 +191,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// markDownTimeout bounds the attempt to mark a stopping member down.
+const markDownTimeout = 2 * time.Second
+
 // forwarder carries writes to the leader's HTTP API.
 type forwarder struct{ token string }
 
@@ -190,6 +207,10 @@ func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest)
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {
 	return wrapRemote(f.client(leader).Leave(ctx, id))
+}
+
+func (f forwarder) SetState(ctx context.Context, leader, id, state string) error {
+	return wrapRemote(f.client(leader).SetState(ctx, id, state))
 }
 
 func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {

@@ -151,6 +151,24 @@ func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusBody{"ok"})
 }
 
+func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
+	var req api.StateRequest
+	if e := decodeStrict(limitBody(w, r), &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	if req.ID == "" || (req.State != "down" && req.State != "active") {
+		writeError(w, &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest,
+			Message: `want {"id": ID, "state": "down" or "active"}`})
+		return
+	}
+	if err := h.admin.SetState(r.Context(), req.ID, req.State); err != nil {
+		writeError(w, h.errorOf(r, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, statusBody{"ok"})
+}
+
 // decodeStrict decodes one JSON object from body into v: no unknown
 // fields, nothing after it.
 func decodeStrict(body io.Reader, v any) *api.Error {

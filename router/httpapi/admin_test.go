@@ -20,6 +20,7 @@ var adminCalls = []struct{ method, path, body string }{
 	{"PUT", "/v1/rules", `{"rules":[{"name":"a","algorithm":"gcra","limit":1,"period":"1s"}]}`},
 	{"POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`},
 	{"POST", "/v1/cluster/leave", `{"id":"n2"}`},
+	{"POST", "/v1/cluster/state", `{"id":"n2","state":"down"}`},
 }
 
 func TestAdminAuth(t *testing.T) {
@@ -259,6 +260,22 @@ func TestLeave(t *testing.T) {
 	e.a.leaveErr = fmt.Errorf("node: %w: no leader", api.ErrUnavailable)
 	apiError(t, e.do("POST", "/v1/cluster/leave", `{"id":"n9"}`), 503, api.CodeUnavailable)
 	apiError(t, e.do("POST", "/v1/cluster/leave", `{"id":"n9"} x`), 400, api.CodeBadRequest)
+}
+
+func TestSetState(t *testing.T) {
+	e := newEnv(t, "")
+	var ok statusBody
+	decodeOK(t, e.do("POST", "/v1/cluster/state", `{"id":"n2","state":"down"}`), &ok)
+	decodeOK(t, e.do("POST", "/v1/cluster/state", `{"id":"n2","state":"active"}`), &ok)
+	if !reflect.DeepEqual(e.a.states, []string{"n2=down", "n2=active"}) {
+		t.Errorf("states = %q", e.a.states)
+	}
+	for _, body := range []string{`{"id":"n2","state":"dead"}`, `{"state":"down"}`, `{"id":"n2"}`, `{"id":"n2","state":"down","x":1}`} {
+		apiError(t, e.do("POST", "/v1/cluster/state", body), 400, api.CodeBadRequest)
+	}
+	if len(e.a.states) != 2 {
+		t.Errorf("invalid requests reached the node: %q", e.a.states)
+	}
 }
 
 func TestHealthAndReady(t *testing.T) {

@@ -89,6 +89,7 @@ type fakeAdmin struct {
 	joinErr  error
 	leaves   []string
 	leaveErr error
+	states   []string // id=state
 	ready    error
 	panicIn  string // "rules": Rules panics
 }
@@ -130,6 +131,13 @@ func (a *fakeAdmin) Leave(_ context.Context, id string) error {
 	defer a.mu.Unlock()
 	a.leaves = append(a.leaves, id)
 	return a.leaveErr
+}
+
+func (a *fakeAdmin) SetState(_ context.Context, id, state string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.states = append(a.states, id+"="+state)
+	return nil
 }
 
 func (a *fakeAdmin) Ready() error {

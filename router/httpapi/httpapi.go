@@ -62,6 +62,10 @@ type Admin interface {
 	// as the caller sent it; an empty id means the node serving the
 	// request. An error wrapping api.ErrNotFound answers 404.
 	Leave(ctx context.Context, id string) error
+	// SetState marks member id "down" (a graceful stop: still a member,
+	// owning nothing) or "active" again. api.ErrNotFound answers 404,
+	// api.ErrBadRequest 400.
+	SetState(ctx context.Context, id, state string) error
 	// Ready returns nil when the node is ready, else an error wrapping
 	// api.ErrUnavailable whose text is the reason.
 	Ready() error
@@ -127,6 +131,7 @@ const (
 	epCluster
 	epJoin
 	epLeave
+	epState
 	epHealthz
 	epReadyz
 	epMetrics
@@ -140,6 +145,7 @@ var endpointNames = [numEndpoints]string{
 	epCluster: "/v1/cluster",
 	epJoin:    "/v1/cluster/join",
 	epLeave:   "/v1/cluster/leave",
+	epState:   "/v1/cluster/state",
 	epHealthz: "/healthz",
 	epReadyz:  "/readyz",
 	epMetrics: "/metrics",
@@ -154,6 +160,7 @@ var endpointAllow = [numEndpoints]string{
 	epCluster: "GET, HEAD",
 	epJoin:    "POST",
 	epLeave:   "POST",
+	epState:   "POST",
 	epHealthz: "GET, HEAD",
 	epReadyz:  "GET, HEAD",
 	epMetrics: "GET, HEAD",
@@ -171,6 +178,8 @@ func endpointOf(path string) int {
 		return epJoin
 	case "/v1/cluster/leave":
 		return epLeave
+	case "/v1/cluster/state":
+		return epState
 	case "/healthz":
 		return epHealthz
 	case "/readyz":
@@ -231,6 +240,10 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 	case ep == epLeave && r.Method == http.MethodPost:
 		if h.authorize(w, r) {
 			h.serveLeave(w, r)
+		}
+	case ep == epState && r.Method == http.MethodPost:
+		if h.authorize(w, r) {
+			h.serveState(w, r)
 		}
 	case ep == epHealthz && get:
 		writeJSON(w, http.StatusOK, statusBody{"ok"})
