@@ -391,8 +391,22 @@ func TestServeThreeProcesses(t *testing.T) {
 		t.Fatalf("3 processes admitted %d of 300 (degraded %d), want exactly 50", allowed.Load(), degraded.Load())
 	}
 
+	// ringlimit bench against the three nodes: it ends by itself and
+	// reports what it sent.
+	out, err := exec.Command(binary(t), "bench", "--addr", n1.http+","+n2.http+","+n3.http, "--rule", "login",
+		"--keys", "20", "--concurrency", "4", "--batch", "10", "--duration", "1s", "--json").Output()
+	var rep struct {
+		Checks, Errors, Allowed, Denied, Degraded int64
+	}
+	if err != nil || json.Unmarshal(out, &rep) != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	if rep.Checks == 0 || rep.Errors != 0 || rep.Degraded != 0 || rep.Allowed+rep.Denied != rep.Checks || rep.Allowed > 20*50 {
+		t.Fatalf("bench report %+v: want checks, no errors, allowed ≤ 20 keys × 50", rep)
+	}
+
 	// ringlimit leave removes n3 for good; its process exits.
-	out, err := exec.Command(binary(t), "leave", "--addr", n1.http, "--id", "n3").CombinedOutput()
+	out, err = exec.Command(binary(t), "leave", "--addr", n1.http, "--id", "n3").CombinedOutput()
 	if err != nil {
 		t.Fatalf("leave: %v\n%s", err, out)
 	}
