@@ -51,7 +51,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: logOut})
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: logOut, JSONFormat: true})
 	rc.HeartbeatTimeout = cfg.RaftTimeout
 	rc.ElectionTimeout = cfg.RaftTimeout
 	rc.LeaderLeaseTimeout = cfg.RaftTimeout / 2
