@@ -291,7 +291,9 @@ func (n *Node) refresh() {
 // epochWait) rather than answer from a stale ring.
 func (n *Node) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	v := n.view.Load()
-	if v != nil && req.Epoch > v.Ring.Epoch() {
+	if v == nil || req.Epoch > v.Ring.Epoch() {
+		// A new member is sent checks as soon as the ring names it,
+		// possibly before the log has reached it.
 		v = n.awaitEpoch(ctx, req.Epoch)
 	}
 	t := n.table.Load()
@@ -346,7 +348,7 @@ func (n *Node) awaitEpoch(ctx context.Context, epoch uint64) *View {
 		ch := n.viewNew
 		n.viewMu.Unlock()
 		v := n.view.Load()
-		if v == nil || v.Ring.Epoch() >= epoch {
+		if v != nil && v.Ring.Epoch() >= epoch {
 			return v
 		}
 		select {

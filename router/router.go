@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,13 +180,21 @@ func (r *Router) awaitEpoch(ctx context.Context, epoch uint64) *View {
 
 // scratch is the per-call working memory, pooled.
 type scratch struct {
-	checks  []transport.Check
-	rules   []*limiter.Rule
-	pending []int
-	retry   []int
-	local   transport.BatchRequest
-	resp    transport.BatchResponse
-	waits   []ticket
+	checks   []transport.Check
+	rules    []*limiter.Rule
+	pending  []int
+	retry    []int
+	local    transport.BatchRequest
+	resp     transport.BatchResponse
+	localIdx []int   // indexes decided in place, in s.local order
+	groups   []group // indexes per remote owner
+	waits    []ticket
+}
+
+// group is the checks of one call bound for one remote owner.
+type group struct {
+	addr string
+	idx  []int
 }
 
 // ticket is a caller's share of a remote batch.
@@ -262,8 +271,8 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	s.retry = s.retry[:0]
 	s.local.Checks = s.local.Checks[:0]
 	s.waits = s.waits[:0]
-	var localIdx []int
-	var groups map[string]*ticket // per owner address, built lazily
+	s.localIdx = s.localIdx[:0]
+	groups := s.groups[:0] // per owner address; a cluster has few owners
 	for _, i := range s.pending {
 		owner, ok := v.Ring.Owner(s.checks[i].Partition)
 		switch {
@@ -272,26 +281,31 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			r.m.degraded.Inc()
 		case owner.ID == v.Self && r.local != nil:
 			s.local.Checks = append(s.local.Checks, s.checks[i])
-			localIdx = append(localIdx, i)
+			s.localIdx = append(s.localIdx, i)
 		default:
-			if groups == nil {
-				groups = map[string]*ticket{}
+			g := slices.IndexFunc(groups, func(g group) bool { return g.addr == owner.Peer })
+			if g < 0 {
+				g = len(groups)
+				if g < cap(groups) {
+					groups = groups[:g+1] // reuse the idx slice of a previous call
+					groups[g].addr, groups[g].idx = owner.Peer, groups[g].idx[:0]
+				} else {
+					groups = append(groups, group{addr: owner.Peer})
+				}
 			}
-			t := groups[owner.Peer]
-			if t == nil {
-				t = &ticket{}
-				groups[owner.Peer] = t
-			}
-			t.idx = append(t.idx, i)
+			groups[g].idx = append(groups[g].idx, i)
 		}
 	}
+	s.groups = groups
 	// Remote groups first, so their batches fly while we decide locally.
-	for addr, t := range groups {
-		b := r.batcherFor(addr)
-		t.b, t.off = b.add(ctx, v.Ring.Epoch(), s.checks, t.idx)
-		s.waits = append(s.waits, *t)
-		r.m.forwarded.Add(float64(len(t.idx)))
+	for _, g := range groups {
+		b := r.batcherFor(g.addr)
+		t := ticket{idx: g.idx}
+		t.b, t.off = b.add(ctx, v.Ring.Epoch(), s.checks, g.idx)
+		s.waits = append(s.waits, t)
+		r.m.forwarded.Add(float64(len(g.idx)))
 	}
+	localIdx := s.localIdx
 	if len(localIdx) > 0 {
 		s.local.Epoch = v.Ring.Epoch()
 		s.resp.Results = resize(s.resp.Results, len(s.local.Checks))
