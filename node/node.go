@@ -118,9 +118,13 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	removed  atomic.Bool
-	stopping atomic.Bool // marked down for a graceful stop: do not re-register
-	joinedMu sync.Mutex  // serialises leader-side membership changes
+	removed atomic.Bool
+	// startIndex is Raft's last log index when the node started: until
+	// the FSM has applied that far it still shows an old state (rules
+	// from before a restart, say) and the node is not ready.
+	startIndex uint64
+	stopping   atomic.Bool // marked down for a graceful stop: do not re-register
+	joinedMu   sync.Mutex  // serialises leader-side membership changes
 
 	viewMu  sync.Mutex    // guards viewNew
 	viewNew chan struct{} // closed when a new view is published
@@ -152,6 +156,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		return nil, err
 	}
 	n.raft = rp
+	n.startIndex = rp.raft.LastIndex()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if !rp.hasState && cfg.Join == "" {
 		f := rp.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
