@@ -364,10 +364,10 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: removed from the cluster", api.ErrUnavailable)
 	case n.raft.raft.Leader() == "":
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
+	case !n.caughtUp():
+		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.raft.raft.AppliedIndex(), n.startIndex)
 	case n.view.Load() == nil:
 		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
-	case n.raft.raft.AppliedIndex() < n.startIndex:
-		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.raft.raft.AppliedIndex(), n.startIndex)
 	case !n.registered():
 		return fmt.Errorf("%w: not an active member yet", api.ErrUnavailable)
 	}

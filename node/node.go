@@ -204,24 +204,40 @@ func (n *Node) View() *View { return n.view.Load() }
 func (n *Node) Raft() *raft.Raft { return n.raft.raft }
 
 // watchLoop turns every FSM change into a new view.
+//
+// While the log this node restarted with is being replayed no view is
+// published at all: the FSM still holds an old state (rules from before
+// a PUT, say), and "unavailable" is the honest answer until it catches
+// up. Raft counts an entry as applied only after the FSM's notification,
+// so a ticker re-checks until then.
 func (n *Node) watchLoop() {
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
+	replay := time.NewTicker(20 * time.Millisecond)
+	defer replay.Stop()
 	n.refresh()
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-ch:
-			n.refresh()
+		case <-replay.C:
+			if !n.caughtUp() {
+				continue
+			}
+			replay.Stop()
 		}
+		n.refresh()
 	}
 }
+
+// caughtUp reports whether the FSM has applied the log the node started with.
+func (n *Node) caughtUp() bool { return n.raft.raft.AppliedIndex() >= n.startIndex }
 
 // refresh builds the view of the current FSM state and publishes it.
 func (n *Node) refresh() {
 	st := n.fsm.State()
-	if !st.Initialized {
+	if !st.Initialized || !n.caughtUp() {
 		return
 	}
 	old := n.view.Load()

@@ -92,6 +92,14 @@ func (b *syncBuffer) String() string {
 
 func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 	t.Helper()
+	p := launchServe(t, id, dir, extra...)
+	waitFor(t, id+" ready", func() bool { return get(p.http, "/readyz", nil) == 200 })
+	return p
+}
+
+// launchServe starts `ringlimit serve` without waiting for it.
+func launchServe(t *testing.T, id, dir string, extra ...string) *proc {
+	t.Helper()
 	p := &proc{id: id, http: freePort(t), dir: dir, done: make(chan struct{})}
 	args := append([]string{"serve", "--id", id, "--http", p.http, "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir, "--log-level", "debug"}, extra...)
 	p.cmd = exec.Command(binary(t), args...)
@@ -107,7 +115,6 @@ func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 			t.Logf("log of %s:\n%s", id, lastLines(p.log.String(), 40))
 		}
 	})
-	waitFor(t, id+" ready", func() bool { return get(p.http, "/readyz", nil) == 200 })
 	return p
 }
 
@@ -289,7 +296,21 @@ func TestServeSingleNode(t *testing.T) {
 	if p.exitErr != nil {
 		t.Fatalf("SIGINT: %v, want a clean exit", p.exitErr)
 	}
-	p2 := startServe(t, "solo", dir)
+	// From the first moment it answers, the restarted node knows the
+	// rule or says it is unavailable; it never forgets it (404).
+	p2 := launchServe(t, "solo", dir)
+	waitFor(t, "the restarted node decides", func() bool {
+		resp, err := httpc.Post("http://"+p2.http+"/v1/check", "application/json", strings.NewReader(`{"rule":"worked","key":"again","cost":0}`))
+		if err != nil {
+			return false // not listening yet
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 && resp.StatusCode != 503 {
+			t.Fatalf("check during restart: %d, want 503 until the log is replayed, then 200", resp.StatusCode)
+		}
+		return resp.StatusCode == 200
+	})
+	waitFor(t, "restarted node ready", func() bool { return get(p2.http, "/readyz", nil) == 200 })
 	if code := get(p2.http, "/v1/rules", &rs); code != 200 || len(rs.Rules) != 2 || rs.Rules[1].Name != "worked" {
 		t.Fatalf("after restart GET /v1/rules = %d %+v, want default and worked", code, rs)
 	}
