@@ -197,17 +197,21 @@ func alignDown(now, p int64) int64 {
 // Log is the state of sliding_log: the admitted requests of the last
 // Period as (expiry, cost) entries in arrival order. The sum of their
 // costs never exceeds Limit and no entry has cost 0, so a Log holds at
-// most Limit ≤ MaxLogLimit entries. The zero value is a fresh key. A Log
-// is not safe for concurrent use.
+// most Limit ≤ MaxLogLimit entries. Entries cost 8 bytes while every
+// cost is 1 (the usual case: request counting); the costs array appears
+// with the first heavier entry and goes when the log empties. Buffers grow
+// by half, so a log uses at most ~1.5× the slots it needs. The zero value
+// is a fresh key. A Log is not safe for concurrent use.
 type Log struct {
-	ents []logEntry // ring buffer
-	head int        // index of the oldest entry
-	n    int        // live entries
-	sum  int64      // cost of the live entries
+	exps  []int64  // ring buffer of expiries; admitted at exp − Period
+	costs []uint16 // parallel to exps; nil while every cost is 1
+	head  int32    // index of the oldest entry
+	n     int32    // live entries
+	sum   int64    // cost of the live entries
 }
 
 type logEntry struct {
-	exp  int64 // admitted at exp − Period
+	exp  int64
 	cost int64
 }
 
@@ -217,38 +221,69 @@ type logEntry struct {
 func (l *Log) Dead(now int64) bool { l.expire(now); return l.n == 0 }
 
 // Len is the number of entries held.
-func (l *Log) Len() int { return l.n }
+func (l *Log) Len() int { return int(l.n) }
 
-func (l *Log) at(i int) *logEntry { return &l.ents[(l.head+i)%len(l.ents)] }
+func (l *Log) slot(i int) int { return (int(l.head) + i) % len(l.exps) }
+
+func (l *Log) costAt(slot int) int64 {
+	if l.costs == nil {
+		return 1
+	}
+	return int64(l.costs[slot])
+}
+
+// at returns the i-th oldest entry.
+func (l *Log) at(i int) logEntry {
+	k := l.slot(i)
+	return logEntry{exp: l.exps[k], cost: l.costAt(k)}
+}
 
 func (l *Log) expire(now int64) {
-	for l.n > 0 && l.ents[l.head].exp <= now {
-		l.sum -= l.ents[l.head].cost
-		l.ents[l.head] = logEntry{}
-		l.head = (l.head + 1) % len(l.ents)
+	for l.n > 0 && l.exps[l.head] <= now {
+		l.sum -= l.costAt(int(l.head))
+		l.head = int32((int(l.head) + 1) % len(l.exps))
 		l.n--
 	}
 	if l.n == 0 {
-		l.head = 0
-		if cap(l.ents) > 8 {
-			l.ents = nil // memory tracks active keys
+		l.head, l.costs = 0, nil
+		if len(l.exps) > 8 {
+			l.exps = nil // memory tracks active keys
 		}
 	}
 }
 
 func (l *Log) push(e logEntry, limit int) {
-	if l.n == len(l.ents) {
-		size := min(max(2*l.n, 2), limit)
-		if size <= l.n {
-			size = l.n + 1 // unreachable with valid input
+	n := int(l.n)
+	if n == len(l.exps) {
+		size := min(n+max(n/2, 2), limit)
+		if size <= n {
+			size = n + 1 // unreachable with valid input
 		}
-		ents := make([]logEntry, size)
-		for i := 0; i < l.n; i++ {
-			ents[i] = *l.at(i)
+		exps := make([]int64, size)
+		var costs []uint16
+		if l.costs != nil {
+			costs = make([]uint16, size)
 		}
-		l.ents, l.head = ents, 0
+		for i := range n {
+			k := l.slot(i)
+			exps[i] = l.exps[k]
+			if costs != nil {
+				costs[i] = l.costs[k]
+			}
+		}
+		l.exps, l.costs, l.head = exps, costs, 0
 	}
-	*l.at(l.n) = e
+	if e.cost != 1 && l.costs == nil {
+		l.costs = make([]uint16, len(l.exps))
+		for i := range l.costs {
+			l.costs[i] = 1
+		}
+	}
+	k := l.slot(n)
+	l.exps[k] = e.exp
+	if l.costs != nil {
+		l.costs[k] = uint16(e.cost) // ≤ Limit ≤ MaxLogLimit
+	}
 	l.n++
 	l.sum += e.cost
 }
@@ -261,7 +296,7 @@ func (l *Log) Step(r *Rule, now, cost int64) Decision {
 	if !d.Allowed {
 		// Wait until enough of the oldest entries have left the window.
 		freed := int64(0)
-		for i := 0; i < l.n; i++ {
+		for i := range int(l.n) {
 			e := l.at(i)
 			freed += e.cost
 			if l.sum-freed+want <= r.Limit {
@@ -272,13 +307,13 @@ func (l *Log) Step(r *Rule, now, cost int64) Decision {
 	} else if cost > 0 {
 		exp := now + int64(r.Period)
 		if l.n > 0 {
-			exp = max(exp, l.at(l.n-1).exp) // keep arrival order if time went back
+			exp = max(exp, l.at(int(l.n)-1).exp) // keep arrival order if time went back
 		}
 		l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
 	}
 	d.Remaining = max(r.Limit-l.sum, 0) // sum > Limit only after the rule shrank
 	if l.n > 0 {
-		d.ResetAfter = time.Duration(l.at(l.n-1).exp - now)
+		d.ResetAfter = time.Duration(l.at(int(l.n)-1).exp - now)
 	}
 	return d
 }

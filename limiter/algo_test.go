@@ -42,7 +42,10 @@ func (s *stepper) step(now, cost int64) Decision {
 // clone copies the stepper so a probe does not disturb the original.
 func (s *stepper) clone() *stepper {
 	c := *s
-	c.log.ents = append([]logEntry(nil), s.log.ents...)
+	c.log.exps = append([]int64(nil), s.log.exps...)
+	if s.log.costs != nil {
+		c.log.costs = append([]uint16(nil), s.log.costs...)
+	}
 	return &c
 }
 
@@ -411,8 +414,8 @@ func TestLogMemoryBounded(t *testing.T) {
 	var l Log
 	for i := range int64(10_000) {
 		l.Step(r, i*int64(time.Millisecond), 1)
-		if l.Len() > 50 || len(l.ents) > 50 {
-			t.Fatalf("after %d checks the log holds %d entries in %d slots, limit 50", i+1, l.Len(), len(l.ents))
+		if l.Len() > 50 || len(l.exps) > 50 {
+			t.Fatalf("after %d checks the log holds %d entries in %d slots, limit 50", i+1, l.Len(), len(l.exps))
 		}
 	}
 }

@@ -126,7 +126,7 @@ func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	for _, e := range logs {
 		dst = appendHead(dst, e.h, kindLog)
 		dst = binary.AppendUvarint(dst, uint64(e.l.n))
-		for i := 0; i < e.l.n; i++ {
+		for i := range int(e.l.n) {
 			le := e.l.at(i)
 			dst = binary.AppendUvarint(dst, delta(le.exp, now))
 			dst = binary.AppendUvarint(dst, uint64(le.cost))
@@ -427,5 +427,18 @@ func (d *decoder) log(now int64) (*Log, error) {
 // logFrom builds a Log holding ents, oldest first, whose costs add up to
 // sum.
 func logFrom(ents []logEntry, sum int64) *Log {
-	return &Log{ents: ents, n: len(ents), sum: sum}
+	l := &Log{exps: make([]int64, len(ents)), n: int32(len(ents)), sum: sum}
+	for i, e := range ents {
+		l.exps[i] = e.exp
+		if e.cost != 1 && l.costs == nil {
+			l.costs = make([]uint16, len(ents))
+			for j := range l.costs {
+				l.costs[j] = 1
+			}
+		}
+		if l.costs != nil {
+			l.costs[i] = uint16(e.cost) // the decoder bounds the sum by MaxLogLimit
+		}
+	}
+	return l
 }

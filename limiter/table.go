@@ -174,7 +174,7 @@ func (p *partition) checkLog(h uint64, r *Rule, now, cost int64) Decision {
 		if ok {
 			delete(p.logs, h)
 		}
-		p.spare = l // empty again: ents is nil or at most 8 slots
+		p.spare = l // empty again: exps is nil or at most 8 slots
 	case !ok:
 		if p.logs == nil {
 			p.logs = make(map[uint64]*Log)
