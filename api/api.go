@@ -8,6 +8,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -129,6 +130,24 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message)
 	}
 	return e.Code + ": " + e.Message
+}
+
+// HeaderForwarded marks an admin request that a node forwarded to the
+// node it believes leads. The receiver must not forward it again: two
+// nodes that disagree about the leader would otherwise bounce it.
+const HeaderForwarded = "X-Ringlimit-Forwarded"
+
+type forwardedKey struct{}
+
+// WithForwarded returns ctx marked as carrying a forwarded request.
+func WithForwarded(ctx context.Context) context.Context {
+	return context.WithValue(ctx, forwardedKey{}, true)
+}
+
+// Forwarded reports whether ctx carries a request forwarded by another node.
+func Forwarded(ctx context.Context) bool {
+	v, _ := ctx.Value(forwardedKey{}).(bool)
+	return v
 }
 
 // Sentinel errors that lower layers wrap so the HTTP layer can map them.

@@ -44,6 +44,7 @@ type Client struct {
 	base       string // "http://host:port", no trailing slash
 	hc         *http.Client
 	adminToken string
+	forwarded  bool // mark admin requests with api.HeaderForwarded
 }
 
 // Option configures a Client in New.
@@ -63,6 +64,13 @@ func WithHTTPClient(hc *http.Client) Option {
 // (PutRules, Join, Leave).
 func WithAdminToken(token string) Option {
 	return func(c *Client) { c.adminToken = token }
+}
+
+// AsForwarder marks the Client's admin requests as forwarded by a node to
+// its leader (api.HeaderForwarded), so the receiver does not forward them
+// again. Nodes use it; people and tools do not.
+func AsForwarder() Option {
+	return func(c *Client) { c.forwarded = true }
 }
 
 // New returns a Client for the node at addr, given as host:port or as a
@@ -224,6 +232,9 @@ func (c *Client) send(ctx context.Context, method, path string, admin bool, body
 	req.Header.Set("Accept", "application/json")
 	if admin && c.adminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+	}
+	if admin && c.forwarded {
+		req.Header.Set(api.HeaderForwarded, "1")
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -343,3 +343,25 @@ func TestWithHTTPClient(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A forwarding node marks its admin requests; ordinary clients and
+// non-admin requests carry no mark.
+func TestAsForwarderMarksAdminRequests(t *testing.T) {
+	seen := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.URL.Path + "=" + r.Header.Get(api.HeaderForwarded)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok","leader":"","epoch":0,"partitions":0,"members":[]}`)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	fwd, plain := New(srv.URL, AsForwarder()), New(srv.URL)
+	_ = fwd.Leave(ctx, "n2")
+	_, _ = fwd.Cluster(ctx)
+	_ = plain.Leave(ctx, "n2")
+	for _, want := range []string{"/v1/cluster/leave=1", "/v1/cluster=", "/v1/cluster/leave="} {
+		if got := <-seen; got != want {
+			t.Errorf("request %s, want %s", got, want)
+		}
+	}
+}

@@ -63,6 +63,15 @@ func (n *Node) leaderHTTP() (string, error) {
 	return addr, nil
 }
 
+// forwardTo returns the leader to forward a write to, refusing when the
+// write was itself forwarded here by a node that took us for the leader.
+func (n *Node) forwardTo(ctx context.Context) (string, error) {
+	if api.Forwarded(ctx) {
+		return "", fmt.Errorf("%w: forwarded here, but this node is not the leader either", api.ErrUnavailable)
+	}
+	return n.leaderHTTP()
+}
+
 // leaderLoop initialises the cluster the first time this node leads it.
 func (n *Node) leaderLoop() {
 	for {
@@ -165,7 +174,7 @@ func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
 		return fmt.Errorf("%w: id, http, raft and peer are required", api.ErrBadRequest)
 	}
 	if !n.isLeader() {
-		addr, err := n.leaderHTTP()
+		addr, err := n.forwardTo(ctx)
 		if err != nil {
 			return err
 		}
@@ -231,7 +240,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: id is required", api.ErrBadRequest)
 	}
 	if !n.isLeader() {
-		addr, err := n.leaderHTTP()
+		addr, err := n.forwardTo(ctx)
 		if err != nil {
 			return err
 		}
@@ -269,7 +278,7 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 		return fmt.Errorf("%w: want a member id and the state down or active", api.ErrBadRequest)
 	}
 	if !n.isLeader() {
-		addr, err := n.leaderHTTP()
+		addr, err := n.forwardTo(ctx)
 		if err != nil {
 			return err
 		}
@@ -325,7 +334,7 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 		written[i].Burst = written[i].Capacity()
 	}
 	if !n.isLeader() {
-		addr, err := n.leaderHTTP()
+		addr, err := n.forwardTo(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -66,6 +66,7 @@ type Server struct {
 	Node     *node.Node
 	Router   *router.Router
 	pool     *transport.Pool
+	fwd      forwarder
 	peer     *transport.Server
 	http     *http.Server
 
@@ -91,6 +92,8 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	s.pool = transport.NewPool(transport.DefaultClientConfig())
+	fwd := newForwarder(cfg.AdminToken)
+	s.fwd = fwd
 	rcfg := cfg.Router
 	rcfg.Registerer, rcfg.Logger = s.Registry, cfg.Logger
 	var removeOnce sync.Once
@@ -105,7 +108,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	n, err := node.Open(node.Config{
 		ID: cfg.ID, HTTPAddr: cfg.HTTPAdvertise, RaftAdvertise: cfg.RaftAdvertise, PeerAddr: cfg.PeerAdvertise,
 		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
-		Forward: forwarder{token: cfg.AdminToken}, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
+		Forward: fwd, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
 		Registerer: s.Registry,
 		OnView: func(v *node.View) {
 			rt.SetView(&router.View{Ring: v.Ring, Self: v.Self, Seed: v.Seed, Rules: v.Rules})
@@ -187,6 +190,7 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 	if e := s.pool.Close(); err == nil {
 		err = e
 	}
+	s.fwd.hc.CloseIdleConnections()
 	s.wg.Wait()
 	return err
 }
@@ -194,11 +198,19 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 // markDownTimeout bounds the attempt to mark a stopping member down.
 const markDownTimeout = 2 * time.Second
 
-// forwarder carries writes to the leader's HTTP API.
-type forwarder struct{ token string }
+// forwarder carries writes to the leader's HTTP API, over one HTTP
+// client (one connection pool) for the member's lifetime.
+type forwarder struct {
+	token string
+	hc    *http.Client
+}
+
+func newForwarder(token string) forwarder {
+	return forwarder{token: token, hc: &http.Client{Transport: client.NewTransport(4)}}
+}
 
 func (f forwarder) client(addr string) *client.Client {
-	return client.New(addr, client.WithAdminToken(f.token))
+	return client.New(addr, client.WithAdminToken(f.token), client.WithHTTPClient(f.hc), client.AsForwarder())
 }
 
 func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {

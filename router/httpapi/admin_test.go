@@ -444,3 +444,19 @@ func TestNewServer(t *testing.T) {
 		t.Errorf("server = %+v", s)
 	}
 }
+
+// A join forwarded by another node reaches the node side marked as such,
+// so it is not forwarded again.
+func TestForwardedHeaderMarksContext(t *testing.T) {
+	e := newEnv(t, "")
+	body := `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`
+	e.do("POST", "/v1/cluster/join", body)
+	req := httptest.NewRequest("POST", "/v1/cluster/join", strings.NewReader(body))
+	req.RemoteAddr = "127.0.0.1:1234"
+	req.Header.Set(api.HeaderForwarded, "1")
+	rec := httptest.NewRecorder()
+	e.h.ServeHTTP(rec, req)
+	if rec.Code != 200 || e.a.fwdJoins != 1 || len(e.a.joins) != 2 {
+		t.Fatalf("status %d, %d of %d joins marked forwarded; want 200 and 1 of 2", rec.Code, e.a.fwdJoins, len(e.a.joins))
+	}
+}

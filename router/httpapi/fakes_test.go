@@ -90,6 +90,7 @@ type fakeAdmin struct {
 	leaves   []string
 	leaveErr error
 	states   []string // id=state
+	fwdJoins int      // joins whose context was marked forwarded
 	ready    error
 	panicIn  string // "rules": Rules panics
 }
@@ -119,9 +120,12 @@ func (a *fakeAdmin) Cluster(context.Context) (api.Cluster, error) {
 	return a.cluster, nil
 }
 
-func (a *fakeAdmin) Join(_ context.Context, req api.JoinRequest) error {
+func (a *fakeAdmin) Join(ctx context.Context, req api.JoinRequest) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if api.Forwarded(ctx) {
+		a.fwdJoins++
+	}
 	a.joins = append(a.joins, req)
 	return a.joinErr
 }

@@ -192,6 +192,9 @@ func endpointOf(path string) int {
 
 // ServeHTTP routes, recovers panics and records the metrics.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(api.HeaderForwarded) != "" {
+		r = r.WithContext(api.WithForwarded(r.Context()))
+	}
 	ep := endpointOf(r.URL.Path)
 	start := h.now()
 	rec := recorderPool.Get().(*recorder)
