@@ -255,7 +255,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 		}
 		r.m.notOwner.Add(float64(len(s.retry)))
 		v = r.awaitEpoch(ctx, epoch)
-		s.pending, s.retry = append(s.pending[:0], s.retry...), s.pending[:0]
+		s.pending, s.retry = s.retry, s.pending[:0] // swap: the two never share an array
 	}
 	for i := range reqs {
 		r.m.count(reqs[i].Rule, out[i])
