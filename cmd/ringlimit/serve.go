@@ -40,8 +40,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
 	)
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return 2
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

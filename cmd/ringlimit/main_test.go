@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestRunDispatch(t *testing.T) {
+	noenv := func(string) string { return "" }
+	for _, tc := range []struct {
+		args []string
+		exit int
+		out  string // expected in stdout+stderr
+	}{
+		{nil, 2, "usage:"},
+		{[]string{"help"}, 0, "ringlimit serve"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"serve", "-h"}, 0, "-data-dir"},
+		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"serve", "stray"}, 2, `unexpected argument "stray"`},
+		{[]string{"serve", "--log-level", "loud"}, 2, "--log-level"},
+	} {
+		var stdout, stderr bytes.Buffer
+		exit := run(context.Background(), tc.args, noenv, &stdout, &stderr)
+		if all := stdout.String() + stderr.String(); exit != tc.exit || !strings.Contains(all, tc.out) {
+			t.Errorf("ringlimit %q: exit %d, output %q; want exit %d with %q", tc.args, exit, all, tc.exit, tc.out)
+		}
+	}
+}
+
+func TestAdvertise(t *testing.T) {
+	for _, tc := range []struct{ listen, host, want, err string }{
+		{"127.0.0.1:8080", "", "127.0.0.1:8080", ""},
+		{"0.0.0.0:8080", "10.0.0.5", "10.0.0.5:8080", ""},
+		{"0.0.0.0:8080", "", "", "--advertise-host"},
+		{"[::]:8080", "", "", "--advertise-host"},
+	} {
+		got, err := advertise(tc.listen, tc.host)
+		if got != tc.want || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("advertise(%q, %q) = %q, %v; want %q, %q", tc.listen, tc.host, got, err, tc.want, tc.err)
+		}
+	}
+}
