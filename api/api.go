@@ -82,6 +82,20 @@ type Cluster struct {
 	Members    []Member `json:"members"`
 }
 
+// View is what a router that is not a member needs to send checks to
+// their owners itself over the data plane: the ring at its epoch, the
+// rules, and the cluster's secret key-hash seed. GET /v1/cluster/view is
+// an admin endpoint for that reason.
+type View struct {
+	Epoch             uint64   `json:"epoch"`
+	Partitions        int      `json:"partitions"`
+	ReplicationFactor int      `json:"replication_factor"`
+	Load              float64  `json:"load"`
+	Seed              string   `json:"seed"`    // 16 hex digits: JSON numbers lose uint64 precision
+	Members           []Member `json:"members"` // the active members: they own the partitions
+	Rules             []Rule   `json:"rules"`   // as GET /v1/rules
+}
+
 // JoinRequest is the body of POST /v1/cluster/join.
 type JoinRequest struct {
 	ID   string `json:"id"`

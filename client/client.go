@@ -195,6 +195,14 @@ func (c *Client) Leave(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodPost, "/v1/cluster/leave", true, api.LeaveRequest{ID: id}, nil)
 }
 
+// RouterView returns what a router that is not a member needs to route
+// checks itself (GET /v1/cluster/view; admin, as it carries the seed).
+func (c *Client) RouterView(ctx context.Context) (api.View, error) {
+	var v api.View
+	err := c.do(ctx, http.MethodGet, "/v1/cluster/view", true, nil, &v)
+	return v, err
+}
+
 // SetState marks member id "down" (stopped gracefully) or "active".
 func (c *Client) SetState(ctx context.Context, id, state string) error {
 	return c.do(ctx, http.MethodPost, "/v1/cluster/state", true, api.StateRequest{ID: id, State: state}, nil)

@@ -365,6 +365,27 @@ func (n *Node) Cluster(context.Context) (api.Cluster, error) {
 	return out, nil
 }
 
+// RouterView returns what a router that is not a member needs: the ring
+// (active members with their addresses), the rules and the hash seed.
+func (n *Node) RouterView(context.Context) (api.View, error) {
+	v := n.view.Load()
+	if v == nil {
+		return api.View{}, fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+	}
+	cfg := v.State.Config
+	out := api.View{Epoch: v.Ring.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
+		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}}
+	counts := v.Ring.Counts()
+	for _, m := range v.State.Active() {
+		out.Members = append(out.Members, api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+	}
+	for _, r := range v.List {
+		rv := rules.ViewOf(r)
+		out.Rules = append(out.Rules, api.Rule{Name: rv.Name, Algorithm: rv.Algorithm, Limit: rv.Limit, Period: rv.Period, Burst: rv.Burst, FailureMode: rv.FailureMode})
+	}
+	return out, nil
+}
+
 // Ready returns nil when this member has a leader, a ring, and is active
 // in it; otherwise an error wrapping api.ErrUnavailable saying why.
 func (n *Node) Ready() error {

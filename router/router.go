@@ -239,8 +239,11 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 		s.pending = append(s.pending, i)
 	}
 	for attempt := 0; len(s.pending) > 0; attempt++ {
+		if err := expired(ctx); err != nil {
+			return err
+		}
 		epoch := r.dispatch(ctx, v, s, out)
-		if err := ctx.Err(); err != nil {
+		if err := expired(ctx); err != nil {
 			return err
 		}
 		if len(s.retry) == 0 {
@@ -335,6 +338,20 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		}
 	}
 	return maxEpoch
+}
+
+// expired returns ctx's error, or context.DeadlineExceeded once its
+// deadline has passed even if its timer has not fired yet: a batch that
+// failed because the caller's own deadline passed is the caller's timeout,
+// not an unreachable owner to answer by failure mode.
+func expired(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // settle turns an owner's answer into the caller's result.

@@ -257,3 +257,31 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		t.Fatalf("invalid batches reached the owner (%d calls, %d states): nothing may be spent", o.calls.Load(), o.table.Len())
 	}
 }
+
+// lateCtx has a deadline that has passed but whose timer has not fired:
+// Err is still nil, as for a moment after any real deadline.
+type lateCtx struct{ context.Context }
+
+func (lateCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A check whose own deadline has passed is the caller's timeout: it is
+// not sent, and not answered by the failure mode as if the owner were down.
+func TestRouterPastDeadlineIsTheCallersTimeout(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a")
+	net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules)}}
+	rt, err := New(Config{}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(&View{Ring: r1, Seed: 7, Rules: rules})
+	out := make([]Result, 1)
+	err = rt.Check(lateCtx{context.Background()}, []Request{{Rule: "closed", Key: "x", Cost: 1}}, out)
+	if !errors.Is(err, context.DeadlineExceeded) || out[0].Degraded {
+		t.Fatalf("Check past its deadline: %v, %+v; want DeadlineExceeded and no degraded answer", err, out[0])
+	}
+	if calls := net.owners["a:1"].calls.Load(); calls != 0 {
+		t.Fatalf("the owner was called %d times", calls)
+	}
+}

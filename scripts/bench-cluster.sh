@@ -41,23 +41,24 @@ rules:
 YAML
 }
 
-run() { # label addrs concurrency batch
+run() { # label addrs concurrency batch [protocol]
   local out
-  out=$("$bin" bench --addr "$2" --rule bench --keys 100000 --dist uniform --concurrency "$3" --batch "$4" --duration "$dur" --json)
+  out=$("$bin" bench --addr "$2" --rule bench --keys 100000 --dist uniform --concurrency "$3" --batch "$4" --duration "$dur" --protocol "${5:-http}" --json)
   python3 - "$1" "$3" "$4" "$out" <<'PY'
 import json, sys
 label, conc, batch, raw = sys.argv[1:5]
 r = json.loads(raw)
 l = r["latency_ms"]
-print(f"| {label} | {conc} | {batch} | {r['checks_per_second']:,.0f} | {l['p50']:.2f} | {l['p99']:.2f} | {r['allowed_ratio']*100:.1f}% | {r['errors']} |")
+print(f"| {label} | {conc} | {batch} | {r['checks_per_second']:,.0f} | {l['p50']:.2f} | {l['p99']:.2f} | {r['allowed_ratio']*100:.1f}% | {r['degraded']} | {r['errors']} |")
 PY
 }
 
-echo "| cluster / target | concurrency | batch | checks/s | p50 ms | p99 ms | allowed | errors |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| cluster / target | concurrency | batch | checks/s | p50 ms | p99 ms | allowed | degraded | errors |"
+echo "|---|---|---|---|---|---|---|---|---|"
 start a1 7080 7081 7082
 put_rules 7080
 for c in 16 64; do for b in 1 100; do run "1 node" 127.0.0.1:7080 $c $b; done; done
+for b in 1 100 1000; do run "1 node, data plane (stateless router)" 127.0.0.1:7080 16 $b peer; done
 kill "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true; pids=()
 
 start b1 7180 7181 7182
@@ -73,3 +74,4 @@ for c in 16 64; do for b in 1 100; do
   run "3 nodes, all targeted" 127.0.0.1:7180,127.0.0.1:7190,127.0.0.1:7200 $c $b
   run "3 nodes, one targeted (2/3 forwarded)" 127.0.0.1:7180 $c $b
 done; done
+for b in 1 100 1000; do run "3 nodes, data plane (stateless router)" 127.0.0.1:7180 16 $b peer; done

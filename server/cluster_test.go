@@ -14,6 +14,7 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // These tests run real members in one process: real Raft over loopback
@@ -360,5 +361,54 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 	}
 	if n := len(v.Ring.PartitionsOf(nonVoter)); n == 0 {
 		t.Fatalf("the non-voter %s owns no partitions", nonVoter)
+	}
+}
+
+// A router that is not a member, built from GET /v1/cluster/view, routes
+// each check straight to its owner over the data plane: same ring as the
+// members, and the limit still holds across it and the members.
+func TestStatelessRouterFromView(t *testing.T) {
+	ss := startCluster(t, 2)
+	putRules(t, ss, limiter.Rule{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour})
+	av, err := ss[1].Node.RouterView(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := router.ViewFromAPI(av)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := ss[0].Node.View().Ring
+	if rv.Ring.Epoch() != mine.Epoch() || len(ring.Diff(mine, rv.Ring)) != 0 || rv.Seed != ss[0].Node.View().Seed {
+		t.Fatalf("router view differs from the members': epoch %d vs %d, %d partitions placed differently",
+			rv.Ring.Epoch(), mine.Epoch(), len(ring.Diff(mine, rv.Ring)))
+	}
+	pool := transport.NewPool(transport.DefaultClientConfig())
+	defer pool.Close()
+	rt, err := router.New(router.Config{Timeout: 5 * time.Second}, nil, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(rv)
+	allowed := 0
+	for i := range 30 {
+		out := make([]router.Result, 1)
+		target := rt
+		if i%3 != 0 {
+			target = ss[i%2].Router
+		}
+		if err := target.Check(context.Background(), []router.Request{{Rule: "five", Key: "shared", Cost: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Degraded {
+			t.Fatalf("check %d degraded", i)
+		}
+		if out[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("a stateless router and two members admitted %d, want exactly 5", allowed)
 	}
 }

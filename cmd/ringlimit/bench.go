@@ -19,6 +19,8 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // Bounds of the bench flags.
@@ -47,6 +49,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many HTTP requests (0 = no cap)")
 	fs.Int64Var(&cfg.Cost, "cost", 1, "cost of each check")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from the first --addr)")
+	adminToken := fs.String("admin-token", "", "bearer token for GET /v1/cluster/view (--protocol peer)")
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}
@@ -80,6 +84,19 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	for i, a := range targets {
 		c := client.New(baseURL(a), client.WithHTTPClient(hc))
 		funcs[i], urls[i] = httpChecks(c), c.Addr()
+	}
+	switch *protocol {
+	case "http":
+	case "peer":
+		rt, pool, err := peerRouter(ctx, client.New(baseURL(targets[0]), client.WithHTTPClient(hc), client.WithAdminToken(*adminToken)))
+		if err != nil {
+			return fail(stderr, "bench", err)
+		}
+		defer pool.Close()
+		defer rt.Close()
+		funcs, urls = []checkFunc{peerChecks(rt)}, []string{"peer:" + urls[0]}
+	default:
+		return fail(stderr, "bench", fmt.Errorf("--protocol %q: want http or peer", *protocol))
 	}
 
 	fmt.Fprintf(stderr, "ringlimit bench: %d workers, %d target(s), up to %v…\n", cfg.Concurrency, len(targets), cfg.Duration)
@@ -124,6 +141,49 @@ func httpChecks(c *client.Client) checkFunc {
 			return nil, err
 		}
 		return []api.Decision{d}, nil
+	}
+}
+
+// peerRouter builds a stateless router from a member's view of the cluster.
+func peerRouter(ctx context.Context, c *client.Client) (*router.Router, *transport.Pool, error) {
+	av, err := c.RouterView(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the cluster view: %w", err)
+	}
+	v, err := router.ViewFromAPI(av)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := transport.NewPool(transport.DefaultClientConfig())
+	rt, err := router.New(router.Config{}, nil, pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	rt.SetView(v)
+	return rt, pool, nil
+}
+
+// peerChecks is the checkFunc of a stateless router: each call's checks go
+// to their owners over the data plane, batched with other workers' checks.
+func peerChecks(rt *router.Router) checkFunc {
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		reqs := make([]router.Request, len(checks))
+		for i, c := range checks {
+			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: 1}
+			if c.Cost != nil {
+				reqs[i].Cost = *c.Cost
+			}
+		}
+		out := make([]router.Result, len(reqs))
+		if err := rt.Check(ctx, reqs, out); err != nil {
+			return nil, err
+		}
+		ds := make([]api.Decision, len(out))
+		for i, r := range out {
+			ds[i] = api.Decision{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, Degraded: r.Degraded}
+		}
+		return ds, nil
 	}
 }
 
@@ -258,8 +318,10 @@ func (w *loadWorker) run(ctx context.Context, cfg loadConfig, targets []checkFun
 			err = fmt.Errorf("%d decisions for %d checks", len(ds), len(checks))
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return // cut off by the end of the run: not the target's fault
+			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+				// Cut off by the end of the run (the only deadline a
+				// worker's requests have): not the target's fault.
+				return
 			}
 			w.errors++
 			w.noteError(err)

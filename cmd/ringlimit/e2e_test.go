@@ -426,6 +426,18 @@ func TestServeThreeProcesses(t *testing.T) {
 		t.Fatalf("bench report %+v: want checks, no errors, allowed ≤ 20 keys × 50", rep)
 	}
 
+	// The same through the binary data plane, bench acting as a stateless
+	// router: it reads the cluster view and hashes keys itself.
+	out, err = exec.Command(binary(t), "bench", "--addr", n2.http, "--protocol", "peer", "--rule", "login",
+		"--keys", "20", "--concurrency", "4", "--batch", "10", "--duration", "1s", "--json").Output()
+	rep.Checks, rep.Allowed = 0, 0
+	if err != nil || json.Unmarshal(out, &rep) != nil {
+		t.Fatalf("bench --protocol peer: %v\n%s", err, out)
+	}
+	if rep.Checks == 0 || rep.Errors != 0 || rep.Allowed > 20*50 {
+		t.Fatalf("bench --protocol peer report %+v: want checks, no errors, allowed ≤ 20 keys × 50", rep)
+	}
+
 	// ringlimit leave removes n3 for good; its process exits.
 	out, err = exec.Command(binary(t), "leave", "--addr", n1.http, "--id", "n3").CombinedOutput()
 	if err != nil {

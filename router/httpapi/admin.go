@@ -151,6 +151,15 @@ func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusBody{"ok"})
 }
 
+func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
+	v, err := h.admin.RouterView(r.Context())
+	if err != nil {
+		writeError(w, h.errorOf(r, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
 func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
 	var req api.StateRequest
 	if e := decodeStrict(limitBody(w, r), &req); e != nil {

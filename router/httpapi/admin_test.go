@@ -21,6 +21,7 @@ var adminCalls = []struct{ method, path, body string }{
 	{"POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`},
 	{"POST", "/v1/cluster/leave", `{"id":"n2"}`},
 	{"POST", "/v1/cluster/state", `{"id":"n2","state":"down"}`},
+	{"GET", "/v1/cluster/view", ""},
 }
 
 func TestAdminAuth(t *testing.T) {

@@ -144,6 +144,12 @@ func (a *fakeAdmin) SetState(_ context.Context, id, state string) error {
 	return nil
 }
 
+func (a *fakeAdmin) RouterView(context.Context) (api.View, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return api.View{Epoch: a.cluster.Epoch, Partitions: a.cluster.Partitions, Seed: "00000000000000ff", Members: a.cluster.Members}, nil
+}
+
 func (a *fakeAdmin) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

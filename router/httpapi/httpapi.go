@@ -66,6 +66,9 @@ type Admin interface {
 	// owning nothing) or "active" again. api.ErrNotFound answers 404,
 	// api.ErrBadRequest 400.
 	SetState(ctx context.Context, id, state string) error
+	// RouterView returns what a router that is not a member needs
+	// (GET /v1/cluster/view, admin: it carries the hash seed).
+	RouterView(ctx context.Context) (api.View, error)
 	// Ready returns nil when the node is ready, else an error wrapping
 	// api.ErrUnavailable whose text is the reason.
 	Ready() error
@@ -132,6 +135,7 @@ const (
 	epJoin
 	epLeave
 	epState
+	epView
 	epHealthz
 	epReadyz
 	epMetrics
@@ -146,6 +150,7 @@ var endpointNames = [numEndpoints]string{
 	epJoin:    "/v1/cluster/join",
 	epLeave:   "/v1/cluster/leave",
 	epState:   "/v1/cluster/state",
+	epView:    "/v1/cluster/view",
 	epHealthz: "/healthz",
 	epReadyz:  "/readyz",
 	epMetrics: "/metrics",
@@ -161,6 +166,7 @@ var endpointAllow = [numEndpoints]string{
 	epJoin:    "POST",
 	epLeave:   "POST",
 	epState:   "POST",
+	epView:    "GET, HEAD",
 	epHealthz: "GET, HEAD",
 	epReadyz:  "GET, HEAD",
 	epMetrics: "GET, HEAD",
@@ -180,6 +186,8 @@ func endpointOf(path string) int {
 		return epLeave
 	case "/v1/cluster/state":
 		return epState
+	case "/v1/cluster/view":
+		return epView
 	case "/healthz":
 		return epHealthz
 	case "/readyz":
@@ -247,6 +255,10 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 	case ep == epState && r.Method == http.MethodPost:
 		if h.authorize(w, r) {
 			h.serveState(w, r)
+		}
+	case ep == epView && get:
+		if h.authorize(w, r) {
+			h.serveView(w, r)
 		}
 	case ep == epHealthz && get:
 		writeJSON(w, http.StatusOK, statusBody{"ok"})

@@ -1,0 +1,44 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// ViewFromAPI builds the view of a router that is not a member from what
+// GET /v1/cluster/view returns. The ring is rebuilt from the members and
+// the ring config, exactly as every member builds it.
+func ViewFromAPI(v api.View) (*View, error) {
+	seed, err := strconv.ParseUint(v.Seed, 16, 64)
+	if err != nil {
+		return nil, fmt.Errorf("router: view seed %q: %w", v.Seed, err)
+	}
+	members := make([]ring.Member, 0, len(v.Members))
+	for _, m := range v.Members {
+		members = append(members, ring.Member{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
+	}
+	r, err := ring.New(ring.Config{Partitions: v.Partitions, ReplicationFactor: v.ReplicationFactor, Load: v.Load}, v.Epoch, members)
+	if err != nil {
+		return nil, fmt.Errorf("router: view ring: %w", err)
+	}
+	doc, err := json.Marshal(api.Rules{Rules: v.Rules})
+	if err != nil {
+		return nil, err
+	}
+	written, err := rules.Parse(doc)
+	if err != nil {
+		return nil, fmt.Errorf("router: view rules: %w", err)
+	}
+	list := rules.Effective(written)
+	byName := make(map[string]*limiter.Rule, len(list))
+	for i := range list {
+		byName[list[i].Name] = &list[i]
+	}
+	return &View{Ring: r, Seed: seed, Rules: byName}, nil
+}
