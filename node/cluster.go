@@ -103,10 +103,13 @@ func (n *Node) self() api.JoinRequest {
 
 // registered reports whether the cluster lists this member as active
 // with its current addresses.
-func (n *Node) registered() bool {
-	st := n.fsm.State()
-	m, ok := st.Member(n.cfg.ID)
-	return ok && m.State == fsm.Active && m.HTTP == n.cfg.HTTPAddr && m.Raft == n.cfg.RaftAdvertise && m.Peer == n.cfg.PeerAddr
+func (n *Node) registered() bool { return listedActive(n.fsm.State(), n.self()) }
+
+// listedActive reports whether st lists req's member as active with
+// req's addresses.
+func listedActive(st *fsm.State, req api.JoinRequest) bool {
+	m, ok := st.Member(req.ID)
+	return ok && m.State == fsm.Active && m.HTTP == req.HTTP && m.Raft == req.Raft && m.Peer == req.Peer
 }
 
 // registerLoop makes sure the cluster lists this member, active, with its
@@ -220,7 +223,7 @@ func (n *Node) join(req api.JoinRequest) error {
 			return fmt.Errorf("%w: adding %s to raft: %w", api.ErrUnavailable, req.ID, err)
 		}
 	}
-	if m, ok := n.fsm.State().Member(req.ID); ok && m.State == fsm.Active && m.HTTP == req.HTTP && m.Raft == req.Raft && m.Peer == req.Peer {
+	if listedActive(n.fsm.State(), req) {
 		return nil
 	}
 	cmd, err := fsm.AddMember(fsm.Member{ID: req.ID, HTTP: req.HTTP, Raft: req.Raft, Peer: req.Peer, State: fsm.Active, Voter: suffrage == raft.Voter})
@@ -303,11 +306,11 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 // It gives up when ctx ends (no leader, no quorum).
 func (n *Node) MarkDown(ctx context.Context) error {
 	n.stopping.Store(true)
-	if _, ok := n.fsm.State().Member(n.cfg.ID); !ok {
+	st := n.fsm.State()
+	if _, ok := st.Member(n.cfg.ID); !ok {
 		return nil
 	}
-	st := n.fsm.State()
-	if len(st.Active()) == 1 && st.Active()[0].ID == n.cfg.ID {
+	if active := st.Active(); len(active) == 1 && active[0].ID == n.cfg.ID {
 		return nil // the last active member: nobody to take its partitions
 	}
 	return n.SetState(ctx, n.cfg.ID, string(fsm.Down))
@@ -360,9 +363,14 @@ func (n *Node) Cluster(context.Context) (api.Cluster, error) {
 	counts := v.Ring.Counts()
 	out := api.Cluster{Leader: leaderID, Epoch: v.Ring.Epoch(), Partitions: v.State.Config.Partitions, Members: []api.Member{}}
 	for _, m := range v.State.Members {
-		out.Members = append(out.Members, api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+		out.Members = append(out.Members, apiMember(m, counts))
 	}
 	return out, nil
+}
+
+// apiMember is a member as the HTTP API shows it.
+func apiMember(m fsm.Member, partitions map[string]int) api.Member {
+	return api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: partitions[m.ID]}
 }
 
 // RouterView returns what a router that is not a member needs: the ring
@@ -377,11 +385,10 @@ func (n *Node) RouterView(context.Context) (api.View, error) {
 		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}}
 	counts := v.Ring.Counts()
 	for _, m := range v.State.Active() {
-		out.Members = append(out.Members, api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+		out.Members = append(out.Members, apiMember(m, counts))
 	}
 	for _, r := range v.List {
-		rv := rules.ViewOf(r)
-		out.Rules = append(out.Rules, api.Rule{Name: rv.Name, Algorithm: rv.Algorithm, Limit: rv.Limit, Period: rv.Period, Burst: rv.Burst, FailureMode: rv.FailureMode})
+		out.Rules = append(out.Rules, api.Rule(rules.ViewOf(r)))
 	}
 	return out, nil
 }
