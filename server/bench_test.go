@@ -25,11 +25,14 @@ func BenchmarkRouterCheck(b *testing.B) {
 	if _, err := ss[0].Node.PutRules(context.Background(), []limiter.Rule{rule}); err != nil {
 		b.Fatal(err)
 	}
-	for _, s := range ss {
-		for s.Router.View().Rules["bench"] == nil {
-			time.Sleep(time.Millisecond)
+	eventually(b, "the bench rule everywhere", func() bool {
+		for _, s := range ss {
+			if s.Router.View().Rules["bench"] == nil {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	v := ss[0].Router.View()
 	keysOwnedBy := func(id string) []string {
 		var keys []string
@@ -100,27 +103,9 @@ func benchCluster(b *testing.B) []*Server {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = s.Shutdown(ctx)
-		})
+		shutdownAtCleanup(b, s)
 		ss = append(ss, s)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok := true
-		for _, s := range ss {
-			if v := s.Node.View(); v == nil || s.Node.Ready() != nil || len(v.Ring.Members()) != 2 {
-				ok = false
-			}
-		}
-		if ok {
-			return ss
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("cluster did not settle")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitSettled(b, ss, 2)
+	return ss
 }

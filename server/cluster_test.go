@@ -46,16 +46,20 @@ func startMember(t *testing.T, id, dir, join string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	shutdownAtCleanup(t, s)
+	return s
+}
+
+func shutdownAtCleanup(t testing.TB, s *Server) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = s.Shutdown(ctx)
 	})
-	return s
 }
 
 // eventually polls cond until it holds or 20s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
@@ -82,7 +86,7 @@ func startCluster(t *testing.T, n int) []*Server {
 	return ss
 }
 
-func waitSettled(t *testing.T, ss []*Server, n int) {
+func waitSettled(t testing.TB, ss []*Server, n int) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("%d members settled", n), func() bool {
 		var epoch uint64
