@@ -125,7 +125,7 @@ func (n *Node) registerLoop() {
 		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
 		}
-		if !n.registered() {
+		if n.caughtUp() && (n.needsRecovery() || !n.registered()) {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()
@@ -136,7 +136,7 @@ func (n *Node) registerLoop() {
 			}
 		}
 		wait := time.Second
-		if !n.registered() {
+		if n.needsRecovery() || !n.registered() {
 			wait = backoff
 			backoff = min(2*backoff, 2*time.Second)
 		}
@@ -152,7 +152,34 @@ func (n *Node) registerLoop() {
 	}
 }
 
+// needsRecovery reports whether this member restarted over its data dir
+// while the cluster still lists it active: it crashed (or stopped without
+// marking itself down) and its bucket state is gone from memory. Its
+// partitions' backups hold that state, so before it serves again it has
+// itself marked down (the ring moves its partitions to the backups, which
+// promote their copies) and then active (they hand the partitions back).
+func (n *Node) needsRecovery() bool {
+	if !n.raft.hasState || n.recovered.Load() {
+		return false
+	}
+	st := n.fsm.State()
+	m, ok := st.Member(n.cfg.ID)
+	if !ok || m.State != fsm.Active || len(st.Active()) < 2 {
+		n.recovered.Store(true)
+		return false
+	}
+	return true
+}
+
 func (n *Node) register(ctx context.Context) error {
+	if n.needsRecovery() {
+		if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
+			return err
+		}
+		n.log.Info("restarted while listed active: marked down first, so the backups serve what was lost")
+		n.recovered.Store(true)
+		return nil
+	}
 	req := n.self()
 	if n.isLeader() {
 		if !n.fsm.State().Initialized {
@@ -163,11 +190,25 @@ func (n *Node) register(ctx context.Context) error {
 	if addr, err := n.leaderHTTP(); err == nil {
 		return n.cfg.Forward.Join(ctx, addr, req)
 	}
-	if n.cfg.Join != "" && !n.raft.hasState {
-		// Not in the cluster yet: ask the member we were told about.
-		return n.cfg.Forward.Join(ctx, n.cfg.Join, req)
+	// No leader in sight: we are new, or back at other addresses the
+	// leader does not know yet. Ask the member we were told about, then
+	// every member we know of; any of them forwards to the leader.
+	var tried []string
+	if n.cfg.Join != "" {
+		tried = append(tried, n.cfg.Join)
 	}
-	return fmt.Errorf("%w: no leader", api.ErrUnavailable)
+	for _, m := range n.fsm.State().Members {
+		if m.ID != n.cfg.ID && m.HTTP != "" {
+			tried = append(tried, m.HTTP)
+		}
+	}
+	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
+	for _, addr := range tried {
+		if err = n.cfg.Forward.Join(ctx, addr, req); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // Join adds (or re-activates, or re-addresses) a member. On a non-leader
@@ -313,12 +354,25 @@ func (n *Node) MarkDown(ctx context.Context) error {
 	if active := st.Active(); len(active) == 1 && active[0].ID == n.cfg.ID {
 		return nil // the last active member: nobody to take its partitions
 	}
-	return n.SetState(ctx, n.cfg.ID, string(fsm.Down))
+	if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
+		return err
+	}
+	// Wait until this member's own ring shows it owning nothing, so that
+	// the hand-offs it implies have started (WaitHandoffs).
+	for {
+		v := n.cell.Load()
+		if v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 {
+			return nil
+		}
+		if v = n.cell.Await(ctx, v.Epoch()+1, 0, time.Second); ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // Rules returns the rules in force, default first.
 func (n *Node) Rules() []limiter.Rule {
-	if v := n.view.Load(); v != nil {
+	if v := n.View(); v != nil {
 		return v.List
 	}
 	return rules.Effective(nil)
@@ -356,13 +410,14 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 // Cluster describes the cluster as this node sees it.
 func (n *Node) Cluster(context.Context) (api.Cluster, error) {
 	leaderID, _ := n.leader()
-	v := n.view.Load()
-	if v == nil {
+	snap := n.snap.Load()
+	if snap == nil {
 		return api.Cluster{Leader: leaderID, Members: []api.Member{}}, nil
 	}
+	v := snap.v
 	counts := v.Ring.Counts()
-	out := api.Cluster{Leader: leaderID, Epoch: v.Ring.Epoch(), Partitions: v.State.Config.Partitions, Members: []api.Member{}}
-	for _, m := range v.State.Members {
+	out := api.Cluster{Leader: leaderID, Epoch: v.Ring.Epoch(), Partitions: snap.st.Config.Partitions, Members: []api.Member{}}
+	for _, m := range snap.st.Members {
 		out.Members = append(out.Members, apiMember(m, counts))
 	}
 	return out, nil
@@ -376,15 +431,16 @@ func apiMember(m fsm.Member, partitions map[string]int) api.Member {
 // RouterView returns what a router that is not a member needs: the ring
 // (active members with their addresses), the rules and the hash seed.
 func (n *Node) RouterView(context.Context) (api.View, error) {
-	v := n.view.Load()
-	if v == nil {
+	snap := n.snap.Load()
+	if snap == nil {
 		return api.View{}, fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
 	}
-	cfg := v.State.Config
+	v := snap.v
+	cfg := snap.st.Config
 	out := api.View{Epoch: v.Ring.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
 		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}}
 	counts := v.Ring.Counts()
-	for _, m := range v.State.Active() {
+	for _, m := range snap.st.Active() {
 		out.Members = append(out.Members, apiMember(m, counts))
 	}
 	for _, r := range v.List {
@@ -403,12 +459,31 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
 	case !n.caughtUp():
 		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.raft.raft.AppliedIndex(), n.startIndex)
-	case n.view.Load() == nil:
+	case n.snap.Load() == nil:
 		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+	case n.Owner().Awaiting() > 0:
+		return fmt.Errorf("%w: waiting for %d partitions to be handed over", api.ErrUnavailable, n.Owner().Awaiting())
 	case !n.registered():
 		return fmt.Errorf("%w: not an active member yet", api.ErrUnavailable)
 	}
 	return nil
+}
+
+// nodeMetrics are the member's counters, created even when unregistered.
+type nodeMetrics struct {
+	handoffParts prometheus.Counter
+	backupErrors prometheus.Counter
+	backupLag    prometheus.Gauge
+	markedDead   prometheus.Counter
+}
+
+func newNodeMetrics() *nodeMetrics {
+	return &nodeMetrics{
+		handoffParts: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_handoff_partitions_total", Help: "Partitions this member handed to their new owners."}),
+		backupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_backup_errors_total", Help: "Backup pushes that failed (retried at the next round)."}),
+		backupLag:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_backup_lag_seconds", Help: "Replication lag of the last backup round: the interval plus the time to push."}),
+		markedDead:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_members_marked_dead_total", Help: "Members this node marked dead while leading."}),
+	}
 }
 
 func (n *Node) registerMetrics() error {
@@ -419,8 +494,8 @@ func (n *Node) registerMetrics() error {
 	cs := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_active_keys", Help: "Bucket states held by this node (idle keys are dropped)."},
 			func() float64 {
-				if t := n.table.Load(); t != nil {
-					return float64(t.Len())
+				if o := n.owner.Load(); o != nil {
+					return float64(o.Table().Len())
 				}
 				return 0
 			}),
@@ -428,19 +503,36 @@ func (n *Node) registerMetrics() error {
 			func() float64 { return float64(n.raft.raft.State()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_ring_epoch", Help: "Epoch (raft index) of the ring in use."},
 			func() float64 {
-				if v := n.view.Load(); v != nil {
+				if v := n.View(); v != nil {
 					return float64(v.Ring.Epoch())
 				}
 				return 0
 			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_owned_partitions", Help: "Partitions this node owns."},
 			func() float64 {
-				if v := n.view.Load(); v != nil {
+				if v := n.View(); v != nil {
 					return float64(len(v.Ring.PartitionsOf(n.cfg.ID)))
 				}
 				return 0
 			}),
 	}
+	cs = append(cs, n.m.handoffParts, n.m.backupErrors, n.m.backupLag, n.m.markedDead,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_handoff_pending_partitions", Help: "Partitions this member still has to hand to their new owners."},
+			func() float64 { return float64(n.h.Pending()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_awaiting_partitions", Help: "Partitions this member owns whose state has not arrived yet."},
+			func() float64 {
+				if o := n.owner.Load(); o != nil {
+					return float64(o.Awaiting())
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_backup_keys", Help: "Bucket states this member holds as a backup of other owners."},
+			func() float64 {
+				if o := n.owner.Load(); o != nil {
+					return float64(o.BackupTable().Len())
+				}
+				return 0
+			}))
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("node: metrics: %w", err)

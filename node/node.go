@@ -33,8 +33,8 @@ import (
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
-	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // Forwarder carries writes to the leader's HTTP API when this node is not
@@ -44,6 +44,11 @@ type Forwarder interface {
 	Leave(ctx context.Context, leaderHTTP, id string) error
 	SetState(ctx context.Context, leaderHTTP, id, state string) error
 	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)
+}
+
+// DataPlane pushes partitions to other members by data-plane address.
+type DataPlane interface {
+	Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error
 }
 
 // Config configures a Node.
@@ -71,7 +76,23 @@ type Config struct {
 	// never jumps.
 	Now func() int64
 	// OnView is called with every new view (from one goroutine).
-	OnView func(*View)
+	OnView func(*view.View)
+	// Raft's transport and stores. Nil = TCP on the listener given to
+	// Open, one bolt store (raft.db) for log and stable store, and file
+	// snapshots, all in DataDir. Tests pass in-memory ones.
+	RaftTransport raft.Transport
+	LogStore      raft.LogStore
+	StableStore   raft.StableStore
+	SnapshotStore raft.SnapshotStore
+	// DataPlane carries partition hand-offs and backup copies to the
+	// other members (transport.Pool implements it). Required.
+	DataPlane DataPlane
+	// DeadAfter is how long the leader lets a member go without contact
+	// before marking it dead (5s).
+	DeadAfter time.Duration
+	// BackupInterval is how often changed partitions are pushed to their
+	// backups (20ms).
+	BackupInterval time.Duration
 	// OnRemoved is called once when this member is removed from the
 	// cluster (ringlimit leave).
 	OnRemoved func()
@@ -84,24 +105,22 @@ func (c *Config) Validate() error {
 		return errors.New("node: id is empty")
 	case c.HTTPAddr == "" || c.RaftAdvertise == "" || c.PeerAddr == "":
 		return errors.New("node: http, raft and peer addresses are required")
-	case c.DataDir == "":
+	case c.DataDir == "" && c.RaftTransport == nil:
 		return errors.New("node: data dir is empty")
+	case c.RaftTransport != nil && (c.LogStore == nil || c.StableStore == nil || c.SnapshotStore == nil):
+		return errors.New("node: a raft transport needs its log, stable and snapshot stores")
+	case c.DataPlane == nil:
+		return errors.New("node: data plane is nil")
 	case c.Forward == nil:
 		return errors.New("node: forwarder is nil")
 	}
 	return c.Ring.Validate()
 }
 
-// View is an immutable snapshot of the cluster as this node sees it.
-type View struct {
-	State *fsm.State
-	Ring  *ring.Ring
-	Self  string
-	Seed  uint64
-	Rules map[string]*limiter.Rule // the rules in force, by name
-	List  []limiter.Rule           // the same, default first
-
-	salts map[string]uint64
+// snapshot pairs a view with the FSM state it was built from.
+type snapshot struct {
+	v  *view.View
+	st *fsm.State
 }
 
 // Node is a running cluster member. Create it with Open; stop it with Close.
@@ -110,9 +129,11 @@ type Node struct {
 	log   *slog.Logger
 	fsm   *fsm.FSM
 	raft  *raftParts
-	table atomic.Pointer[limiter.Table]
-	view  atomic.Pointer[View]
+	owner atomic.Pointer[Owner] // built with the first view (it needs the partition count)
+	snap  atomic.Pointer[snapshot]
 	now   func() int64
+	h     *handoffs
+	m     *nodeMetrics
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -125,9 +146,11 @@ type Node struct {
 	startIndex uint64
 	stopping   atomic.Bool // marked down for a graceful stop: do not re-register
 	joinedMu   sync.Mutex  // serialises leader-side membership changes
+	// recovered: after a restart with state, this member has had itself
+	// marked down once, so its backups serve what it lost (see register).
+	recovered atomic.Bool
 
-	viewMu  sync.Mutex    // guards viewNew
-	viewNew chan struct{} // closed when a new view is published
+	cell view.Cell // the published view, for callers that wait on it
 }
 
 // Open starts a member on the given Raft listener: it recovers its state
@@ -146,7 +169,15 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, viewNew: make(chan struct{})}
+	if cfg.DeadAfter == 0 {
+		cfg.DeadAfter = 5 * time.Second
+	}
+	if cfg.BackupInterval == 0 {
+		cfg.BackupInterval = 20 * time.Millisecond
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now}
+	n.h = newHandoffs(n)
+	n.m = newNodeMetrics()
 	if n.now == nil {
 		base := time.Now()
 		n.now = func() int64 { return base.UnixNano() + int64(time.Since(base)) }
@@ -178,6 +209,9 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	n.goLoop(n.leaderLoop)
 	n.goLoop(n.registerLoop)
 	n.goLoop(n.sweepLoop)
+	n.goLoop(n.backupLoop)
+	n.goLoop(n.leaseLoop)
+	n.goLoop(n.detectLoop)
 	return n, nil
 }
 
@@ -198,7 +232,24 @@ func (n *Node) Close() error {
 func (n *Node) ID() string { return n.cfg.ID }
 
 // View returns the current view; nil until the cluster is initialised.
-func (n *Node) View() *View { return n.view.Load() }
+func (n *Node) View() *view.View {
+	if s := n.snap.Load(); s != nil {
+		return s.v
+	}
+	return nil
+}
+
+// State returns the FSM state the current view was built from (nil
+// before the first view).
+func (n *Node) State() *fsm.State {
+	if s := n.snap.Load(); s != nil {
+		return s.st
+	}
+	return nil
+}
+
+// Owner returns the member's owner side (nil before the first view).
+func (n *Node) Owner() *Owner { return n.owner.Load() }
 
 // Raft exposes the Raft instance (tests and status).
 func (n *Node) Raft() *raft.Raft { return n.raft.raft }
@@ -234,151 +285,99 @@ func (n *Node) watchLoop() {
 // caughtUp reports whether the FSM has applied the log the node started with.
 func (n *Node) caughtUp() bool { return n.raft.raft.AppliedIndex() >= n.startIndex }
 
-// refresh builds the view of the current FSM state and publishes it.
+// refresh builds the view of the current FSM state, carries out the
+// partition moves it implies, and publishes it. Only watchLoop calls it.
 func (n *Node) refresh() {
 	st := n.fsm.State()
 	if !st.Initialized || !n.caughtUp() {
 		return
 	}
-	old := n.view.Load()
-	v := &View{State: st, Self: n.cfg.ID, Seed: st.Config.Seed}
-	if old != nil && old.State.MembershipIndex == st.MembershipIndex && old.State.Config == st.Config {
-		v.Ring = old.Ring
-	} else {
-		var members []ring.Member
-		for _, m := range st.Active() {
-			members = append(members, ring.Member{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
-		}
-		rc := ring.Config{Partitions: st.Config.Partitions, ReplicationFactor: st.Config.ReplicationFactor, Load: st.Config.Load}
-		r, err := ring.New(rc, st.MembershipIndex, members)
-		if err != nil {
-			n.log.Error("cannot build the ring; keeping the previous one", "epoch", st.MembershipIndex, "err", err)
-			return
-		}
-		v.Ring = r
-		if old != nil {
-			n.log.Info("ring changed", "epoch", r.Epoch(), "members", len(members), "moved", len(ring.Diff(old.Ring, r)), "owned", len(r.PartitionsOf(n.cfg.ID)))
-		}
+	old := n.snap.Load()
+	var prev *view.View
+	if old != nil {
+		prev = old.v
 	}
-	v.List = rules.Effective(st.Rules)
-	v.Rules = make(map[string]*limiter.Rule, len(v.List))
-	v.salts = make(map[string]uint64, len(v.List))
-	for i := range v.List {
-		r := &v.List[i]
-		v.Rules[r.Name] = r
-		v.salts[r.Name] = limiter.RuleSalt(v.Seed, r.Name, r.Algorithm)
+	next, err := NextView(prev, st)
+	if err != nil {
+		n.log.Error("cannot build the ring; keeping the previous one", "epoch", st.MembershipIndex, "err", err)
+		return
 	}
-	if n.table.Load() == nil {
-		t, err := limiter.NewTable(st.Config.Partitions)
-		if err != nil {
+	o := n.owner.Load()
+	if o == nil {
+		if o, err = NewOwner(n.cfg.ID, st.Config.Partitions, n.now, n.log); err != nil {
 			n.log.Error("cannot build the bucket table", "err", err)
 			return
 		}
-		n.table.Store(t)
+		n.owner.Store(o)
 	}
-	if old != nil {
-		// Partitions this node no longer owns are forgotten: their keys
-		// start fresh on the new owner (hand-off comes with failover).
-		for _, mv := range ring.Diff(old.Ring, v.Ring) {
-			if mv.From == n.cfg.ID {
-				n.table.Load().Drop(mv.Partition)
-			}
+	if prev == nil || prev.Ring != next.Ring {
+		var prevRing *ring.Ring
+		if prev != nil {
+			prevRing = prev.Ring
 		}
+		alive := func(id string) bool { m, ok := st.Member(id); return !ok || m.State != fsm.Dead }
+		restarted := n.raft.hasState && prev == nil && len(st.Active()) > 1
+		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted)
+		o.EnableLease(len(next.Ring.Members()) > 1)
+		out := o.Apply(next, moves)
+		n.h.send(next.Epoch(), out)
+		if awaiting := moves.awaiting(); len(awaiting) > 0 {
+			n.h.expireLater(awaiting)
+		}
+		if prev != nil {
+			n.log.Info("ring changed", "epoch", next.Epoch(), "members", len(next.Ring.Members()),
+				"gained", len(moves.Gained), "lost", len(moves.Lost), "owned", len(next.Ring.PartitionsOf(n.cfg.ID)))
+		}
+	} else {
+		o.Cell().Store(next)
 	}
-	n.view.Store(v)
-	n.viewMu.Lock()
-	close(n.viewNew)
-	n.viewNew = make(chan struct{})
-	n.viewMu.Unlock()
+	n.snap.Store(&snapshot{v: next, st: st})
+	n.cell.Store(next)
 	if n.cfg.OnView != nil {
-		n.cfg.OnView(v)
+		n.cfg.OnView(next)
 	}
 	_, member := st.Member(n.cfg.ID)
 	if old != nil && !member {
-		if _, was := old.State.Member(n.cfg.ID); was && n.removed.CompareAndSwap(false, true) {
+		if _, was := old.st.Member(n.cfg.ID); was && n.removed.CompareAndSwap(false, true) {
 			n.log.Info("this member was removed from the cluster")
 			if n.cfg.OnRemoved != nil {
-				go n.cfg.OnRemoved()
+				go func() {
+					// Hand off what we held before going.
+					ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+					_ = n.h.wait(ctx)
+					cancel()
+					n.cfg.OnRemoved()
+				}()
 			}
 		}
 	}
 }
 
-// HandleBatch decides the checks of partitions this node owns; it is the
-// data plane's handler and the router's local path.
-//
-// A sender whose ring is newer than ours is usually right: the change is
-// on its way through Raft to us. We wait for it (bounded by ctx and
-// epochWait) rather than answer from a stale ring.
+// HandleBatch is the owner's: it decides the checks of partitions this
+// member owns (the data plane's handler and the router's local path).
 func (n *Node) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
-	v := n.view.Load()
-	if v == nil || req.Epoch > v.Ring.Epoch() {
-		// A new member is sent checks as soon as the ring names it,
-		// possibly before the log has reached it.
-		v = n.awaitEpoch(ctx, req.Epoch)
+	o := n.owner.Load()
+	if o == nil && n.cell.Await(ctx, req.Epoch, 0, epochWait) != nil {
+		o = n.owner.Load()
 	}
-	t := n.table.Load()
-	if v == nil || t == nil {
+	if o == nil {
 		for i := range resp.Results {
 			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
 		}
 		return
 	}
-	resp.Epoch = v.Ring.Epoch()
-	now := n.now()
-	for i := range req.Checks {
-		c := &req.Checks[i]
-		resp.Results[i] = n.decide(v, t, c, now)
-	}
+	o.HandleBatch(ctx, req, resp)
 }
 
-func (n *Node) decide(v *View, t *limiter.Table, c *transport.Check, now int64) transport.Result {
-	owner, ok := v.Ring.Owner(c.Partition)
-	if !ok || owner.ID != n.cfg.ID {
-		return transport.Result{Status: transport.StatusNotOwner}
+// HandlePush is the owner's: hand-offs and backup copies from other
+// members.
+func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {
+	o := n.owner.Load()
+	if o == nil && n.cell.Await(ctx, push.Epoch, 0, epochWait) != nil {
+		o = n.owner.Load()
 	}
-	if v.Ring.Partition(c.KeyHash) != c.Partition {
-		return transport.Result{Status: transport.StatusBadRequest}
-	}
-	rule := v.Rules[c.Rule]
-	if rule == nil {
-		return transport.Result{Status: transport.StatusUnknownRule}
-	}
-	if c.Cost > uint64(rule.Capacity()) {
-		return transport.Result{Status: transport.StatusBadRequest}
-	}
-	d, err := t.Check(c.Partition, limiter.BucketHash(c.KeyHash, v.salts[c.Rule]), rule, now, int64(c.Cost))
-	if err != nil {
-		return transport.Result{Status: transport.StatusBadRequest}
-	}
-	return transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
-}
-
-// epochWait bounds how long a check waits for this node's ring to reach
-// the sender's epoch.
-const epochWait = 200 * time.Millisecond
-
-// awaitEpoch waits until the view's epoch is at least epoch, ctx is done
-// or epochWait passes, and returns the view then current.
-func (n *Node) awaitEpoch(ctx context.Context, epoch uint64) *View {
-	t := time.NewTimer(epochWait)
-	defer t.Stop()
-	for {
-		n.viewMu.Lock()
-		ch := n.viewNew
-		n.viewMu.Unlock()
-		v := n.view.Load()
-		if v != nil && v.Ring.Epoch() >= epoch {
-			return v
-		}
-		select {
-		case <-ch:
-		case <-t.C:
-			return v
-		case <-ctx.Done():
-			return v
-		}
+	if o != nil {
+		o.HandlePush(ctx, push, ack)
 	}
 }
 
@@ -394,15 +393,14 @@ func (n *Node) sweepLoop() {
 			return
 		case <-tick.C:
 		}
-		t := n.table.Load()
-		if t == nil {
+		o := n.owner.Load()
+		if o == nil {
 			continue
 		}
-		parts := uint32(t.Partitions())
+		parts := uint32(o.Partitions())
 		step := max(parts/50, 1) // a full pass every ~5s
-		now := n.now()
 		for range step {
-			t.Sweep(next%parts, now)
+			o.Sweep(next % parts)
 			next = (next + 1) % parts
 		}
 	}

@@ -6,44 +6,45 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
 
-// testNode is a Node without Raft: just enough to decide checks from a
-// view set by hand.
-func testNode(t *testing.T, epoch uint64, members ...string) (*Node, *View) {
+// testOwner is an Owner "a" without Raft, serving the view set by hand.
+func testOwner(t *testing.T, epoch uint64, members ...string) (*Owner, *view.View) {
 	t.Helper()
-	tab, err := limiter.NewTable(64)
+	o, err := NewOwner("a", 64, func() int64 { return 1e18 }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{cfg: Config{ID: "a"}, viewNew: make(chan struct{}), now: func() int64 { return 1e18 }}
-	n.table.Store(tab)
 	v := testView(t, epoch, members...)
-	n.view.Store(v)
-	return n, v
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false))
+	return o, v
 }
 
-func testView(t *testing.T, epoch uint64, members ...string) *View {
+func testRing(t *testing.T, epoch uint64, members ...string) *ring.Ring {
 	t.Helper()
 	var ms []ring.Member
 	for _, id := range members {
-		ms = append(ms, ring.Member{ID: id})
+		ms = append(ms, ring.Member{ID: id, Peer: id + ":1"})
 	}
 	r, err := ring.New(ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, epoch, ms)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func testView(t *testing.T, epoch uint64, members ...string) *view.View {
+	t.Helper()
 	rule := limiter.Rule{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}
-	return &View{State: &fsm.State{}, Ring: r, Self: "a", Seed: 9,
-		Rules: map[string]*limiter.Rule{"r": &rule}, salts: map[string]uint64{"r": 1}}
+	return view.New(testRing(t, epoch, members...), 9, []limiter.Rule{rule}, 1)
 }
 
 // partOf returns a key hash whose partition the view gives to owner.
-func partOf(v *View, owner string) (uint64, uint32) {
+func partOf(v *view.View, owner string) (uint64, uint32) {
 	for h := uint64(1); ; h++ {
 		p := v.Ring.Partition(h)
 		if m, _ := v.Ring.Owner(p); m.ID == owner {
@@ -52,17 +53,17 @@ func partOf(v *View, owner string) (uint64, uint32) {
 	}
 }
 
-func handle(n *Node, epoch uint64, checks ...transport.Check) *transport.BatchResponse {
+func handle(o *Owner, epoch uint64, checks ...transport.Check) *transport.BatchResponse {
 	resp := &transport.BatchResponse{Results: make([]transport.Result, len(checks))}
-	n.HandleBatch(context.Background(), &transport.BatchRequest{Epoch: epoch, Checks: checks}, resp)
+	o.HandleBatch(context.Background(), &transport.BatchRequest{Epoch: epoch, Checks: checks}, resp)
 	return resp
 }
 
 func TestHandleBatchStatuses(t *testing.T) {
-	n, v := testNode(t, 5, "a", "b")
+	o, v := testOwner(t, 5, "a", "b")
 	mine, pm := partOf(v, "a")
 	theirs, pt := partOf(v, "b")
-	resp := handle(n, 5,
+	resp := handle(o, 5,
 		transport.Check{Rule: "r", KeyHash: mine, Partition: pm, Cost: 1},
 		transport.Check{Rule: "r", KeyHash: mine, Partition: pm, Cost: 1},
 		transport.Check{Rule: "r", KeyHash: mine, Partition: pm, Cost: 1},
@@ -89,14 +90,14 @@ func TestHandleBatchStatuses(t *testing.T) {
 		}
 	}
 	// A hash that does not belong to the partition it claims is refused.
-	other, _ := partOf(v, "a")
+	other := mine
 	for {
 		other++
 		if p := v.Ring.Partition(other); p != pm {
 			break
 		}
 	}
-	if r := handle(n, 5, transport.Check{Rule: "r", KeyHash: other, Partition: pm, Cost: 1}).Results[0]; r.Status != transport.StatusBadRequest {
+	if r := handle(o, 5, transport.Check{Rule: "r", KeyHash: other, Partition: pm, Cost: 1}).Results[0]; r.Status != transport.StatusBadRequest {
 		t.Errorf("mismatched partition: %v, want BAD_REQUEST", r.Status)
 	}
 }
@@ -106,26 +107,148 @@ func TestHandleBatchStatuses(t *testing.T) {
 // after epochWait.
 func TestHandleBatchWaitsForNewerEpoch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n, old := testNode(t, 5, "b") // we own nothing at epoch 5
-		next := testView(t, 6, "a")   // at epoch 6 we own everything
+		o, old := testOwner(t, 5, "b") // we own nothing at epoch 5
+		next := testView(t, 6, "a")    // at epoch 6 we own everything
 		h, p := partOf(next, "a")
 		done := make(chan *transport.BatchResponse)
-		go func() { done <- handle(n, 6, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }()
+		go func() { done <- handle(o, 6, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }()
 		synctest.Wait() // blocked waiting for epoch 6
-		n.view.Store(next)
-		n.viewMu.Lock()
-		close(n.viewNew)
-		n.viewNew = make(chan struct{})
-		n.viewMu.Unlock()
+		o.Apply(next, PlanMoves(old.Ring, next.Ring, "a", func(string) bool { return false }, false))
 		if r := <-done; r.Epoch != 6 || r.Results[0].Status != transport.StatusOK {
 			t.Fatalf("after the new view: epoch %d %v, want 6 OK", r.Epoch, r.Results[0].Status)
 		}
 
-		n.view.Store(old)
 		start := time.Now()
-		r := handle(n, 7, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1})
-		if waited := time.Since(start); waited != epochWait || r.Results[0].Status != transport.StatusNotOwner {
-			t.Fatalf("no newer view: waited %v and answered %v, want %v and NOT_OWNER", waited, r.Results[0].Status, epochWait)
+		r := handle(o, 7, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1})
+		if waited := time.Since(start); waited != epochWait || r.Results[0].Status != transport.StatusOK {
+			t.Fatalf("no newer view: waited %v and answered %v, want %v and OK from epoch 6", waited, r.Results[0].Status, epochWait)
 		}
+	})
+}
+
+// A partition handed over gracefully is served by nobody between the old
+// owner's freeze and the new owner's import, and the state moves whole:
+// spent budget is not reset.
+func TestHandoffMovesStateAndFences(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		newOwner := func(id string) *Owner {
+			o, err := NewOwner(id, 64, func() int64 { return 1e18 }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+		a, b := newOwner("a"), newOwner("b")
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
+		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
+		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		alive := func(string) bool { return true }
+		a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false))
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false))
+		h, p := partOf(v2, "b") // a partition that moves a → b
+		c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+		if r := handle(a, 1, c).Results[0]; !r.Allowed {
+			t.Fatalf("first check at a: %+v", r)
+		}
+		// b learns of the new ring first: it owns p but holds nothing yet.
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", alive, false))
+		if b.Awaiting() == 0 {
+			t.Fatal("b should await its hand-offs")
+		}
+		got := make(chan transport.Result)
+		go func() { got <- handle(b, 2, c).Results[0] }()
+		synctest.Wait() // the check waits at b for the hand-off
+		select {
+		case r := <-got:
+			t.Fatalf("b answered %+v before holding the partition", r)
+		default:
+		}
+		out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false))
+		if r := handle(a, 2, c).Results[0]; r.Status != transport.StatusNotOwner {
+			t.Fatalf("a after giving p up: %v, want NOT_OWNER", r.Status)
+		}
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a"}
+		for _, og := range out {
+			if og.To.ID != "b" {
+				t.Fatalf("hand-off to %q, want b", og.To.ID)
+			}
+			push.Parts = append(push.Parts, og.Part)
+		}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+		b.HandlePush(context.Background(), push, &ack)
+		for i, st := range ack.Status {
+			if st != transport.PushOK {
+				t.Fatalf("part %d: %v", i, st)
+			}
+		}
+		if r := <-got; r.Status != transport.StatusOK || !r.Allowed || r.Remaining != 0 {
+			t.Fatalf("waiting check at b: %+v, want the second of 2 allowed, 0 left", r)
+		}
+		if r := handle(b, 2, c).Results[0]; r.Allowed {
+			t.Fatalf("third check at b allowed: the budget was reset by the move")
+		}
+	})
+}
+
+func TestPlanMoves(t *testing.T) {
+	r1 := testRing(t, 1, "a", "b")
+	r2 := testRing(t, 2, "a", "b", "c")
+	r3 := testRing(t, 3, "a", "c") // b gone
+	alive := func(id string) bool { return id != "b" }
+	t.Run("first ring of a new cluster serves fresh", func(t *testing.T) {
+		m := PlanMoves(nil, r1, "a", alive, false)
+		for _, g := range m.Gained {
+			if g != GainFresh {
+				t.Fatalf("gain %v, want fresh", g)
+			}
+		}
+		if len(m.Gained) != len(r1.PartitionsOf("a")) || len(m.Lost) != 0 {
+			t.Fatalf("%d gained %d lost", len(m.Gained), len(m.Lost))
+		}
+	})
+	t.Run("first ring after a restart awaits", func(t *testing.T) {
+		m := PlanMoves(nil, r1, "a", alive, true)
+		if !m.Restart || len(m.awaiting()) != len(r1.PartitionsOf("a")) {
+			t.Fatalf("%+v", m)
+		}
+	})
+	t.Run("join: the newcomer awaits from living owners, they lose", func(t *testing.T) {
+		mc := PlanMoves(r1, r2, "c", alive, false)
+		ma := PlanMoves(r1, r2, "a", alive, false)
+		for p, g := range mc.Gained {
+			from, _ := r1.Owner(p)
+			want := GainAwait
+			if from.ID == "b" {
+				want = GainPromote // b is dead in this table: nothing will come
+			}
+			if g != want {
+				t.Fatalf("partition %d from %s: %v, want %v", p, from.ID, g, want)
+			}
+		}
+		for p, to := range ma.Lost {
+			if o, _ := r2.Owner(p); o.ID != to || to == "a" {
+				t.Fatalf("a loses %d to %q, ring says %q", p, to, o.ID)
+			}
+		}
+		if len(ma.Lost) == 0 {
+			t.Fatal("a lost nothing to the newcomer")
+		}
+	})
+	t.Run("dead owner: survivors promote their backups", func(t *testing.T) {
+		m := PlanMoves(r2, r3, "c", alive, false)
+		for p, g := range m.Gained {
+			if from, _ := r2.Owner(p); from.ID == "b" && g != GainPromote {
+				t.Fatalf("partition %d of dead b: %v, want promote", p, g)
+			}
+		}
+		for p := range m.Gained {
+			if from, _ := r2.Owner(p); from.ID == "b" {
+				if bk, _ := r2.Backup(p); bk.ID != "c" {
+					continue
+				}
+				return // at least one promotion of a copy c held
+			}
+		}
+		t.Fatal("c promoted no partition it backed up")
 	})
 }

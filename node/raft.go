@@ -28,23 +28,16 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 // raftParts are what openRaft built, to be closed in reverse order.
 type raftParts struct {
-	raft      *raft.Raft
-	store     *raftboltdb.BoltStore
-	transport *raft.NetworkTransport
-	hasState  bool
+	raft     *raft.Raft
+	closers  []func() error // transport, stores: closed after raft
+	hasState bool
 }
 
-// openRaft wires hashicorp/raft the shortest correct way: one bolt store
-// for the log and the stable store, file snapshots, TCP transport. It
-// does not bootstrap.
+// openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
+// shortest correct wiring: one bolt store for the log and the stable
+// store, file snapshots, TCP transport on ln. Otherwise it uses the
+// transport and stores given (tests: in-memory). It does not bootstrap.
 func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("node: data dir: %w", err)
-	}
-	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
-	if err != nil {
-		return nil, fmt.Errorf("node: raft advertise address %q: %w", cfg.RaftAdvertise, err)
-	}
 	logOut := cfg.LogOutput
 	if logOut == nil {
 		logOut = io.Discard
@@ -59,37 +52,54 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("node: raft config: %w", err)
 	}
-	store, err := raftboltdb.NewBoltStore(filepath.Join(cfg.DataDir, "raft.db"))
-	if err != nil {
-		return nil, fmt.Errorf("node: raft store: %w", err)
+	parts := &raftParts{}
+	logs, stable, snaps, trans := cfg.LogStore, cfg.StableStore, cfg.SnapshotStore, cfg.RaftTransport
+	if trans == nil {
+		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+			return nil, fmt.Errorf("node: data dir: %w", err)
+		}
+		adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+		if err != nil {
+			return nil, fmt.Errorf("node: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+		store, err := raftboltdb.NewBoltStore(filepath.Join(cfg.DataDir, "raft.db"))
+		if err != nil {
+			return nil, fmt.Errorf("node: raft store: %w", err)
+		}
+		fsnaps, err := raft.NewFileSnapshotStore(cfg.DataDir, 2, logOut)
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("node: snapshot store: %w", err)
+		}
+		nt := raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: adv}, 3, 10*time.Second, logOut)
+		logs, stable, snaps, trans = store, store, fsnaps, nt
+		parts.closers = []func() error{nt.Close, store.Close}
 	}
-	snaps, err := raft.NewFileSnapshotStore(cfg.DataDir, 2, logOut)
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("node: snapshot store: %w", err)
+	closeAll := func() {
+		for _, c := range parts.closers {
+			_ = c()
+		}
 	}
-	hasState, err := raft.HasExistingState(store, store, snaps)
+	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
-		store.Close()
+		closeAll()
 		return nil, fmt.Errorf("node: reading raft state: %w", err)
 	}
-	trans := raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: adv}, 3, 10*time.Second, logOut)
-	r, err := raft.NewRaft(rc, fsm, store, store, snaps, trans)
+	r, err := raft.NewRaft(rc, fsm, logs, stable, snaps, trans)
 	if err != nil {
-		trans.Close()
-		store.Close()
+		closeAll()
 		return nil, fmt.Errorf("node: starting raft: %w", err)
 	}
-	return &raftParts{raft: r, store: store, transport: trans, hasState: hasState}, nil
+	parts.raft, parts.hasState = r, hasState
+	return parts, nil
 }
 
 func (p *raftParts) close() error {
 	err := p.raft.Shutdown().Error()
-	if e := p.transport.Close(); err == nil {
-		err = e
-	}
-	if e := p.store.Close(); err == nil {
-		err = e
+	for _, c := range p.closers {
+		if e := c(); err == nil {
+			err = e
+		}
 	}
 	return err
 }

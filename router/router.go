@@ -22,24 +22,19 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
-	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
 
-// View is an immutable snapshot of what the router needs of the cluster.
-type View struct {
-	Ring  *ring.Ring
-	Self  string // this node's member id; "" for a router that owns nothing
-	Seed  uint64 // the cluster's secret key-hash seed
-	Rules map[string]*limiter.Rule
-}
+// View is what the router knows of the cluster: the ring, the rules and
+// the hash seed (the same type members use).
+type View = view.View
 
 // Remote sends a batch to the owner at a data-plane address
 // (transport.Pool implements it).
@@ -49,6 +44,9 @@ type Remote interface {
 
 // Config tunes a Router. The zero value of a field means its default.
 type Config struct {
+	// Self is the member id whose checks the local handler decides; ""
+	// for a router that owns nothing.
+	Self string
 	// Linger is how long a remote batch waits for more checks (200µs).
 	Linger time.Duration
 	// MaxBatch is the most checks in one remote batch (512).
@@ -112,9 +110,7 @@ type Router struct {
 	ctx    context.Context // lives until Close: the base of batch sends
 	cancel context.CancelFunc
 
-	view    atomic.Pointer[View]
-	viewMu  sync.Mutex    // guards viewNew
-	viewNew chan struct{} // closed when the view changes
+	cell view.Cell // the current view
 
 	mu       sync.Mutex // guards batchers
 	batchers map[string]*batcher
@@ -129,7 +125,7 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	r := &Router{cfg: cfg, local: local, remote: remote, viewNew: make(chan struct{}), batchers: map[string]*batcher{}}
+	r := &Router{cfg: cfg, local: local, remote: remote, batchers: map[string]*batcher{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.scratch.New = func() any { return new(scratch) }
 	m, err := newMetrics(cfg.Registerer)
@@ -144,39 +140,13 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 func (r *Router) Close() { r.cancel() }
 
 // SetView installs a new view; checks from now on use it.
-func (r *Router) SetView(v *View) {
-	r.view.Store(v)
-	r.viewMu.Lock()
-	close(r.viewNew)
-	r.viewNew = make(chan struct{})
-	r.viewMu.Unlock()
-}
+func (r *Router) SetView(v *View) { r.cell.Store(v) }
 
 // View returns the current view, nil before the first SetView.
-func (r *Router) View() *View { return r.view.Load() }
+func (r *Router) View() *View { return r.cell.Load() }
 
-// awaitEpoch waits until the view's ring epoch is at least epoch, ctx is
-// done or RefreshWait passes, and returns the view then current.
-func (r *Router) awaitEpoch(ctx context.Context, epoch uint64) *View {
-	timer := time.NewTimer(r.cfg.RefreshWait)
-	defer timer.Stop()
-	for {
-		r.viewMu.Lock()
-		ch := r.viewNew
-		r.viewMu.Unlock()
-		v := r.view.Load()
-		if v != nil && v.Ring != nil && v.Ring.Epoch() >= epoch {
-			return v
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			return r.view.Load()
-		case <-ctx.Done():
-			return r.view.Load()
-		}
-	}
-}
+// Cell is where the router's view is published (Follow stores into it).
+func (r *Router) Cell() *view.Cell { return &r.cell }
 
 // scratch is the per-call working memory, pooled.
 type scratch struct {
@@ -210,7 +180,7 @@ type ticket struct {
 // the router knows no cluster yet; otherwise the only error is ctx's.
 func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {
 	start := time.Now()
-	v := r.view.Load()
+	v := r.cell.Load()
 	if v == nil || v.Ring == nil {
 		return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
 	}
@@ -257,7 +227,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 			break
 		}
 		r.m.notOwner.Add(float64(len(s.retry)))
-		v = r.awaitEpoch(ctx, epoch)
+		v = r.cell.Await(ctx, epoch, 0, r.cfg.RefreshWait)
 		s.pending, s.retry = s.retry, s.pending[:0] // swap: the two never share an array
 	}
 	for i := range reqs {
@@ -282,7 +252,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		case !ok:
 			out[i] = failureAnswer(s.rules[i])
 			r.m.degraded.Inc()
-		case owner.ID == v.Self && r.local != nil:
+		case owner.ID == r.cfg.Self && r.local != nil:
 			s.local.Checks = append(s.local.Checks, s.checks[i])
 			s.localIdx = append(s.localIdx, i)
 		default:

@@ -12,7 +12,17 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
+
+// ruleList turns a rule map into the list a view is built from.
+func ruleList(m map[string]*limiter.Rule) []limiter.Rule {
+	var l []limiter.Rule
+	for _, r := range m {
+		l = append(l, *r)
+	}
+	return l
+}
 
 // owner is a fake member: it decides with a real table the partitions
 // its ring gives it, and answers NOT_OWNER for the others.
@@ -112,12 +122,12 @@ func TestRouterForwardsAndLimitsGlobally(t *testing.T) {
 	// Three routers, one per member, each deciding its own partitions in place.
 	var routers []*Router
 	for _, id := range []string{"a", "b", "c"} {
-		rt, err := New(Config{Linger: 50 * time.Microsecond, Timeout: 5 * time.Second}, net.owners[id+":1"], net)
+		rt, err := New(Config{Self: id, Linger: 50 * time.Microsecond, Timeout: 5 * time.Second}, net.owners[id+":1"], net)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rt.Close()
-		rt.SetView(&View{Ring: r1, Self: id, Seed: 7, Rules: rules})
+		rt.SetView(view.New(r1, 7, ruleList(rules), 0))
 		routers = append(routers, rt)
 	}
 	var allowed atomic.Int64
@@ -157,7 +167,7 @@ func TestRouterRetriesNotOwnerOnNewerRing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rt.SetView(&View{Ring: old, Seed: 7, Rules: rules})
+	rt.SetView(view.New(old, 7, ruleList(rules), 0))
 	// A key whose partition moved to c between the two rings.
 	key := ""
 	for i := 0; key == ""; i++ {
@@ -187,7 +197,7 @@ func TestRouterRetriesNotOwnerOnNewerRing(t *testing.T) {
 		t.Fatalf("decided %+v before the router saw the new ring", res)
 	default:
 	}
-	rt.SetView(&View{Ring: next, Seed: 7, Rules: rules})
+	rt.SetView(view.New(next, 7, ruleList(rules), 0))
 	if addr := <-net.called; addr != "c:1" {
 		t.Fatalf("retry went to %s, want the new owner c", addr)
 	}
@@ -209,7 +219,7 @@ func TestRouterFailureModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rt.SetView(&View{Ring: r1, Seed: 7, Rules: rules})
+	rt.SetView(view.New(r1, 7, ruleList(rules), 0))
 	out := make([]Result, 2)
 	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}, {Rule: "closed", Key: "x", Cost: 1}}, out); err != nil {
 		t.Fatal(err)
@@ -226,7 +236,7 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 	rules := testRules(t)
 	r1 := mustRing(t, 1, "a")
 	o := newOwner(t, "a", r1, rules)
-	rt, err := New(Config{}, o, &network{})
+	rt, err := New(Config{Self: "a"}, o, &network{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +245,7 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}}, out); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("check before any view: %v, want ErrUnavailable", err)
 	}
-	rt.SetView(&View{Ring: r1, Self: "a", Seed: 7, Rules: rules})
+	rt.SetView(view.New(r1, 7, ruleList(rules), 0))
 	tests := []struct {
 		reqs  []Request
 		index int
@@ -275,7 +285,7 @@ func TestRouterPastDeadlineIsTheCallersTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rt.SetView(&View{Ring: r1, Seed: 7, Rules: rules})
+	rt.SetView(view.New(r1, 7, ruleList(rules), 0))
 	out := make([]Result, 1)
 	err = rt.Check(lateCtx{context.Background()}, []Request{{Rule: "closed", Key: "x", Cost: 1}}, out)
 	if !errors.Is(err, context.DeadlineExceeded) || out[0].Degraded {

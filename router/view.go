@@ -6,9 +6,9 @@ import (
 	"strconv"
 
 	"github.com/ringlimit/ringlimit/api"
-	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // ViewFromAPI builds the view of a router that is not a member from what
@@ -35,10 +35,5 @@ func ViewFromAPI(v api.View) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: view rules: %w", err)
 	}
-	list := rules.Effective(written)
-	byName := make(map[string]*limiter.Rule, len(list))
-	for i := range list {
-		byName[list[i].Name] = &list[i]
-	}
-	return &View{Ring: r, Seed: seed, Rules: byName}, nil
+	return view.New(r, seed, rules.Effective(written), 0), nil
 }

@@ -358,7 +358,7 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 		t.Fatalf("raft has %d servers, %d voters; want 6 and 5", len(cf.Configuration().Servers), voters)
 	}
 	v := ss[0].Node.View()
-	for _, m := range v.State.Members {
+	for _, m := range ss[0].Node.State().Members {
 		if m.Voter == (m.ID == nonVoter) {
 			t.Errorf("member %s recorded with voter=%v; raft's non-voter is %s", m.ID, m.Voter, nonVoter)
 		}

@@ -45,6 +45,7 @@ type Config struct {
 	RulesInterval time.Duration
 	AdminToken    string
 	DrainTimeout  time.Duration
+	DeadAfter     time.Duration // failure detection (node default 5s)
 	Ring          ring.Config
 	Router        router.Config
 	RaftTimeout   time.Duration
@@ -95,7 +96,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	fwd := newForwarder(cfg.AdminToken)
 	s.fwd = fwd
 	rcfg := cfg.Router
-	rcfg.Registerer, rcfg.Logger = s.Registry, cfg.Logger
+	rcfg.Registerer, rcfg.Logger, rcfg.Self = s.Registry, cfg.Logger, cfg.ID
 	var removeOnce sync.Once
 	// The router's local handler is the node, created just below; the
 	// indirection lets the two be built in order.
@@ -110,9 +111,9 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
 		Forward: fwd, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
 		Registerer: s.Registry,
-		OnView: func(v *node.View) {
-			rt.SetView(&router.View{Ring: v.Ring, Self: v.Self, Seed: v.Seed, Rules: v.Rules})
-		},
+		OnView:    rt.SetView,
+		DataPlane: s.pool,
+		DeadAfter: cfg.DeadAfter,
 		OnRemoved: func() { removeOnce.Do(func() { close(s.removed) }) },
 	}, ls.Raft)
 	if err != nil {
@@ -178,6 +179,13 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			s.log.Warn("could not mark this member down; its keys are answered by failure modes until it returns", "err", err)
 		}
 		cancel()
+		// Hand the partitions to their new owners before going.
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
+		if err := s.Node.WaitHandoffs(hctx); err != nil {
+			s.log.Warn("drain timeout: some partitions were not handed off; their new owners serve their backup copies", "err", err)
+		}
+		cancel()
+		s.Node.TransferLeadership()
 	}
 	err := s.http.Shutdown(ctx)
 	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {

@@ -188,7 +188,8 @@ func (c *Client) Close() error {
 type call struct {
 	done chan error // capacity 1: exactly one send per registration
 	resp *BatchResponse
-	want int    // number of results expected
+	ack  *PushAck // for a push instead of a batch
+	want int      // number of results expected
 	buf  []byte // the encoded request
 }
 
@@ -227,6 +228,15 @@ func newClientConn(c *Client, nc net.Conn) *clientConn {
 // do sends one batch and waits for its answer. sent is false when the batch
 // certainly did not leave this process.
 func (cc *clientConn) do(ctx context.Context, req *BatchRequest, resp *BatchResponse) (sent bool, err error) {
+	return cc.roundTrip(ctx, func(dst []byte, id uint64, budget int64) []byte {
+		return AppendBatchRequest(dst, id, time.Duration(budget), req)
+	}, resp, nil, len(req.Checks))
+}
+
+// roundTrip sends the frame encode writes and waits for its answer, a
+// BatchResponse into resp or a PushAck into ack. want is the number of
+// results (or statuses) expected.
+func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id uint64, budget int64) []byte, resp *BatchResponse, ack *PushAck, want int) (sent bool, err error) {
 	var budget time.Duration
 	if d, ok := ctx.Deadline(); ok {
 		if budget = time.Until(d); budget <= 0 {
@@ -236,12 +246,12 @@ func (cc *clientConn) do(ctx context.Context, req *BatchRequest, resp *BatchResp
 	cl := cc.c.calls.Get().(*call)
 	defer cc.c.calls.Put(cl)
 	id := cc.nextID.Add(1)
-	cl.buf = AppendBatchRequest(cl.buf[:0], id, budget, req)
+	cl.buf = encode(cl.buf[:0], id, int64(budget))
 	if limit := cc.c.cfg.Limits.maxFrame(); len(cl.buf) > limit {
 		return false, &FrameTooLargeError{Size: uint64(len(cl.buf)), Limit: limit}
 	}
-	cl.resp, cl.want = resp, len(req.Checks)
-	defer func() { cl.resp = nil }()
+	cl.resp, cl.ack, cl.want = resp, ack, want
+	defer func() { cl.resp, cl.ack = nil, nil }()
 
 	cc.mu.Lock()
 	if cc.err != nil {
@@ -334,7 +344,7 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 	if err != nil {
 		return err
 	}
-	if h.Type != FrameBatchResponse && h.Type != FrameError {
+	if h.Type != FrameBatchResponse && h.Type != FrameError && h.Type != FramePushResponse {
 		return &UnknownFrameTypeError{Type: h.Type}
 	}
 	cc.mu.Lock()
@@ -348,6 +358,18 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 		_, rerr, err := lim.DecodeError(frame)
 		if err == nil {
 			err = rerr
+		}
+		cl.done <- err
+		return nil
+	}
+	if (h.Type == FramePushResponse) != (cl.ack != nil) {
+		cl.done <- malformed(fmt.Sprintf("%v answer to the wrong kind of request", h.Type))
+		return nil
+	}
+	if cl.ack != nil {
+		_, err = lim.DecodePushAck(frame, cl.ack)
+		if err == nil && len(cl.ack.Status) != cl.want {
+			err = malformed(fmt.Sprintf("%d statuses for %d parts", len(cl.ack.Status), cl.want))
 		}
 		cl.done <- err
 		return nil

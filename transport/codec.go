@@ -69,11 +69,15 @@ func (t FrameType) String() string {
 		return "BatchResponse"
 	case FrameError:
 		return "Error"
+	case FramePushRequest:
+		return "PushRequest"
+	case FramePushResponse:
+		return "PushResponse"
 	}
 	return fmt.Sprintf("FrameType(%d)", uint8(t))
 }
 
-func (t FrameType) known() bool { return t >= FrameBatchRequest && t <= FrameError }
+func (t FrameType) known() bool { return t >= FrameBatchRequest && t <= FramePushResponse }
 
 const (
 	lenPrefix       = 4

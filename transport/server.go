@@ -256,6 +256,12 @@ func (sc *serverConn) readLoop() error {
 		}
 		buf = frame
 		received := sc.s.now()
+		if ph, ok := sc.s.h.(PushHandler); ok && len(frame) >= HeaderSize && FrameType(frame[5]) == FramePushRequest {
+			if err := sc.push(ph, frame); err != nil {
+				return err
+			}
+			continue
+		}
 		h, err := sc.lim.parseAs(frame, FrameBatchRequest)
 		if err != nil {
 			// The peer does not speak our protocol: tell it why (in a
@@ -285,6 +291,45 @@ func (sc *serverConn) readLoop() error {
 			buf = nil
 		}
 	}
+}
+
+// push decodes a partition push and answers it from its own goroutine,
+// so a large hand-off does not hold up the checks behind it.
+func (sc *serverConn) push(ph PushHandler, frame []byte) error {
+	var p Push
+	id, err := sc.lim.DecodePush(frame, &p) // copies the data out of frame
+	if err != nil {
+		var ve *UnsupportedVersionError
+		if errors.As(err, &ve) {
+			_ = sc.w.write(AppendError(nil, id, CodeMalformed, err.Error()))
+			return err
+		}
+		return sc.w.write(AppendError(nil, id, CodeMalformed, err.Error()))
+	}
+	sc.inflight.Add(1)
+	go func() {
+		defer sc.inflight.Done()
+		ack := PushAck{Status: make([]PushStatus, len(p.Parts))}
+		for i := range ack.Status {
+			ack.Status[i] = PushRejected
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					sc.s.logf(fmt.Errorf("transport: push handler panic: %v", r))
+				}
+			}()
+			ph.HandlePush(sc.s.ctx, &p, &ack)
+		}()
+		if len(ack.Status) != len(p.Parts) {
+			ack.Status = make([]PushStatus, len(p.Parts))
+			for i := range ack.Status {
+				ack.Status[i] = PushRejected
+			}
+		}
+		_ = sc.w.write(AppendPushAck(nil, id, &ack))
+	}()
+	return nil
 }
 
 func (sc *serverConn) idleWorker() *worker {

@@ -1,0 +1,367 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// NextView builds the view of FSM state st, given the previous view (nil
+// for the first): the ring is rebuilt only when the membership or the
+// ring config changed, so an unchanged ring keeps its identity (callers
+// compare pointers to see a ring change).
+func NextView(prev *view.View, st *fsm.State) (*view.View, error) {
+	var r *ring.Ring
+	if prev != nil && prev.Ring.Epoch() == st.MembershipIndex && prev.Ring.Config() == st.Config.Ring() {
+		r = prev.Ring
+	} else {
+		var members []ring.Member
+		for _, m := range st.Active() {
+			members = append(members, ring.Member{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
+		}
+		var err error
+		if r, err = ring.New(st.Config.Ring(), st.MembershipIndex, members); err != nil {
+			return nil, err
+		}
+	}
+	return view.New(r, st.Config.Seed, rules.Effective(st.Rules), st.RulesIndex), nil
+}
+
+// awaiting lists the gained partitions that wait for a hand-off.
+func (m Moves) awaiting() []uint32 {
+	var ps []uint32
+	for p, g := range m.Gained {
+		if g == GainAwait {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// handoffs sends the partitions a ring change took from this member to
+// their new owners, retrying (and re-targeting when the ring moves on)
+// until each is taken or the node stops.
+type handoffs struct {
+	n       *Node
+	mu      sync.Mutex
+	pending int           // partitions not yet acknowledged; guarded by mu
+	idle    chan struct{} // closed when pending drops to 0; guarded by mu
+}
+
+func newHandoffs(n *Node) *handoffs {
+	h := &handoffs{n: n, idle: make(chan struct{})}
+	close(h.idle)
+	return h
+}
+
+// send pushes out to their owners in the background.
+func (h *handoffs) send(epoch uint64, out []Outgoing) {
+	if len(out) == 0 {
+		return
+	}
+	h.mu.Lock()
+	if h.pending == 0 {
+		h.idle = make(chan struct{})
+	}
+	h.pending += len(out)
+	h.mu.Unlock()
+	byOwner := map[string][]Outgoing{}
+	for _, o := range out {
+		byOwner[o.To.ID] = append(byOwner[o.To.ID], o)
+	}
+	for _, group := range byOwner {
+		h.n.goLoop(func() { h.deliver(epoch, group) })
+	}
+}
+
+func (h *handoffs) done(k int) {
+	h.mu.Lock()
+	h.pending -= k
+	if h.pending == 0 {
+		close(h.idle)
+	}
+	h.mu.Unlock()
+}
+
+// wait waits until every hand-off was taken or ctx ends.
+func (h *handoffs) wait(ctx context.Context) error {
+	h.mu.Lock()
+	ch := h.idle
+	h.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Pending is how many partitions this member still has to hand off.
+func (h *handoffs) Pending() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pending
+}
+
+// deliver pushes parts (all for one member at first) until each is taken.
+func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
+	n := h.n
+	backoff := 20 * time.Millisecond
+	for len(group) > 0 {
+		if n.ctx.Err() != nil {
+			h.done(len(group))
+			return
+		}
+		to := group[0].To
+		var batch, rest []Outgoing
+		for _, o := range group {
+			if o.To.ID == to.ID {
+				batch = append(batch, o)
+			} else {
+				rest = append(rest, o)
+			}
+		}
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}
+		for _, o := range batch {
+			push.Parts = append(push.Parts, o.Part)
+		}
+		var ack transport.PushAck
+		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
+		cancel()
+		var retry []Outgoing
+		if err != nil {
+			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
+			retry = batch
+		} else {
+			taken := 0
+			for i, st := range ack.Status {
+				switch st {
+				case transport.PushOK:
+					taken++
+				case transport.PushNotOwner:
+					// The ring moved on: send it to the owner now.
+					if v := n.cell.Await(n.ctx, ack.Epoch, 0, time.Second); v != nil {
+						if m, ok := v.Ring.Owner(batch[i].Part.Partition); ok && m.ID != n.cfg.ID {
+							retry = append(retry, Outgoing{To: m, Part: batch[i].Part})
+							continue
+						}
+					}
+					taken++ // nobody (or we) own it now: nothing to hand
+				default:
+					retry = append(retry, batch[i])
+				}
+			}
+			if taken > 0 {
+				n.m.handoffParts.Add(float64(taken))
+			}
+			h.done(taken)
+			epoch = max(epoch, ack.Epoch)
+		}
+		group = append(rest, retry...)
+		if len(retry) > 0 {
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-n.ctx.Done():
+			}
+			t.Stop()
+			backoff = min(2*backoff, time.Second)
+		}
+	}
+}
+
+// expireLater promotes the backup copies of parts that are still waiting
+// for their hand-off once handoffTimeout has passed.
+func (h *handoffs) expireLater(parts []uint32) {
+	n := h.n
+	n.goLoop(func() {
+		t := time.NewTimer(handoffTimeout)
+		defer t.Stop()
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if o := n.owner.Load(); o != nil {
+			if k := o.ExpireAwaiting(parts); k > 0 {
+				n.log.Warn("hand-off did not arrive in time; serving the backup copies", "partitions", k)
+			}
+		}
+	})
+}
+
+// WaitHandoffs waits until this member has handed off every partition it
+// gave up, or ctx ends.
+func (n *Node) WaitHandoffs(ctx context.Context) error { return n.h.wait(ctx) }
+
+// backupLoop pushes the changed partitions this member owns to their
+// backups every BackupInterval.
+func (n *Node) backupLoop() {
+	tick := time.NewTicker(n.cfg.BackupInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		o := n.owner.Load()
+		if o == nil {
+			continue
+		}
+		start := time.Now()
+		batches := o.BackupPushes()
+		var wg sync.WaitGroup
+		for _, b := range batches {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+				defer cancel()
+				push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
+				var ack transport.PushAck
+				if err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack); err != nil {
+					o.MarkDirty(b.Parts)
+					n.m.backupErrors.Inc()
+					return
+				}
+				for i, st := range ack.Status {
+					if st == transport.PushRejected {
+						o.MarkDirty(b.Parts[i : i+1])
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if len(batches) > 0 {
+			// Lag: a change waits up to one interval, then the push.
+			n.m.backupLag.Set((n.cfg.BackupInterval + time.Since(start)).Seconds())
+		}
+	}
+}
+
+// leaseLoop keeps the owner's lease: a follower holds it while it hears
+// from the leader, the leader while a quorum confirms it. A member cut
+// off from the quorum therefore stops answering within the lease, before
+// the others mark it dead (DeadAfter) and take its partitions.
+func (n *Node) leaseLoop() {
+	lease := n.cfg.DeadAfter / 2
+	tick := time.NewTicker(max(n.cfg.RaftTimeout/10, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		o := n.owner.Load()
+		if o == nil {
+			continue
+		}
+		r := n.raft.raft
+		switch r.State() {
+		case raft.Leader:
+			start := time.Now()
+			if r.VerifyLeader().Error() == nil {
+				o.SetLease(lease - time.Since(start))
+			}
+		case raft.Follower:
+			if since := time.Since(r.LastContact()); since < lease {
+				o.SetLease(lease - since)
+			}
+		}
+	}
+}
+
+// detectLoop is the failure detector: while this member leads, a member
+// whose heartbeats have failed for DeadAfter is marked dead through the
+// log, so every node moves its partitions at one epoch.
+func (n *Node) detectLoop() {
+	obsCh := make(chan raft.Observation, 64)
+	obs := raft.NewObserver(obsCh, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+			return true
+		}
+		return false
+	})
+	n.raft.raft.RegisterObserver(obs)
+	defer n.raft.raft.DeregisterObserver(obs)
+	failing := map[string]time.Time{} // member → last contact, while its heartbeats fail
+	tick := time.NewTicker(max(n.cfg.DeadAfter/10, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case o := <-obsCh:
+			switch d := o.Data.(type) {
+			case raft.FailedHeartbeatObservation:
+				if _, ok := failing[string(d.PeerID)]; !ok {
+					at := d.LastContact
+					if at.IsZero() {
+						at = time.Now()
+					}
+					failing[string(d.PeerID)] = at
+				}
+			case raft.ResumedHeartbeatObservation:
+				delete(failing, string(d.PeerID))
+			case raft.LeaderObservation:
+				clear(failing) // a new term: contact is measured afresh
+			}
+		case <-tick.C:
+			if !n.isLeader() {
+				continue
+			}
+			st := n.fsm.State()
+			for id, since := range failing {
+				m, ok := st.Member(id)
+				if !ok || m.State == fsm.Dead || m.State == fsm.Down || time.Since(since) < n.cfg.DeadAfter {
+					continue
+				}
+				if err := n.markDead(id); err != nil {
+					n.log.Warn("marking a member dead", "id", id, "err", err)
+					continue
+				}
+				n.m.markedDead.Inc()
+				n.log.Warn("member marked dead", "id", id, "silent_for", time.Since(since).Round(time.Millisecond).String())
+			}
+		}
+	}
+}
+
+func (n *Node) markDead(id string) error {
+	n.joinedMu.Lock()
+	defer n.joinedMu.Unlock()
+	cmd, err := fsm.SetMemberState(id, fsm.Dead)
+	if err != nil {
+		return err
+	}
+	err = n.apply(cmd)
+	if errors.Is(err, fsm.ErrUnknownMember) {
+		return nil
+	}
+	return err
+}
+
+// TransferLeadership hands Raft leadership to another voter when this
+// member leads (a graceful stop), so the cluster does not wait out an
+// election timeout. It is a no-op otherwise.
+func (n *Node) TransferLeadership() {
+	if !n.isLeader() {
+		return
+	}
+	if err := n.raft.raft.LeadershipTransfer().Error(); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+		n.log.Debug("leadership transfer", "err", err)
+	}
+}

@@ -1,0 +1,304 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// Gain says how a partition this member starts owning gets its state.
+type Gain uint8
+
+// How a gained partition is filled.
+const (
+	GainFresh   Gain = iota // nobody had it (a new cluster): serve from empty
+	GainPromote             // its owner is gone (dead, or never held it): promote our backup copy and serve
+	GainAwait               // its owner is alive: wait for its hand-off (promote the backup after a timeout)
+)
+
+// Moves is what one member must do when the ring changes: the pure
+// decision, computed by PlanMoves and carried out by Owner.Apply.
+type Moves struct {
+	Gained  map[uint32]Gain   // partitions we start owning, and how
+	Lost    map[uint32]string // partitions we stop owning → their new owner ("" = none)
+	Unback  []uint32          // partitions whose backup copy we no longer keep
+	Restart bool              // the first ring after a restart with state
+}
+
+// PlanMoves decides what member self does when the ring goes from prev
+// (nil for the first ring this process sees) to next. alive reports
+// whether a member of prev will still hand its partitions off (active,
+// draining, down after a graceful stop, or removed by leave while
+// running) rather than having vanished (dead). restarted says this process
+// started over a data dir that held state, so in its first ring it holds
+// nothing of what it owned before.
+func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted bool) Moves {
+	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}}
+	for _, p := range next.PartitionsOf(self) {
+		var from string
+		if prev != nil {
+			if o, ok := prev.Owner(p); ok {
+				from = o.ID
+			}
+		}
+		switch {
+		case prev == nil && restarted:
+			// We owned it before a crash or stop and hold nothing now: the
+			// backup has it. Await it: the restart protocol (mark down,
+			// then active) moves it to the backup and back to us.
+			m.Gained[p] = GainAwait
+			m.Restart = true
+		case prev == nil:
+			m.Gained[p] = GainFresh
+		case from == self:
+			// kept
+		case from == "":
+			m.Gained[p] = GainPromote
+		case alive(from):
+			m.Gained[p] = GainAwait
+		default:
+			m.Gained[p] = GainPromote
+		}
+	}
+	if prev != nil {
+		for _, p := range prev.PartitionsOf(self) {
+			if o, ok := next.Owner(p); !ok || o.ID != self {
+				m.Lost[p] = o.ID
+			}
+		}
+		for p := range uint32(next.Config().Partitions) {
+			if b, ok := prev.Backup(p); ok && b.ID == self {
+				if nb, ok := next.Backup(p); !ok || nb.ID != self {
+					if _, gained := m.Gained[p]; !gained {
+						m.Unback = append(m.Unback, p)
+					}
+				}
+			}
+		}
+	}
+	return m
+}
+
+// Outgoing is a partition to push to its new owner after a ring change.
+type Outgoing struct {
+	To   ring.Member
+	Part transport.PushPart
+}
+
+// Apply publishes next and carries out m: partitions lost are frozen,
+// exported and dropped (returned as pushes for their new owners, whom the
+// caller must send them to), partitions gained become servable now or
+// await their hand-off. It must be called from one goroutine at a time.
+func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
+	now := o.now()
+	var out []Outgoing
+	for p, to := range m.Lost {
+		g := &o.gates[p]
+		g.Lock()
+		st := o.getState(p)
+		o.setState(p, partAway)
+		part := transport.PushPart{Partition: p}
+		if st == partServing {
+			part.Data = o.table.Export(nil, p, now)
+		} else {
+			part.Lost = true
+		}
+		o.table.Drop(p)
+		o.dirty[p].Store(false)
+		g.Unlock()
+		if to == "" {
+			continue
+		}
+		if mem, ok := next.Ring.Member(to); ok {
+			out = append(out, Outgoing{To: mem, Part: part})
+		}
+	}
+	for _, p := range m.Unback {
+		o.backup.Drop(p)
+	}
+	for p, how := range m.Gained {
+		switch how {
+		case GainAwait:
+			g := &o.gates[p]
+			g.Lock()
+			o.setState(p, partAwaiting)
+			g.Unlock()
+		default:
+			o.promote(p, now)
+		}
+	}
+	// The owners' backups may have changed: send every owned partition
+	// to its (possibly new) backup at the next backup round.
+	for _, p := range next.Ring.PartitionsOf(o.self) {
+		o.dirty[p].Store(true)
+	}
+	o.cell.Store(next)
+	return out
+}
+
+// promote makes partition p servable from our backup copy (empty if we
+// have none).
+func (o *Owner) promote(p uint32, now int64) {
+	data := o.backup.Export(nil, p, now)
+	o.backup.Drop(p)
+	g := &o.gates[p]
+	g.Lock()
+	o.table.Drop(p)
+	if _, err := o.table.Import(p, data, now); err != nil {
+		o.log.Error("promoting a backup copy", "partition", p, "err", err)
+	}
+	o.setState(p, partServing)
+	o.dirty[p].Store(true)
+	g.Unlock()
+}
+
+// ExpireAwaiting promotes the backup copy of every partition that has
+// waited for its hand-off since before the given deadline passed; the
+// node calls it when its hand-off timeout ends.
+func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
+	now := o.now()
+	for _, p := range parts {
+		if o.getState(p) == partAwaiting {
+			o.promote(p, now)
+			promoted++
+		}
+	}
+	return promoted
+}
+
+// AwaitingParts lists the partitions waiting for their state.
+func (o *Owner) AwaitingParts() []uint32 {
+	var ps []uint32
+	for p := range o.state {
+		if o.getState(uint32(p)) == partAwaiting {
+			ps = append(ps, uint32(p))
+		}
+	}
+	return ps
+}
+
+// HandlePush takes a hand-off or a backup copy (the data plane's push
+// handler).
+func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {
+	v := o.cell.Load()
+	if v == nil || push.Epoch > v.Epoch() {
+		v = o.cell.Await(ctx, push.Epoch, 0, epochWait)
+	}
+	if v == nil {
+		return // every part stays PushRejected
+	}
+	ack.Epoch = v.Epoch()
+	now := o.now()
+	for i := range push.Parts {
+		pt := &push.Parts[i]
+		if int(pt.Partition) >= len(o.gates) {
+			ack.Status[i] = transport.PushRejected
+			continue
+		}
+		switch push.Kind {
+		case transport.PushHandoff:
+			ack.Status[i] = o.takeHandoff(v, pt, now)
+		case transport.PushBackup:
+			ack.Status[i] = o.takeBackup(v, pt, now)
+		}
+	}
+}
+
+func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) transport.PushStatus {
+	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
+		return transport.PushNotOwner
+	}
+	p := pt.Partition
+	if o.getState(p) != partAwaiting {
+		return transport.PushOK // already serving it (promoted after a timeout, or a duplicate)
+	}
+	if pt.Lost {
+		o.promote(p, now)
+		return transport.PushOK
+	}
+	g := &o.gates[p]
+	g.Lock()
+	defer g.Unlock()
+	if o.getState(p) != partAwaiting {
+		return transport.PushOK
+	}
+	o.table.Drop(p)
+	if _, err := o.table.Import(p, pt.Data, now); err != nil {
+		o.log.Error("hand-off does not decode", "partition", p, "err", err)
+		return transport.PushRejected
+	}
+	o.backup.Drop(p)
+	o.setState(p, partServing)
+	o.dirty[p].Store(true)
+	return transport.PushOK
+}
+
+func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, now int64) transport.PushStatus {
+	if b, ok := v.Ring.Backup(pt.Partition); !ok || b.ID != o.self {
+		return transport.PushNotOwner
+	}
+	if pt.Lost {
+		return transport.PushOK
+	}
+	// A backup copy replaces the previous one whole: states that went
+	// idle on the owner are gone from its export too.
+	o.backup.Drop(pt.Partition)
+	if _, err := o.backup.Import(pt.Partition, pt.Data, now); err != nil {
+		return transport.PushRejected
+	}
+	return transport.PushOK
+}
+
+// BackupPushes exports every changed partition this member owns and
+// serves, grouped by backup member, and clears their changed marks. The
+// caller sends them (and marks them dirty again if sending fails).
+func (o *Owner) BackupPushes() map[string]*BackupBatch {
+	v := o.cell.Load()
+	if v == nil {
+		return nil
+	}
+	now := o.now()
+	out := map[string]*BackupBatch{}
+	for _, p := range v.Ring.PartitionsOf(o.self) {
+		if !o.dirty[p].Load() || o.getState(p) != partServing {
+			continue
+		}
+		b, ok := v.Ring.Backup(p)
+		if !ok {
+			o.dirty[p].Store(false)
+			continue
+		}
+		o.dirty[p].Store(false)
+		data := o.table.Export(nil, p, now)
+		bb := out[b.ID]
+		if bb == nil {
+			bb = &BackupBatch{To: b, Epoch: v.Epoch()}
+			out[b.ID] = bb
+		}
+		bb.Parts = append(bb.Parts, transport.PushPart{Partition: p, Data: data})
+	}
+	return out
+}
+
+// BackupBatch is the changed partitions bound for one backup member.
+type BackupBatch struct {
+	To    ring.Member
+	Epoch uint64
+	Parts []transport.PushPart
+}
+
+// MarkDirty marks partitions to be pushed to their backup again.
+func (o *Owner) MarkDirty(parts []transport.PushPart) {
+	for _, pt := range parts {
+		if int(pt.Partition) < len(o.dirty) {
+			o.dirty[pt.Partition].Store(true)
+		}
+	}
+}
+
+// handoffTimeout is how long a gained partition waits for its old owner's
+// hand-off before its backup copy is promoted.
+const handoffTimeout = 3 * time.Second

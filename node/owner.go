@@ -1,0 +1,251 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// partState is what an owner does with checks for one partition.
+type partState uint8
+
+const (
+	partAway      partState = iota // not ours at our epoch: NOT_OWNER
+	partServing                    // ours, and the table holds its state
+	partAwaiting                   // ours by the ring, its state not arrived yet: checks wait
+)
+
+// Owner is the Raft-free side of a member: the bucket tables of the
+// partitions it owns, deciding checks for them (it is the data plane's
+// handler), taking hand-offs and backup copies of partitions, and waiting
+// for an epoch. The Node drives it with SetView as the ring changes; a
+// test can drive it by hand.
+//
+// Fencing: a check is decided only when the owner's view names it owner
+// of the partition, the partition's state has arrived (hand-off or backup
+// promotion), and its lease is current (the member heard from a Raft
+// quorum recently, see SetLease), so one member at most answers for a
+// partition at any moment. Each partition has a gate: checks hold it
+// shared, moving a partition in or out holds it alone, so no decision is
+// lost between an export and the drop that follows it.
+//
+// An Owner is safe for concurrent use.
+type Owner struct {
+	self   string
+	now    func() int64 // bucket clock, Unix ns
+	log    *slog.Logger
+	cell   view.Cell
+	table  *limiter.Table // partitions we own (or are handing off)
+	backup *limiter.Table // copies of the partitions we back up
+
+	gates []sync.RWMutex // per partition: shared by checks, exclusive for moves
+	state []atomic.Uint32
+	dirty []atomic.Bool // changed since the last backup push
+
+	mu      sync.Mutex    // guards changed
+	changed chan struct{} // closed when a partition becomes servable
+
+	// leaseUntil is the monotonic instant (ns since start) until which this
+	// member may answer: refreshed while Raft hears from a quorum. 0 = no
+	// lease needed (a single member, or tests).
+	leaseUntil atomic.Int64
+	leaseOn    atomic.Bool
+	start      time.Time
+
+	awaiting atomic.Int64 // partitions in partAwaiting
+}
+
+// NewOwner returns an owner of a table of the given number of partitions.
+func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (*Owner, error) {
+	t, err := limiter.NewTable(partitions)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := limiter.NewTable(partitions)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Owner{self: self, now: now, log: log, table: t, backup: b,
+		gates: make([]sync.RWMutex, partitions), state: make([]atomic.Uint32, partitions),
+		dirty: make([]atomic.Bool, partitions), changed: make(chan struct{}), start: time.Now()}, nil
+}
+
+// Partitions is the table's partition count.
+func (o *Owner) Partitions() int { return len(o.gates) }
+
+// View returns the owner's current view (nil before the first).
+func (o *Owner) View() *view.View { return o.cell.Load() }
+
+// Cell is where the owner's view is published.
+func (o *Owner) Cell() *view.Cell { return &o.cell }
+
+// Table is the owner's bucket table (tests, metrics).
+func (o *Owner) Table() *limiter.Table { return o.table }
+
+// BackupTable holds the copies this member keeps as a backup.
+func (o *Owner) BackupTable() *limiter.Table { return o.backup }
+
+// Awaiting is how many owned partitions wait for their state.
+func (o *Owner) Awaiting() int { return int(o.awaiting.Load()) }
+
+// SetLease says this member may answer until d from now (while Raft hears
+// from a quorum); EnableLease turns the requirement on.
+func (o *Owner) SetLease(d time.Duration) {
+	o.leaseUntil.Store(int64(time.Since(o.start) + d))
+}
+
+// EnableLease makes answers depend on the lease (see SetLease).
+func (o *Owner) EnableLease(on bool) { o.leaseOn.Store(on) }
+
+func (o *Owner) leased() bool {
+	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
+}
+
+func (o *Owner) getState(p uint32) partState { return partState(o.state[p].Load()) }
+
+func (o *Owner) setState(p uint32, s partState) {
+	old := partState(o.state[p].Swap(uint32(s)))
+	if old == partAwaiting && s != partAwaiting {
+		o.awaiting.Add(-1)
+	} else if old != partAwaiting && s == partAwaiting {
+		o.awaiting.Add(1)
+	}
+	if s == partServing {
+		o.mu.Lock()
+		close(o.changed)
+		o.changed = make(chan struct{})
+		o.mu.Unlock()
+	}
+}
+
+func (o *Owner) servable() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.changed
+}
+
+// epochWait bounds how long a check waits for this owner's ring to reach
+// the sender's epoch; stateWait how long it waits for a partition's
+// hand-off to arrive (both also bounded by the check's deadline).
+const (
+	epochWait = 200 * time.Millisecond
+	stateWait = 500 * time.Millisecond
+)
+
+// HandleBatch decides the checks of partitions this member owns; it is
+// the data plane's handler and the router's local path.
+//
+// A sender whose ring is newer than ours is usually right: the change is
+// on its way through Raft to us, so we wait for it (bounded by ctx and
+// epochWait) rather than answer from a stale ring. A partition whose
+// state is still on its way (hand-off) makes its checks wait for it,
+// bounded by ctx and stateWait.
+func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	v := o.cell.Load()
+	if v == nil || req.Epoch > v.Epoch() {
+		// A new member is sent checks as soon as the ring names it,
+		// possibly before the log has reached it.
+		v = o.cell.Await(ctx, req.Epoch, 0, epochWait)
+	}
+	if v == nil {
+		for i := range resp.Results {
+			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
+		}
+		return
+	}
+	resp.Epoch = v.Epoch()
+	if !o.leased() {
+		for i := range resp.Results {
+			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
+		}
+		return
+	}
+	var deadline *time.Timer
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
+	gaveUp := false
+	now := o.now()
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		res := o.decide(v, c, now)
+		for res.Status == transport.StatusUnavailable && !gaveUp {
+			// The partition's state is on its way (hand-off): wait for it.
+			ch := o.servable()
+			if res = o.decide(v, c, now); res.Status != transport.StatusUnavailable {
+				break
+			}
+			if deadline == nil {
+				deadline = time.NewTimer(stateWait)
+			}
+			select {
+			case <-ch:
+				if nv := o.cell.Load(); nv.Epoch() > v.Epoch() {
+					v = nv
+					resp.Epoch = v.Epoch()
+				}
+				now = o.now()
+				res = o.decide(v, c, now)
+			case <-deadline.C:
+				gaveUp = true
+			case <-ctx.Done():
+				gaveUp = true
+			}
+		}
+		resp.Results[i] = res
+	}
+}
+
+// decide decides one check under view v, or says why not.
+func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Result {
+	owner, ok := v.Ring.Owner(c.Partition)
+	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.gates) {
+		return transport.Result{Status: transport.StatusNotOwner}
+	}
+	if v.Ring.Partition(c.KeyHash) != c.Partition {
+		return transport.Result{Status: transport.StatusBadRequest}
+	}
+	rule := v.Rules[c.Rule]
+	if rule == nil {
+		return transport.Result{Status: transport.StatusUnknownRule}
+	}
+	if c.Cost > uint64(rule.Capacity()) {
+		return transport.Result{Status: transport.StatusBadRequest}
+	}
+	g := &o.gates[c.Partition]
+	g.RLock()
+	defer g.RUnlock()
+	switch o.getState(c.Partition) {
+	case partServing:
+	case partAwaiting:
+		return transport.Result{Status: transport.StatusUnavailable}
+	default:
+		// Our view says we own it but the move in has not been applied:
+		// SetView is running right now.
+		return transport.Result{Status: transport.StatusUnavailable}
+	}
+	d, err := o.table.Check(c.Partition, limiter.BucketHash(c.KeyHash, v.Salt(rule)), rule, now, int64(c.Cost))
+	if err != nil {
+		return transport.Result{Status: transport.StatusBadRequest}
+	}
+	if c.Cost > 0 && d.Allowed {
+		o.dirty[c.Partition].Store(true)
+	}
+	return transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
+}
+
+// Sweep drops dead bucket states of partition p in both tables.
+func (o *Owner) Sweep(p uint32) {
+	now := o.now()
+	o.table.Sweep(p, now)
+	o.backup.Sweep(p, now)
+}

@@ -1,0 +1,225 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Partition pushes carry whole partitions of bucket state between members:
+// a hand-off from an old owner to a new one, or an owner's changed
+// partitions to their backup. They travel on the same (authenticated,
+// pipelined) connections as check batches.
+//
+// FramePushRequest body:
+//
+//	u8      kind (PushKind)
+//	uvarint epoch: the ring epoch the sender made the push at
+//	uvarint length, bytes: the sender's member id
+//	uvarint number of parts n
+//	n ×     uvarint partition, u8 flags (1 = lost), uvarint length, bytes
+//
+// FramePushResponse body:
+//
+//	uvarint epoch: the receiver's ring epoch
+//	uvarint n, n × u8 PushStatus (same order as the parts)
+
+// Frame types of partition pushes.
+const (
+	FramePushRequest  FrameType = 4 // client → server: a Push
+	FramePushResponse FrameType = 5 // server → client: a PushAck
+)
+
+// PushKind says what a Push is for.
+type PushKind uint8
+
+// Push kinds.
+const (
+	PushHandoff PushKind = 1 // old owner → new owner: the partitions it gives up
+	PushBackup  PushKind = 2 // owner → backup: the latest state of changed partitions
+)
+
+// PushPart is one partition in a Push. Data is a limiter partition export
+// (Table.Export), normalised to the sender's clock at sending.
+type PushPart struct {
+	Partition uint32
+	// Lost says the sender does not hold this partition's state (it never
+	// received it, or lost it in a crash): the receiver should recover it
+	// from its backup copy instead. Data is empty then.
+	Lost bool
+	Data []byte
+}
+
+// Push is a batch of partitions sent to one member.
+type Push struct {
+	Kind  PushKind
+	Epoch uint64
+	From  string
+	Parts []PushPart
+}
+
+// PushStatus is the receiver's answer for one part.
+type PushStatus uint8
+
+// Push statuses.
+const (
+	PushOK       PushStatus = iota // taken (or already held: a duplicate)
+	PushNotOwner                   // the receiver is not this part's owner (hand-off) or backup at its epoch
+	PushRejected                   // the data did not decode, or the receiver cannot take it now
+)
+
+// PushAck answers a Push.
+type PushAck struct {
+	Epoch  uint64
+	Status []PushStatus
+}
+
+// PushHandler takes partition pushes. A Handler given to NewServer that
+// also implements PushHandler receives them; otherwise pushes are answered
+// with an error frame. HandlePush is called concurrently and must set one
+// status per part; push and its Data belong to the server after it returns.
+type PushHandler interface {
+	HandlePush(ctx context.Context, push *Push, ack *PushAck)
+}
+
+// maxPushParts bounds the parts of one push (a partition count).
+const maxPushParts = 1 << 20
+
+// AppendPush appends p as a FramePushRequest with the given id.
+func AppendPush(dst []byte, id uint64, p *Push) []byte {
+	start := len(dst)
+	size := HeaderSize + 32 + len(p.From)
+	for i := range p.Parts {
+		size += 16 + len(p.Parts[i].Data)
+	}
+	dst = slices.Grow(dst, size)
+	dst = appendHeader(dst, FramePushRequest, id)
+	dst = append(dst, byte(p.Kind))
+	dst = binary.AppendUvarint(dst, p.Epoch)
+	dst = binary.AppendUvarint(dst, uint64(len(p.From)))
+	dst = append(dst, p.From...)
+	dst = binary.AppendUvarint(dst, uint64(len(p.Parts)))
+	for i := range p.Parts {
+		pt := &p.Parts[i]
+		dst = binary.AppendUvarint(dst, uint64(pt.Partition))
+		var flags byte
+		if pt.Lost {
+			flags |= 1
+		}
+		dst = append(dst, flags)
+		dst = binary.AppendUvarint(dst, uint64(len(pt.Data)))
+		dst = append(dst, pt.Data...)
+	}
+	return finish(dst, start)
+}
+
+// DecodePush decodes a whole FramePushRequest frame into p. The parts'
+// Data are copied out of frame, so frame may be reused afterwards.
+func (l Limits) DecodePush(frame []byte, p *Push) (id uint64, err error) {
+	h, err := l.parseAs(frame, FramePushRequest)
+	if err != nil {
+		return h.ID, err
+	}
+	r := reader{b: frame, pos: HeaderSize}
+	kind := PushKind(r.byte())
+	epoch := r.uvarint()
+	from := r.bytes()
+	n := r.uvarint()
+	if r.err != nil {
+		return h.ID, r.err
+	}
+	if kind != PushHandoff && kind != PushBackup {
+		return h.ID, malformed(fmt.Sprintf("unknown push kind %d", kind))
+	}
+	if len(from) > 1024 {
+		return h.ID, malformed("push sender id over 1 KiB")
+	}
+	if n > maxPushParts || n > uint64(len(frame)-r.pos)/3 {
+		return h.ID, malformed(fmt.Sprintf("%d parts cannot fit in %d bytes", n, len(frame)-r.pos))
+	}
+	parts := make([]PushPart, n)
+	for i := range parts {
+		part := r.uvarint()
+		flags := r.byte()
+		data := r.bytes()
+		if r.err != nil {
+			return h.ID, r.err
+		}
+		if part > 1<<32-1 || flags > 1 {
+			return h.ID, malformed("bad push part header")
+		}
+		parts[i] = PushPart{Partition: uint32(part), Lost: flags&1 == 1, Data: slices.Clone(data)}
+	}
+	if r.pos != len(frame) {
+		return h.ID, malformed("bytes after push parts")
+	}
+	*p = Push{Kind: kind, Epoch: epoch, From: string(from), Parts: parts}
+	return h.ID, nil
+}
+
+// AppendPushAck appends a as a FramePushResponse with the given id.
+func AppendPushAck(dst []byte, id uint64, a *PushAck) []byte {
+	start := len(dst)
+	dst = appendHeader(dst, FramePushResponse, id)
+	dst = binary.AppendUvarint(dst, a.Epoch)
+	dst = binary.AppendUvarint(dst, uint64(len(a.Status)))
+	for _, s := range a.Status {
+		dst = append(dst, byte(s))
+	}
+	return finish(dst, start)
+}
+
+// DecodePushAck decodes a whole FramePushResponse frame into a.
+func (l Limits) DecodePushAck(frame []byte, a *PushAck) (id uint64, err error) {
+	h, err := l.parseAs(frame, FramePushResponse)
+	if err != nil {
+		return h.ID, err
+	}
+	r := reader{b: frame, pos: HeaderSize}
+	epoch := r.uvarint()
+	n := r.uvarint()
+	if r.err != nil {
+		return h.ID, r.err
+	}
+	if n != uint64(len(frame)-r.pos) {
+		return h.ID, malformed("push ack length does not match frame")
+	}
+	st := make([]PushStatus, n)
+	for i := range st {
+		st[i] = PushStatus(frame[r.pos+i])
+		if st[i] > PushRejected {
+			return h.ID, malformed(fmt.Sprintf("unknown push status %d", st[i]))
+		}
+	}
+	*a = PushAck{Epoch: epoch, Status: st}
+	return h.ID, nil
+}
+
+// Push sends p and waits for the receiver's answer. Errors are those of Do.
+func (c *Client) Push(ctx context.Context, p *Push, ack *PushAck) error {
+	if p == nil || ack == nil {
+		return errors.New("transport: Push with nil push or ack")
+	}
+	for attempt := 0; ; attempt++ {
+		cc, err := c.conn(ctx)
+		if err != nil {
+			return err
+		}
+		sent, err := cc.roundTrip(ctx, func(dst []byte, id uint64, _ int64) []byte { return AppendPush(dst, id, p) }, nil, ack, len(p.Parts))
+		if err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
+			continue
+		}
+		return err
+	}
+}
+
+// Push is Client.Push on the Client for addr.
+func (p *Pool) Push(ctx context.Context, addr string, push *Push, ack *PushAck) error {
+	c, err := p.Client(addr)
+	if err != nil {
+		return err
+	}
+	return c.Push(ctx, push, ack)
+}

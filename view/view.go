@@ -1,0 +1,130 @@
+// Package view is what a node or a router knows of the cluster at one
+// moment: the ring at its epoch, the rules in force at their version, and
+// the cluster's key-hash seed — and a Cell that holds the current one and
+// lets a caller wait until it reaches an epoch.
+//
+// A View is immutable once built; share it freely. A Cell is safe for
+// concurrent use. Members (node) and stateless routers (router, client)
+// use the same two types, so "wait for the ring a sender already saw" is
+// written once.
+package view
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// View is an immutable snapshot of the cluster. Build it with New.
+type View struct {
+	Ring *ring.Ring
+	Seed uint64 // the cluster's secret key-hash seed
+	// RulesVersion is the Raft index of the rules write in force (0 for
+	// the built-in rules only).
+	RulesVersion uint64
+	Rules        map[string]*limiter.Rule // the rules in force, by name
+	List         []limiter.Rule           // the same, default first
+
+	salts map[string]uint64
+}
+
+// New builds a view of ring r, seed and the rules in force (list, default
+// first). list is kept, not copied: do not change it afterwards.
+func New(r *ring.Ring, seed uint64, list []limiter.Rule, rulesVersion uint64) *View {
+	v := &View{Ring: r, Seed: seed, RulesVersion: rulesVersion, List: list,
+		Rules: make(map[string]*limiter.Rule, len(list)), salts: make(map[string]uint64, len(list))}
+	for i := range list {
+		rule := &list[i]
+		v.Rules[rule.Name] = rule
+		v.salts[rule.Name] = limiter.RuleSalt(seed, rule.Name, rule.Algorithm)
+	}
+	return v
+}
+
+// WithRing returns a copy of v with another ring (rules and seed shared).
+func (v *View) WithRing(r *ring.Ring) *View {
+	c := *v
+	c.Ring = r
+	return &c
+}
+
+// Epoch is the ring's epoch; 0 for a nil view.
+func (v *View) Epoch() uint64 {
+	if v == nil || v.Ring == nil {
+		return 0
+	}
+	return v.Ring.Epoch()
+}
+
+// Salt is the seeded salt of a rule's buckets (limiter.RuleSalt), cached;
+// a rule not in the view is salted on the fly.
+func (v *View) Salt(rule *limiter.Rule) uint64 {
+	if s, ok := v.salts[rule.Name]; ok && v.Rules[rule.Name].Algorithm == rule.Algorithm {
+		return s
+	}
+	return limiter.RuleSalt(v.Seed, rule.Name, rule.Algorithm)
+}
+
+// Cell holds the current View. The zero value is ready to use and holds
+// no view.
+type Cell struct {
+	v    atomic.Pointer[View]
+	mu   sync.Mutex    // guards next
+	next chan struct{} // closed when Store publishes a view; nil until needed
+}
+
+// Load returns the current view, nil before the first Store.
+func (c *Cell) Load() *View { return c.v.Load() }
+
+// Store publishes v and wakes every Await.
+func (c *Cell) Store(v *View) {
+	c.v.Store(v)
+	c.mu.Lock()
+	if c.next != nil {
+		close(c.next)
+		c.next = nil
+	}
+	c.mu.Unlock()
+}
+
+// changed returns a channel closed by the next Store.
+func (c *Cell) changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.next == nil {
+		c.next = make(chan struct{})
+	}
+	return c.next
+}
+
+// Await waits until the view's epoch is at least epoch and its rules
+// version at least rulesVersion, ctx is done, or maxWait passes, and
+// returns the view then current (possibly still older, possibly nil).
+func (c *Cell) Await(ctx context.Context, epoch, rulesVersion uint64, maxWait time.Duration) *View {
+	reached := func(v *View) bool {
+		return v != nil && v.Epoch() >= epoch && v.RulesVersion >= rulesVersion
+	}
+	if v := c.v.Load(); reached(v) {
+		return v
+	}
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
+	for {
+		ch := c.changed()
+		v := c.v.Load()
+		if reached(v) {
+			return v
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return c.v.Load()
+		case <-ctx.Done():
+			return c.v.Load()
+		}
+	}
+}
