@@ -25,6 +25,8 @@ type FSM struct {
 
 	mu sync.Mutex // serialises writers (Apply, Restore) and guards nothing else
 
+	applied atomic.Uint64 // index of the last log entry Apply returned for
+
 	subMu sync.Mutex                 // guards subs
 	subs  map[chan struct{}]struct{} // Watch subscribers
 }
@@ -82,6 +84,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.applied.Store(l.Index)
 	cur := f.state.Load()
 	next, err := apply(cur, l.Index, l.Data)
 	if err != nil {
@@ -92,6 +95,11 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	return nil
 }
+
+// Applied is the index of the last log entry Apply has finished with
+// (applied or rejected); 0 before the first. Raft's own AppliedIndex runs
+// ahead of it: Raft counts an entry once it is handed to the FSM.
+func (f *FSM) Applied() uint64 { return f.applied.Load() }
 
 // Result waits for an applied command and returns its error: the future's
 // (not leader, timeout, shutdown…) or the FSM's response. Use it as

@@ -159,12 +159,13 @@ func (n *Node) registerLoop() {
 // itself marked down (the ring moves its partitions to the backups, which
 // promote their copies) and then active (they hand the partitions back).
 func (n *Node) needsRecovery() bool {
-	if !n.raft.hasState || n.recovered.Load() {
+	if !n.raft.hasState || n.recovered.Load() || !n.caughtUp() {
 		return false
 	}
 	st := n.fsm.State()
 	m, ok := st.Member(n.cfg.ID)
 	if !ok || m.State != fsm.Active || len(st.Active()) < 2 {
+		n.log.Debug("no recovery needed", "member", ok, "state", m.State, "active", len(st.Active()))
 		n.recovered.Store(true)
 		return false
 	}
@@ -458,9 +459,11 @@ func (n *Node) Ready() error {
 	case n.raft.raft.Leader() == "":
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
 	case !n.caughtUp():
-		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.raft.raft.AppliedIndex(), n.startIndex)
+		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.fsm.Applied(), n.startIndex)
 	case n.snap.Load() == nil:
 		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+	case n.needsRecovery():
+		return fmt.Errorf("%w: restarted: recovering this member's partitions from their backups", api.ErrUnavailable)
 	case n.Owner().Awaiting() > 0:
 		return fmt.Errorf("%w: waiting for %d partitions to be handed over", api.ErrUnavailable, n.Owner().Awaiting())
 	case !n.registered():

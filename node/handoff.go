@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -139,6 +140,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
 		cancel()
 		var retry []Outgoing
+		n.log.Debug("hand-off pushed", "to", to.ID, "parts", len(batch), "epoch", epoch, "err", err, "status", ack.Status)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
 			retry = batch
@@ -365,3 +367,24 @@ func (n *Node) TransferLeadership() {
 		n.log.Debug("leadership transfer", "err", err)
 	}
 }
+
+// StopGracefully is the first half of a graceful stop (SIGTERM): the
+// member is marked down, so the ring gives its partitions to the others;
+// it hands them off (bounded by ctx) and, if it leads, transfers
+// leadership. The caller then closes the node. Errors are logged causes
+// of an incomplete drain; the stop goes on regardless.
+func (n *Node) StopGracefully(ctx context.Context) error {
+	mctx, cancel := context.WithTimeout(ctx, markDownTimeout)
+	err := n.MarkDown(mctx)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("node: marking down: %w", err)
+	} else if werr := n.WaitHandoffs(ctx); werr != nil {
+		err = fmt.Errorf("node: handing off: %w (%d partitions left to their backup copies)", werr, n.h.Pending())
+	}
+	n.TransferLeadership()
+	return err
+}
+
+// markDownTimeout bounds the attempt to mark a stopping member down.
+const markDownTimeout = 2 * time.Second

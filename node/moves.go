@@ -29,7 +29,9 @@ type Moves struct {
 }
 
 // PlanMoves decides what member self does when the ring goes from prev
-// (nil for the first ring this process sees) to next. alive reports
+// (nil for the first ring this process sees) to next. In a first ring of
+// one member everything is fresh; in a larger first ring what self owns
+// is awaited from the members that owned it before. alive reports
 // whether a member of prev will still hand its partitions off (active,
 // draining, down after a graceful stop, or removed by leave while
 // running) rather than having vanished (dead). restarted says this process
@@ -51,8 +53,13 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 			// then active) moves it to the backup and back to us.
 			m.Gained[p] = GainAwait
 			m.Restart = true
+		case prev == nil && len(next.Members()) == 1:
+			m.Gained[p] = GainFresh // a new cluster, or the only member
 		case prev == nil:
-			m.Gained[p] = GainFresh
+			// Our first ring already names us (we joined, and the log
+			// reached us with our own join in it): the partitions came
+			// from members that are handing them to us.
+			m.Gained[p] = GainAwait
 		case from == self:
 			// kept
 		case from == "":
@@ -101,9 +108,14 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		st := o.getState(p)
 		o.setState(p, partAway)
 		part := transport.PushPart{Partition: p}
-		if st == partServing {
+		switch {
+		case st == partServing:
 			part.Data = o.table.Export(nil, p, now)
-		} else {
+		case o.backup.PartitionLen(p) > 0:
+			// Its state never reached us (the ring moved on before the
+			// hand-off came), but we hold its backup copy: the best there is.
+			part.Data = o.backup.Export(nil, p, now)
+		default:
 			part.Lost = true
 		}
 		o.table.Drop(p)

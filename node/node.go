@@ -140,7 +140,8 @@ type Node struct {
 	wg     sync.WaitGroup
 
 	removed atomic.Bool
-	// startIndex is Raft's last log index when the node started: until
+	// startIndex is the index of the last command in Raft's log when the
+	// node started (0 when the snapshot covers them all): until
 	// the FSM has applied that far it still shows an old state (rules
 	// from before a restart, say) and the node is not ready.
 	startIndex uint64
@@ -187,7 +188,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		return nil, err
 	}
 	n.raft = rp
-	n.startIndex = rp.raft.LastIndex()
+	n.startIndex = rp.lastCommand
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if !rp.hasState && cfg.Join == "" {
 		f := rp.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
@@ -283,7 +284,7 @@ func (n *Node) watchLoop() {
 }
 
 // caughtUp reports whether the FSM has applied the log the node started with.
-func (n *Node) caughtUp() bool { return n.raft.raft.AppliedIndex() >= n.startIndex }
+func (n *Node) caughtUp() bool { return n.fsm.Applied() >= n.startIndex }
 
 // refresh builds the view of the current FSM state, carries out the
 // partition moves it implies, and publishes it. Only watchLoop calls it.

@@ -21,6 +21,7 @@ func testOwner(t *testing.T, epoch uint64, members ...string) (*Owner, *view.Vie
 	}
 	v := testView(t, epoch, members...)
 	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false))
+	o.ExpireAwaiting(o.AwaitingParts()) // serve from empty, as after a hand-off timeout
 	return o, v
 }
 
@@ -196,6 +197,7 @@ func TestPlanMoves(t *testing.T) {
 	r3 := testRing(t, 3, "a", "c") // b gone
 	alive := func(id string) bool { return id != "b" }
 	t.Run("first ring of a new cluster serves fresh", func(t *testing.T) {
+		r1 := testRing(t, 1, "a")
 		m := PlanMoves(nil, r1, "a", alive, false)
 		for _, g := range m.Gained {
 			if g != GainFresh {
@@ -204,6 +206,12 @@ func TestPlanMoves(t *testing.T) {
 		}
 		if len(m.Gained) != len(r1.PartitionsOf("a")) || len(m.Lost) != 0 {
 			t.Fatalf("%d gained %d lost", len(m.Gained), len(m.Lost))
+		}
+	})
+	t.Run("first ring naming a joiner among others awaits", func(t *testing.T) {
+		m := PlanMoves(nil, r1, "a", alive, false)
+		if m.Restart || len(m.awaiting()) != len(r1.PartitionsOf("a")) {
+			t.Fatalf("%+v", m)
 		}
 	})
 	t.Run("first ring after a restart awaits", func(t *testing.T) {

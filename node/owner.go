@@ -16,9 +16,9 @@ import (
 type partState uint8
 
 const (
-	partAway      partState = iota // not ours at our epoch: NOT_OWNER
-	partServing                    // ours, and the table holds its state
-	partAwaiting                   // ours by the ring, its state not arrived yet: checks wait
+	partAway     partState = iota // not ours at our epoch: NOT_OWNER
+	partServing                   // ours, and the table holds its state
+	partAwaiting                  // ours by the ring, its state not arrived yet: checks wait
 )
 
 // Owner is the Raft-free side of a member: the bucket tables of the

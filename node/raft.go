@@ -31,6 +31,10 @@ type raftParts struct {
 	raft     *raft.Raft
 	closers  []func() error // transport, stores: closed after raft
 	hasState bool
+	// lastCommand is the index of the last FSM command in the log at
+	// start (configuration entries never reach the FSM); 0 when none
+	// follows the latest snapshot, which NewRaft restores before returning.
+	lastCommand uint64
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -91,6 +95,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		return nil, fmt.Errorf("node: starting raft: %w", err)
 	}
 	parts.raft, parts.hasState = r, hasState
+	parts.lastCommand = lastCommand(logs, snaps)
 	return parts, nil
 }
 
@@ -102,4 +107,24 @@ func (p *raftParts) close() error {
 		}
 	}
 	return err
+}
+
+// lastCommand finds the last LogCommand entry after the latest snapshot.
+func lastCommand(logs raft.LogStore, snaps raft.SnapshotStore) uint64 {
+	var floor uint64
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		floor = metas[0].Index
+	}
+	first, err1 := logs.FirstIndex()
+	last, err2 := logs.LastIndex()
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	for i := last; i >= first && i > floor && i > 0; i-- {
+		var l raft.Log
+		if logs.GetLog(i, &l) == nil && l.Type == raft.LogCommand {
+			return i
+		}
+	}
+	return 0
 }

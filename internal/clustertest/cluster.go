@@ -1,0 +1,563 @@
+// Package clustertest runs whole ringlimit clusters in one process, for
+// deterministic tests of what the cluster does: members on Raft's
+// in-memory transport and stores, an in-memory data plane, and an
+// in-memory leader client, all inside a testing/synctest bubble, so
+// elections, failure detection and hand-offs run in virtual time.
+//
+// A test calls New inside synctest.Test, then drives the cluster with
+// Crash, Restart, Stop, Join, Leave, Partition, Heal and SetLink, and
+// waits for conditions with WaitFor (woken by view changes and Raft
+// leadership changes, never by wall-clock polling).
+//
+// Model of faults: Crash is a process that vanishes (its Raft and its
+// memory are gone, its stores survive for Restart); Stop is SIGTERM
+// (drain, hand off, stop); Partition cuts links both ways on Raft and
+// the data plane (calls over a cut link hang until their deadline, as
+// dropped packets do); SetLink adds a per-direction delay on the data
+// plane or cuts one direction.
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// Options tune a cluster; zero fields take the defaults below.
+type Options struct {
+	Partitions  int           // 64
+	RaftTimeout time.Duration // 200ms
+	DeadAfter   time.Duration // 2s
+	// RouterTimeout is how long a member's router waits for an owner (250ms).
+	RouterTimeout time.Duration
+}
+
+// Cluster is N members in one process. Create it with New.
+type Cluster struct {
+	t    testing.TB
+	opts Options
+	net  *network
+
+	mu      sync.Mutex
+	changed chan struct{} // closed at every view or leader change; guarded by mu
+	order   []string      // member ids in creation order; guarded by mu
+}
+
+// Member is one cluster member and its stores.
+type Member struct {
+	ID string
+	c  *Cluster
+
+	logs, stable *raft.InmemStore
+	snaps        *raft.InmemSnapshotStore
+
+	mu     sync.Mutex
+	n      *node.Node     // guarded by mu
+	rt     *router.Router // guarded by mu
+	trans  *raft.InmemTransport
+	cancel context.CancelFunc
+	up     atomic.Bool
+	joined bool // started with a join (not the bootstrapper)
+}
+
+func (m *Member) running() bool { return m.up.Load() }
+
+// Node is the member's current node (a new one after each Restart).
+func (m *Member) Node() *node.Node {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n
+}
+
+func (m *Member) node() *node.Node { return m.Node() }
+
+// Router is the member's current router.
+func (m *Member) Router() *router.Router {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rt
+}
+
+// Running reports whether the member's process is up.
+func (m *Member) Running() bool { return m.running() }
+
+// New starts n members n1…nN, the first bootstrapping, the others joining
+// through it, and waits until every member is ready in one ring. It must
+// be called inside a synctest bubble; everything is stopped at cleanup.
+func New(t testing.TB, n int, opts Options) *Cluster {
+	t.Helper()
+	if opts.Partitions == 0 {
+		opts.Partitions = 64
+	}
+	if opts.RaftTimeout == 0 {
+		opts.RaftTimeout = 200 * time.Millisecond
+	}
+	if opts.DeadAfter == 0 {
+		opts.DeadAfter = 2 * time.Second
+	}
+	if opts.RouterTimeout == 0 {
+		opts.RouterTimeout = 250 * time.Millisecond
+	}
+	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{})}
+	t.Cleanup(c.close)
+	for i := range n {
+		c.add(fmt.Sprintf("n%d", i+1), i > 0)
+		if i == 0 {
+			c.WaitFor("n1 leads", 10*time.Second, func() bool { return c.Member("n1").Node().Ready() == nil })
+		}
+	}
+	c.WaitSettled(n)
+	return c
+}
+
+// Join starts a new member that joins the cluster, and waits until every
+// running member sees it active.
+func (c *Cluster) Join(id string) *Member {
+	n := c.ringSize() + 1
+	m := c.add(id, true)
+	c.WaitSettled(n)
+	return m
+}
+
+func (c *Cluster) add(id string, join bool) *Member {
+	m := &Member{ID: id, c: c, logs: raft.NewInmemStore(), stable: raft.NewInmemStore(), snaps: raft.NewInmemSnapshotStore(), joined: join}
+	c.net.mu.Lock()
+	c.net.members[id] = m
+	c.net.byPeer[peerAddr(id)] = id
+	c.net.mu.Unlock()
+	c.mu.Lock()
+	c.order = append(c.order, id)
+	c.mu.Unlock()
+	c.start(m)
+	return m
+}
+
+func peerAddr(id string) string { return "peer-" + id }
+func httpAddr(id string) string { return "http-" + id }
+func raftAddr(id string) string { return "raft-" + id }
+
+// start runs m's process: a node over its stores and a router.
+func (c *Cluster) start(m *Member) {
+	c.t.Helper()
+	_, trans := raft.NewInmemTransport(raft.ServerAddress(raftAddr(m.ID)))
+	join := ""
+	if m.joined {
+		join = httpAddr(c.ids()[0])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var local localHandler
+	rt, err := router.New(router.Config{Self: m.ID, Timeout: c.opts.RouterTimeout, Linger: 50 * time.Microsecond}, &local, endpoint{c.net, m.ID})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n, err := node.Open(node.Config{
+		ID: m.ID, HTTPAddr: httpAddr(m.ID), RaftAdvertise: raftAddr(m.ID), PeerAddr: peerAddr(m.ID),
+		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
+		RaftTimeout:   c.opts.RaftTimeout,
+		RaftTransport: trans, LogStore: m.logs, StableStore: m.stable, SnapshotStore: m.snaps,
+		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
+		Forward: forwarder{c, m.ID},
+		LogOutput: io.Discard,
+		Logger:    c.logger(),
+		OnView: func(v *router.View) {
+			rt.SetView(v)
+			c.notify()
+		},
+		OnRemoved: func() {
+			go c.kill(m, false)
+		},
+	}, nil)
+	if err != nil {
+		cancel()
+		c.t.Fatalf("open %s: %v", m.ID, err)
+	}
+	local.n = n
+	m.mu.Lock()
+	m.n, m.rt, m.trans, m.cancel = n, rt, trans, cancel
+	m.mu.Unlock()
+	m.up.Store(true)
+	c.relink()
+	// Leadership changes wake WaitFor too.
+	obsCh := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(obsCh, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.Raft().RegisterObserver(obs)
+	go func() {
+		defer n.Raft().DeregisterObserver(obs)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-obsCh:
+				c.notify()
+			}
+		}
+	}()
+}
+
+// localHandler lets the router be built before the node it calls.
+type localHandler struct{ n *node.Node }
+
+func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	l.n.HandleBatch(ctx, req, resp)
+}
+
+// logger writes the members' logs to stderr when CLUSTERTEST_LOG is set.
+func (c *Cluster) logger() *slog.Logger {
+	if os.Getenv("CLUSTERTEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (c *Cluster) notify() {
+	c.mu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// WaitFor waits until cond holds, re-evaluating it whenever a member's
+// view or Raft leadership changes (and at least every 100ms of virtual
+// time, for conditions those do not signal); it fails the test when
+// timeout of virtual time passes first.
+func (c *Cluster) WaitFor(what string, timeout time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		ch := c.changed
+		c.mu.Unlock()
+		if cond() {
+			return
+		}
+		tick := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ch:
+		case <-tick.C:
+		case <-deadline.C:
+			c.t.Fatalf("clustertest: %s: not within %v", what, timeout)
+		}
+		tick.Stop()
+	}
+}
+
+// WaitSettled waits until every running member is ready and sees the
+// same ring of n active members at one epoch.
+func (c *Cluster) WaitSettled(n int) {
+	c.t.Helper()
+	c.WaitFor(fmt.Sprintf("%d members settled", n), 30*time.Second, func() bool {
+		var epoch uint64
+		first := true
+		for _, m := range c.Members() {
+			if !m.running() {
+				continue
+			}
+			nd := m.Node()
+			v := nd.View()
+			if v == nil || nd.Ready() != nil || len(v.Ring.Members()) != n {
+				return false
+			}
+			if !first && v.Epoch() != epoch {
+				return false
+			}
+			epoch, first = v.Epoch(), false
+		}
+		return !first
+	})
+}
+
+// Members lists the members in creation order.
+func (c *Cluster) Members() []*Member {
+	var out []*Member
+	for _, id := range c.ids() {
+		out = append(out, c.Member(id))
+	}
+	return out
+}
+
+func (c *Cluster) ids() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.order)
+}
+
+// ringSize is the number of active members in a running member's view.
+func (c *Cluster) ringSize() int {
+	for _, m := range c.Members() {
+		if m.running() {
+			if v := m.Node().View(); v != nil {
+				return len(v.Ring.Members())
+			}
+		}
+	}
+	return 0
+}
+
+// Member returns the member with id, or nil.
+func (c *Cluster) Member(id string) *Member {
+	c.net.mu.Lock()
+	defer c.net.mu.Unlock()
+	return c.net.members[id]
+}
+
+// Leader returns the member that leads, or nil.
+func (c *Cluster) Leader() *Member {
+	for _, m := range c.Members() {
+		if m.running() && m.Node().Raft().State() == raft.Leader {
+			return m
+		}
+	}
+	return nil
+}
+
+// Crash stops member id at once, as SIGKILL would: nothing is handed off,
+// nobody is told. Its stores survive for Restart.
+func (c *Cluster) Crash(id string) { c.kill(c.Member(id), false) }
+
+// Stop stops member id gracefully, as SIGTERM does: it is marked down,
+// hands its partitions off (bounded by drain), then stops.
+func (c *Cluster) Stop(id string, drain time.Duration) {
+	c.t.Helper()
+	m := c.Member(id)
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := m.Node().StopGracefully(ctx); err != nil {
+		c.t.Logf("clustertest: stopping %s: %v", id, err)
+	}
+	c.kill(m, false)
+}
+
+func (c *Cluster) kill(m *Member, _ bool) {
+	if !m.up.CompareAndSwap(true, false) {
+		return
+	}
+	m.mu.Lock()
+	n, rt, trans, cancel := m.n, m.rt, m.trans, m.cancel
+	m.mu.Unlock()
+	c.relink()
+	cancel()
+	rt.Close()
+	_ = n.Close()
+	_ = trans.Close()
+	c.notify()
+}
+
+// Restart starts member id again over the stores it had.
+func (c *Cluster) Restart(id string) {
+	c.t.Helper()
+	m := c.Member(id)
+	if m.running() {
+		c.t.Fatalf("clustertest: restart of %s, which is running", id)
+	}
+	c.start(m)
+}
+
+// Leave removes member id for good through the leader (ringlimit leave)
+// and waits until its process has stopped.
+func (c *Cluster) Leave(id string) {
+	c.t.Helper()
+	var via *Member
+	for _, m := range c.Members() {
+		if m.running() && m.ID != id {
+			via = m
+			break
+		}
+	}
+	if err := via.Node().Leave(context.Background(), id); err != nil {
+		c.t.Fatalf("clustertest: leave %s: %v", id, err)
+	}
+	c.WaitFor(id+" stopped after leaving", 30*time.Second, func() bool { return !c.Member(id).running() })
+}
+
+// Partition cuts every link between the given members and the others,
+// both ways, on Raft and on the data plane.
+func (c *Cluster) Partition(ids ...string) {
+	c.net.mu.Lock()
+	for _, a := range c.order {
+		for _, b := range c.order {
+			if slices.Contains(ids, a) != slices.Contains(ids, b) {
+				l := c.net.links[[2]string{a, b}]
+				l.cut = true
+				c.net.links[[2]string{a, b}] = l
+			}
+		}
+	}
+	c.net.mu.Unlock()
+	c.relink()
+}
+
+// Heal restores every link (cuts and delays).
+func (c *Cluster) Heal() {
+	c.net.mu.Lock()
+	clear(c.net.links)
+	c.net.mu.Unlock()
+	c.relink()
+}
+
+// SetLink sets the data-plane link from → to: cut drops its calls (they
+// hang until their deadline), delay holds each call that long. A cut
+// also cuts Raft in that direction.
+func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
+	c.net.mu.Lock()
+	c.net.links[[2]string{from, to}] = link{cut: cut, delay: delay}
+	c.net.mu.Unlock()
+	c.relink()
+}
+
+// relink connects every running member's Raft transport to every other
+// running member it has an uncut link to.
+func (c *Cluster) relink() {
+	ms := c.Members()
+	for _, a := range ms {
+		if !a.running() {
+			continue
+		}
+		a.mu.Lock()
+		ta := a.trans
+		a.mu.Unlock()
+		for _, b := range ms {
+			if a == b {
+				continue
+			}
+			b.mu.Lock()
+			tb := b.trans
+			b.mu.Unlock()
+			if b.running() && !c.net.link(a.ID, b.ID).cut {
+				ta.Connect(raft.ServerAddress(raftAddr(b.ID)), tb)
+			} else {
+				ta.Disconnect(raft.ServerAddress(raftAddr(b.ID)))
+			}
+		}
+	}
+}
+
+// KeyOwnedBy returns a key of rule whose partition member id owns in the
+// view of the first running member (different keys for different n).
+func (c *Cluster) KeyOwnedBy(id string, n int) string {
+	c.t.Helper()
+	var v *router.View
+	for _, m := range c.Members() {
+		if m.running() {
+			v = m.Node().View()
+			break
+		}
+	}
+	for i := 0; i < 1<<20; i++ {
+		k := fmt.Sprintf("key-%d", i)
+		if _, o, ok := v.Ring.OwnerOfKey(limiter.KeyHash(v.Seed, k)); ok && o.ID == id {
+			if n == 0 {
+				return k
+			}
+			n--
+		}
+	}
+	c.t.Fatalf("clustertest: no key owned by %s", id)
+	return ""
+}
+
+// PutRules writes rules through member via and waits until every running
+// member has them.
+func (c *Cluster) PutRules(via string, rs ...limiter.Rule) {
+	c.t.Helper()
+	if _, err := c.Member(via).Node().PutRules(context.Background(), rs); err != nil {
+		c.t.Fatal(err)
+	}
+	c.WaitFor("rules everywhere", 10*time.Second, func() bool {
+		for _, m := range c.Members() {
+			if !m.running() {
+				continue
+			}
+			v := m.Router().View()
+			for _, r := range rs {
+				if v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Limit != r.Limit {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// Check sends one check through member via's router.
+func (c *Cluster) Check(via, rule, key string, cost int64) router.Result {
+	c.t.Helper()
+	out := make([]router.Result, 1)
+	if err := c.Member(via).Router().Check(context.Background(), []router.Request{{Rule: rule, Key: key, Cost: cost}}, out); err != nil {
+		c.t.Fatalf("clustertest: check via %s: %v", via, err)
+	}
+	return out[0]
+}
+
+func (c *Cluster) close() {
+	for _, m := range c.Members() {
+		c.kill(m, false)
+	}
+}
+
+// forwarder is the in-memory leader client: it calls the member at an
+// HTTP address directly, over the link table.
+type forwarder struct {
+	c    *Cluster
+	from string
+}
+
+func (f forwarder) target(ctx context.Context, addr string) (*node.Node, context.Context, error) {
+	id := addr[len("http-"):]
+	m, err := f.c.net.route(ctx, f.from, peerAddr(id))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+	}
+	return m.Node(), api.WithForwarded(ctx), nil
+}
+
+func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
+	n, ctx, err := f.target(ctx, leader)
+	if err != nil {
+		return err
+	}
+	return n.Join(ctx, req)
+}
+
+func (f forwarder) Leave(ctx context.Context, leader, id string) error {
+	n, ctx, err := f.target(ctx, leader)
+	if err != nil {
+		return err
+	}
+	return n.Leave(ctx, id)
+}
+
+func (f forwarder) SetState(ctx context.Context, leader, id, state string) error {
+	n, ctx, err := f.target(ctx, leader)
+	if err != nil {
+		return err
+	}
+	return n.SetState(ctx, id, state)
+}
+
+func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
+	n, ctx, err := f.target(ctx, leader)
+	if err != nil {
+		return nil, err
+	}
+	return n.PutRules(ctx, written)
+}

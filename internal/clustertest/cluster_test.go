@@ -1,0 +1,226 @@
+package clustertest
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+var logRule = limiter.Rule{Name: "log", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour, FailureMode: limiter.FailClosed}
+
+// spend makes n checks of key through via and returns how many passed.
+func spend(c *Cluster, via, key string, n int) (allowed, degraded int) {
+	for range n {
+		r := c.Check(via, "log", key, 1)
+		if r.Allowed && !r.Degraded {
+			allowed++
+		}
+		if r.Degraded {
+			degraded++
+		}
+	}
+	return
+}
+
+func TestPartitionedLeaderIsReplacedAndHealsIntoOneRing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour}) // no failure detection: only Raft moves
+		old := c.Leader()
+		epoch := old.Node().View().Epoch()
+		c.Partition(old.ID)
+		c.WaitFor("a new leader in the majority", 10*time.Second, func() bool {
+			l := c.Leader()
+			return l != nil && l != old
+		})
+		for _, m := range c.Members() {
+			if m != old {
+				if got := m.Node().View().Epoch(); got != epoch {
+					t.Errorf("%s: epoch %d after the election, want %d (no owner change)", m.ID, got, epoch)
+				}
+			}
+		}
+		c.Heal()
+		c.WaitFor("one leader", 10*time.Second, func() bool {
+			leaders := 0
+			for _, m := range c.Members() {
+				if m.Node().Raft().State() == raft.Leader {
+					leaders++
+				}
+			}
+			return leaders == 1
+		})
+		c.WaitSettled(3)
+	})
+}
+
+func TestCrashAndRestartKeepTheBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour})
+		c.PutRules("n1", logRule)
+		key := c.KeyOwnedBy("n3", 0)
+		if a, _ := spend(c, "n1", key, 6); a != 6 {
+			t.Fatalf("admitted %d of 6", a)
+		}
+		time.Sleep(100 * time.Millisecond) // one backup round has passed (virtual time)
+		c.Crash("n3")
+		c.Restart("n3")
+		c.WaitSettled(3)
+		if a, d := spend(c, "n1", key, 10); a != 4 || d != 0 {
+			t.Fatalf("after crash+restart: admitted %d (degraded %d), want the 4 left of 10", a, d)
+		}
+	})
+}
+
+func TestDeadMemberIsMarkedAndBackupsServe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		c.PutRules("n1", logRule)
+		victim := "n3"
+		if c.Leader().ID == victim {
+			victim = "n2"
+		}
+		key := c.KeyOwnedBy(victim, 0)
+		if a, _ := spend(c, "n1", key, 7); a != 7 {
+			t.Fatalf("admitted %d of 7", a)
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.Crash(victim)
+		start := time.Now()
+		// Meanwhile the rule's failure mode (closed) answers, degraded.
+		if r := c.Check("n1", "log", key, 1); !r.Degraded || r.Allowed {
+			t.Fatalf("owner down: %+v, want degraded and denied (fail closed)", r)
+		}
+		c.WaitFor(victim+" marked dead", 10*time.Second, func() bool {
+			m, _ := c.Member("n1").Node().State().Member(victim)
+			return m.State == fsm.Dead
+		})
+		if took := time.Since(start); took > 2*time.Second+time.Second {
+			t.Errorf("marked dead after %v, want within dead-after + 1s", took)
+		}
+		if a, d := spend(c, "n1", key, 10); a != 3 || d != 0 {
+			t.Fatalf("after failover: admitted %d (degraded %d), want the 3 left of 10 from the backup", a, d)
+		}
+		// It comes back: active again, and takes its partitions back with
+		// their state.
+		c.Restart(victim)
+		c.WaitSettled(3)
+		if m, _ := c.Member("n1").Node().State().Member(victim); m.State != fsm.Active {
+			t.Fatalf("%s is %s after returning", victim, m.State)
+		}
+		if a, _ := spend(c, "n1", key, 5); a != 0 {
+			t.Fatalf("after the return: %d more admitted, want 0", a)
+		}
+	})
+}
+
+func TestGracefulStopJoinAndLeaveHandOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		c.PutRules("n1", logRule)
+		var keys []string
+		for i := range 8 {
+			keys = append(keys, c.KeyOwnedBy("n2", i), c.KeyOwnedBy("n3", i))
+		}
+		for _, k := range keys {
+			spend(c, "n1", k, 5)
+		}
+		left := func(want int, when string) {
+			t.Helper()
+			for _, k := range keys {
+				if r := c.Check("n1", "log", k, 0); r.Remaining != int64(want) || r.Degraded {
+					t.Fatalf("%s: key %s has %d left (degraded %v), want %d", when, k, r.Remaining, r.Degraded, want)
+				}
+			}
+		}
+		c.Stop("n2", 5*time.Second) // SIGTERM: drain and hand off
+		c.WaitSettled(2)
+		left(5, "after n2 stopped")
+		c.Restart("n2")
+		c.WaitSettled(3)
+		left(5, "after n2 returned")
+		c.Join("n4")
+		left(5, "after n4 joined")
+		c.Leave("n3")
+		c.WaitSettled(3)
+		left(5, "after n3 left")
+		if _, ok := c.Member("n1").Node().State().Member("n3"); ok {
+			t.Fatal("n3 still a member after leaving")
+		}
+	})
+}
+
+func TestSixthMemberIsANonVoter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 6, Options{})
+		cf := c.Leader().Node().Raft().GetConfiguration()
+		if err := cf.Error(); err != nil {
+			t.Fatal(err)
+		}
+		voters, nonVoter := 0, ""
+		for _, s := range cf.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				voters++
+			} else {
+				nonVoter = string(s.ID)
+			}
+		}
+		if voters != 5 || len(cf.Configuration().Servers) != 6 {
+			t.Fatalf("raft has %d servers, %d voters; want 6 and 5", len(cf.Configuration().Servers), voters)
+		}
+		if n := len(c.Member("n1").Node().View().Ring.PartitionsOf(nonVoter)); n == 0 {
+			t.Fatalf("the non-voter %s owns no partitions", nonVoter)
+		}
+	})
+}
+
+// A member cut off from the majority stops answering for its partitions
+// (its lease runs out before the others mark it dead), so two members
+// never answer for one partition.
+func TestCutOffMemberNeverAnswersStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		c.PutRules("n1", logRule)
+		victim := "n3"
+		if c.Leader().ID == victim {
+			victim = "n2"
+		}
+		key := c.KeyOwnedBy(victim, 0)
+		spend(c, victim, key, 4)
+		time.Sleep(100 * time.Millisecond)
+		c.Partition(victim)
+		c.WaitFor(victim+" marked dead", 10*time.Second, func() bool {
+			m, _ := c.Member("n1").Node().State().Member(victim)
+			return m.State == fsm.Dead
+		})
+		// The majority serves the key from the backup: 6 left.
+		if a, d := spend(c, "n1", key, 3); a != 3 || d != 0 {
+			t.Fatalf("majority: %d admitted, %d degraded; want 3 and 0", a, d)
+		}
+		// The cut-off member still believes its old ring, but its lease is
+		// gone: its own router gets no OK for the key (fail closed).
+		if a, _ := spend(c, victim, key, 5); a != 0 {
+			t.Fatalf("the cut-off member admitted %d from a stale ring", a)
+		}
+		c.Heal()
+		c.WaitSettled(3)
+		if a, _ := spend(c, "n1", key, 10); a != 3 {
+			t.Fatalf("after healing: %d admitted, want the 3 left of 10", a)
+		}
+		var epoch uint64
+		for i, m := range c.Members() {
+			if e := m.Node().View().Epoch(); i > 0 && e != epoch {
+				t.Fatalf("epochs differ after healing: %d vs %d", e, epoch)
+			} else {
+				epoch = e
+			}
+		}
+	})
+}
+
+var _ = ring.Member{}

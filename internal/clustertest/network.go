@@ -1,0 +1,125 @@
+package clustertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// ErrRefused is what a call to a member that is not running gets (a
+// crashed process: connection refused).
+var ErrRefused = errors.New("clustertest: connection refused")
+
+// link is the state of one direction between two members.
+type link struct {
+	cut   bool          // packets are dropped: calls hang until their deadline
+	delay time.Duration // added before delivery
+}
+
+// network is the in-memory data plane and the link table that Raft's
+// in-memory transports follow too. Addresses are member ids prefixed with
+// "peer-"; every call knows its sender, so links are directional.
+type network struct {
+	mu      sync.Mutex
+	members map[string]*Member         // by id; guarded by mu
+	links   map[[2]string]link         // (from, to) → state; guarded by mu
+	byPeer  map[string]string          // peer address → id; guarded by mu
+	drops   map[[2]string]int          // calls dropped per link, for tests; guarded by mu
+}
+
+func newNetwork() *network {
+	return &network{members: map[string]*Member{}, links: map[[2]string]link{}, byPeer: map[string]string{}, drops: map[[2]string]int{}}
+}
+
+func (n *network) link(from, to string) link {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.links[[2]string{from, to}]
+}
+
+// route finds the member at addr and applies the link from → it: it
+// returns the member to deliver to, or the error the caller sees (after
+// waiting out a cut link's silence until ctx ends).
+func (n *network) route(ctx context.Context, from, addr string) (*Member, error) {
+	n.mu.Lock()
+	id, ok := n.byPeer[addr]
+	m := n.members[id]
+	l := n.links[[2]string{from, id}]
+	back := n.links[[2]string{id, from}]
+	if ok && (l.cut || back.cut) {
+		n.drops[[2]string{from, id}]++
+	}
+	n.mu.Unlock()
+	if !ok || m == nil {
+		return nil, fmt.Errorf("%w: no member at %s", ErrRefused, addr)
+	}
+	if l.cut || back.cut {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if l.delay > 0 {
+		t := time.NewTimer(l.delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	if !m.running() {
+		return nil, fmt.Errorf("%w: %s is not running", ErrRefused, id)
+	}
+	return m, nil
+}
+
+// endpoint is one member's (or router's) side of the data plane: it
+// implements router.Remote and node.DataPlane.
+type endpoint struct {
+	net  *network
+	from string
+}
+
+func (e endpoint) Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error {
+	m, err := e.net.route(ctx, e.from, addr)
+	if err != nil {
+		return err
+	}
+	// What a real peer sees is a decoded copy, never the sender's memory.
+	in := &transport.BatchRequest{Epoch: req.Epoch, Checks: slices.Clone(req.Checks)}
+	out := &transport.BatchResponse{Results: make([]transport.Result, len(in.Checks))}
+	for i := range out.Results {
+		out.Results[i] = transport.Result{Status: transport.StatusInternal}
+	}
+	m.node().HandleBatch(ctx, in, out)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	resp.Epoch, resp.Results = out.Epoch, append(resp.Results[:0], out.Results...)
+	return nil
+}
+
+func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	m, err := e.net.route(ctx, e.from, addr)
+	if err != nil {
+		return err
+	}
+	in := &transport.Push{Kind: push.Kind, Epoch: push.Epoch, From: push.From}
+	for _, p := range push.Parts {
+		in.Parts = append(in.Parts, transport.PushPart{Partition: p.Partition, Lost: p.Lost, Data: slices.Clone(p.Data)})
+	}
+	out := &transport.PushAck{Status: make([]transport.PushStatus, len(in.Parts))}
+	for i := range out.Status {
+		out.Status[i] = transport.PushRejected
+	}
+	m.node().HandlePush(ctx, in, out)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	*ack = *out
+	return nil
+}
