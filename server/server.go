@@ -111,10 +111,10 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
 		Forward: fwd, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
 		Registerer: s.Registry,
-		OnView:    rt.SetView,
-		DataPlane: s.pool,
-		DeadAfter: cfg.DeadAfter,
-		OnRemoved: func() { removeOnce.Do(func() { close(s.removed) }) },
+		OnView:     rt.SetView,
+		DataPlane:  s.pool,
+		DeadAfter:  cfg.DeadAfter,
+		OnRemoved:  func() { removeOnce.Do(func() { close(s.removed) }) },
 	}, ls.Raft)
 	if err != nil {
 		rt.Close()
@@ -174,18 +174,11 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.stop(ctx, true) 
 func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.cancel()
 	if markDown {
-		mctx, cancel := context.WithTimeout(ctx, markDownTimeout)
-		if err := s.Node.MarkDown(mctx); err != nil {
-			s.log.Warn("could not mark this member down; its keys are answered by failure modes until it returns", "err", err)
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
+		if err := s.Node.StopGracefully(dctx); err != nil {
+			s.log.Warn("graceful stop incomplete; the keys concerned are served from backup copies", "err", err)
 		}
 		cancel()
-		// Hand the partitions to their new owners before going.
-		hctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
-		if err := s.Node.WaitHandoffs(hctx); err != nil {
-			s.log.Warn("drain timeout: some partitions were not handed off; their new owners serve their backup copies", "err", err)
-		}
-		cancel()
-		s.Node.TransferLeadership()
 	}
 	err := s.http.Shutdown(ctx)
 	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {
@@ -202,9 +195,6 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.wg.Wait()
 	return err
 }
-
-// markDownTimeout bounds the attempt to mark a stopping member down.
-const markDownTimeout = 2 * time.Second
 
 // forwarder carries writes to the leader's HTTP API, over one HTTP
 // client (one connection pool) for the member's lifetime.

@@ -190,7 +190,7 @@ type call struct {
 	resp *BatchResponse
 	ack  *PushAck // for a push instead of a batch
 	want int      // number of results expected
-	buf  []byte // the encoded request
+	buf  []byte   // the encoded request
 }
 
 // clientConn is one connection of a Client.

@@ -33,7 +33,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		join         = fs.String("join", "", "HTTP address of any existing member; empty with an empty data dir bootstraps a new cluster")
 		rulesFile    = fs.String("rules", "", "rules YAML file, applied through Raft whenever it changes")
 		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
-		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend draining")
+		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend handing off partitions and draining")
+		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before the leader marks it dead")
 		partitions   = fs.Int("partitions", ring.DefaultConfig().Partitions, "partition count of a new cluster (fixed once bootstrapped)")
 		linger       = fs.Duration("linger", router.DefaultConfig().Linger, "how long a forwarded batch waits to fill")
 		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
@@ -87,7 +88,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
-		DrainTimeout: *drainTimeout, Ring: rc,
+		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, LogOutput: stderr,
 	}, ls)

@@ -172,7 +172,7 @@ func (c *Cluster) start(m *Member) {
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: trans, LogStore: m.logs, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
-		Forward: forwarder{c, m.ID},
+		Forward:   forwarder{c, m.ID},
 		LogOutput: io.Discard,
 		Logger:    c.logger(),
 		OnView: func(v *router.View) {

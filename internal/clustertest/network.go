@@ -26,10 +26,10 @@ type link struct {
 // "peer-"; every call knows its sender, so links are directional.
 type network struct {
 	mu      sync.Mutex
-	members map[string]*Member         // by id; guarded by mu
-	links   map[[2]string]link         // (from, to) → state; guarded by mu
-	byPeer  map[string]string          // peer address → id; guarded by mu
-	drops   map[[2]string]int          // calls dropped per link, for tests; guarded by mu
+	members map[string]*Member // by id; guarded by mu
+	links   map[[2]string]link // (from, to) → state; guarded by mu
+	byPeer  map[string]string  // peer address → id; guarded by mu
+	drops   map[[2]string]int  // calls dropped per link, for tests; guarded by mu
 }
 
 func newNetwork() *network {
