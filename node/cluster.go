@@ -13,6 +13,7 @@ import (
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // MaxVoters is the most Raft voters; later members join as non-voters
@@ -231,8 +232,8 @@ func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
 // join runs on the leader: Raft configuration first (so the new member
 // receives the log), then the ring membership.
 func (n *Node) join(req api.JoinRequest) error {
-	n.joinedMu.Lock()
-	defer n.joinedMu.Unlock()
+	n.membership.lock()
+	defer n.membership.unlock()
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
@@ -291,8 +292,8 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 		}
 		return n.cfg.Forward.Leave(ctx, addr, id)
 	}
-	n.joinedMu.Lock()
-	defer n.joinedMu.Unlock()
+	n.membership.lock()
+	defer n.membership.unlock()
 	st := n.fsm.State()
 	if _, ok := st.Member(id); !ok {
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
@@ -329,8 +330,8 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 		}
 		return n.cfg.Forward.SetState(ctx, addr, id, state)
 	}
-	n.joinedMu.Lock()
-	defer n.joinedMu.Unlock()
+	n.membership.lock()
+	defer n.membership.unlock()
 	if _, ok := n.fsm.State().Member(id); !ok {
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
 	}
@@ -396,7 +397,15 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 		if err != nil {
 			return nil, err
 		}
-		return n.cfg.Forward.PutRules(ctx, addr, written)
+		set, err := n.cfg.Forward.PutRules(ctx, addr, written)
+		if err != nil {
+			return nil, err
+		}
+		// Read your writes: answer once this node decides under the set.
+		if err := n.awaitRules(ctx, func(v *view.View) bool { return sameRules(v.List, set) }); err != nil {
+			return nil, err
+		}
+		return set, nil
 	}
 	cmd, err := fsm.PutRules(written)
 	if err != nil {
@@ -405,7 +414,45 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 	if err := n.apply(cmd); err != nil {
 		return nil, err
 	}
-	return rules.Effective(n.fsm.State().Rules), nil
+	st := n.fsm.State()
+	if err := n.awaitRules(ctx, func(v *view.View) bool { return v.RulesVersion >= st.RulesIndex }); err != nil {
+		return nil, err
+	}
+	return rules.Effective(st.Rules), nil
+}
+
+// rulesWait bounds how long a rules write waits to be in force locally.
+const rulesWait = 5 * time.Second
+
+// awaitRules waits until this node's published view satisfies ok (the
+// write is in force here), ctx ends or rulesWait passes.
+func (n *Node) awaitRules(ctx context.Context, ok func(*view.View) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, rulesWait)
+	defer cancel()
+	for {
+		ch := n.cell.Changed()
+		if v := n.cell.Load(); v != nil && ok(v) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: the rules were written but are not in force on this node yet", api.ErrUnavailable)
+		}
+	}
+}
+
+// sameRules reports whether two rule sets are equal, in order.
+func sameRules(a, b []limiter.Rule) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Cluster describes the cluster as this node sees it.
@@ -468,6 +515,8 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: waiting for %d partitions to be handed over", api.ErrUnavailable, n.Owner().Awaiting())
 	case !n.registered():
 		return fmt.Errorf("%w: not an active member yet", api.ErrUnavailable)
+	case n.rulesFilePending.Load():
+		return fmt.Errorf("%w: the rules file is not in force yet", api.ErrUnavailable)
 	}
 	return nil
 }

@@ -343,8 +343,8 @@ func (n *Node) detectLoop() {
 }
 
 func (n *Node) markDead(id string) error {
-	n.joinedMu.Lock()
-	defer n.joinedMu.Unlock()
+	n.membership.lock()
+	defer n.membership.unlock()
 	cmd, err := fsm.SetMemberState(id, fsm.Dead)
 	if err != nil {
 		return err

@@ -146,12 +146,20 @@ type Node struct {
 	// from before a restart, say) and the node is not ready.
 	startIndex uint64
 	stopping   atomic.Bool // marked down for a graceful stop: do not re-register
-	joinedMu   sync.Mutex  // serialises leader-side membership changes
+	// membership serialises leader-side membership changes. It is a
+	// channel, not a sync.Mutex, because its holder waits on Raft: a
+	// goroutine queued on a channel is durably blocked, so a synctest
+	// bubble can still advance its clock (it cannot past a mutex wait).
+	membership chanLock
 	// recovered: after a restart with state, this member has had itself
 	// marked down once, so its backups serve what it lost (see register).
 	recovered atomic.Bool
 
 	cell view.Cell // the published view, for callers that wait on it
+
+	// rulesFilePending: a rules file was given and its content is not in
+	// force on this node yet (not ready until it is).
+	rulesFilePending atomic.Bool
 }
 
 // Open starts a member on the given Raft listener: it recovers its state
@@ -176,7 +184,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if cfg.BackupInterval == 0 {
 		cfg.BackupInterval = 20 * time.Millisecond
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1)}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
 	if n.now == nil {
@@ -412,3 +420,9 @@ func randomSeed() uint64 {
 	_, _ = rand.Read(b[:]) // crypto/rand never fails on supported platforms
 	return binary.LittleEndian.Uint64(b[:])
 }
+
+// chanLock is a mutex made of a one-slot channel.
+type chanLock chan struct{}
+
+func (l chanLock) lock()   { l <- struct{}{} }
+func (l chanLock) unlock() { <-l }

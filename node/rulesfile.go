@@ -36,8 +36,12 @@ func LoadRulesFile(path string) ([]byte, error) {
 func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Duration) {
 	var seen [32]byte // content last looked at
 	pending := false  // valid content not applied yet (no leader, say)
+	n.rulesFilePending.Store(true)
+	defer n.rulesFilePending.Store(false)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	retry := time.NewTicker(50 * time.Millisecond) // while pending at start
+	defer retry.Stop()
 	for {
 		data, err := os.ReadFile(path)
 		switch {
@@ -50,10 +54,18 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 			seen = sha256.Sum256(data)
 			pending = n.applyRulesFile(ctx, path, data)
 		}
+		if !pending {
+			// In force (or refused, and the rules in force stay): ready.
+			n.rulesFilePending.Store(false)
+		}
+		wait := tick.C
+		if pending && n.rulesFilePending.Load() {
+			wait = retry.C // not ready until it is in force: try again soon
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-wait:
 		}
 	}
 }
@@ -70,6 +82,9 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	marker := filepath.Join(n.cfg.DataDir, appliedFile)
 	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp {
 		return false // unchanged since we applied it: a later PUT stays in force
+	}
+	if !n.caughtUp() || n.View() == nil {
+		return true // the log is still replaying: the file may already be in it
 	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

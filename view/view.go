@@ -91,8 +91,9 @@ func (c *Cell) Store(v *View) {
 	c.mu.Unlock()
 }
 
-// changed returns a channel closed by the next Store.
-func (c *Cell) changed() <-chan struct{} {
+// Changed returns a channel closed by the next Store. Load after taking
+// it, so a Store in between is not missed.
+func (c *Cell) Changed() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.next == nil {
@@ -114,7 +115,7 @@ func (c *Cell) Await(ctx context.Context, epoch, rulesVersion uint64, maxWait ti
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
 	for {
-		ch := c.changed()
+		ch := c.Changed()
 		v := c.v.Load()
 		if reached(v) {
 			return v
