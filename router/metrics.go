@@ -15,6 +15,8 @@ type metrics struct {
 	notOwner      prometheus.Counter
 	forwardErrors prometheus.Counter
 	degraded      prometheus.Counter
+	viewErrors    prometheus.Counter // Follow's failed fetches
+	viewEpoch     prometheus.Gauge   // the ring epoch Follow installed last
 
 	perRule sync.Map // rule name → *ruleCounters
 }
@@ -38,9 +40,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		notOwner:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_not_owner_total", Help: "Checks answered NOT_OWNER and retried on a newer ring."}),
 		forwardErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_forward_errors_total", Help: "Batches to another owner that failed or timed out."}),
 		degraded:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_degraded_total", Help: "Checks answered by the rule's failure mode."}),
+		viewErrors:    prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_router_view_errors_total", Help: "Failed fetches of the cluster view by a following router."}),
+		viewEpoch:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_router_view_epoch", Help: "Ring epoch of the view a following router installed last."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.latency, m.batchSize, m.forwarded, m.notOwner, m.forwardErrors, m.degraded} {
+		for _, c := range []prometheus.Collector{m.decisions, m.latency, m.batchSize, m.forwarded, m.notOwner, m.forwardErrors, m.degraded, m.viewErrors, m.viewEpoch} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

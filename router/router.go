@@ -116,6 +116,8 @@ type Router struct {
 	batchers map[string]*batcher
 
 	scratch sync.Pool // *scratch
+
+	stale chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
 }
 
 // New returns a router. local decides the partitions this node owns (may
@@ -125,7 +127,7 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	r := &Router{cfg: cfg, local: local, remote: remote, batchers: map[string]*batcher{}}
+	r := &Router{cfg: cfg, local: local, remote: remote, batchers: map[string]*batcher{}, stale: make(chan struct{}, 1)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.scratch.New = func() any { return new(scratch) }
 	m, err := newMetrics(cfg.Registerer)
@@ -227,6 +229,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 			break
 		}
 		r.m.notOwner.Add(float64(len(s.retry)))
+		r.markStale()
 		v = r.cell.Await(ctx, epoch, 0, r.cfg.RefreshWait)
 		s.pending, s.retry = s.retry, s.pending[:0] // swap: the two never share an array
 	}

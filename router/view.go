@@ -1,11 +1,11 @@
 package router
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/view"
@@ -27,12 +27,15 @@ func ViewFromAPI(v api.View) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: view ring: %w", err)
 	}
-	doc, err := json.Marshal(api.Rules{Rules: v.Rules})
-	if err != nil {
-		return nil, err
+	written := make([]limiter.Rule, 0, len(v.Rules))
+	for _, av := range v.Rules {
+		rule, err := rules.FromView(rules.View(av))
+		if err != nil {
+			return nil, fmt.Errorf("router: view rules: %w", err)
+		}
+		written = append(written, rule)
 	}
-	written, err := rules.Parse(doc)
-	if err != nil {
+	if err := rules.Validate(written); err != nil {
 		return nil, fmt.Errorf("router: view rules: %w", err)
 	}
 	return view.New(r, seed, rules.Effective(written), 0), nil

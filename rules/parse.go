@@ -85,8 +85,8 @@ func ruleList(js []byte) ([]json.RawMessage, error) {
 		return nil, &Error{Index: -1, Msg: "must be a mapping with a \"rules\" list, got " + rawText(js)}
 	}
 	for _, k := range sortedKeys(top) {
-		if k != "rules" {
-			return nil, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules)"}
+		if k != "rules" && k != "routes" { // routes: read by ParseRoutes
+			return nil, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
 		}
 	}
 	raw := bytes.TrimSpace(top["rules"])

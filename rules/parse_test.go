@@ -147,7 +147,7 @@ func TestParseErrors(t *testing.T) {
 		// The document.
 		{"not a mapping", "- a\n- b\n", -1, "", "", `rules document: must be a mapping with a "rules" list, got ["a","b"]`},
 		{"rules not a list", "rules: 3\n", -1, "", "rules", `rules document: rules: must be a list of rules, got 3`},
-		{"top-level unknown field", "rules: []\nroutes: []\n", -1, "", "routes", `rules document: routes: unknown field (want rules)`},
+		{"top-level unknown field", "rules: []\nroute: []\n", -1, "", "route", `rules document: route: unknown field (want rules, routes)`},
 		{"duplicate yaml key", base("login", "", "limit: 11"), -1, "", "", ""},
 		{"bad yaml", "rules: [\n", -1, "", "", ""},
 	}

@@ -1,0 +1,99 @@
+package router
+
+import (
+	"context"
+	"time"
+)
+
+// ViewSource gives a router that is not a member the cluster's current
+// view (client.ViewSource reads GET /v1/cluster/view from the members and
+// fails over between them). It is the one thing Follow needs.
+type ViewSource interface {
+	// FetchView returns the cluster's current view, or an error when no
+	// member could give one before ctx ends.
+	FetchView(ctx context.Context) (*View, error)
+}
+
+// Follow keeps the router's view current until ctx ends: it fetches a
+// view from src at once, then every period, and at once whenever an owner
+// answers NOT_OWNER (the ring moved on). A view whose ring epoch is older
+// than the one installed is ignored (a lagging member); one equal to it
+// in epoch and rules changes nothing. A failed fetch keeps the view the
+// router has and is retried at the next period. Follow returns ctx's
+// error.
+//
+// Follow is meant for a router with no local handler (a stateless router,
+// a gateway, a client); a member's router is fed by its node instead.
+func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration) error {
+	if every <= 0 {
+		every = time.Second
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		case <-r.stale:
+		}
+		fctx, cancel := context.WithTimeout(ctx, every)
+		v, err := src.FetchView(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.m.viewErrors.Inc()
+				r.cfg.Logger.Warn("router: could not refresh the cluster view; keeping the one it has", "err", err)
+			}
+		} else {
+			r.install(v)
+		}
+		if !t.Stop() {
+			select { // drain a fire that raced with the stale signal
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(every)
+	}
+}
+
+// install sets v as the view unless it is older than the current one or
+// the same in epoch and rules.
+func (r *Router) install(v *View) {
+	if v == nil || v.Ring == nil {
+		return
+	}
+	cur := r.View()
+	if cur != nil && cur.Ring != nil {
+		switch e, ce := v.Ring.Epoch(), cur.Ring.Epoch(); {
+		case e < ce:
+			return
+		case e == ce && v.Seed == cur.Seed && sameRules(v, cur):
+			return
+		}
+	}
+	r.SetView(v)
+	r.m.viewEpoch.Set(float64(v.Ring.Epoch()))
+}
+
+func sameRules(a, b *View) bool {
+	if len(a.Rules) != len(b.Rules) {
+		return false
+	}
+	for name, ra := range a.Rules {
+		rb, ok := b.Rules[name]
+		if !ok || *ra != *rb {
+			return false
+		}
+	}
+	return true
+}
+
+// markStale asks Follow for a refresh without blocking; signals coalesce.
+func (r *Router) markStale() {
+	select {
+	case r.stale <- struct{}{}:
+	default:
+	}
+}

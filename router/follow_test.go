@@ -1,0 +1,165 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// source is a fake ViewSource: it serves whatever view it was last given
+// and counts the fetches.
+type source struct {
+	mu      sync.Mutex
+	v       *View
+	err     error
+	fetches int
+}
+
+func (s *source) FetchView(context.Context) (*View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fetches++
+	return s.v, s.err
+}
+
+func (s *source) set(v *View, err error) {
+	s.mu.Lock()
+	s.v, s.err = v, err
+	s.mu.Unlock()
+}
+
+func (s *source) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fetches
+}
+
+func TestFollowRefreshesOnTheTimerAndKeepsTheNewestEpoch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := testRules(t)
+		rt, err := New(Config{}, nil, &network{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		src := &source{v: view.New(mustRing(t, 5, "a", "b"), 7, ruleList(rules), 0)}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- rt.Follow(ctx, src, time.Second) }()
+
+		synctest.Wait()
+		if rt.View() == nil || rt.View().Ring.Epoch() != 5 || src.count() != 1 {
+			t.Fatalf("after start: view %v, %d fetches; want epoch 5 fetched once at once", rt.View(), src.count())
+		}
+		// A lagging member serves an older ring: ignored.
+		src.set(view.New(mustRing(t, 4, "a"), 7, ruleList(rules), 0), nil)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if src.count() != 2 || rt.View().Ring.Epoch() != 5 {
+			t.Fatalf("after 1s: %d fetches, epoch %d; want 2 fetches, epoch 5 kept", src.count(), rt.View().Ring.Epoch())
+		}
+		// A failed fetch keeps the view.
+		src.set(nil, errors.New("all members down"))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if rt.View().Ring.Epoch() != 5 {
+			t.Fatal("a failed fetch dropped the view")
+		}
+		// A rules change at the same epoch is installed.
+		changed := testRules(t)
+		changed["log5"] = &limiter.Rule{Name: "log5", Algorithm: limiter.SlidingLog, Limit: 9, Period: time.Minute}
+		src.set(view.New(mustRing(t, 5, "a", "b"), 7, ruleList(changed), 0), nil)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := rt.View().Rules["log5"].Limit; got != 9 {
+			t.Fatalf("rules at the same epoch not followed: limit %d, want 9", got)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Follow returned %v, want context.Canceled", err)
+		}
+	})
+}
+
+// An owner's NOT_OWNER answer makes Follow fetch at once, not at its next
+// period: the check is retried at the new owner and spends once.
+func TestFollowRefreshesAtOnceOnNotOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := testRules(t)
+		old := mustRing(t, 1, "a", "b")
+		next := mustRing(t, 2, "a", "b", "c")
+		net := &network{owners: map[string]*owner{}}
+		for _, id := range []string{"a", "b", "c"} {
+			net.owners[id+":1"] = newOwner(t, id, next, rules)
+		}
+		rt, err := New(Config{Timeout: 5 * time.Second, RefreshWait: 5 * time.Second}, nil, net)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		src := &source{v: view.New(old, 7, ruleList(rules), 0)}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = rt.Follow(ctx, src, time.Hour) }()
+		synctest.Wait()
+		src.set(view.New(next, 7, ruleList(rules), 0), nil)
+		key := movedKey(t, old, next, "c")
+		start := time.Now()
+		out := make([]Result, 1)
+		if err := rt.Check(t.Context(), []Request{{Rule: "log5", Key: key, Cost: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !out[0].Allowed || out[0].Degraded || out[0].Remaining != 4 {
+			t.Fatalf("got %+v, want allowed at the new owner, remaining 4", out[0])
+		}
+		if waited := time.Since(start); waited > 0 {
+			t.Fatalf("the retry waited %v of virtual time: Follow did not refresh at once", waited)
+		}
+		if src.count() != 2 || rt.View().Ring.Epoch() != 2 {
+			t.Fatalf("%d fetches, epoch %d; want 2 fetches, epoch 2", src.count(), rt.View().Ring.Epoch())
+		}
+	})
+}
+
+// movedKey returns a key whose partition is owned by to in next but not in old.
+func movedKey(t *testing.T, old, next *ring.Ring, to string) string {
+	t.Helper()
+	for i := range 100000 {
+		k := "key-" + strconv.Itoa(i)
+		p := old.Partition(limiter.KeyHash(7, k))
+		if m1, _ := old.Owner(p); m1.ID != to {
+			if m2, _ := next.Owner(p); m2.ID == to {
+				return k
+			}
+		}
+	}
+	t.Fatal("no key moved")
+	return ""
+}
+
+// The router must stay free of Raft and of the member: a gateway, a
+// client or a router process links only what routing needs.
+func TestRouterDependsOnNeitherRaftNorNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-deps", "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.Contains(dep, "hashicorp/raft") || dep == "github.com/ringlimit/ringlimit/node" || strings.HasPrefix(dep, "github.com/ringlimit/ringlimit/node/") {
+			t.Errorf("go list -deps ./router/... contains %s", dep)
+		}
+	}
+}

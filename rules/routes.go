@@ -1,0 +1,316 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+)
+
+// Route says which rules limit the requests a gateway matches to it. It
+// is read from the "routes:" list of a rules document:
+//
+//	routes:
+//	  - name: chat-free
+//	    methods: [POST]            # optional; any method when left out
+//	    path: /v1/chat/*           # "*" is one path segment; a final "/*" is anything below
+//	    tier: free                 # optional; any tier when left out
+//	    limits:
+//	      - rule: chat-rpm         # cost 1
+//	      - rule: chat-tpm
+//	        cost_from: header:X-Token-Estimate
+//	      - rule: uploads
+//	        cost: 5                # a constant cost
+type Route struct {
+	Name    string   `json:"name"`
+	Methods []string `json:"methods,omitempty"` // upper case
+	Path    string   `json:"path"`
+	Tier    string   `json:"tier,omitempty"`
+	Limits  []Limit  `json:"limits"`
+}
+
+// Limit is one rule a route's requests must pass, and what each request
+// costs under it.
+type Limit struct {
+	Rule string `json:"rule"`
+	// Cost is a constant cost (1 when left out). Ignored with CostFrom.
+	Cost int64 `json:"cost,omitempty"`
+	// CostFrom is "header:NAME": the cost is the integer in that request
+	// header (1 when the header is absent).
+	CostFrom string `json:"cost_from,omitempty"`
+}
+
+// CostHeader returns the header named by CostFrom, or "" for a constant
+// cost.
+func (l Limit) CostHeader() string {
+	h, _ := strings.CutPrefix(l.CostFrom, "header:")
+	return h
+}
+
+// MaxRoutes is the most routes one document may hold; MaxRouteLimits the
+// most limits one route may have.
+const (
+	MaxRoutes      = 1000
+	MaxRouteLimits = 16
+)
+
+// RouteError says what is wrong with a route, and where. It wraps
+// ErrInvalid. Its message reads
+//
+//	route "chat-free": limits[1].cost_from: must be header:NAME, got "body"
+type RouteError struct {
+	Index int    // the route's position in the document; -1 for the document
+	Route string // its name when it has a valid one
+	Field string // "path", "limits[1].rule", ...
+	Msg   string
+}
+
+func (e *RouteError) Error() string {
+	var s string
+	switch {
+	case e.Route != "":
+		s = "route " + strconv.Quote(e.Route) + ": "
+	case e.Index >= 0:
+		s = "routes[" + strconv.Itoa(e.Index) + "]: "
+	default:
+		s = "routes: "
+	}
+	if e.Field != "" {
+		s += e.Field + ": "
+	}
+	return s + e.Msg
+}
+
+// Unwrap returns ErrInvalid.
+func (e *RouteError) Unwrap() error { return ErrInvalid }
+
+// ParseRoutes reads the "routes:" list of a rules document (YAML or
+// JSON; the "rules:" list is Parse's). A document without routes gives
+// none. Each route needs a valid unique name, a path starting with "/"
+// and at least one limit naming a rule; unknown fields are refused. That
+// the named rules exist is CheckRoutes' business, against a rule set.
+func ParseRoutes(data []byte) ([]Route, error) {
+	if len(data) > MaxDocumentSize {
+		return nil, &RouteError{Index: -1, Msg: fmt.Sprintf("document of %d bytes, over the limit of %d", len(data), MaxDocumentSize)}
+	}
+	js, err := yamlToJSON(data)
+	if err != nil {
+		return nil, &RouteError{Index: -1, Msg: "not valid YAML or JSON: " + strings.Join(strings.Fields(err.Error()), " ")}
+	}
+	js = bytes.TrimSpace(js)
+	if isNull(js) {
+		return nil, nil
+	}
+	var top map[string]json.RawMessage
+	if js[0] != '{' || json.Unmarshal(js, &top) != nil {
+		return nil, &RouteError{Index: -1, Msg: "the document must be a mapping"}
+	}
+	raw := bytes.TrimSpace(top["routes"])
+	if len(raw) == 0 || isNull(raw) {
+		return nil, nil
+	}
+	var items []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+		return nil, &RouteError{Index: -1, Msg: "must be a list of routes, got " + rawText(raw)}
+	}
+	if len(items) > MaxRoutes {
+		return nil, &RouteError{Index: -1, Msg: fmt.Sprintf("%d routes, over the limit of %d", len(items), MaxRoutes)}
+	}
+	out := make([]Route, len(items))
+	seen := map[string]int{}
+	for i, it := range items {
+		if err := parseRoute(i, it, &out[i]); err != nil {
+			return nil, err
+		}
+		if j, dup := seen[out[i].Name]; dup {
+			return nil, &RouteError{Index: i, Route: out[i].Name, Field: "name", Msg: fmt.Sprintf("duplicate name (also routes[%d])", j)}
+		}
+		seen[out[i].Name] = i
+	}
+	return out, nil
+}
+
+func parseRoute(i int, raw json.RawMessage, r *Route) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(r); err != nil {
+		e := &RouteError{Index: i, Msg: err.Error()}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			e.Field, e.Msg = ute.Field, "must be a "+ute.Type.String()+", got "+ute.Value
+		} else if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			e.Field, e.Msg = strings.Trim(f, `"`), "unknown field (want name, methods, path, tier, limits)"
+		}
+		return e
+	}
+	fail := func(field, format string, a ...any) error {
+		return &RouteError{Index: i, Route: ruleName(r.Name), Field: field, Msg: fmt.Sprintf(format, a...)}
+	}
+	if !limiter.ValidName(r.Name) {
+		return fail("name", "missing or invalid: letters, digits, '-', '_' and '.', got %s", quoteTrunc(r.Name))
+	}
+	if !strings.HasPrefix(r.Path, "/") {
+		return fail("path", "must start with /, got %s", quoteTrunc(r.Path))
+	}
+	for k, m := range r.Methods {
+		if m == "" || strings.ContainsFunc(m, func(c rune) bool { return c <= ' ' || c >= 0x7f }) {
+			return fail(fmt.Sprintf("methods[%d]", k), "not an HTTP method: %s", quoteTrunc(m))
+		}
+		r.Methods[k] = strings.ToUpper(m)
+	}
+	if len(r.Limits) == 0 || len(r.Limits) > MaxRouteLimits {
+		return fail("limits", "want 1 to %d limits, got %d", MaxRouteLimits, len(r.Limits))
+	}
+	for k, l := range r.Limits {
+		f := fmt.Sprintf("limits[%d]", k)
+		switch {
+		case !limiter.ValidName(l.Rule):
+			return fail(f+".rule", "missing or invalid rule name %s", quoteTrunc(l.Rule))
+		case l.Cost < 0:
+			return fail(f+".cost", "must be ≥ 0, got %d", l.Cost)
+		case l.CostFrom != "" && (!strings.HasPrefix(l.CostFrom, "header:") || !validHeaderName(l.CostHeader())):
+			return fail(f+".cost_from", "must be header:NAME, got %s", quoteTrunc(l.CostFrom))
+		}
+		if l.Cost == 0 && l.CostFrom == "" {
+			r.Limits[k].Cost = 1
+		}
+	}
+	return nil
+}
+
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for _, c := range []byte(h) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckRoutes reports the first route limit whose rule is not in the set
+// (by name), or whose constant cost the rule cannot allow.
+func CheckRoutes(routes []Route, set []limiter.Rule) error {
+	byName := make(map[string]*limiter.Rule, len(set))
+	for i := range set {
+		byName[set[i].Name] = &set[i]
+	}
+	for i, r := range routes {
+		for k, l := range r.Limits {
+			rule, ok := byName[l.Rule]
+			if !ok {
+				return &RouteError{Index: i, Route: r.Name, Field: fmt.Sprintf("limits[%d].rule", k), Msg: fmt.Sprintf("no rule named %q", l.Rule)}
+			}
+			if l.CostFrom == "" {
+				if err := rule.CheckCost(l.Cost); err != nil {
+					return &RouteError{Index: i, Route: r.Name, Field: fmt.Sprintf("limits[%d].cost", k), Msg: err.Error()}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// MatchRoute returns the first route that matches the request's method,
+// path and client tier, or nil. A route without methods matches any
+// method, one without a tier any tier. Path patterns compare segment by
+// segment: "*" matches one segment, and a final "/*" matches the path
+// before it and anything below it ("/v1/chat/*" matches "/v1/chat",
+// "/v1/chat/x" and "/v1/chat/x/y"; "/*" matches every path).
+func MatchRoute(routes []Route, method, path, tier string) *Route {
+	for i := range routes {
+		r := &routes[i]
+		if r.Tier != "" && r.Tier != tier {
+			continue
+		}
+		if len(r.Methods) > 0 && !containsFold(r.Methods, method) {
+			continue
+		}
+		if matchPath(r.Path, path) {
+			return r
+		}
+	}
+	return nil
+}
+
+func containsFold(list []string, s string) bool {
+	for _, v := range list {
+		if strings.EqualFold(v, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchPath matches a path against a route pattern (see MatchRoute).
+func matchPath(pattern, path string) bool {
+	prefix, ok := strings.CutSuffix(pattern, "/*")
+	switch {
+	case !ok:
+		return matchSegments(pattern, path)
+	case prefix == "":
+		return true
+	}
+	// The prefix's segments against as many of the path's.
+	if cut := nthSlash(path, strings.Count(prefix, "/")+1); cut >= 0 {
+		path = path[:cut]
+	}
+	return matchSegments(prefix, path)
+}
+
+// nthSlash returns the index of the n-th "/" of s (1-based), or -1.
+func nthSlash(s string, n int) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			n--
+			if n == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// matchSegments matches segment by segment, "*" matching any one segment.
+func matchSegments(pattern, path string) bool {
+	for {
+		pi := strings.IndexByte(pattern, '/')
+		qi := strings.IndexByte(path, '/')
+		if (pi < 0) != (qi < 0) {
+			return false
+		}
+		if pi < 0 {
+			return pattern == "*" || pattern == path
+		}
+		if p, q := pattern[:pi], path[:qi]; p != "*" && p != q {
+			return false
+		}
+		pattern, path = pattern[pi+1:], path[qi+1:]
+	}
+}
+
+// FromView returns the rule a View describes, validated: the direct
+// inverse of ViewOf, with no document round trip. A router builds its
+// rules from a member's view with it.
+func FromView(v View) (limiter.Rule, error) {
+	r := limiter.Rule{Name: v.Name, Limit: v.Limit, Burst: v.Burst}
+	a, err := limiter.ParseAlgorithm(v.Algorithm)
+	if err != nil {
+		return r, &Error{Index: -1, Rule: ruleName(v.Name), Field: "algorithm", Msg: err.Error()}
+	}
+	r.Algorithm = a
+	if r.Period, err = time.ParseDuration(v.Period); err != nil {
+		return r, &Error{Index: -1, Rule: ruleName(v.Name), Field: "period", Msg: err.Error()}
+	}
+	if r.FailureMode, err = limiter.ParseFailureMode(v.FailureMode); err != nil {
+		return r, &Error{Index: -1, Rule: ruleName(v.Name), Field: "failure_mode", Msg: err.Error()}
+	}
+	return r, validateRule(-1, &r)
+}

@@ -1,0 +1,119 @@
+package rules
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+)
+
+const routesDoc = `
+rules:
+  - {name: chat-rpm, algorithm: token_bucket, limit: 10, period: 1m}
+  - {name: chat-tpm, algorithm: sliding_window, limit: 1000, period: 1m}
+routes:
+  - name: chat-free
+    methods: [post]
+    path: /v1/chat/*
+    tier: free
+    limits:
+      - rule: chat-rpm
+      - rule: chat-tpm
+        cost_from: header:X-Token-Estimate
+  - name: item
+    path: /v1/items/*/detail
+    limits: [{rule: default, cost: 2}]
+  - name: everything-else
+    path: /*
+    limits: [{rule: default}]
+`
+
+func TestParseRoutesAndMatch(t *testing.T) {
+	rs, err := Parse([]byte(routesDoc))
+	if err != nil {
+		t.Fatalf("Parse with routes: %v", err)
+	}
+	routes, err := ParseRoutes([]byte(routesDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoutes(routes, Effective(rs)); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes[0].Methods[0]; got != "POST" {
+		t.Errorf("methods upper-cased: got %q", got)
+	}
+	if l := routes[0].Limits; l[0].Cost != 1 || l[1].CostHeader() != "X-Token-Estimate" {
+		t.Errorf("limits = %+v", l)
+	}
+	tests := []struct {
+		method, path, tier, want string
+	}{
+		{"POST", "/v1/chat/completions", "free", "chat-free"},
+		{"POST", "/v1/chat", "free", "chat-free"},
+		{"POST", "/v1/chat/a/b", "free", "chat-free"},
+		{"POST", "/v1/chatter", "free", "everything-else"},
+		{"GET", "/v1/chat/x", "free", "everything-else"},
+		{"POST", "/v1/chat/x", "pro", "everything-else"},
+		{"GET", "/v1/items/42/detail", "", "item"},
+		{"GET", "/v1/items/42/other", "", "everything-else"},
+		{"GET", "/", "", "everything-else"},
+	}
+	for _, tt := range tests {
+		got := ""
+		if r := MatchRoute(routes, tt.method, tt.path, tt.tier); r != nil {
+			got = r.Name
+		}
+		if got != tt.want {
+			t.Errorf("MatchRoute(%s %s, tier %q) = %q, want %q", tt.method, tt.path, tt.tier, got, tt.want)
+		}
+	}
+	if r := MatchRoute(routes[:1], "GET", "/", ""); r != nil {
+		t.Errorf("no route should match, got %q", r.Name)
+	}
+}
+
+func TestParseRoutesErrors(t *testing.T) {
+	tests := []struct{ doc, msg string }{
+		{"routes: [{name: a, path: x, limits: [{rule: default}]}]", `route "a": path: must start with /, got "x"`},
+		{"routes: [{name: a, path: /, limits: []}]", `route "a": limits: want 1 to 16 limits, got 0`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, cost_from: body}]}]", `route "a": limits[0].cost_from: must be header:NAME, got "body"`},
+		{"routes: [{name: a, path: /, bogus: 1, limits: [{rule: r}]}]", `routes[0]: bogus: unknown field`},
+		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name (also routes[0])`},
+		{"routes: 3", `routes: must be a list of routes, got 3`},
+	}
+	for _, tt := range tests {
+		_, err := ParseRoutes([]byte(tt.doc))
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), tt.msg) {
+			t.Errorf("ParseRoutes(%s) = %v, want %q", tt.doc, err, tt.msg)
+		}
+	}
+	routes, err := ParseRoutes([]byte("routes: [{name: a, path: /, limits: [{rule: nope}]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoutes(routes, Effective(nil)); err == nil || err.Error() != `route "a": limits[0].rule: no rule named "nope"` {
+		t.Errorf("CheckRoutes = %v", err)
+	}
+}
+
+func TestFromViewInvertsViewOf(t *testing.T) {
+	for _, r := range []limiter.Rule{
+		Default(),
+		{Name: "w", Algorithm: limiter.SlidingWindow, Limit: 7, Period: time.Minute, FailureMode: limiter.FailClosed},
+		{Name: "l", Algorithm: limiter.LeakyBucket, Limit: 5, Period: 90 * time.Second, Burst: 3},
+	} {
+		got, err := FromView(ViewOf(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ViewOf(got) != ViewOf(r) {
+			t.Errorf("FromView(ViewOf(%+v)) = %+v", r, got)
+		}
+	}
+	if _, err := FromView(View{Name: "x", Algorithm: "nope", Limit: 1, Period: "1s"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad algorithm: %v", err)
+	}
+}
