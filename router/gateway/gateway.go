@@ -1,0 +1,304 @@
+// Package gateway is ringlimit's reverse proxy (shared/API.md, "gateway"):
+// it finds who a request comes from (a verified JWT claim, an API-key
+// header or the client IP), matches the request to a route, decides the
+// route's limits through a Checker (the router: the owners over the data
+// plane, or an embedded member), and forwards what is allowed to the
+// upstream with httputil.ReverseProxy. Denied requests get 429 with the
+// rate-limit headers and never reach the upstream; leaky_bucket limits
+// shape, holding the request for its delay.
+//
+// Several limits on one route must all allow, and a request denied by
+// one spends nothing of the others. The owners decide keys one at a time
+// (a batch is not atomic), so the gateway first queries every limit with
+// cost 0 (nothing spent) and refuses if any could not pass, then spends
+// all of them in one call. Between the two calls a concurrent request may
+// take the last units of a limit: the spend then denies, the request is
+// refused, and what the other limits spent in that call stays spent. That
+// race errs on the safe side (it never admits more than a limit allows)
+// and costs at most one request's cost per racing request; a
+// single-limit route is one call and exact.
+//
+// A Gateway is safe for concurrent use; it keeps no per-client state.
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// Checker decides checks: a *router.Router (following the cluster, or a
+// member's own) implements it.
+type Checker interface {
+	// Check decides reqs into out (see router.Router.Check).
+	Check(ctx context.Context, reqs []router.Request, out []router.Result) error
+	// View returns the rules in force (for the headers' windows and the
+	// retry times of costs over 1); nil before the first.
+	View() *router.View
+}
+
+var _ Checker = (*router.Router)(nil)
+
+// Config configures a Gateway.
+type Config struct {
+	// Upstream is the service behind the gateway (required unless Next
+	// is set).
+	Upstream *url.URL
+	// Transport carries requests to Upstream; nil = http.DefaultTransport.
+	Transport http.RoundTripper
+	// Next, when set, receives the allowed requests instead of a reverse
+	// proxy to Upstream (the gateway used as net/http middleware).
+	Next http.Handler
+	// Routes are tried in order; a request matching none passes
+	// unlimited. Nil routes limit every request by the rule "default".
+	Routes []rules.Route
+	// Identity says how clients are told apart.
+	Identity Identity
+	// Registerer receives the gateway's metrics; nil = not registered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Now is the clock of token expiry and of X-RateLimit-Reset; nil =
+	// time.Now.
+	Now func() time.Time
+	// After waits for a shaped request's delay; nil = time.After.
+	After func(time.Duration) <-chan time.Time
+}
+
+// DefaultRoutes limits every request by the rule "default".
+func DefaultRoutes() []rules.Route {
+	return []rules.Route{{Name: "default", Path: "/*", Limits: []rules.Limit{{Rule: rules.DefaultName, Cost: 1}}}}
+}
+
+// Gateway is the http.Handler New returns.
+type Gateway struct {
+	cfg     Config
+	checker Checker
+	next    http.Handler
+	log     *slog.Logger
+	now     func() time.Time
+	after   func(time.Duration) <-chan time.Time
+	m       *metrics
+}
+
+// New returns a gateway that decides with c.
+func New(cfg Config, c Checker) (*Gateway, error) {
+	g := &Gateway{cfg: cfg, checker: c, next: cfg.Next, log: cfg.Logger, now: cfg.Now, after: cfg.After}
+	if g.next == nil {
+		if cfg.Upstream == nil || cfg.Upstream.Host == "" {
+			return nil, errors.New("gateway: an upstream URL is required")
+		}
+		p := httputil.NewSingleHostReverseProxy(cfg.Upstream)
+		p.Transport = cfg.Transport
+		p.ErrorHandler = g.upstreamError
+		g.next = p
+	}
+	if g.cfg.Routes == nil {
+		g.cfg.Routes = DefaultRoutes()
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.after == nil {
+		g.after = time.After
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	g.m = m
+	return g, nil
+}
+
+func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() == nil {
+		g.log.Warn("gateway: upstream failed", "err", err)
+	}
+	writeError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
+}
+
+// ServeHTTP identifies, limits, shapes and forwards one request.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := g.now()
+	who, err := g.cfg.Identity.identify(r, now)
+	if err != nil {
+		g.m.outcome("", "unauthorized")
+		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+		writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
+		return
+	}
+	route := rules.MatchRoute(g.cfg.Routes, r.Method, r.URL.Path, who.tier)
+	if route == nil {
+		g.m.outcome("", "unlimited")
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	reqs := make([]router.Request, len(route.Limits))
+	for i, l := range route.Limits {
+		reqs[i] = router.Request{Rule: l.Rule, Key: who.key, Cost: l.Cost}
+		if h := l.CostHeader(); h != "" {
+			reqs[i].Cost = 1
+			if v := r.Header.Get(h); v != "" {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil || n < 0 {
+					g.m.outcome(route.Name, "bad_request")
+					writeError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost")
+					return
+				}
+				reqs[i].Cost = n
+			}
+		}
+	}
+	out, err := g.decide(r.Context(), reqs)
+	if err != nil {
+		g.checkError(w, r, route, err)
+		return
+	}
+	v := g.checker.View()
+	show, delay := pick(reqs, out, v)
+	rl := client.RateLimit{Policy: reqs[show].Rule, Window: window(v, reqs[show].Rule), Decision: apiDecision(out[show])}
+	if !out[show].Allowed {
+		g.m.outcome(route.Name, "denied")
+		client.WriteDenied(w, rl, now)
+		return
+	}
+	client.SetHeaders(w.Header(), rl, now)
+	if delay > 0 {
+		g.m.shaped.Observe(delay.Seconds())
+		select {
+		case <-g.after(delay):
+		case <-r.Context().Done():
+			g.m.outcome(route.Name, "gone")
+			return // the client left: nothing to forward
+		}
+	}
+	g.m.outcome(route.Name, "allowed")
+	g.next.ServeHTTP(w, r)
+}
+
+// decide spends reqs, all or (but for the race the package comment
+// describes) nothing. out[i].Allowed false on any entry means refused.
+func (g *Gateway) decide(ctx context.Context, reqs []router.Request) ([]router.Result, error) {
+	out := make([]router.Result, len(reqs))
+	if len(reqs) == 1 {
+		return out, g.checker.Check(ctx, reqs, out)
+	}
+	query := make([]router.Request, len(reqs))
+	for i, q := range reqs {
+		query[i] = router.Request{Rule: q.Rule, Key: q.Key}
+	}
+	if err := g.checker.Check(ctx, query, out); err != nil {
+		return nil, err
+	}
+	v := g.checker.View()
+	denied := false
+	for i := range out {
+		if c := reqs[i].Cost; c > 0 && (!out[i].Allowed || out[i].Remaining < c) {
+			denied = true
+			if out[i].Allowed { // a cost-1 check would pass, this cost not yet
+				out[i].Allowed = false
+				out[i].RetryAfter = retryFor(v, reqs[i], out[i].Decision)
+			}
+		}
+	}
+	if denied { // nothing was spent
+		return out, nil
+	}
+	return out, g.checker.Check(ctx, reqs, out)
+}
+
+// retryFor estimates when cost will fit where a query saw only d.Remaining:
+// the refill time of the missing units for the rate algorithms, the time
+// back to full for the windows.
+func retryFor(v *router.View, q router.Request, d limiter.Decision) time.Duration {
+	if v != nil {
+		if r := v.Rules[q.Rule]; r != nil {
+			switch r.Algorithm {
+			case limiter.TokenBucket, limiter.GCRA, limiter.LeakyBucket:
+				return time.Duration(q.Cost-d.Remaining) * ((r.Period + time.Duration(r.Limit) - 1) / time.Duration(r.Limit))
+			}
+		}
+	}
+	return max(d.ResetAfter, time.Second)
+}
+
+// pick returns the result the headers describe — the denial with the
+// longest retry when denied, else the limit with the least remaining —
+// and the longest shaping delay.
+func pick(reqs []router.Request, out []router.Result, v *router.View) (show int, delay time.Duration) {
+	show = -1
+	for i := range out {
+		delay = max(delay, out[i].Delay)
+		if !out[i].Allowed {
+			if show < 0 || out[show].Allowed || out[i].RetryAfter > out[show].RetryAfter {
+				show = i
+			}
+			continue
+		}
+		if show < 0 || (out[show].Allowed && out[i].Remaining < out[show].Remaining) {
+			show = i
+		}
+	}
+	return show, delay
+}
+
+func window(v *router.View, rule string) time.Duration {
+	if v != nil {
+		if r := v.Rules[rule]; r != nil {
+			return r.Period
+		}
+	}
+	return time.Second
+}
+
+// apiDecision is d as the API shows it: whole milliseconds, rounded up.
+func apiDecision(r router.Result) api.Decision {
+	ms := func(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+	return api.Decision{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+		ResetAfterMs: ms(r.ResetAfter), RetryAfterMs: ms(r.RetryAfter), DelayMs: ms(r.Delay), Degraded: r.Degraded}
+}
+
+// checkError answers a Checker error.
+func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rules.Route, err error) {
+	switch {
+	case r.Context().Err() != nil:
+		g.m.outcome(route.Name, "gone")
+	case errors.Is(err, api.ErrBadRequest), errors.Is(err, limiter.ErrCost):
+		g.m.outcome(route.Name, "bad_request")
+		writeError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+	case errors.Is(err, router.ErrUnknownRule):
+		g.m.outcome(route.Name, "error")
+		g.log.Error("gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %v", route.Name, err))
+	default:
+		g.m.outcome(route.Name, "error")
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	body, _ := json.Marshal(api.Error{Code: code, Message: msg})
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,530 @@
+package gateway
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// tableChecker decides with a real limiter.Table on the caller's clock
+// (fake inside a synctest bubble), validating a call whole first as the
+// router does. It records the keys it was asked about.
+type tableChecker struct {
+	view *router.View
+	tab  *limiter.Table
+
+	mu    sync.Mutex // guards calls
+	calls [][]router.Request
+}
+
+func newChecker(t *testing.T, rs ...limiter.Rule) *tableChecker {
+	t.Helper()
+	byName := map[string]*limiter.Rule{}
+	for _, r := range append(rs, rules.Default()) {
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		byName[r.Name] = &r
+	}
+	tab, err := limiter.NewTable(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tableChecker{view: &router.View{Seed: 1, Rules: byName}, tab: tab}
+}
+
+func (c *tableChecker) View() *router.View { return c.view }
+
+func (c *tableChecker) Check(_ context.Context, reqs []router.Request, out []router.Result) error {
+	for i, q := range reqs {
+		r := c.view.Rules[q.Rule]
+		if r == nil {
+			return &router.ItemError{Index: i, Err: fmt.Errorf("%w %q", router.ErrUnknownRule, q.Rule)}
+		}
+		if err := r.CheckCost(q.Cost); err != nil {
+			return &router.ItemError{Index: i, Err: err}
+		}
+	}
+	c.mu.Lock()
+	c.calls = append(c.calls, append([]router.Request(nil), reqs...))
+	c.mu.Unlock()
+	for i, q := range reqs {
+		r := c.view.Rules[q.Rule]
+		b := limiter.BucketHash(limiter.KeyHash(1, q.Key), limiter.RuleSalt(1, r.Name, r.Algorithm))
+		d, err := c.tab.Check(0, b, r, time.Now().UnixNano(), q.Cost)
+		if err != nil {
+			return err
+		}
+		out[i] = router.Result{Decision: d}
+	}
+	return nil
+}
+
+// remaining queries (cost 0) what key has left of rule.
+func (c *tableChecker) remaining(t *testing.T, rule, key string) int64 {
+	t.Helper()
+	out := make([]router.Result, 1)
+	if err := c.Check(context.Background(), []router.Request{{Rule: rule, Key: key}}, out); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.calls = c.calls[:len(c.calls)-1]
+	c.mu.Unlock()
+	return out[0].Remaining
+}
+
+func (c *tableChecker) keys() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ks []string
+	for _, call := range c.calls {
+		for _, q := range call {
+			ks = append(ks, q.Key)
+		}
+	}
+	return ks
+}
+
+// upstream is an httptest server counting the requests it got.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		_, _ = io.WriteString(w, "upstream "+r.URL.Path)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// front starts the gateway as an httptest server in front of up.
+func front(t *testing.T, up *upstream, c Checker, cfg Config) *httptest.Server {
+	t.Helper()
+	u, _ := url.Parse(up.URL)
+	cfg.Upstream = u
+	g, err := New(cfg, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httptest.NewServer(g)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func get(t *testing.T, url string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// keys of the three kinds, made at test time.
+type testKeys struct {
+	hsSecret []byte
+	rsa      *rsa.PrivateKey
+	ec       *ecdsa.PrivateKey
+}
+
+func makeKeys(t *testing.T) testKeys {
+	t.Helper()
+	rk, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ek, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testKeys{hsSecret: []byte(rand.Text() + rand.Text()), rsa: rk, ec: ek}
+}
+
+func pemOf(t *testing.T, pub any) []byte {
+	t.Helper()
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+}
+
+func sign(t *testing.T, m jwt.SigningMethod, key any, kid string, claims jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(m, claims)
+	if kid != "" {
+		tok.Header["kid"] = kid
+	}
+	s, err := tok.SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Valid tokens of every key kind key the client by its claim and tier;
+// forged, expired, not-yet-valid, alg none and wrong-key tokens are
+// refused 401 and spend nothing of the tenant they name.
+func TestJWTIdentityAndRefusedTokensSpendNothing(t *testing.T) {
+	ks := makeKeys(t)
+	other := makeKeys(t)
+	jwks, err := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{
+		{Key: ks.rsa.Public(), KeyID: "r1", Algorithm: "RS256", Use: "sig"},
+		{Key: ks.ec.Public(), KeyID: "e1", Algorithm: "ES256", Use: "sig"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	good := jwt.MapClaims{"sub": "tenant-a", "plan": "pro", "exp": now.Add(time.Hour).Unix()}
+	expired := jwt.MapClaims{"sub": "tenant-a", "exp": now.Add(-time.Minute).Unix()}
+	early := jwt.MapClaims{"sub": "tenant-a", "nbf": now.Add(time.Hour).Unix()}
+	none := sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, "", good)
+
+	for _, tc := range []struct {
+		name  string
+		key   []byte
+		valid string
+		bad   map[string]string
+	}{
+		{"HS256", append(ks.hsSecret, '\n'), sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", good), map[string]string{
+			"forged":  sign(t, jwt.SigningMethodHS256, other.hsSecret, "", good),
+			"expired": sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", expired),
+			"nbf":     sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", early),
+			"none":    none,
+			"garbage": "a.b.c",
+		}},
+		{"RS256", pemOf(t, ks.rsa.Public()), sign(t, jwt.SigningMethodRS256, ks.rsa, "", good), map[string]string{
+			"wrong key": sign(t, jwt.SigningMethodRS256, other.rsa, "", good),
+			"expired":   sign(t, jwt.SigningMethodRS256, ks.rsa, "", expired),
+			"none":      none,
+			// The classic confusion: HMAC keyed with the public key's PEM.
+			"hs256 with the public key": sign(t, jwt.SigningMethodHS256, pemOf(t, ks.rsa.Public()), "", good),
+		}},
+		{"ES256", pemOf(t, ks.ec.Public()), sign(t, jwt.SigningMethodES256, ks.ec, "", good), map[string]string{
+			"wrong key": sign(t, jwt.SigningMethodES256, other.ec, "", good),
+			"expired":   sign(t, jwt.SigningMethodES256, ks.ec, "", expired),
+			"none":      none,
+		}},
+		{"JWKS", jwks, sign(t, jwt.SigningMethodES256, ks.ec, "e1", good), map[string]string{
+			"rsa kid":       sign(t, jwt.SigningMethodRS256, ks.rsa, "r1", good), // valid too: checked below
+			"wrong key":     sign(t, jwt.SigningMethodRS256, other.rsa, "r1", good),
+			"unknown kid":   sign(t, jwt.SigningMethodES256, ks.ec, "nope", good),
+			"kid of rsa":    sign(t, jwt.SigningMethodES256, ks.ec, "r1", good),
+			"expired":       sign(t, jwt.SigningMethodES256, ks.ec, "e1", expired),
+			"none":          none,
+			"forged hs256":  sign(t, jwt.SigningMethodHS256, ks.hsSecret, "e1", good),
+			"tampered body": tamper(sign(t, jwt.SigningMethodES256, ks.ec, "e1", good)),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keys, err := ParseJWTKeys(tc.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newChecker(t)
+			up := newUpstream(t)
+			s := front(t, up, c, Config{Identity: Identity{JWT: keys, TierClaim: "plan"}, Routes: []rules.Route{
+				{Name: "pro", Path: "/*", Tier: "pro", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+			}})
+			for name, tok := range tc.bad {
+				if name == "rsa kid" {
+					continue
+				}
+				resp := get(t, s.URL+"/x", map[string]string{"Authorization": "Bearer " + tok})
+				if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+					t.Errorf("%s token: status %d, want 401 with WWW-Authenticate", name, resp.StatusCode)
+				}
+			}
+			if n := len(c.keys()); n != 0 || up.hits.Load() != 0 {
+				t.Fatalf("refused tokens reached the limiter %d times and the upstream %d times; want 0 and 0", n, up.hits.Load())
+			}
+			if got := c.remaining(t, "default", "sub:tenant-a"); got != 200 {
+				t.Fatalf("tenant-a has %d left after refused tokens, want all 200", got)
+			}
+			valid := []string{tc.valid}
+			if tok, ok := tc.bad["rsa kid"]; ok {
+				valid = append(valid, tok)
+			}
+			for _, tok := range valid {
+				resp := get(t, s.URL+"/x", map[string]string{"Authorization": "Bearer " + tok})
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("valid token: status %d", resp.StatusCode)
+				}
+			}
+			if got := c.keys(); len(got) != len(valid) || got[0] != "sub:tenant-a" {
+				t.Fatalf("limiter keys %v, want sub:tenant-a (tier pro matched the route)", got)
+			}
+			if got := c.remaining(t, "default", "sub:tenant-a"); got != 200-int64(len(valid)) {
+				t.Fatalf("tenant-a has %d left, want %d", got, 200-len(valid))
+			}
+		})
+	}
+}
+
+func tamper(tok string) string {
+	parts := strings.Split(tok, ".")
+	claims, _ := json.Marshal(jwt.MapClaims{"sub": "tenant-a", "admin": true})
+	parts[1] = strings.TrimRight(base64URL(claims), "=")
+	return strings.Join(parts, ".")
+}
+
+func base64URL(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+func TestParseJWTKeysRefusesWeakAndPrivate(t *testing.T) {
+	if _, err := ParseJWTKeys([]byte("short\n")); err == nil {
+		t.Error("a 5-byte HS256 secret was accepted")
+	}
+	if _, err := ParseJWTKeys([]byte(`{"keys": []}`)); err == nil {
+		t.Error("an empty JWKS was accepted")
+	}
+	ks := makeKeys(t)
+	priv, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: ks.ec, KeyID: "p"}}})
+	if _, err := ParseJWTKeys(priv); err == nil {
+		t.Error("a JWKS with a private key was accepted")
+	}
+}
+
+// Behind a trusted proxy the client is keyed by its real address; behind
+// an untrusted one by the proxy's, whatever X-Forwarded-For claims.
+func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
+	loop, _ := ParseCIDRs("127.0.0.0/8, ::1")
+	for _, tc := range []struct {
+		name    string
+		trusted []netip.Prefix
+		xff     string
+		want    string
+	}{
+		{"untrusted proxy", nil, "203.0.113.7", "ip:127.0.0.1"},
+		{"trusted proxy", loop, "203.0.113.7", "ip:203.0.113.7"},
+		{"client-written hop left of the real one", loop, "198.51.100.1, 203.0.113.7", "ip:203.0.113.7"},
+		{"chain of trusted proxies", loop, "203.0.113.7, 127.0.0.5", "ip:203.0.113.7"},
+		{"no header", loop, "", "ip:127.0.0.1"},
+		{"garbage", loop, "not-an-ip", "ip:127.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChecker(t)
+			s := front(t, newUpstream(t), c, Config{Identity: Identity{TrustedProxies: tc.trusted}})
+			hdr := map[string]string{}
+			if tc.xff != "" {
+				hdr["X-Forwarded-For"] = tc.xff
+			}
+			if resp := get(t, s.URL, hdr); resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if got := c.keys(); len(got) != 1 || got[0] != tc.want {
+				t.Fatalf("keyed as %v, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAPIKeyHeaderBeforeIP(t *testing.T) {
+	c := newChecker(t)
+	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key"}})
+	get(t, s.URL, map[string]string{"X-Api-Key": "k-123"})
+	get(t, s.URL, nil)
+	if got := c.keys(); len(got) != 2 || got[0] != "key:k-123" || got[1] != "ip:127.0.0.1" {
+		t.Fatalf("keys %v", got)
+	}
+}
+
+// Every header on 200 and on 429, and the upstream sees exactly the
+// allowed requests.
+func TestHeadersAndUpstreamCountEqualsAllowed(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: 10 * time.Second})
+	up := newUpstream(t)
+	clock := time.Unix(1_000_000, 0)
+	s := front(t, up, c, Config{Now: func() time.Time { return clock }, Routes: []rules.Route{
+		{Name: "api", Path: "/api/*", Limits: []rules.Limit{{Rule: "five", Cost: 1}}},
+	}})
+	allowed := 0
+	for i := range 12 {
+		resp := get(t, s.URL+"/api/x", nil)
+		h := resp.Header
+		switch resp.StatusCode {
+		case http.StatusOK:
+			allowed++
+			want := map[string]string{
+				"RateLimit-Policy":      `"five";q=5;w=10`,
+				"RateLimit":             fmt.Sprintf(`"five";r=%d;t=10`, 5-allowed),
+				"X-RateLimit-Limit":     "5",
+				"X-RateLimit-Remaining": fmt.Sprint(5 - allowed),
+				"X-RateLimit-Reset":     "1000010",
+			}
+			for k, v := range want {
+				if h.Get(k) != v {
+					t.Errorf("request %d: %s = %q, want %q", i, k, h.Get(k), v)
+				}
+			}
+		case http.StatusTooManyRequests:
+			want := map[string]string{
+				"RateLimit-Policy":      `"five";q=5;w=10`,
+				"RateLimit":             `"five";r=0;t=10`,
+				"X-RateLimit-Limit":     "5",
+				"X-RateLimit-Remaining": "0",
+				"X-RateLimit-Reset":     "1000010",
+				"Retry-After":           "10",
+				"Cache-Control":         "no-store",
+				"Content-Type":          "application/json",
+			}
+			for k, v := range want {
+				if h.Get(k) != v {
+					t.Errorf("denied request %d: %s = %q, want %q", i, k, h.Get(k), v)
+				}
+			}
+		default:
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	if allowed != 5 || up.hits.Load() != 5 {
+		t.Fatalf("allowed %d, upstream saw %d; want 5 and 5", allowed, up.hits.Load())
+	}
+	// The body of a 429.
+	req, _ := http.NewRequest(http.MethodGet, s.URL+"/api/x", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body client.Denied
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Error != "rate_limited" || body.RetryAfterSeconds != 10 || body.Message == "" {
+		t.Fatalf("429 body %+v", body)
+	}
+	// No route: unlimited, no headers.
+	if resp := get(t, s.URL+"/other", nil); resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit") != "" {
+		t.Fatalf("unrouted request: %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// With several limits, all must allow; one that denies leaves the others
+// unspent. The headers show the limit with the least remaining.
+func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
+	c := newChecker(t,
+		limiter.Rule{Name: "rpm", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Minute},
+		limiter.Rule{Name: "tpm", Algorithm: limiter.SlidingWindow, Limit: 100, Period: time.Minute},
+	)
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key"}, Routes: []rules.Route{
+		{Name: "chat", Path: "/*", Limits: []rules.Limit{{Rule: "rpm", Cost: 1}, {Rule: "tpm", CostFrom: "header:X-Token-Estimate"}}},
+	}})
+	send := func(tokens string) *http.Response {
+		return get(t, s.URL, map[string]string{"X-Api-Key": "t1", "X-Token-Estimate": tokens})
+	}
+	if r := send("60"); r.StatusCode != 200 || r.Header.Get("RateLimit") != `"rpm";r=9;t=60` {
+		t.Fatalf("first: %d, RateLimit %q", r.StatusCode, r.Header.Get("RateLimit"))
+	}
+	r := send("50") // tpm has 40 left: denied, rpm unspent
+	if r.StatusCode != http.StatusTooManyRequests || !strings.HasPrefix(r.Header.Get("RateLimit-Policy"), `"tpm"`) {
+		t.Fatalf("over tpm: %d, policy %q", r.StatusCode, r.Header.Get("RateLimit-Policy"))
+	}
+	if got := c.remaining(t, "rpm", "key:t1"); got != 9 {
+		t.Fatalf("rpm has %d left after a tpm denial, want 9 (one spend)", got)
+	}
+	if got := c.remaining(t, "tpm", "key:t1"); got != 40 {
+		t.Fatalf("tpm has %d left, want 40", got)
+	}
+	if r := send("abc"); r.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad cost header: %d, want 400", r.StatusCode)
+	}
+	if up.hits.Load() != 1 {
+		t.Fatalf("upstream saw %d, want 1", up.hits.Load())
+	}
+}
+
+// A leaky_bucket route shapes: requests arriving together are released at
+// the rule's rate (measured in the bubble's virtual time), and a client
+// that leaves while held is never forwarded.
+func TestShapedRouteReleasesAtTheRulesRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newChecker(t, limiter.Rule{Name: "shape", Algorithm: limiter.LeakyBucket, Limit: 10, Period: time.Second, Burst: 6})
+		var mu sync.Mutex
+		var released []time.Time
+		g, err := New(Config{Next: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			mu.Lock()
+			released = append(released, time.Now())
+			mu.Unlock()
+		}), Routes: []rules.Route{{Name: "s", Path: "/*", Limits: []rules.Limit{{Rule: "shape", Cost: 1}}}}}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		recs := make([]*httptest.ResponseRecorder, 8)
+		gone, leave := context.WithCancel(t.Context())
+		for i := range recs {
+			ctx := t.Context()
+			if i == 3 { // this client leaves while held
+				ctx = gone
+			}
+			req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/x", nil)
+			req.RemoteAddr = "192.0.2.1:1234"
+			recs[i] = httptest.NewRecorder()
+			wg.Go(func() { g.ServeHTTP(recs[i], req) })
+			synctest.Wait() // decided (and held) before the next one arrives
+		}
+		time.Sleep(50 * time.Millisecond)
+		leave()
+		wg.Wait()
+		var spacing []time.Duration
+		for i := 1; i < len(released); i++ {
+			spacing = append(spacing, released[i].Sub(released[i-1]))
+		}
+		ms := time.Millisecond
+		want := []time.Duration{100 * ms, 100 * ms, 200 * ms, 100 * ms}
+		if released[0] != start || fmt.Sprint(spacing) != fmt.Sprint(want) {
+			t.Fatalf("released at +%v then spaced %v; want +0s then %v (10/s, the fourth client left)", released[0].Sub(start), spacing, want)
+		}
+		for i, rec := range recs {
+			want := http.StatusOK
+			if i >= 6 { // burst 6: six may wait; the rest are refused at once
+				want = http.StatusTooManyRequests
+			}
+			if i == 3 {
+				continue // left: nothing was written
+			}
+			if rec.Code != want {
+				t.Errorf("client %d: status %d, want %d", i, rec.Code, want)
+			}
+		}
+	})
+}

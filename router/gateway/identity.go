@@ -1,0 +1,234 @@
+package gateway
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// ErrUnauthorized is wrapped by every error about a presented token that
+// fails verification; the gateway answers it 401 and spends nothing.
+var ErrUnauthorized = errors.New("gateway: unauthorized")
+
+// JWTKeys verifies the tokens of Authorization: Bearer headers: an HS256
+// secret, an RSA or ECDSA public key, or a JWKS (keys chosen by kid).
+// Create one with ParseJWTKeys. It is immutable and safe for concurrent use.
+type JWTKeys struct {
+	methods []string
+	keyfunc jwt.Keyfunc
+}
+
+// ParseJWTKeys reads what --jwt-key names: a JWKS document (JSON with a
+// "keys" list: RSA and EC public keys, RS256/ES256 and their larger
+// variants), a PEM public key or certificate (RSA: RS256/384/512, EC:
+// ES256/384/512), or else an HS256 secret of at least 32 bytes (a
+// trailing newline is ignored). alg "none" is never accepted.
+func ParseJWTKeys(data []byte) (*JWTKeys, error) {
+	trimmed := bytes.TrimSpace(data)
+	switch {
+	case bytes.HasPrefix(trimmed, []byte("{")):
+		var set jose.JSONWebKeySet
+		if err := json.Unmarshal(trimmed, &set); err != nil {
+			return nil, fmt.Errorf("gateway: JWKS: %w", err)
+		}
+		if len(set.Keys) == 0 {
+			return nil, errors.New("gateway: JWKS has no keys")
+		}
+		byKid := map[string]crypto.PublicKey{}
+		for i, k := range set.Keys {
+			if !k.IsPublic() {
+				return nil, fmt.Errorf("gateway: JWKS key %d (kid %q) is not a public key", i, k.KeyID)
+			}
+			switch k.Key.(type) {
+			case *rsa.PublicKey, *ecdsa.PublicKey:
+			default:
+				return nil, fmt.Errorf("gateway: JWKS key %d (kid %q): want an RSA or EC public key, got %T", i, k.KeyID, k.Key)
+			}
+			byKid[k.KeyID] = k.Key
+		}
+		return &JWTKeys{methods: []string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}, keyfunc: func(t *jwt.Token) (any, error) {
+			kid, _ := t.Header["kid"].(string)
+			k, ok := byKid[kid]
+			if !ok && kid == "" && len(byKid) == 1 {
+				for _, only := range byKid {
+					return only, nil
+				}
+			}
+			if !ok {
+				return nil, fmt.Errorf("no key with kid %q", kid)
+			}
+			return k, nil
+		}}, nil
+	case bytes.HasPrefix(trimmed, []byte("-----BEGIN")):
+		if k, err := jwt.ParseRSAPublicKeyFromPEM(trimmed); err == nil {
+			return fixedKey(k, "RS256", "RS384", "RS512"), nil
+		}
+		if k, err := jwt.ParseECPublicKeyFromPEM(trimmed); err == nil {
+			return fixedKey(k, "ES256", "ES384", "ES512"), nil
+		}
+		return nil, errors.New("gateway: PEM holds neither an RSA nor an EC public key (nor a certificate of one)")
+	}
+	secret := bytes.TrimSuffix(bytes.TrimSuffix(data, []byte("\n")), []byte("\r"))
+	if len(secret) < 32 {
+		return nil, fmt.Errorf("gateway: HS256 secret of %d bytes; want at least 32 (or a PEM key, or a JWKS)", len(secret))
+	}
+	return fixedKey(secret, "HS256"), nil
+}
+
+func fixedKey(k any, methods ...string) *JWTKeys {
+	return &JWTKeys{methods: methods, keyfunc: func(*jwt.Token) (any, error) { return k, nil }}
+}
+
+// verify returns the claims of a valid token at now, or an error wrapping
+// ErrUnauthorized: bad signature, wrong key, algorithm not the key's
+// (alg none included), expired, not yet valid, malformed.
+func (k *JWTKeys) verify(token string, now time.Time) (jwt.MapClaims, error) {
+	claims := jwt.MapClaims{}
+	_, err := jwt.ParseWithClaims(token, claims, k.keyfunc,
+		jwt.WithValidMethods(k.methods), jwt.WithTimeFunc(func() time.Time { return now }))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnauthorized, err)
+	}
+	return claims, nil
+}
+
+// Identity says how the gateway tells clients apart, in order of trust:
+// the claim of a verified JWT, the API-key header, the client's IP.
+type Identity struct {
+	// JWT verifies bearer tokens; nil = tokens are not looked at.
+	JWT *JWTKeys
+	// Claim names the client id claim (default "sub"); TierClaim the
+	// claim holding the client's tier ("" = no tiers from tokens).
+	Claim, TierClaim string
+	// APIKeyHeader names the header whose value identifies the client;
+	// "" = none.
+	APIKeyHeader string
+	// TrustedProxies are the networks whose X-Forwarded-For is believed.
+	TrustedProxies []netip.Prefix
+}
+
+// ParseCIDRs reads a comma-separated list of CIDRs or single addresses.
+func ParseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return nil, fmt.Errorf("gateway: trusted proxy %q: %w", f, err)
+			}
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: trusted proxy %q: %w", f, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// caller is who a request comes from.
+type caller struct {
+	key  string // "sub:ID", "key:VALUE" or "ip:ADDR": the kinds never collide
+	tier string
+}
+
+// identify returns who sent r. A bearer token that is presented while
+// JWT is set must verify, else the error wraps ErrUnauthorized.
+func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
+	if id.JWT != nil {
+		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+			claims, err := id.JWT.verify(tok, now)
+			if err != nil {
+				return caller{}, err
+			}
+			claim := id.Claim
+			if claim == "" {
+				claim = "sub"
+			}
+			sub, _ := claims[claim].(string)
+			if sub == "" {
+				return caller{}, fmt.Errorf("%w: token has no string claim %q", ErrUnauthorized, claim)
+			}
+			c := caller{key: "sub:" + sub}
+			if id.TierClaim != "" {
+				c.tier, _ = claims[id.TierClaim].(string)
+			}
+			return c, nil
+		}
+	}
+	if id.APIKeyHeader != "" {
+		if v := r.Header.Get(id.APIKeyHeader); v != "" {
+			return caller{key: "key:" + v}, nil
+		}
+	}
+	return caller{key: "ip:" + id.clientIP(r).String()}, nil
+}
+
+func bearer(v string) (string, bool) {
+	const scheme = "bearer "
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	tok := strings.TrimSpace(v[len(scheme):])
+	return tok, tok != ""
+}
+
+// clientIP is the peer's address, or — when the peer is a trusted proxy
+// — the right-most address of X-Forwarded-For that is not a trusted
+// proxy (every hop left of it could have been written by the client).
+func (id *Identity) clientIP(r *http.Request) netip.Addr {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.IPv4Unspecified()
+	}
+	ip = ip.Unmap()
+	if !id.trusted(ip) {
+		return ip
+	}
+	hops := r.Header.Values("X-Forwarded-For")
+	for i := len(hops) - 1; i >= 0; i-- {
+		parts := strings.Split(hops[i], ",")
+		for j := len(parts) - 1; j >= 0; j-- {
+			a, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
+			if err != nil {
+				return ip // garbage: the last address we could trust
+			}
+			ip = a.Unmap()
+			if !id.trusted(ip) {
+				return ip
+			}
+		}
+	}
+	return ip
+}
+
+func (id *Identity) trusted(ip netip.Addr) bool {
+	for _, p := range id.TrustedProxies {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus series.
+type metrics struct {
+	requests *prometheus.CounterVec // route, outcome
+	shaped   prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_gateway_requests_total",
+			Help: "Requests by route and outcome (allowed, denied, unauthorized, unlimited, bad_request, error, gone).",
+		}, []string{"route", "outcome"}),
+		shaped: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "ringlimit_gateway_shaped_delay_seconds", Help: "How long shaped (leaky_bucket) requests were held.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.shaped} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) outcome(route, outcome string) { m.requests.WithLabelValues(route, outcome).Inc() }
