@@ -23,7 +23,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -131,7 +130,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	if r.Context().Err() == nil {
 		g.log.Warn("gateway: upstream failed", "err", err)
 	}
-	writeError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
+	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
 }
 
 // ServeHTTP identifies, limits, shapes and forwards one request.
@@ -141,7 +140,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		g.m.outcome("", "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
-		writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
+		client.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
 		return
 	}
 	route := rules.MatchRoute(g.cfg.Routes, r.Method, r.URL.Path, who.tier)
@@ -159,7 +158,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				n, err := strconv.ParseInt(v, 10, 64)
 				if err != nil || n < 0 {
 					g.m.outcome(route.Name, "bad_request")
-					writeError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost")
+					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost")
 					return
 				}
 				reqs[i].Cost = n
@@ -173,7 +172,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	v := g.checker.View()
 	show, delay := pick(reqs, out, v)
-	rl := client.RateLimit{Policy: reqs[show].Rule, Window: window(v, reqs[show].Rule), Decision: apiDecision(out[show])}
+	rl := client.RateLimit{Policy: reqs[show].Rule, Window: window(v, reqs[show].Rule), Decision: client.DecisionOf(out[show])}
 	if !out[show].Allowed {
 		g.m.outcome(route.Name, "denied")
 		client.WriteDenied(w, rl, now)
@@ -268,13 +267,6 @@ func window(v *router.View, rule string) time.Duration {
 	return time.Second
 }
 
-// apiDecision is d as the API shows it: whole milliseconds, rounded up.
-func apiDecision(r router.Result) api.Decision {
-	ms := func(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
-	return api.Decision{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
-		ResetAfterMs: ms(r.ResetAfter), RetryAfterMs: ms(r.RetryAfter), DelayMs: ms(r.Delay), Degraded: r.Degraded}
-}
-
 // checkError answers a Checker error.
 func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rules.Route, err error) {
 	switch {
@@ -282,23 +274,13 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		g.m.outcome(route.Name, "gone")
 	case errors.Is(err, api.ErrBadRequest), errors.Is(err, limiter.ErrCost):
 		g.m.outcome(route.Name, "bad_request")
-		writeError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	case errors.Is(err, router.ErrUnknownRule):
 		g.m.outcome(route.Name, "error")
 		g.log.Error("gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)
-		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %v", route.Name, err))
+		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %v", route.Name, err))
 	default:
 		g.m.outcome(route.Name, "error")
-		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
+		client.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
 	}
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	body, _ := json.Marshal(api.Error{Code: code, Message: msg})
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
 }

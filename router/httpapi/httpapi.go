@@ -102,6 +102,7 @@ type handler struct {
 	metrics  http.Handler
 	eps      [numEndpoints]endpointMetrics
 	scratch  sync.Pool // *checkScratch
+	front    bool      // NewFront: the check front door alone
 }
 
 // New returns the API handler for one node: checks go to c, the rest to a.
@@ -233,6 +234,9 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	get := r.Method == http.MethodGet || r.Method == http.MethodHead
+	if h.front && !h.frontRoute(ep, w, r) {
+		return
+	}
 	switch {
 	case ep == epCheck && r.Method == http.MethodPost:
 		h.serveCheck(w, r)

@@ -1,0 +1,141 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+// Checker decides one check; *Client (HTTP) and *Ring (data plane)
+// implement it.
+type Checker interface {
+	Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error)
+}
+
+var (
+	_ Checker = (*Client)(nil)
+	_ Checker = (*Ring)(nil)
+)
+
+// MiddlewareConfig configures Middleware.
+type MiddlewareConfig struct {
+	// Rule is the rule every request is checked against (required).
+	Rule string
+	// Key tells clients apart; nil = KeyByIP. An error answers 401.
+	Key func(*http.Request) (string, error)
+	// Cost is what a request costs; nil = 1.
+	Cost func(*http.Request) int64
+	// Window is the rule's period, for RateLimit-Policy's w; 0 = read it
+	// from a Ring's view, else 1s.
+	Window time.Duration
+	// OnError answers when the limiter could not decide; nil = 503.
+	// Call next.ServeHTTP in it to fail open.
+	OnError func(w http.ResponseWriter, r *http.Request, err error)
+	// Now is the clock of X-RateLimit-Reset; nil = time.Now.
+	Now func() time.Time
+}
+
+// Middleware returns net/http middleware that checks each request before
+// it reaches next, with the gateway's headers (SetHeaders on allowed
+// answers, WriteDenied's 429 on denied ones). A decision with a delay
+// (leaky_bucket) holds the request that long, and drops it if the client
+// leaves meanwhile.
+func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler {
+	if cfg.Key == nil {
+		cfg.Key = KeyByIP
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, err := cfg.Key(r)
+			if err != nil {
+				WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, err.Error())
+				return
+			}
+			cost := int64(1)
+			if cfg.Cost != nil {
+				cost = cfg.Cost(r)
+			}
+			d, err := c.Check(r.Context(), cfg.Rule, key, cost)
+			if err != nil {
+				if cfg.OnError != nil {
+					cfg.OnError(w, r, err)
+					return
+				}
+				WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
+				return
+			}
+			rl := RateLimit{Policy: cfg.Rule, Window: window(c, cfg), Decision: d}
+			if !d.Allowed {
+				WriteDenied(w, rl, cfg.Now())
+				return
+			}
+			SetHeaders(w.Header(), rl, cfg.Now())
+			if d.DelayMs > 0 {
+				t := time.NewTimer(time.Duration(d.DelayMs) * time.Millisecond)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func window(c Checker, cfg MiddlewareConfig) time.Duration {
+	if cfg.Window > 0 {
+		return cfg.Window
+	}
+	if p, ok := c.(interface {
+		Period(string) (time.Duration, bool)
+	}); ok {
+		if d, ok := p.Period(cfg.Rule); ok {
+			return d
+		}
+	}
+	return time.Second
+}
+
+// KeyByIP keys a request by its peer's IP address (no X-Forwarded-For:
+// put the gateway, which knows trusted proxies, in front for that).
+func KeyByIP(r *http.Request) (string, error) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return "", errors.New("client: no peer address")
+	}
+	return "ip:" + host, nil
+}
+
+// KeyByHeader keys a request by a header's value (an API key); a request
+// without it gets 401.
+func KeyByHeader(name string) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		v := r.Header.Get(name)
+		if v == "" {
+			return "", errors.New("missing " + name + " header")
+		}
+		return "key:" + v, nil
+	}
+}
+
+// WriteError answers status with the contract's JSON error body {"error": code,
+// "message": msg}, not cacheable.
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	body, _ := json.Marshal(api.Error{Code: code, Message: msg})
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

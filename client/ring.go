@@ -1,0 +1,324 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// ViewSource reads the cluster's view (GET /v1/cluster/view, an admin
+// endpoint) from the members, starting with the one that answered last
+// and failing over to the others in turn. It is the router.ViewSource of
+// a router that is not a member.
+type ViewSource struct {
+	clients []*Client
+
+	mu  sync.Mutex // guards cur
+	cur int        // the member that answered last
+}
+
+// NewViewSource returns a source reading from the members at addrs (HTTP
+// addresses). Give WithAdminToken when the members have one.
+func NewViewSource(addrs []string, opts ...Option) *ViewSource {
+	s := &ViewSource{}
+	for _, a := range addrs {
+		s.clients = append(s.clients, New(a, opts...))
+	}
+	return s
+}
+
+// FetchView implements router.ViewSource.
+func (s *ViewSource) FetchView(ctx context.Context) (*router.View, error) {
+	if len(s.clients) == 0 {
+		return nil, errors.New("client: no cluster members to read the view from")
+	}
+	s.mu.Lock()
+	start := s.cur
+	s.mu.Unlock()
+	var errs []error
+	for k := range s.clients {
+		i := (start + k) % len(s.clients)
+		av, err := s.clients[i].RouterView(ctx)
+		if err == nil {
+			var v *router.View
+			if v, err = router.ViewFromAPI(av); err == nil {
+				s.mu.Lock()
+				s.cur = i
+				s.mu.Unlock()
+				return v, nil
+			}
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", s.clients[i].Addr(), err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// CloseIdleConnections closes the idle HTTP connections to the members.
+func (s *ViewSource) CloseIdleConnections() {
+	for _, c := range s.clients {
+		c.CloseIdleConnections()
+	}
+}
+
+// Backoff is how a call retries: after the n-th failure it waits
+// Base·2ⁿ⁻¹ (at most Max), spread by ±Jitter (a fraction), and never less
+// than the RetryAfter an answer asked for.
+type Backoff struct {
+	Attempts int           // tries in all, the first included (default 3)
+	Base     time.Duration // default 10ms
+	Max      time.Duration // default 1s
+	Jitter   float64       // default 0.2
+}
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Attempts <= 0 {
+		b.Attempts = 3
+	}
+	if b.Base <= 0 {
+		b.Base = 10 * time.Millisecond
+	}
+	if b.Max <= 0 {
+		b.Max = time.Second
+	}
+	if b.Jitter <= 0 || b.Jitter > 1 {
+		b.Jitter = 0.2
+	}
+	return b
+}
+
+// RingConfig configures a Ring.
+type RingConfig struct {
+	// Members are HTTP addresses of cluster members: the view is read
+	// from them, and checks fall back to them over HTTP.
+	Members []string
+	// AdminToken reads the view (it carries the hash seed).
+	AdminToken string
+	// Refresh is how often the view is re-read (default 1s); a NOT_OWNER
+	// answer re-reads it at once.
+	Refresh time.Duration
+	// Router tunes the batching and the owner timeout.
+	Router router.Config
+	// DataPlane configures the connections to the owners (its Dial for
+	// TLS or the cluster secret); zero = transport.DefaultClientConfig().
+	DataPlane *transport.ClientConfig
+	// HTTPClient carries the view reads and the HTTP fallback; nil = a
+	// keep-alive client of its own.
+	HTTPClient *http.Client
+	// Retry is the HTTP fallback's retry policy.
+	Retry Backoff
+}
+
+// Ring is the fast Go client: it follows the cluster's ring and sends
+// each check over the binary data plane straight to its owner, batching
+// concurrent calls bound for one owner into one frame (a router with no
+// keys of its own, in process). Until it has a view, and when it has
+// none, it falls back to POST /v1/check on the members, retrying
+// failures with jittered back-off. An owner that does not answer in time
+// is answered by the rule's failure mode (Decision.Degraded).
+//
+// A Ring is safe for concurrent use; use one per process and Close it.
+type Ring struct {
+	rt      *router.Router
+	pool    *transport.Pool
+	src     *ViewSource
+	http    []*Client
+	retry   Backoff
+	cancel  context.CancelFunc
+	done    chan struct{}
+	sleep   func(ctx context.Context, d time.Duration) error
+	randMu  sync.Mutex // guards rnd
+	rnd     *mrand.Rand
+	fbMu    sync.Mutex // guards fbNext
+	fbNext  int
+	fbCount int64 // calls that went over HTTP (guarded by fbMu)
+}
+
+// NewRing starts a Ring following the cluster at cfg.Members. It returns
+// at once; Ready tells when the data plane is in use.
+func NewRing(cfg RingConfig) (*Ring, error) {
+	if len(cfg.Members) == 0 {
+		return nil, errors.New("client: a Ring needs at least one member address")
+	}
+	dp := transport.DefaultClientConfig()
+	if cfg.DataPlane != nil {
+		dp = *cfg.DataPlane
+	}
+	if err := dp.Validate(); err != nil {
+		return nil, err
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Transport: NewTransport(64)}
+	}
+	opts := []Option{WithHTTPClient(hc), WithAdminToken(cfg.AdminToken)}
+	pool := transport.NewPool(dp)
+	rt, err := router.New(cfg.Router, nil, pool)
+	if err != nil {
+		_ = pool.Close()
+		return nil, err
+	}
+	var seed [16]byte
+	_, _ = rand.Read(seed[:])
+	c := &Ring{rt: rt, pool: pool, src: NewViewSource(cfg.Members, opts...), retry: cfg.Retry.withDefaults(),
+		done: make(chan struct{}), sleep: sleepCtx,
+		rnd: mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))}
+	for _, m := range cfg.Members {
+		c.http = append(c.http, New(m, opts...))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		_ = rt.Follow(ctx, c.src, cfg.Refresh)
+	}()
+	return c, nil
+}
+
+// Router returns the router inside (to share it with a gateway).
+func (c *Ring) Router() *router.Router { return c.rt }
+
+// Ready reports whether the Ring has a view, so checks take the data plane.
+func (c *Ring) Ready() bool { return c.rt.View() != nil }
+
+// Close stops following and closes the connections.
+func (c *Ring) Close() error {
+	c.cancel()
+	<-c.done
+	c.rt.Close()
+	c.src.CloseIdleConnections()
+	return c.pool.Close()
+}
+
+// Check spends cost of rule for key (cost 0 is a query) and returns the
+// decision; a denial is a Decision with Allowed false, not an error.
+func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+	if c.rt.View() != nil {
+		var out [1]router.Result
+		err := c.rt.Check(ctx, []router.Request{{Rule: rule, Key: key, Cost: cost}}, out[:])
+		if err == nil {
+			return DecisionOf(out[0]), nil
+		}
+		if !errors.Is(err, api.ErrUnavailable) {
+			return api.Decision{}, err
+		}
+	}
+	return c.checkHTTP(ctx, rule, key, cost)
+}
+
+// Period returns the period of a rule in the view (for the headers'
+// window); false before the first view or for an unknown rule.
+func (c *Ring) Period(rule string) (time.Duration, bool) {
+	if v := c.rt.View(); v != nil {
+		if r := v.Rules[rule]; r != nil {
+			return r.Period, true
+		}
+	}
+	return 0, false
+}
+
+// checkHTTP is the fallback: POST /v1/check to the members in turn,
+// retrying transport errors and 503s with back-off.
+func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+	var err error
+	for attempt := 1; ; attempt++ {
+		c.fbMu.Lock()
+		hc := c.http[c.fbNext%len(c.http)]
+		c.fbNext++
+		c.fbCount++
+		c.fbMu.Unlock()
+		var d api.Decision
+		d, err = hc.Check(ctx, rule, key, cost)
+		if err == nil || !retryable(err) || attempt >= c.retry.Attempts {
+			return d, err
+		}
+		if e := c.sleep(ctx, c.backoff(attempt, 0)); e != nil {
+			return api.Decision{}, err
+		}
+	}
+}
+
+// retryable: the node could not answer now (503) or was not reached; a
+// 4xx is the caller's mistake and would fail again.
+func retryable(err error) bool {
+	if e, ok := errors.AsType[*api.Error](err); ok {
+		return e.Status == http.StatusServiceUnavailable || e.Status == http.StatusBadGateway
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// backoff is the wait after the n-th failure, at least floor.
+func (c *Ring) backoff(n int, floor time.Duration) time.Duration {
+	d := c.retry.Base << min(n-1, 30)
+	d = min(d, c.retry.Max)
+	d = max(d, floor)
+	c.randMu.Lock()
+	f := 1 + c.retry.Jitter*(2*c.rnd.Float64()-1)
+	c.randMu.Unlock()
+	return time.Duration(float64(d) * f)
+}
+
+// ErrWouldExceedDeadline: Wait's next try would come after ctx's deadline.
+var ErrWouldExceedDeadline = errors.New("client: the limit would not allow the check before the context's deadline")
+
+// Wait checks until the check is allowed, sleeping between denials for
+// the RetryAfter the owner answered (never less; jittered upward so that
+// many waiters do not return in lockstep). It returns the allowing
+// decision, or the last denial with ErrWouldExceedDeadline when the next
+// try would come after ctx's deadline, or ctx's error.
+func (c *Ring) Wait(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+	for {
+		d, err := c.Check(ctx, rule, key, cost)
+		if err != nil || d.Allowed {
+			return d, err
+		}
+		wait := time.Duration(d.RetryAfterMs) * time.Millisecond
+		c.randMu.Lock()
+		wait += time.Duration(float64(wait) * c.retry.Jitter * c.rnd.Float64())
+		c.randMu.Unlock()
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return d, ErrWouldExceedDeadline
+		}
+		if err := c.sleep(ctx, wait); err != nil {
+			return d, err
+		}
+	}
+}
+
+// HTTPFallbacks returns how many calls went over HTTP (metrics, tests).
+func (c *Ring) HTTPFallbacks() int64 {
+	c.fbMu.Lock()
+	defer c.fbMu.Unlock()
+	return c.fbCount
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// DecisionOf is a router result as the API shows it: durations in whole
+// milliseconds, rounded up.
+func DecisionOf(r router.Result) api.Decision {
+	ms := func(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+	return api.Decision{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+		ResetAfterMs: ms(r.ResetAfter), RetryAfterMs: ms(r.RetryAfter), DelayMs: ms(r.Delay), Degraded: r.Degraded}
+}

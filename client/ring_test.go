@@ -1,0 +1,169 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/server"
+)
+
+// members is a cluster of real members on loopback, in this process.
+type members struct {
+	ss   []*server.Server
+	http []string
+}
+
+// startMembers starts n members (the first bootstraps) with the given
+// rules, and waits until they agree. Sockets are not fake time: it polls
+// for the condition, never sleeps a fixed while.
+func startMembers(tb testing.TB, n int, rs ...limiter.Rule) *members {
+	return startMembersToken(tb, n, testToken, rs...)
+}
+
+// testToken is the members' admin token.
+const testToken = "test-admin-token"
+
+func startMembersToken(tb testing.TB, n int, token string, rs ...limiter.Rule) *members {
+	tb.Helper()
+	m := &members{}
+	for i := range n {
+		var ls server.Listeners
+		for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			*l = ln
+		}
+		join := ""
+		if i > 0 {
+			join = m.http[0]
+		}
+		s, err := server.Start(server.Config{
+			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
+			PeerAdvertise: ls.Peer.Addr().String(), DataDir: tb.TempDir(), Join: join, AdminToken: token,
+			Ring: ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, RaftTimeout: 300 * time.Millisecond,
+			Router: router.Config{Timeout: 5 * time.Second},
+		}, ls)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = s.Shutdown(ctx)
+		})
+		m.ss = append(m.ss, s)
+		m.http = append(m.http, ls.HTTP.Addr().String())
+	}
+	eventually(tb, "members settled", func() bool {
+		for _, s := range m.ss {
+			if v := s.Node.View(); v == nil || s.Node.Ready() != nil || len(v.Ring.Members()) != n {
+				return false
+			}
+		}
+		return true
+	})
+	if len(rs) > 0 {
+		if _, err := m.ss[0].Node.PutRules(context.Background(), rs); err != nil {
+			tb.Fatal(err)
+		}
+		eventually(tb, "rules everywhere", func() bool {
+			for _, s := range m.ss {
+				if v := s.Router.View(); v == nil || v.Rules[rs[0].Name] == nil {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	return m
+}
+
+func eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The Ring follows the cluster and checks over the data plane; 64
+// concurrent callers on one key are admitted exactly the limit, with no
+// HTTP call once it has the view.
+func TestRingChecksOverTheDataPlaneExactly(t *testing.T) {
+	m := startMembers(t, 2, limiter.Rule{Name: "ten", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour})
+	rc, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: testToken, Refresh: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	eventually(t, "the ring client's first view", rc.Ready)
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 4 {
+				d, err := rc.Check(t.Context(), "ten", "shared", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Degraded {
+					t.Error("degraded answer from a healthy cluster")
+				}
+				if d.Allowed {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != 10 {
+		t.Fatalf("admitted %d of 256, want exactly 10", allowed.Load())
+	}
+	if n := rc.HTTPFallbacks(); n != 0 {
+		t.Fatalf("%d calls went over HTTP with a view in hand", n)
+	}
+	// The members agree: the key is spent for them too.
+	d, err := client.New(m.http[1]).Check(t.Context(), "ten", "shared", 0)
+	if err != nil || d.Remaining != 0 {
+		t.Fatalf("members see remaining %d (err %v), want 0", d.Remaining, err)
+	}
+}
+
+// Without the view (here: no admin token, so the members refuse it), the
+// Ring checks over HTTP and stays exact.
+func TestRingFallsBackToHTTP(t *testing.T) {
+	m := startMembers(t, 1, limiter.Rule{Name: "three", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
+	rc, err := client.NewRing(client.RingConfig{Members: m.http, Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	allowed := 0
+	for range 5 {
+		d, err := rc.Check(t.Context(), "three", "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 3 || rc.Ready() || rc.HTTPFallbacks() != 5 {
+		t.Fatalf("admitted %d of 5 (want 3), ready %v (want false), %d over HTTP (want 5)", allowed, rc.Ready(), rc.HTTPFallbacks())
+	}
+}
