@@ -36,6 +36,9 @@ func exampleMember() (addr string, stop func()) {
 	}); err != nil {
 		panic(err)
 	}
+	for v := s.Router.View(); v == nil || v.Rules["login"] == nil; v = s.Router.View() {
+		time.Sleep(10 * time.Millisecond) // the write reaches the member's router
+	}
 	return ls.HTTP.Addr().String(), func() { _ = s.Shutdown(context.Background()); os.RemoveAll(dir) }
 }
 

@@ -207,7 +207,16 @@ func (c *Ring) Close() error {
 func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
 	if c.rt.View() != nil {
 		var out [1]router.Result
-		err := c.rt.Check(ctx, []router.Request{{Rule: rule, Key: key, Cost: cost}}, out[:])
+		req := []router.Request{{Rule: rule, Key: key, Cost: cost}}
+		err := c.rt.Check(ctx, req, out[:])
+		if errors.Is(err, router.ErrUnknownRule) {
+			// The rule may be younger than the view: read it again, once.
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			if c.rt.Refresh(rctx) == nil {
+				err = c.rt.Check(ctx, req, out[:])
+			}
+			cancel()
+		}
 		if err == nil {
 			return DecisionOf(out[0]), nil
 		}

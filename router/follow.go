@@ -48,6 +48,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 		} else {
 			r.install(v)
 		}
+		r.fetched()
 		if !t.Stop() {
 			select { // drain a fire that raced with the stale signal
 			case <-t.C:
@@ -88,6 +89,36 @@ func sameRules(a, b *View) bool {
 		}
 	}
 	return true
+}
+
+// Refresh asks Follow for a fetch now and waits until one has been done
+// (whether or not it changed the view), or ctx ends. A caller that met a
+// rule its view does not know calls it before retrying: the rule may be
+// younger than the view. Without a Follow running it waits for ctx.
+func (r *Router) Refresh(ctx context.Context) error {
+	r.fetchMu.Lock()
+	if r.fetchDone == nil {
+		r.fetchDone = make(chan struct{})
+	}
+	done := r.fetchDone
+	r.fetchMu.Unlock()
+	r.markStale()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// fetched wakes the callers of Refresh waiting for this fetch.
+func (r *Router) fetched() {
+	r.fetchMu.Lock()
+	if r.fetchDone != nil {
+		close(r.fetchDone)
+		r.fetchDone = nil
+	}
+	r.fetchMu.Unlock()
 }
 
 // markStale asks Follow for a refresh without blocking; signals coalesce.

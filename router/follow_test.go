@@ -163,3 +163,30 @@ func TestRouterDependsOnNeitherRaftNorNode(t *testing.T) {
 		}
 	}
 }
+
+// Refresh fetches at once and returns once the fetch is done: a caller
+// that met an unknown rule sees a rule added since its last fetch.
+func TestRefreshFetchesNowAndWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt, err := New(Config{}, nil, &network{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rules := testRules(t)
+		src := &source{v: view.New(mustRing(t, 1, "a"), 7, ruleList(rules), 0)}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = rt.Follow(ctx, src, time.Hour) }()
+		synctest.Wait()
+		rules["new"] = &limiter.Rule{Name: "new", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
+		src.set(view.New(mustRing(t, 1, "a"), 7, ruleList(rules), 0), nil)
+		start := time.Now()
+		if err := rt.Refresh(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if rt.View().Rules["new"] == nil || time.Since(start) != 0 {
+			t.Fatalf("after Refresh (%v): rule new %v; want it, at once", time.Since(start), rt.View().Rules["new"])
+		}
+	})
+}

@@ -117,7 +117,9 @@ type Router struct {
 
 	scratch sync.Pool // *scratch
 
-	stale chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
+	stale     chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
+	fetchMu   sync.Mutex    // guards fetchDone
+	fetchDone chan struct{} // closed when Follow's next fetch is done (Refresh)
 }
 
 // New returns a router. local decides the partitions this node owns (may
