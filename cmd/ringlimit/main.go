@@ -15,6 +15,8 @@ const usage = `ringlimit — a rate limiter cluster with no shared store
 
 usage:
   ringlimit serve   [flags]   run a cluster member (bootstraps a single-node cluster by default)
+  ringlimit router  --cluster HOST:PORT,...   a stateless router: follows the ring, forwards each check to its owner
+  ringlimit gateway --upstream URL [flags]    reverse proxy that limits before forwarding
   ringlimit check   --addr HOST:PORT --rule NAME --key KEY [--cost N] [--json]
   ringlimit status  --addr HOST:PORT [--json]
   ringlimit leave   --addr HOST:PORT [--id ID] [--admin-token T]
@@ -41,6 +43,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "serve":
 		return runServe(ctx, rest, getenv, stdout, stderr)
+	case "router":
+		return runRouter(ctx, rest, getenv, stdout, stderr)
+	case "gateway":
+		return runGateway(ctx, rest, getenv, stdout, stderr)
 	case "check":
 		return runCheck(ctx, rest, getenv, stdout, stderr)
 	case "status":

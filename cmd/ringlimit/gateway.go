@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/gateway"
+	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/server"
+)
+
+// gatewayOpts are the parsed gateway flags.
+type gatewayOpts struct {
+	upstream  *url.URL
+	config    string // rules + routes file; "" = default rule on every path
+	dataDir   string
+	identity  gateway.Identity
+	follower  followerFlags
+	embedded  bool
+	startWait time.Duration
+}
+
+// gatewayProc is a running gateway: its checker (an embedded member or a
+// Ring following the cluster), the proxy and the admin server.
+type gatewayProc struct {
+	gw     *gateway.Gateway
+	reg    *prometheus.Registry
+	ready  func() bool
+	member *server.Server // embedded mode
+	stopFn func(context.Context) error
+}
+
+// startGateway builds the checker and the gateway (not yet serving).
+func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewayProc, error) {
+	var routes []rules.Route
+	if o.config != "" {
+		doc, err := os.ReadFile(o.config)
+		if err != nil {
+			return nil, fmt.Errorf("--config: %w", err)
+		}
+		if _, err := rules.Parse(doc); err != nil {
+			return nil, fmt.Errorf("--config %s: %w", o.config, err)
+		}
+		if routes, err = rules.ParseRoutes(doc); err != nil {
+			return nil, fmt.Errorf("--config %s: %w", o.config, err)
+		}
+	}
+	p := &gatewayProc{}
+	var checker gateway.Checker
+	if o.embedded {
+		member, err := startEmbedded(ctx, o, log)
+		if err != nil {
+			return nil, err
+		}
+		p.member, p.reg, checker = member, member.Registry, member.Router
+		p.ready = func() bool { return member.Node.Ready() == nil }
+		p.stopFn = member.Shutdown
+		if routes != nil {
+			if err := rules.CheckRoutes(routes, member.Router.View().List); err != nil {
+				_ = member.Shutdown(context.Background())
+				return nil, fmt.Errorf("--config %s: %w", o.config, err)
+			}
+		}
+	} else {
+		p.reg = newRegistry()
+		rc, err := o.follower.follow(p.reg, log)
+		if err != nil {
+			return nil, err
+		}
+		if !waitView(ctx, rc, 10*time.Second) {
+			log.Warn("no cluster view yet; requests answer 503 until one of --cluster answers GET /v1/cluster/view")
+		}
+		checker, p.ready = rc.Router(), rc.Ready
+		p.stopFn = func(context.Context) error { return rc.Close() }
+	}
+	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Routes: routes, Identity: o.identity,
+		Registerer: p.reg, Logger: log}, checker)
+	if err != nil {
+		_ = p.stopFn(context.Background())
+		return nil, err
+	}
+	p.gw = gw
+	return p, nil
+}
+
+// startEmbedded starts a single-node cluster in this process, on loopback
+// ports of its own, with the rules of --config, and waits until those
+// rules are in force.
+func startEmbedded(ctx context.Context, o gatewayOpts, log *slog.Logger) (*server.Server, error) {
+	var ls server.Listeners
+	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			closeAll(ls)
+			return nil, err
+		}
+		*l = ln
+	}
+	s, err := server.Start(server.Config{
+		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
+		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
+		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
+		Logger: log, LogOutput: io.Discard,
+	}, ls)
+	if err != nil {
+		closeAll(ls)
+		return nil, fmt.Errorf("embedded limiter: %w", err)
+	}
+	deadline := time.Now().Add(o.startWait)
+	for s.Node.Ready() != nil || s.Router.View() == nil {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			_ = s.Shutdown(context.Background())
+			return nil, fmt.Errorf("embedded limiter not ready after %v: %v", o.startWait, s.Node.Ready())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s, nil
+}
+
+func (p *gatewayProc) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{\"status\":\"ok\"}\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !p.ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "{\"error\":\"unavailable\",\"message\":\"no cluster view yet\"}\n")
+			return
+		}
+		_, _ = io.WriteString(w, "{\"status\":\"ready\"}\n")
+	})
+	return mux
+}
+
+// proxyServer is the client-facing server: no write timeout (upstream
+// answers and shaping delays may take long), bounded headers and idles.
+func proxyServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+}
+
+// runGateway runs the gateway until ctx is done.
+func runGateway(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("gateway", stderr)
+	var (
+		listen     = fs.String("listen", "127.0.0.1:8000", "where clients connect")
+		upstream   = fs.String("upstream", "", "the service behind the gateway, as a URL (required)")
+		config     = fs.String("config", "", "YAML with rules: and routes: (no file: every request is limited by default)")
+		dataDir    = fs.String("data-dir", "./ringlimit-gateway-data", "embedded mode (no --cluster): the single node's data")
+		apiKey     = fs.String("api-key-header", "", "header whose value identifies the client")
+		jwtKey     = fs.String("jwt-key", "", "HS256 secret file, or PEM public key / JWKS file for RS256/ES256")
+		jwtClaim   = fs.String("jwt-claim", "sub", "JWT claim holding the client id")
+		tierClaim  = fs.String("tier-claim", "", "JWT claim holding the client's tier")
+		trusted    = fs.String("trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-For is believed")
+		admin      = fs.String("admin", "", "listen address for /metrics, /healthz, /readyz (off when empty)")
+		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
+		startWait  = fs.Duration("start-timeout", 30*time.Second, "embedded mode: how long the single node may take to be ready")
+		ff         = addFollowerFlags(fs)
+		fail2      = func(err error) int { return fail(stderr, "gateway", err) }
+		identities gateway.Identity
+	)
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
+	}
+	log, err := newLogger(*logLevel, stderr)
+	if err != nil {
+		return fail2(err)
+	}
+	up, err := url.Parse(baseURL(*upstream))
+	if *upstream == "" || err != nil || up.Host == "" {
+		return fail2(fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", *upstream))
+	}
+	identities = gateway.Identity{Claim: *jwtClaim, TierClaim: *tierClaim, APIKeyHeader: *apiKey}
+	if *jwtKey != "" {
+		data, err := os.ReadFile(*jwtKey)
+		if err != nil {
+			return fail2(fmt.Errorf("--jwt-key: %w", err))
+		}
+		if identities.JWT, err = gateway.ParseJWTKeys(data); err != nil {
+			return fail2(fmt.Errorf("--jwt-key %s: %w", *jwtKey, err))
+		}
+	}
+	if identities.TrustedProxies, err = gateway.ParseCIDRs(*trusted); err != nil {
+		return fail2(fmt.Errorf("--trusted-proxies: %w", err))
+	}
+	ln, err := net.Listen("tcp", hostPort(*listen))
+	if err != nil {
+		return fail2(fmt.Errorf("--listen: %w", err))
+	}
+	defer ln.Close()
+	var adminLn net.Listener
+	if *admin != "" {
+		if adminLn, err = net.Listen("tcp", hostPort(*admin)); err != nil {
+			return fail2(fmt.Errorf("--admin: %w", err))
+		}
+		defer adminLn.Close()
+	}
+	p, err := startGateway(ctx, gatewayOpts{upstream: up, config: *config, dataDir: *dataDir, identity: identities,
+		follower: ff, embedded: *ff.cluster == "", startWait: *startWait}, log)
+	if err != nil {
+		return fail2(err)
+	}
+	srv := proxyServer(p.gw)
+	go func() { _ = srv.Serve(ln) }()
+	var adminSrv *http.Server
+	if adminLn != nil {
+		adminSrv = &http.Server{Handler: p.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = adminSrv.Serve(adminLn) }()
+	}
+	mode := "cluster"
+	if p.member != nil {
+		mode = "embedded"
+	}
+	log.Info("ringlimit gateway serving", "listen", ln.Addr().String(), "upstream", up.String(), "mode", mode)
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if adminSrv != nil {
+		_ = adminSrv.Shutdown(sctx)
+	}
+	if e := p.stopFn(sctx); err == nil {
+		err = e
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/httpapi"
+)
+
+// followerFlags are the flags of a process that follows the cluster
+// without being a member (router, gateway --cluster).
+type followerFlags struct {
+	cluster, adminToken *string
+	refresh, fwdTimeout *time.Duration
+	linger              *time.Duration
+	maxBatch            *int
+}
+
+func addFollowerFlags(fs interface {
+	String(string, string, string) *string
+	Duration(string, time.Duration, string) *time.Duration
+	Int(string, int, string) *int
+}) followerFlags {
+	d := router.DefaultConfig()
+	return followerFlags{
+		cluster:    fs.String("cluster", "", "comma-separated HTTP addresses of cluster members (any of them; fails over between them)"),
+		adminToken: fs.String("admin-token", "", "bearer token for reading the cluster view from the members"),
+		refresh:    fs.Duration("refresh", time.Second, "how often the cluster view is re-read (and at once on a NOT_OWNER answer)"),
+		fwdTimeout: fs.Duration("forward-timeout", d.Timeout, "how long an owner may take before the rule's failure mode answers"),
+		linger:     fs.Duration("linger", d.Linger, "how long a batch to an owner waits to fill"),
+		maxBatch:   fs.Int("max-batch", d.MaxBatch, "most checks in one batch to an owner"),
+	}
+}
+
+func (f followerFlags) members() []string {
+	var out []string
+	for a := range strings.SplitSeq(*f.cluster, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, hostPort(a))
+		}
+	}
+	return out
+}
+
+// follow starts a Ring following the cluster, with its router's metrics
+// in reg.
+func (f followerFlags) follow(reg prometheus.Registerer, log *slog.Logger) (*client.Ring, error) {
+	ms := f.members()
+	if len(ms) == 0 {
+		return nil, errors.New("--cluster: at least one member address is required")
+	}
+	return client.NewRing(client.RingConfig{
+		Members: ms, AdminToken: *f.adminToken, Refresh: *f.refresh,
+		Router: router.Config{Timeout: *f.fwdTimeout, Linger: *f.linger, MaxBatch: *f.maxBatch, Registerer: reg, Logger: log},
+	})
+}
+
+// waitView waits up to d for rc's first view; false when none came.
+func waitView(ctx context.Context, rc *client.Ring, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !rc.Ready() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// newLogger returns the JSON logger of a long-running command.
+func newLogger(level string, stderr io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// routerProc is a running `ringlimit router`.
+type routerProc struct {
+	ring *client.Ring
+	srv  *http.Server
+	done chan error
+}
+
+// startRouter serves the check front door on ln for a Ring following the
+// cluster.
+func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerProc, error) {
+	reg := newRegistry()
+	rc, err := ff.follow(reg, log)
+	if err != nil {
+		return nil, err
+	}
+	rt := rc.Router()
+	h := httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, httpapi.RouterFront(rt))
+	p := &routerProc{ring: rc, srv: httpapi.NewServer(ln.Addr().String(), h), done: make(chan error, 1)}
+	go func() { p.done <- p.srv.Serve(ln) }()
+	return p, nil
+}
+
+func (p *routerProc) shutdown(ctx context.Context) error {
+	err := p.srv.Shutdown(ctx)
+	<-p.done
+	if e := p.ring.Close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// runRouter runs a stateless router until ctx is done.
+func runRouter(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("router", stderr)
+	httpAddr := fs.String("http", "127.0.0.1:8070", "HTTP listen address (POST /v1/check, GET /v1/rules, health, metrics)")
+	ff := addFollowerFlags(fs)
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if code, ok := parseOrExit(fs, args, getenv); !ok {
+		return code
+	}
+	log, err := newLogger(*logLevel, stderr)
+	if err != nil {
+		return fail(stderr, "router", err)
+	}
+	if len(ff.members()) == 0 {
+		return fail(stderr, "router", errors.New("--cluster: at least one member address is required"))
+	}
+	ln, err := net.Listen("tcp", hostPort(*httpAddr))
+	if err != nil {
+		return fail(stderr, "router", fmt.Errorf("--http: %w", err))
+	}
+	p, err := startRouter(ff, ln, log)
+	if err != nil {
+		ln.Close()
+		return fail(stderr, "router", err)
+	}
+	log.Info("ringlimit router serving", "http", ln.Addr().String(), "cluster", ff.members())
+	if !waitView(ctx, p.ring, 10*time.Second) && ctx.Err() == nil {
+		log.Warn("no cluster view yet; /readyz answers 503 and checks 503 until one of --cluster answers GET /v1/cluster/view")
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/server"
+)
+
+// holeProxy forwards TCP to a target until it is turned into a black
+// hole: then it drops the connections it carried and accepts new ones
+// without ever answering, as a host that died without a RST would.
+type holeProxy struct {
+	ln     net.Listener
+	target string
+	hole   atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newHoleProxy(t *testing.T, target string) *holeProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holeProxy{ln: ln, target: target}
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.dropAll() })
+	return p
+}
+
+func (p *holeProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c)
+		p.mu.Unlock()
+		if p.hole.Load() {
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+			continue
+		}
+		go func() {
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			_, _ = io.Copy(c, up)
+			c.Close()
+		}()
+	}
+}
+
+func (p *holeProxy) kill() { p.hole.Store(true); p.dropAll() }
+
+func (p *holeProxy) dropAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+type testMember struct {
+	s    *server.Server
+	http string
+	peer *holeProxy // the data-plane address others use
+}
+
+func startTestMember(t *testing.T, id, join string) *testMember {
+	t.Helper()
+	var ls server.Listeners
+	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*l = ln
+	}
+	px := newHoleProxy(t, ls.Peer.Addr().String())
+	s, err := server.Start(server.Config{
+		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
+		PeerAdvertise: px.ln.Addr().String(), DataDir: t.TempDir(), Join: join,
+		Ring: ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, RaftTimeout: 300 * time.Millisecond,
+		Router: router.Config{Timeout: 5 * time.Second}, DeadAfter: time.Hour,
+	}, ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return &testMember{s: s, http: ls.HTTP.Addr().String(), peer: px}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func settled(ms []*testMember) bool {
+	var epoch uint64
+	for i, m := range ms {
+		v := m.s.Node.View()
+		if v == nil || m.s.Node.Ready() != nil || len(v.Ring.Members()) != len(ms) {
+			return false
+		}
+		if i > 0 && v.Ring.Epoch() != epoch {
+			return false
+		}
+		epoch = v.Ring.Epoch()
+	}
+	return true
+}
+
+// checkBatch sends one batch through the router's HTTP front door.
+func checkBatch(t *testing.T, addr string, checks []api.CheckRequest) []api.Decision {
+	t.Helper()
+	body, _ := json.Marshal(api.BatchRequest{Checks: checks})
+	resp, err := http.Post("http://"+addr+"/v1/check", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("POST /v1/check: %d %s", resp.StatusCode, b)
+	}
+	var out api.BatchResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Results
+}
+
+func one(cost int64) *int64 { return &cost }
+
+// Two members and a router: limits are exact through the router; a
+// third member joins under load and the router follows with no degraded
+// answer and still exact limits; a member's data plane dies and the
+// router answers its keys by each rule's failure mode within its timeout.
+func TestRouterFollowsTheCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	n1 := startTestMember(t, "n1", "")
+	n2 := startTestMember(t, "n2", n1.http)
+	eventually(t, "2 members", func() bool { return settled([]*testMember{n1, n2}) })
+	if _, err := n1.s.Node.PutRules(context.Background(), []limiter.Rule{
+		{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour},
+		{Name: "shut", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rules on every member", func() bool {
+		for _, m := range []*testMember{n1, n2} {
+			if v := m.s.Node.View(); v == nil || v.Rules["shut"] == nil {
+				return false
+			}
+		}
+		return true
+	})
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeout := 400 * time.Millisecond
+	cluster, token, refresh, linger, batch := n1.http+","+n2.http, "", 200*time.Millisecond, router.DefaultConfig().Linger, 512
+	rp, err := startRouter(followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout,
+		linger: &linger, maxBatch: &batch}, ln, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rp.shutdown(context.Background()) })
+	addr := ln.Addr().String()
+	eventually(t, "the router's view with the rules", func() bool {
+		v := rp.ring.Router().View()
+		return v != nil && v.Rules["five"] != nil
+	})
+
+	// Exact: 40 keys, 8 rounds of one batch each: 5 admitted per key.
+	keys := func(prefix string, n int, cost int64) []api.CheckRequest {
+		var cs []api.CheckRequest
+		for i := range n {
+			cs = append(cs, api.CheckRequest{Rule: "five", Key: fmt.Sprintf("%s%d", prefix, i), Cost: one(cost)})
+		}
+		return cs
+	}
+	admitted := map[string]int{}
+	degraded := 0
+	round := func(cs []api.CheckRequest) {
+		for i, d := range checkBatch(t, addr, cs) {
+			if d.Allowed {
+				admitted[cs[i].Key]++
+			}
+			if d.Degraded {
+				degraded++
+			}
+		}
+	}
+	for range 8 {
+		round(keys("a", 40, 1))
+	}
+	for k, n := range admitted {
+		if n != 5 {
+			t.Fatalf("key %s admitted %d times through the router, want 5", k, n)
+		}
+	}
+	if degraded != 0 {
+		t.Fatalf("%d degraded answers from a healthy cluster", degraded)
+	}
+
+	// A third member joins while checks flow.
+	clear(admitted)
+	for range 3 {
+		round(keys("b", 40, 1))
+	}
+	stop := make(chan struct{})
+	var during sync.WaitGroup
+	var mu sync.Mutex
+	duringAdmitted := map[string]int{}
+	duringDegraded := 0
+	during.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cs := keys("c", 20, 1)
+			res := checkBatch(t, addr, cs)
+			mu.Lock()
+			for i, d := range res {
+				if d.Allowed {
+					duringAdmitted[cs[i].Key]++
+				}
+				if d.Degraded {
+					duringDegraded++
+				}
+			}
+			mu.Unlock()
+		}
+	})
+	n3 := startTestMember(t, "n3", n1.http)
+	all := []*testMember{n1, n2, n3}
+	eventually(t, "3 members", func() bool { return settled(all) })
+	eventually(t, "the router follows to 3 members", func() bool {
+		v := rp.ring.Router().View()
+		return v != nil && len(v.Ring.Members()) == 3 && v.Ring.Epoch() == n1.s.Node.View().Ring.Epoch()
+	})
+	close(stop)
+	during.Wait()
+	for range 5 {
+		round(keys("b", 40, 1))
+	}
+	for k, n := range admitted {
+		if n != 5 {
+			t.Errorf("key %s admitted %d times across the join, want 5", k, n)
+		}
+	}
+	for k, n := range duringAdmitted {
+		if n != 5 {
+			t.Errorf("key %s (checked during the join) admitted %d times, want 5", k, n)
+		}
+	}
+	if degraded+duringDegraded != 0 {
+		t.Fatalf("%d degraded answers through the router across the join", degraded+duringDegraded)
+	}
+	if len(duringAdmitted) != 20 {
+		t.Fatalf("only %d keys were checked during the join", len(duringAdmitted))
+	}
+
+	// n2's data plane dies: its keys are answered by failure mode, within
+	// the router's timeout.
+	v := rp.ring.Router().View()
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("d%d", i)
+		if m, _ := v.Ring.Owner(v.Ring.Partition(limiter.KeyHash(v.Seed, k))); m.ID == "n2" {
+			key = k
+		}
+	}
+	n2.peer.kill()
+	start := time.Now()
+	res := checkBatch(t, addr, []api.CheckRequest{{Rule: "five", Key: key}, {Rule: "shut", Key: key}})
+	took := time.Since(start)
+	if !res[0].Allowed || !res[0].Degraded || res[1].Allowed || !res[1].Degraded {
+		t.Fatalf("owner dead: open rule %+v, closed rule %+v; want allowed+degraded and denied+degraded", res[0], res[1])
+	}
+	if took > timeout+300*time.Millisecond {
+		t.Fatalf("the failure mode answered after %v, want within the %v timeout", took, timeout)
+	}
+	t.Logf("failure mode answered in %v (timeout %v)", took, timeout)
+}
