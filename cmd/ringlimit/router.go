@@ -96,6 +96,7 @@ func newRegistry() *prometheus.Registry {
 
 // routerProc is a running `ringlimit router`.
 type routerProc struct {
+	reg  *prometheus.Registry
 	ring *client.Ring
 	srv  *http.Server
 	done chan error
@@ -111,7 +112,7 @@ func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerPr
 	}
 	rt := rc.Router()
 	h := httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, httpapi.RouterFront(rt))
-	p := &routerProc{ring: rc, srv: httpapi.NewServer(ln.Addr().String(), h), done: make(chan error, 1)}
+	p := &routerProc{reg: reg, ring: rc, srv: httpapi.NewServer(ln.Addr().String(), h), done: make(chan error, 1)}
 	go func() { p.done <- p.srv.Serve(ln) }()
 	return p, nil
 }
