@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/gateway"
@@ -46,12 +47,13 @@ type gatewayProc struct {
 // startGateway builds the checker and the gateway (not yet serving).
 func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewayProc, error) {
 	var routes []rules.Route
+	var written []limiter.Rule
 	if o.config != "" {
 		doc, err := os.ReadFile(o.config)
 		if err != nil {
 			return nil, fmt.Errorf("--config: %w", err)
 		}
-		if _, err := rules.Parse(doc); err != nil {
+		if written, err = rules.Parse(doc); err != nil {
 			return nil, fmt.Errorf("--config %s: %w", o.config, err)
 		}
 		if routes, err = rules.ParseRoutes(doc); err != nil {
@@ -61,7 +63,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 	p := &gatewayProc{}
 	var checker gateway.Checker
 	if o.embedded {
-		member, err := startEmbedded(ctx, o, log)
+		member, err := startEmbedded(ctx, o, written, log)
 		if err != nil {
 			return nil, err
 		}
@@ -99,7 +101,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 // startEmbedded starts a single-node cluster in this process, on loopback
 // ports of its own, with the rules of --config, and waits until those
 // rules are in force.
-func startEmbedded(ctx context.Context, o gatewayOpts, log *slog.Logger) (*server.Server, error) {
+func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, log *slog.Logger) (*server.Server, error) {
 	var ls server.Listeners
 	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -120,7 +122,19 @@ func startEmbedded(ctx context.Context, o gatewayOpts, log *slog.Logger) (*serve
 		return nil, fmt.Errorf("embedded limiter: %w", err)
 	}
 	deadline := time.Now().Add(o.startWait)
-	for s.Node.Ready() != nil || s.Router.View() == nil {
+	inForce := func() bool {
+		v := s.Router.View()
+		if s.Node.Ready() != nil || v == nil {
+			return false
+		}
+		for _, r := range written {
+			if v.Rules[r.Name] == nil {
+				return false
+			}
+		}
+		return true
+	}
+	for !inForce() {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = s.Shutdown(context.Background())
 			return nil, fmt.Errorf("embedded limiter not ready after %v: %v", o.startWait, s.Node.Ready())

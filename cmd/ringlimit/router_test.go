@@ -32,7 +32,7 @@ type holeProxy struct {
 	conns  []net.Conn
 }
 
-func newHoleProxy(t *testing.T, target string) *holeProxy {
+func newHoleProxy(t testing.TB, target string) *holeProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ type testMember struct {
 	peer *holeProxy // the data-plane address others use
 }
 
-func startTestMember(t *testing.T, id, join string) *testMember {
+func startTestMember(t testing.TB, id, join string) *testMember {
 	t.Helper()
 	var ls server.Listeners
 	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
