@@ -97,7 +97,19 @@ func (o *Owner) Awaiting() int { return int(o.awaiting.Load()) }
 // SetLease says this member may answer until d from now (while Raft hears
 // from a quorum); EnableLease turns the requirement on.
 func (o *Owner) SetLease(d time.Duration) {
+	was := o.leased()
 	o.leaseUntil.Store(int64(time.Since(o.start) + d))
+	if !was && o.leased() {
+		o.broadcast() // checks waiting for a lease may go on
+	}
+}
+
+// broadcast wakes every check waiting for a partition or a lease.
+func (o *Owner) broadcast() {
+	o.mu.Lock()
+	close(o.changed)
+	o.changed = make(chan struct{})
+	o.mu.Unlock()
 }
 
 // EnableLease makes answers depend on the lease (see SetLease).
@@ -117,10 +129,7 @@ func (o *Owner) setState(p uint32, s partState) {
 		o.awaiting.Add(1)
 	}
 	if s == partServing {
-		o.mu.Lock()
-		close(o.changed)
-		o.changed = make(chan struct{})
-		o.mu.Unlock()
+		o.broadcast()
 	}
 }
 
@@ -160,7 +169,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 		return
 	}
 	resp.Epoch = v.Epoch()
-	if !o.leased() {
+	if !o.leased() && !o.awaitLease(ctx) {
 		for i := range resp.Results {
 			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
 		}
@@ -201,6 +210,26 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			}
 		}
 		resp.Results[i] = res
+	}
+}
+
+// awaitLease waits (bounded by ctx and stateWait) for the lease: a member
+// that just joined or restarted has it within one Raft heartbeat.
+func (o *Owner) awaitLease(ctx context.Context) bool {
+	t := time.NewTimer(stateWait)
+	defer t.Stop()
+	for {
+		ch := o.servable()
+		if o.leased() {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 
