@@ -10,6 +10,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
@@ -24,37 +25,17 @@ func ruleList(m map[string]*limiter.Rule) []limiter.Rule {
 	return l
 }
 
-// owner is a fake member: it decides with a real table the partitions
-// its ring gives it, and answers NOT_OWNER for the others.
+// owner is a member's owner side (the real node.Owner, which decides the
+// partitions its ring gives it and answers NOT_OWNER for the others),
+// counting the batches it is sent.
 type owner struct {
-	id    string
-	mu    sync.Mutex
-	ring  *ring.Ring
-	table *limiter.Table
-	rules map[string]*limiter.Rule
-	seed  uint64
+	*node.Owner
 	calls atomic.Int64
 }
 
-func (o *owner) HandleBatch(_ context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+func (o *owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	o.calls.Add(1)
-	o.mu.Lock()
-	r := o.ring
-	o.mu.Unlock()
-	resp.Epoch = r.Epoch()
-	for i, c := range req.Checks {
-		if m, ok := r.Owner(c.Partition); !ok || m.ID != o.id {
-			resp.Results[i] = transport.Result{Status: transport.StatusNotOwner}
-			continue
-		}
-		rule := o.rules[c.Rule]
-		d, err := o.table.Check(c.Partition, limiter.BucketHash(c.KeyHash, limiter.RuleSalt(o.seed, rule.Name, rule.Algorithm)), rule, 0, int64(c.Cost))
-		if err != nil {
-			resp.Results[i] = transport.Result{Status: transport.StatusBadRequest}
-			continue
-		}
-		resp.Results[i] = transport.Result{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining}
-	}
+	o.Owner.HandleBatch(ctx, req, resp)
 }
 
 // network routes Do calls to fake owners by peer address.
@@ -105,11 +86,16 @@ func mustRing(t *testing.T, epoch uint64, ids ...string) *ring.Ring {
 }
 
 func newOwner(t *testing.T, id string, r *ring.Ring, rules map[string]*limiter.Rule) *owner {
-	tab, err := limiter.NewTable(64)
+	t.Helper()
+	o, err := node.NewOwner(id, r.Config().Partitions, func() int64 { return 0 }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &owner{id: id, ring: r, table: tab, rules: rules, seed: 7}
+	v := view.New(r, 7, ruleList(rules), 0)
+	// A new cluster: every partition it owns starts empty and servable.
+	o.Apply(v, node.PlanMoves(nil, r, id, nil, false))
+	o.ExpireAwaiting(o.AwaitingParts())
+	return &owner{Owner: o}
 }
 
 func TestRouterForwardsAndLimitsGlobally(t *testing.T) {
@@ -263,8 +249,8 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 			t.Errorf("case %d: %v, want an ItemError at %d wrapping %v", i, err, tt.index, tt.is)
 		}
 	}
-	if o.calls.Load() != 0 || o.table.Len() != 0 {
-		t.Fatalf("invalid batches reached the owner (%d calls, %d states): nothing may be spent", o.calls.Load(), o.table.Len())
+	if o.calls.Load() != 0 || o.Table().Len() != 0 {
+		t.Fatalf("invalid batches reached the owner (%d calls, %d states): nothing may be spent", o.calls.Load(), o.Table().Len())
 	}
 }
 
