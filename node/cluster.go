@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -126,7 +127,7 @@ func (n *Node) registerLoop() {
 		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
 		}
-		if n.caughtUp() && (n.needsRecovery() || !n.registered()) {
+		if n.caughtUp() && (n.needsRecovery() || !n.registered()) || !n.caughtUp() && n.moved() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()
@@ -173,6 +174,28 @@ func (n *Node) needsRecovery() bool {
 	return true
 }
 
+// moved reports whether the local Raft configuration lists this member at
+// another Raft address than it now advertises (restarted with other
+// ports): the leader cannot reach it until it re-registers, so it must
+// do so before its log is replayed.
+func (n *Node) moved() bool {
+	if n.leaderKnown() {
+		return false
+	}
+	cf := n.raft.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if s.ID == raft.ServerID(n.cfg.ID) {
+			return s.Address != raft.ServerAddress(n.cfg.RaftAdvertise)
+		}
+	}
+	return false
+}
+
+func (n *Node) leaderKnown() bool { id, _ := n.leader(); return id != "" }
+
 func (n *Node) register(ctx context.Context) error {
 	if n.needsRecovery() {
 		if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
@@ -202,6 +225,11 @@ func (n *Node) register(ctx context.Context) error {
 	for _, m := range n.fsm.State().Members {
 		if m.ID != n.cfg.ID && m.HTTP != "" {
 			tried = append(tried, m.HTTP)
+		}
+	}
+	for id, addr := range n.raft.knownHTTP {
+		if id != n.cfg.ID && addr != "" && !slices.Contains(tried, addr) {
+			tried = append(tried, addr)
 		}
 	}
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)

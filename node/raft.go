@@ -11,6 +11,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/ringlimit/ringlimit/fsm"
 )
 
 // streamLayer is raft's network layer over a listener we opened, so the
@@ -35,6 +37,10 @@ type raftParts struct {
 	// start (configuration entries never reach the FSM); 0 when none
 	// follows the latest snapshot, which NewRaft restores before returning.
 	lastCommand uint64
+	// knownHTTP are the HTTP addresses of the members the local snapshot
+	// and log name (committed or not): whom to ask when no leader can be
+	// reached, before the log is replayed (a restart at new addresses).
+	knownHTTP map[string]string
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -96,6 +102,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	}
 	parts.raft, parts.hasState = r, hasState
 	parts.lastCommand = lastCommand(logs, snaps)
+	parts.knownHTTP = knownHTTP(logs, snaps)
 	return parts, nil
 }
 
@@ -127,4 +134,34 @@ func lastCommand(logs raft.LogStore, snaps raft.SnapshotStore) uint64 {
 		}
 	}
 	return 0
+}
+
+// knownHTTP replays the local snapshot and log into a scratch FSM and
+// returns each member's HTTP address by id. Errors just shorten the list.
+func knownHTTP(logs raft.LogStore, snaps raft.SnapshotStore) map[string]string {
+	f := fsm.New()
+	var floor uint64
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		if _, rc, err := snaps.Open(metas[0].ID); err == nil {
+			if f.Restore(rc) == nil {
+				floor = metas[0].Index
+			}
+			rc.Close()
+		}
+	}
+	first, err1 := logs.FirstIndex()
+	last, err2 := logs.LastIndex()
+	out := map[string]string{}
+	if err1 == nil && err2 == nil {
+		for i := max(first, floor+1); i <= last && i > 0; i++ {
+			var l raft.Log
+			if logs.GetLog(i, &l) == nil && l.Type == raft.LogCommand {
+				f.Apply(&l)
+			}
+		}
+	}
+	for _, m := range f.State().Members {
+		out[m.ID] = m.HTTP
+	}
+	return out
 }

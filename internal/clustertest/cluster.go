@@ -74,6 +74,7 @@ type Member struct {
 	cancel context.CancelFunc
 	up     atomic.Bool
 	joined bool // started with a join (not the bootstrapper)
+	gen    int  // address generation: RestartAt moves the member
 }
 
 func (m *Member) running() bool { return m.up.Load() }
@@ -139,7 +140,8 @@ func (c *Cluster) add(id string, join bool) *Member {
 	m := &Member{ID: id, c: c, logs: raft.NewInmemStore(), stable: raft.NewInmemStore(), snaps: raft.NewInmemSnapshotStore(), joined: join}
 	c.net.mu.Lock()
 	c.net.members[id] = m
-	c.net.byPeer[peerAddr(id)] = id
+	c.net.byPeer[m.peerAddr()] = id
+	c.net.byHTTP[m.httpAddr()] = id
 	c.net.mu.Unlock()
 	c.mu.Lock()
 	c.order = append(c.order, id)
@@ -148,17 +150,18 @@ func (c *Cluster) add(id string, join bool) *Member {
 	return m
 }
 
-func peerAddr(id string) string { return "peer-" + id }
-func httpAddr(id string) string { return "http-" + id }
-func raftAddr(id string) string { return "raft-" + id }
+// Addresses of a member: its id and its generation (RestartAt moves it).
+func (m *Member) peerAddr() string { return fmt.Sprintf("peer-%s.%d", m.ID, m.gen) }
+func (m *Member) httpAddr() string { return fmt.Sprintf("http-%s.%d", m.ID, m.gen) }
+func (m *Member) raftAddr() string { return fmt.Sprintf("raft-%s.%d", m.ID, m.gen) }
 
 // start runs m's process: a node over its stores and a router.
 func (c *Cluster) start(m *Member) {
 	c.t.Helper()
-	_, trans := raft.NewInmemTransport(raft.ServerAddress(raftAddr(m.ID)))
+	_, trans := raft.NewInmemTransport(raft.ServerAddress(m.raftAddr()))
 	join := ""
 	if m.joined {
-		join = httpAddr(c.ids()[0])
+		join = c.Member(c.ids()[0]).httpAddr()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var local localHandler
@@ -167,7 +170,7 @@ func (c *Cluster) start(m *Member) {
 		c.t.Fatal(err)
 	}
 	n, err := node.Open(node.Config{
-		ID: m.ID, HTTPAddr: httpAddr(m.ID), RaftAdvertise: raftAddr(m.ID), PeerAddr: peerAddr(m.ID),
+		ID: m.ID, HTTPAddr: m.httpAddr(), RaftAdvertise: m.raftAddr(), PeerAddr: m.peerAddr(),
 		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: trans, LogStore: m.logs, StableStore: m.stable, SnapshotStore: m.snaps,
@@ -372,6 +375,25 @@ func (c *Cluster) Restart(id string) {
 	c.start(m)
 }
 
+// RestartAt starts member id again over its stores but at new addresses
+// (HTTP, Raft and data plane), as a process restarted with other ports.
+// Its old addresses stop answering.
+func (c *Cluster) RestartAt(id string) {
+	c.t.Helper()
+	m := c.Member(id)
+	if m.running() {
+		c.t.Fatalf("clustertest: restart of %s, which is running", id)
+	}
+	c.net.mu.Lock()
+	delete(c.net.byPeer, m.peerAddr())
+	delete(c.net.byHTTP, m.httpAddr())
+	m.gen++
+	c.net.byPeer[m.peerAddr()] = id
+	c.net.byHTTP[m.httpAddr()] = id
+	c.net.mu.Unlock()
+	c.start(m)
+}
+
 // Leave removes member id for good through the leader (ringlimit leave)
 // and waits until its process has stopped.
 func (c *Cluster) Leave(id string) {
@@ -443,9 +465,9 @@ func (c *Cluster) relink() {
 			tb := b.trans
 			b.mu.Unlock()
 			if b.running() && !c.net.link(a.ID, b.ID).cut {
-				ta.Connect(raft.ServerAddress(raftAddr(b.ID)), tb)
+				ta.Connect(raft.ServerAddress(b.raftAddr()), tb)
 			} else {
-				ta.Disconnect(raft.ServerAddress(raftAddr(b.ID)))
+				ta.Disconnect(raft.ServerAddress(b.raftAddr()))
 			}
 		}
 	}
@@ -522,8 +544,13 @@ type forwarder struct {
 }
 
 func (f forwarder) target(ctx context.Context, addr string) (*node.Node, context.Context, error) {
-	id := addr[len("http-"):]
-	m, err := f.c.net.route(ctx, f.from, peerAddr(id))
+	f.c.net.mu.Lock()
+	id, ok := f.c.net.byHTTP[addr]
+	f.c.net.mu.Unlock()
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: no member at %s", api.ErrUnavailable, addr)
+	}
+	m, err := f.c.net.route(ctx, f.from, f.c.Member(id).peerAddr())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 	}

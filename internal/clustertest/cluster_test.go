@@ -9,7 +9,6 @@ import (
 
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
-	"github.com/ringlimit/ringlimit/ring"
 )
 
 var logRule = limiter.Rule{Name: "log", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour, FailureMode: limiter.FailClosed}
@@ -223,4 +222,35 @@ func TestCutOffMemberNeverAnswersStale(t *testing.T) {
 	})
 }
 
-var _ = ring.Member{}
+// A member restarted with its stores but at other addresses updates its
+// registration (Raft address included) and becomes active there, with
+// its keys' state.
+func TestRestartAtNewAddresses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		c.PutRules("n1", logRule)
+		victim := "n3"
+		if c.Leader().ID == victim {
+			victim = "n2"
+		}
+		key := c.KeyOwnedBy(victim, 0)
+		spend(c, "n1", key, 4)
+		c.Stop(victim, 5*time.Second)
+		c.WaitSettled(2)
+		c.RestartAt(victim)
+		c.WaitSettled(3)
+		m, _ := c.Member("n1").Node().State().Member(victim)
+		if m.State != fsm.Active || m.Peer != c.Member(victim).peerAddr() || m.Raft != c.Member(victim).raftAddr() {
+			t.Fatalf("%s registered as %+v, want active at its new addresses", victim, m)
+		}
+		cf := c.Leader().Node().Raft().GetConfiguration()
+		for _, s := range cf.Configuration().Servers {
+			if string(s.ID) == victim && string(s.Address) != c.Member(victim).raftAddr() {
+				t.Fatalf("raft has %s at %s, want its new address", victim, s.Address)
+			}
+		}
+		if a, _ := spend(c, "n1", key, 10); a != 6 {
+			t.Fatalf("after the move: %d admitted, want the 6 left of 10", a)
+		}
+	})
+}

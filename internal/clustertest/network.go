@@ -29,11 +29,12 @@ type network struct {
 	members map[string]*Member // by id; guarded by mu
 	links   map[[2]string]link // (from, to) → state; guarded by mu
 	byPeer  map[string]string  // peer address → id; guarded by mu
+	byHTTP  map[string]string  // HTTP address → id; guarded by mu
 	drops   map[[2]string]int  // calls dropped per link, for tests; guarded by mu
 }
 
 func newNetwork() *network {
-	return &network{members: map[string]*Member{}, links: map[[2]string]link{}, byPeer: map[string]string{}, drops: map[[2]string]int{}}
+	return &network{members: map[string]*Member{}, links: map[[2]string]link{}, byPeer: map[string]string{}, byHTTP: map[string]string{}, drops: map[[2]string]int{}}
 }
 
 func (n *network) link(from, to string) link {
