@@ -1,0 +1,124 @@
+package rls
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// down is an owner that never answers.
+type down struct{}
+
+func (down) Do(ctx context.Context, _ string, _ *transport.BatchRequest, _ *transport.BatchResponse) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// When a key's owner does not answer within the router's timeout, each
+// limit's failure_mode answers: open is OK, closed is OVER_LIMIT; both
+// are counted as degraded. Fake time: the timeout passes instantly.
+func TestOwnerDownFailureMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&router.View{Ring: rg, Seed: 3})
+		m, err := newMetrics(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := NewService(rt, false, m)
+		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
+`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.SetConfig(c)
+		start := time.Now()
+		resp, err := svc.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "d",
+			Descriptors: []*commonpb.RateLimitDescriptor{desc("open", "x"), desc("closed", "x")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited != 250*time.Millisecond {
+			t.Errorf("answered after %v, want the router's timeout 250ms", waited)
+		}
+		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over || resp.OverallCode != over {
+			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
+		}
+		if got := testutil.ToFloat64(m.degraded); got != 2 {
+			t.Fatalf("degraded counted %v, want 2", got)
+		}
+	})
+}
+
+// The poll loop puts a changed file in force within one interval and
+// keeps the old config while the file is bad. Fake time: no waiting.
+func TestWatchReloads(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("domain: one\n")
+	synctest.Test(t, func(t *testing.T) {
+		s, err := New(Options{ConfigPath: dir, Interval: time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.watch(ctx)
+		domains := func() []string {
+			var ds []string
+			for d := range s.Service().Config().domains {
+				ds = append(ds, d)
+			}
+			return ds
+		}
+		write("domain: two\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
+			t.Fatalf("after a change and one interval: domains %v, want [two]", ds)
+		}
+		write("domain: [\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
+			t.Fatalf("after a bad file: domains %v, want [two] still", ds)
+		}
+		write("domain: three\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "three" || s.Service().Config().Limits() != 1 {
+			t.Fatalf("after a fix: domains %v, want [three]", ds)
+		}
+		cancel()
+	})
+}
