@@ -12,6 +12,7 @@ import (
 	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/rls"
 	"github.com/ringlimit/ringlimit/server"
 )
 
@@ -40,6 +41,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
 		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
+		grpcAddr     = fs.String("grpc", "", "listen address of the Envoy rate-limit (RLS v3) gRPC service; off when empty")
+		envoyConfig  = fs.String("envoy-config", "", "envoyproxy/ratelimit-style YAML file or directory for --grpc, reloaded when it changes")
+		envoyHeaders = fs.Bool("envoy-headers", false, "add x-ratelimit-* response headers to RLS answers for Envoy to send")
 	)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
@@ -57,6 +61,14 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if *rulesFile != "" {
 		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
 			return fail("rules file %s refused: %v", *rulesFile, err)
+		}
+	}
+	if *envoyConfig != "" && *grpcAddr == "" {
+		return fail("--envoy-config needs --grpc")
+	}
+	if *envoyConfig != "" {
+		if _, err := rls.LoadConfig(*envoyConfig); err != nil {
+			return fail("envoy config refused: %v", err)
 		}
 	}
 	rc := ring.DefaultConfig()
@@ -85,18 +97,27 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		*l.adv = a
 	}
+	if *grpcAddr != "" {
+		ln, err := net.Listen("tcp", hostPort(*grpcAddr))
+		if err != nil {
+			closeAll(ls)
+			return fail("--grpc: %v", err)
+		}
+		ls.GRPC = ln
+	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, LogOutput: stderr,
+		RLS: rls.Options{ConfigPath: *envoyConfig, Headers: *envoyHeaders},
 	}, ls)
 	if err != nil {
 		closeAll(ls)
 		return fail("starting: %v", err)
 	}
-	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "data_dir", *dataDir)
+	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *grpcAddr, "data_dir", *dataDir)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())
@@ -130,7 +151,7 @@ func advertise(listen, advHost string) (string, error) {
 }
 
 func closeAll(ls server.Listeners) {
-	for _, l := range []net.Listener{ls.HTTP, ls.Raft, ls.Peer} {
+	for _, l := range []net.Listener{ls.HTTP, ls.Raft, ls.Peer, ls.GRPC} {
 		if l != nil {
 			l.Close()
 		}

@@ -239,3 +239,14 @@ func readBounded(name string) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// LoadConfig reads and parses the config at path (a file or a directory,
+// as Options.ConfigPath), for a command to refuse a bad one before it
+// starts anything.
+func LoadConfig(path string) (*Config, error) {
+	files, _, err := readConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConfig(files...)
+}
