@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// `serve --grpc --envoy-config` answers Envoy's ShouldRateLimit with the
+// file's limits and picks up a change to the file.
+func TestServeEnvoyRLS(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "ratelimit.yaml")
+	write := func(limit string) {
+		cfg := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: " + limit + "\n"
+		if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("2")
+	grpcAddr := freePort(t)
+	p := startServe(t, "e", filepath.Join(dir, "data"), "--grpc", grpcAddr, "--envoy-config", file)
+	cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := rlspb.NewRateLimitServiceClient(cc)
+	call := func(ip string) *rlspb.RateLimitResponse_DescriptorStatus {
+		resp, err := c.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
+			Descriptors: []*commonpb.RateLimitDescriptor{{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "remote_address", Value: ip}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0]
+	}
+	var codes []string
+	for range 3 {
+		codes = append(codes, call("10.0.0.1").Code.String())
+	}
+	if got := strings.Join(codes, ","); got != "OK,OK,OVER_LIMIT" {
+		t.Fatalf("three calls with a limit of 2: %s", got)
+	}
+	write("5")
+	waitFor(t, "the changed envoy config in force", func() bool { return call("10.0.0.2").CurrentLimit.GetRequestsPerUnit() == 5 })
+	if !strings.Contains(p.log.String(), "envoy config loaded") {
+		t.Fatal("the reload was not logged")
+	}
+}
