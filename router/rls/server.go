@@ -75,7 +75,9 @@ func New(opts Options, checker Checker) (*Server, error) {
 		s.cancel()
 		return nil, err
 	}
-	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1 << 20))
+	// Bounded: a call is at most 1 MiB, a connection (an Envoy) has at
+	// most 1024 calls in flight.
+	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
 	rlspb.RegisterRateLimitServiceServer(s.gs, s.svc)
 	return s, nil
 }

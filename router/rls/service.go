@@ -196,6 +196,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 func (s *Service) putScratch(sc *scratch) {
 	clear(sc.lims) // do not keep an old config alive
 	clear(sc.reqs)
+	if cap(sc.key) > 64<<10 {
+		sc.key = nil // do not keep a huge descriptor's buffer
+	}
 	s.scratch.Put(sc)
 }
 
