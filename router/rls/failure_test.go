@@ -122,3 +122,56 @@ func TestWatchReloads(t *testing.T) {
 		cancel()
 	})
 }
+
+// Envoy calls with a deadline (its filter's timeout, 20ms by default),
+// shorter than the router's owner timeout: the limits' failure modes
+// answer just before it, so a closed limit denies instead of the call
+// failing and Envoy deciding for every limit alike.
+func TestFailureModeBeforeTheCallersDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&router.View{Ring: rg, Seed: 3})
+		m, err := newMetrics(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := NewService(rt, false, m)
+		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
+`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.SetConfig(c)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		resp, err := svc.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "d",
+			Descriptors: []*commonpb.RateLimitDescriptor{desc("open", "x"), desc("closed", "x")}})
+		if err != nil {
+			t.Fatalf("call with a 20ms deadline and the owner down: %v", err)
+		}
+		if waited := time.Since(start); waited != 18*time.Millisecond {
+			t.Errorf("answered after %v, want 18ms (a tenth of the deadline kept)", waited)
+		}
+		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over {
+			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
+		}
+		if got := testutil.ToFloat64(m.degraded); got != 2 {
+			t.Fatalf("degraded counted %v, want 2", got)
+		}
+	})
+}

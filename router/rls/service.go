@@ -151,7 +151,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			sc.out = make([]router.Result, len(sc.reqs))
 		}
 		sc.out = sc.out[:len(sc.reqs)]
-		if err := s.checker.Check(ctx, sc.reqs, sc.out); err != nil {
+		if err := s.check(ctx, sc.reqs, sc.out); err != nil {
 			return nil, grpcError(err)
 		}
 	}
@@ -192,6 +192,34 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	}
 	return resp, nil
 }
+
+// check runs the checks through the router. When the caller (Envoy) has
+// a deadline, the checks must be decided a little before it: the
+// limits' failure modes answer then, so a closed limit still denies
+// when its owner is down or slow, instead of the call failing and
+// Envoy's own failure_mode_deny deciding for every limit alike.
+func (s *Service) check(ctx context.Context, reqs []router.Request, out []router.Result) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return s.checker.Check(ctx, reqs, out)
+	}
+	margin := min(time.Until(dl)/10, maxMargin)
+	cctx, cancel := context.WithDeadline(ctx, dl.Add(-margin))
+	defer cancel()
+	err := s.checker.Check(cctx, reqs, out)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		return err
+	}
+	for i := range reqs { // our deadline, not yet the caller's
+		r := reqs[i].Inline
+		out[i] = router.Result{Decision: limiter.Decision{Allowed: r.FailureMode == limiter.FailOpen, Limit: r.Capacity()}, Degraded: true}
+	}
+	return nil
+}
+
+// maxMargin is the most of a caller's deadline kept to answer by
+// failure mode; it is a tenth of the time left when that is less.
+const maxMargin = 5 * time.Millisecond
 
 func (s *Service) putScratch(sc *scratch) {
 	clear(sc.lims) // do not keep an old config alive
