@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/rls"
 	"github.com/ringlimit/ringlimit/transport"
@@ -33,7 +34,9 @@ descriptors:
 // BenchmarkRLS measures ShouldRateLimit over real gRPC (generated client,
 // loopback TCP) against 1 member, 3 members (the client spreads its
 // streams over the members' gRPC ports, as Envoy spreads over replicas),
-// and a stateless router in front of the 3 members; with 1 and 5
+// and a stateless router in front of the 3 members — and, as the
+// baseline, the same service with decisions faked (gRPC's own cost on
+// this machine); with 1 and 5
 // descriptors per call and 1, 16 and 64 concurrent streams, all in one
 // run so the ratios compare like with like.
 //
@@ -41,11 +44,17 @@ descriptors:
 func BenchmarkRLS(b *testing.B) {
 	_, one := startRLSCluster(b, 1, benchRLSConfig)
 	three, threeClients := startRLSCluster(b, 3, benchRLSConfig)
-	viaRouter := benchRouterRLS(b, three)
+	viaRouter := benchRLSServer(b, benchRouter(b, three))
+	grpcOnly := benchRLSServer(b, allowAll{})
 	targets := []struct {
 		name    string
 		clients []rlspb.RateLimitServiceClient
-	}{{"members=1", one}, {"members=3", threeClients}, {"router+3", []rlspb.RateLimitServiceClient{viaRouter}}}
+	}{
+		{"grpc-only", []rlspb.RateLimitServiceClient{grpcOnly}}, // the same service, decisions faked: gRPC's own cost
+		{"members=1", one},
+		{"members=3", threeClients},
+		{"router+3", []rlspb.RateLimitServiceClient{viaRouter}},
+	}
 	keys := make([]string, 10_000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("user-%d", i)
@@ -114,9 +123,19 @@ func benchCalls(b *testing.B, clients []rlspb.RateLimitServiceClient, keys []str
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-µs")
 }
 
-// benchRouterRLS serves the RLS on a stateless router (not a member)
-// built from the cluster's view, and returns a client of it.
-func benchRouterRLS(b *testing.B, ss []*Server) rlspb.RateLimitServiceClient {
+// allowAll allows every check without deciding anything.
+type allowAll struct{}
+
+func (allowAll) Check(_ context.Context, reqs []router.Request, out []router.Result) error {
+	for i := range reqs {
+		out[i] = router.Result{Decision: limiter.Decision{Allowed: true, Limit: 1, Remaining: 1}}
+	}
+	return nil
+}
+
+// benchRouter is a stateless router (not a member) built from the
+// cluster's view.
+func benchRouter(b *testing.B, ss []*Server) *router.Router {
 	av, err := ss[0].Node.RouterView(context.Background())
 	if err != nil {
 		b.Fatal(err)
@@ -133,7 +152,13 @@ func benchRouterRLS(b *testing.B, ss []*Server) rlspb.RateLimitServiceClient {
 	}
 	b.Cleanup(rt.Close)
 	rt.SetView(rv)
-	s, err := rls.New(rls.Options{}, rt)
+	return rt
+}
+
+// benchRLSServer serves the RLS with the bench config on checker and
+// returns a client of it.
+func benchRLSServer(b *testing.B, checker rls.Checker) rlspb.RateLimitServiceClient {
+	s, err := rls.New(rls.Options{}, checker)
 	if err != nil {
 		b.Fatal(err)
 	}
