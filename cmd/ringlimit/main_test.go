@@ -23,6 +23,7 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, 2, "--log-level"},
 		{[]string{"serve", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
 		{[]string{"serve", "--grpc", "127.0.0.1:0", "--envoy-config", "/nonexistent/ratelimit.yaml"}, 2, "envoy config refused"},
+		{[]string{"router", "--cluster", "127.0.0.1:1", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
 	} {
 		var stdout, stderr bytes.Buffer
 		exit := run(context.Background(), tc.args, noenv, &stdout, &stderr)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,5 +53,51 @@ func TestServeEnvoyRLS(t *testing.T) {
 	waitFor(t, "the changed envoy config in force", func() bool { return call("10.0.0.2").CurrentLimit.GetRequestsPerUnit() == 5 })
 	if !strings.Contains(p.log.String(), "envoy config loaded") {
 		t.Fatal("the reload was not logged")
+	}
+}
+
+// `ringlimit router --grpc --envoy-config` answers ShouldRateLimit for a
+// cluster it is not a member of, sharing the limit with the members' own
+// --grpc: the rule travels with each check to its owner.
+func TestRouterEnvoyRLS(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "ratelimit.yaml")
+	cfg := "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 4, algorithm: sliding_log}\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	memberGRPC := freePort(t)
+	m := startServe(t, "m1", filepath.Join(dir, "data"), "--grpc", memberGRPC, "--envoy-config", file)
+	routerHTTP, routerGRPC := freePort(t), freePort(t)
+	cmd := exec.Command(binary(t), "router", "--http", routerHTTP, "--cluster", m.http, "--grpc", routerGRPC, "--envoy-config", file)
+	log := &syncBuffer{}
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("router log:\n%s", lastLines(log.String(), 40))
+		}
+	})
+	waitFor(t, "router ready", func() bool { return get(routerHTTP, "/readyz", nil) == 200 })
+	var codes []string
+	for i, addr := range []string{routerGRPC, memberGRPC, routerGRPC, memberGRPC, routerGRPC, memberGRPC} {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := rlspb.NewRateLimitServiceClient(cc).ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
+			Descriptors: []*commonpb.RateLimitDescriptor{{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}})
+		cc.Close()
+		if err != nil {
+			t.Fatalf("call %d to %s: %v", i, addr, err)
+		}
+		codes = append(codes, resp.OverallCode.String())
+	}
+	if got := strings.Join(codes, ","); got != "OK,OK,OK,OK,OVER_LIMIT,OVER_LIMIT" {
+		t.Fatalf("router and member alternating on a limit of 4: %s", got)
 	}
 }

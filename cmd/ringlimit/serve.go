@@ -12,7 +12,6 @@ import (
 	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
-	"github.com/ringlimit/ringlimit/router/rls"
 	"github.com/ringlimit/ringlimit/server"
 )
 
@@ -41,10 +40,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
 		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
-		grpcAddr     = fs.String("grpc", "", "listen address of the Envoy rate-limit (RLS v3) gRPC service; off when empty")
-		envoyConfig  = fs.String("envoy-config", "", "envoyproxy/ratelimit-style YAML file or directory for --grpc, reloaded when it changes")
-		envoyHeaders = fs.Bool("envoy-headers", false, "add x-ratelimit-* response headers to RLS answers for Envoy to send")
 	)
+	envoy := addEnvoyFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}
@@ -63,13 +60,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return fail("rules file %s refused: %v", *rulesFile, err)
 		}
 	}
-	if *envoyConfig != "" && *grpcAddr == "" {
-		return fail("--envoy-config needs --grpc")
-	}
-	if *envoyConfig != "" {
-		if _, err := rls.LoadConfig(*envoyConfig); err != nil {
-			return fail("envoy config refused: %v", err)
-		}
+	if err := envoy.check(); err != nil {
+		return fail("%v", err)
 	}
 	rc := ring.DefaultConfig()
 	rc.Partitions = *partitions
@@ -97,12 +89,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		*l.adv = a
 	}
-	if *grpcAddr != "" {
-		ln, err := net.Listen("tcp", hostPort(*grpcAddr))
-		if err != nil {
-			closeAll(ls)
-			return fail("--grpc: %v", err)
-		}
+	if ln, err := envoy.listen(); err != nil {
+		closeAll(ls)
+		return fail("%v", err)
+	} else if ln != nil {
 		ls.GRPC = ln
 	}
 	srv, err := server.Start(server.Config{
@@ -111,13 +101,13 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, LogOutput: stderr,
-		RLS: rls.Options{ConfigPath: *envoyConfig, Headers: *envoyHeaders},
+		RLS: envoy.options(),
 	}, ls)
 	if err != nil {
 		closeAll(ls)
 		return fail("starting: %v", err)
 	}
-	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *grpcAddr, "data_dir", *dataDir)
+	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *envoy.grpc, "data_dir", *dataDir)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())

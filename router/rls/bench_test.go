@@ -50,4 +50,3 @@ func BenchmarkService(b *testing.B) {
 		})
 	}
 }
-

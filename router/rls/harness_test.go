@@ -81,11 +81,11 @@ func newEnv(t *testing.T, config string, opts Options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := router.New(router.Config{}, e.owner, nil)
+	rt, err := router.New(router.Config{Self: "self"}, e.owner, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.SetView(&router.View{Ring: rg, Self: "self", Seed: 3})
+	rt.SetView(&router.View{Ring: rg, Seed: 3})
 	t.Cleanup(rt.Close)
 	opts.Registerer = e.reg
 	opts.Interval = -1 // tests reload by hand
