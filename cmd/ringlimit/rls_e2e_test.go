@@ -42,6 +42,10 @@ func TestServeEnvoyRLS(t *testing.T) {
 		}
 		return resp.Statuses[0]
 	}
+	// /readyz can turn 200 a moment before the router's ring names this
+	// member; until then checks are answered by failure mode (open: OK,
+	// remaining 0, nothing spent). Probe until an owner decides.
+	waitFor(t, "an owner deciding", func() bool { return call("probe").LimitRemaining == 1 })
 	var codes []string
 	for range 3 {
 		codes = append(codes, call("10.0.0.1").Code.String())
@@ -83,19 +87,25 @@ func TestRouterEnvoyRLS(t *testing.T) {
 		}
 	})
 	waitFor(t, "router ready", func() bool { return get(routerHTTP, "/readyz", nil) == 200 })
-	var codes []string
-	for i, addr := range []string{routerGRPC, memberGRPC, routerGRPC, memberGRPC, routerGRPC, memberGRPC} {
+	call := func(addr, user string) *rlspb.RateLimitResponse {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer cc.Close()
 		resp, err := rlspb.NewRateLimitServiceClient(cc).ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
-			Descriptors: []*commonpb.RateLimitDescriptor{{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}})
-		cc.Close()
+			Descriptors: []*commonpb.RateLimitDescriptor{{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "user", Value: user}}}}})
 		if err != nil {
-			t.Fatalf("call %d to %s: %v", i, addr, err)
+			t.Fatalf("call to %s: %v", addr, err)
 		}
-		codes = append(codes, resp.OverallCode.String())
+		return resp
+	}
+	// Until the ring names the member, checks are answered by failure
+	// mode (OK, remaining 0, nothing spent): probe until an owner decides.
+	waitFor(t, "an owner deciding", func() bool { return call(routerGRPC, "probe").Statuses[0].LimitRemaining == 3 })
+	var codes []string
+	for _, addr := range []string{routerGRPC, memberGRPC, routerGRPC, memberGRPC, routerGRPC, memberGRPC} {
+		codes = append(codes, call(addr, "u1").OverallCode.String())
 	}
 	if got := strings.Join(codes, ","); got != "OK,OK,OK,OK,OVER_LIMIT,OVER_LIMIT" {
 		t.Fatalf("router and member alternating on a limit of 4: %s", got)
