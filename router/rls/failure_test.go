@@ -175,3 +175,44 @@ descriptors:
 		}
 	})
 }
+
+// A Kubernetes ConfigMap volume: the files are symlinks through ..data to
+// a hidden timestamped directory, and an update swaps ..data. The
+// directory's files load through the links, the hidden entries are not
+// read as config, and the swap is seen as a change.
+func TestConfigMapLayout(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, domain string) {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "limits.yaml"), []byte("domain: "+domain+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(name, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..2026_11_30_01", "first")
+	if err := os.Symlink(filepath.Join("..data", "limits.yaml"), filepath.Join(dir, "limits.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{ConfigPath: dir, Interval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Service().Config().domains["first"]; !ok || s.Service().Config().Domains() != 1 {
+		t.Fatalf("domains %v, want [first]", s.Service().Config().domains)
+	}
+	version("..2026_11_30_02", "second")
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Service().Config().domains["second"]; !ok || s.Service().Config().Domains() != 1 {
+		t.Fatalf("after the swap: domains %v, want [second]", s.Service().Config().domains)
+	}
+}
