@@ -243,6 +243,11 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 		return transport.Result{Status: transport.StatusBadRequest}
 	}
 	rule := v.Rules[c.Rule]
+	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
+		if rule = inlineRule(c); rule == nil {
+			return transport.Result{Status: transport.StatusBadRequest}
+		}
+	}
 	if rule == nil {
 		return transport.Result{Status: transport.StatusUnknownRule}
 	}

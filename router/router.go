@@ -196,6 +196,9 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 	s.checks, s.rules, s.pending = s.checks[:0], s.rules[:0], s.pending[:0]
 	for i, q := range reqs {
 		rule, ok := v.Rules[q.Rule]
+		if q.Inline != nil { // the caller's own rule (Envoy RLS): no lookup
+			rule, ok = q.Inline, q.Inline.Name == q.Rule
+		}
 		switch {
 		case !ok:
 			return &ItemError{i, fmt.Errorf("%w %q", ErrUnknownRule, q.Rule)}
@@ -208,7 +211,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 			return &ItemError{i, fmt.Errorf("%w: %w", api.ErrBadRequest, err)}
 		}
 		kh := limiter.KeyHash(v.Seed, q.Key)
-		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost)})
+		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost), Inline: InlineOf(q.Inline)})
 		s.rules = append(s.rules, rule)
 		s.pending = append(s.pending, i)
 	}

@@ -281,3 +281,57 @@ func TestRouterPastDeadlineIsTheCallersTimeout(t *testing.T) {
 		t.Fatalf("the owner was called %d times", calls)
 	}
 }
+
+// A check may carry its rule inline: the router does not look it up, and
+// the definition reaches the owner with the check, so routers that share
+// nothing but the config still share one limit. An inline rule named
+// other than the check is refused whole.
+func TestRouterInlineRule(t *testing.T) {
+	r1 := mustRing(t, 1, "a", "b")
+	net := &network{owners: map[string]*owner{}}
+	for _, id := range []string{"a", "b"} {
+		net.owners[id+":1"] = newOwner(t, id, r1, testRules(t))
+	}
+	inline := &limiter.Rule{Name: "rls:d.k#0", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute}
+	allowed := 0
+	for i := range 10 {
+		rt, err := New(Config{Timeout: 5 * time.Second}, nil, net) // a pure router
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt.SetView(&View{Ring: r1, Seed: 7, Rules: testRules(t)})
+		out := make([]Result, 2)
+		err = rt.Check(context.Background(), []Request{
+			{Rule: inline.Name, Key: "user-1", Cost: 1, Inline: inline},
+			{Rule: inline.Name, Key: "user-2", Cost: 1, Inline: inline},
+		}, out)
+		rt.Close()
+		if err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		if out[0].Degraded || out[1].Degraded {
+			t.Fatalf("check %d degraded", i)
+		}
+		if out[0].Allowed {
+			allowed++
+		}
+		if !out[1].Allowed != (i >= 3) {
+			t.Fatalf("check %d on user-2: allowed %v", i, out[1].Allowed)
+		}
+	}
+	if allowed != 3 {
+		t.Fatalf("10 routers admitted %d under an inline limit of 3", allowed)
+	}
+
+	rt, err := New(Config{}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(&View{Ring: r1, Seed: 7, Rules: testRules(t)})
+	err = rt.Check(context.Background(), []Request{{Rule: "log5", Key: "k", Cost: 1}, {Rule: "other", Key: "k", Cost: 1, Inline: inline}}, make([]Result, 2))
+	var ie *ItemError
+	if !errors.As(err, &ie) || ie.Index != 1 || !errors.Is(err, ErrUnknownRule) {
+		t.Fatalf("inline rule under another name: %v, want checks[1] unknown rule", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // Request is one check as the front doors hand it to the router.
@@ -12,6 +13,23 @@ type Request struct {
 	Rule string
 	Key  string
 	Cost int64 // 0 is a query that spends nothing
+	// Inline, when set, is the rule itself, named Rule: a limit that
+	// exists only in this process's configuration (Envoy RLS descriptor
+	// limits), not in the cluster's rules. It is not looked up; it
+	// travels with the check to the owner, which validates it and
+	// refuses one whose name lacks rules.InlinePrefix. The caller
+	// validates it first (a check of an invalid rule is answered by its
+	// failure mode) and must not modify it while Check runs.
+	Inline *limiter.Rule
+}
+
+// InlineOf returns the wire form of an inline rule; nil gives the zero
+// value, "no inline rule".
+func InlineOf(r *limiter.Rule) transport.InlineRule {
+	if r == nil {
+		return transport.InlineRule{}
+	}
+	return transport.InlineRule{Algorithm: uint8(r.Algorithm), FailureMode: uint8(r.FailureMode), Limit: r.Limit, Period: r.Period, Burst: r.Burst}
 }
 
 // Result is the decision for one Request. Degraded means the owner could

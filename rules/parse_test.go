@@ -236,6 +236,8 @@ func TestValidate(t *testing.T) {
 		{"duplicate", []limiter.Rule{ok, ok}, 1, "a", "name", `rule "a": name: duplicate name (also rules[0])`},
 		{"no name", []limiter.Rule{ok, {Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}}, 1, "", "name",
 			`rules[1]: name: missing; every rule needs a name`},
+		{"reserved prefix", []limiter.Rule{ok, {Name: "rls:d.k#0", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}}, 1, "rls:d.k#0", "name",
+			`rule "rls:d.k#0": name: names starting with "rls:" are reserved for Envoy RLS descriptor limits`},
 		{"too many", make([]limiter.Rule, MaxRules+1), -1, "", "rules", `rules document: rules: 10001 rules, over the limit of 10000`},
 	}
 	for _, tt := range tests {

@@ -44,6 +44,13 @@ const (
 // DefaultName is the name of the built-in rule.
 const DefaultName = "default"
 
+// InlinePrefix begins the name of every rule that travels inline with its
+// checks instead of living in the cluster's rule set (the Envoy RLS
+// descriptor limits of router/rls). Written rules may not use it, so an
+// inline rule never shares a name, and so buckets, with a written one;
+// owners refuse an inline rule whose name lacks it.
+const InlinePrefix = "rls:"
+
 // ErrInvalid is wrapped by every error about an invalid document or rule
 // set; test with errors.Is. The HTTP API maps it to 400 invalid_rules.
 var ErrInvalid = errors.New("rules: invalid rules")
@@ -151,6 +158,10 @@ func Validate(rs []limiter.Rule) error {
 // validateRule runs r.Validate and names the rule in its error.
 func validateRule(i int, r *limiter.Rule) error {
 	err := r.Validate()
+	if err == nil && strings.HasPrefix(r.Name, InlinePrefix) {
+		return &Error{Index: i, Rule: r.Name, Field: "name",
+			Msg: fmt.Sprintf("names starting with %q are reserved for Envoy RLS descriptor limits", InlinePrefix)}
+	}
 	if err == nil {
 		return nil
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/httpapi"
+	"github.com/ringlimit/ringlimit/router/rls"
 	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -51,12 +52,16 @@ type Config struct {
 	RaftTimeout   time.Duration
 	Logger        *slog.Logger
 	LogOutput     io.Writer // raft's log lines
+	// RLS configures the Envoy rate-limit service served on
+	// Listeners.GRPC (its Registerer and Logger are the member's).
+	RLS rls.Options
 }
 
 // Listeners are the three sockets of a member, opened by the caller so
 // that port conflicts fail before anything starts.
 type Listeners struct {
 	HTTP, Raft, Peer net.Listener
+	GRPC             net.Listener // the Envoy RLS; nil = not served
 }
 
 // Server is a running member.
@@ -70,6 +75,7 @@ type Server struct {
 	fwd      forwarder
 	peer     *transport.Server
 	http     *http.Server
+	rls      *rls.Server // nil without Listeners.GRPC
 
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -106,6 +112,15 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		return nil, err
 	}
 	s.Router = rt
+	if ls.GRPC != nil {
+		o := cfg.RLS
+		o.Registerer, o.Logger = s.Registry, cfg.Logger
+		if s.rls, err = rls.New(o, rt); err != nil {
+			rt.Close()
+			_ = s.pool.Close()
+			return nil, err
+		}
+	}
 	n, err := node.Open(node.Config{
 		ID: cfg.ID, HTTPAddr: cfg.HTTPAdvertise, RaftAdvertise: cfg.RaftAdvertise, PeerAddr: cfg.PeerAdvertise,
 		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
@@ -130,6 +145,9 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
 	s.http = httpapi.NewServer(ls.HTTP.Addr().String(), h)
 	s.goServe("http", func() error { return s.http.Serve(ls.HTTP) }, http.ErrServerClosed)
+	if s.rls != nil {
+		s.goServe("envoy rls", func() error { return s.rls.Serve(ls.GRPC) }, nil)
+	}
 
 	if cfg.RulesFile != "" {
 		s.wg.Add(1)
@@ -181,6 +199,11 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 		cancel()
 	}
 	err := s.http.Shutdown(ctx)
+	if s.rls != nil {
+		if e := s.rls.Shutdown(ctx); err == nil {
+			err = e
+		}
+	}
 	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {
 		err = e
 	}

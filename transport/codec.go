@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Wire format, version 1. All fixed-width integers are little-endian;
+// Wire format, versions 1 and 2. All fixed-width integers are little-endian;
 // "uvarint" is encoding/binary's unsigned varint and "varint" its zig-zag
 // signed varint.
 //
@@ -34,6 +34,18 @@ import (
 // pass over the checks; the decoder jumps to it first, so every check's rule
 // resolves to an already interned string.
 //
+// Version 2 is used only for a FrameBatchRequest in which some check
+// carries an inline rule (Check.Inline); every other frame is version 1,
+// byte for byte as before, so a batch without inline rules still reaches
+// a peer that knows only version 1. A version-2 request differs in its
+// name table alone: each entry is a (name, inline rule) pair,
+//
+//	uvarint length, bytes, u8 algorithm (0 = no inline rule), and when
+//	the algorithm is not 0: u8 failure mode, varint limit, varint period
+//	ns, varint burst
+//
+// so two checks of one name with different inline rules get two entries.
+//
 // FrameBatchResponse body:
 //
 //	uvarint epoch
@@ -43,8 +55,13 @@ import (
 //
 // FrameError body: u8 ErrorCode, uvarint length, message bytes.
 
-// ProtocolVersion is the version byte this package writes and accepts.
+// ProtocolVersion is the version byte of every frame this package writes,
+// except requests carrying inline rules (InlineVersion).
 const ProtocolVersion uint8 = 1
+
+// InlineVersion is the version byte of a FrameBatchRequest whose name
+// table carries inline rules. It is accepted for that frame type only.
+const InlineVersion uint8 = 2
 
 // HeaderSize is the size of the fixed frame header, length prefix included.
 const HeaderSize = 14
@@ -186,7 +203,7 @@ func (l Limits) ParseHeader(frame []byte) (Header, error) {
 		return Header{}, &FrameTooLargeError{Size: size, Limit: l.maxFrame()}
 	}
 	h := Header{Version: frame[4], Type: FrameType(frame[5]), ID: binary.LittleEndian.Uint64(frame[6:])}
-	if h.Version != ProtocolVersion {
+	if h.Version != ProtocolVersion && (h.Version != InlineVersion || h.Type != FrameBatchRequest) {
 		return h, &UnsupportedVersionError{Version: h.Version}
 	}
 	if !h.Type.known() {
@@ -223,6 +240,11 @@ func finish(dst []byte, start int) []byte {
 // not checked against any Limits; the caller compares its length with
 // MaxFrameSize. Frames above 4 GiB cannot be represented.
 func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest) []byte {
+	for i := range req.Checks {
+		if req.Checks[i].Inline.Algorithm != 0 {
+			return appendInlineBatchRequest(dst, id, deadline, req)
+		}
+	}
 	start := len(dst)
 	dst = slices.Grow(dst, HeaderSize+3*binary.MaxVarintLen64+4+len(req.Checks)*20+16)
 	dst = appendHeader(dst, FrameBatchRequest, id)
@@ -252,6 +274,61 @@ func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *Batc
 	for _, s := range names {
 		dst = binary.AppendUvarint(dst, uint64(len(s)))
 		dst = append(dst, s...)
+	}
+	return finish(dst, start)
+}
+
+// appendInlineBatchRequest is AppendBatchRequest for a batch with inline
+// rules: a version-2 frame whose name table holds (name, rule) pairs.
+// Inline rules are rare enough (Envoy RLS) that a map is fine here.
+func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest) []byte {
+	type entry struct {
+		name string
+		rule InlineRule
+	}
+	start := len(dst)
+	dst = slices.Grow(dst, HeaderSize+3*binary.MaxVarintLen64+4+len(req.Checks)*20+64)
+	dst = appendHeader(dst, FrameBatchRequest, id)
+	dst[start+4] = InlineVersion
+	if deadline < 0 {
+		deadline = 1
+	}
+	dst = binary.AppendUvarint(dst, uint64(deadline))
+	dst = binary.AppendUvarint(dst, req.Epoch)
+	dst = binary.AppendUvarint(dst, uint64(len(req.Checks)))
+	offAt := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	index := make(map[entry]uint32)
+	var entries []entry
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		e := entry{c.Rule, c.Inline}
+		if e.rule.Algorithm == 0 {
+			e.rule = InlineRule{} // only the algorithm says "none"
+		}
+		idx, ok := index[e]
+		if !ok {
+			idx = uint32(len(entries))
+			index[e] = idx
+			entries = append(entries, e)
+		}
+		dst = binary.AppendUvarint(dst, uint64(idx))
+		dst = binary.LittleEndian.AppendUint64(dst, c.KeyHash)
+		dst = binary.AppendUvarint(dst, uint64(c.Partition))
+		dst = binary.AppendUvarint(dst, c.Cost)
+	}
+	binary.LittleEndian.PutUint32(dst[offAt:], uint32(len(dst)-start))
+	dst = binary.AppendUvarint(dst, uint64(len(entries)))
+	for _, e := range entries {
+		dst = binary.AppendUvarint(dst, uint64(len(e.name)))
+		dst = append(dst, e.name...)
+		dst = append(dst, e.rule.Algorithm)
+		if e.rule.Algorithm != 0 {
+			dst = append(dst, e.rule.FailureMode)
+			dst = binary.AppendVarint(dst, e.rule.Limit)
+			dst = binary.AppendVarint(dst, int64(e.rule.Period))
+			dst = binary.AppendVarint(dst, e.rule.Burst)
+		}
 	}
 	return finish(dst, start)
 }
@@ -347,7 +424,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	if n > uint64(off-r.pos)/minCheckSize { // no allocation before this check
 		return h.ID, 0, malformed(fmt.Sprintf("%d checks cannot fit in %d bytes", n, off-r.pos))
 	}
-	nn, err := req.decodeNames(frame, off, n)
+	nn, err := req.decodeNames(frame, off, n, h.Version == InlineVersion)
 	if err != nil {
 		return h.ID, 0, err
 	}
@@ -358,6 +435,10 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	}
 	checks = checks[:n]
 	names := req.names[:nn]
+	var inlines []InlineRule // nil in version-1 frames
+	if h.Version == InlineVersion {
+		inlines = req.inlines[:nn]
+	}
 	// The hot loop: position in a local, one-byte varints inline.
 	b, pos := frame[:off], r.pos // the checks end where the name table starts
 	for i := range checks {
@@ -386,6 +467,9 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 			return h.ID, 0, malformed("partition overflows 32 bits")
 		}
 		checks[i] = Check{Rule: names[idx], KeyHash: keyHash, Partition: uint32(part), Cost: cost}
+		if inlines != nil {
+			checks[i].Inline = inlines[idx]
+		}
 	}
 	if pos != off {
 		return h.ID, 0, malformed("bytes between checks and name table")
@@ -395,9 +479,11 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	return h.ID, time.Duration(dl), nil
 }
 
-// decodeNames decodes the name table at frame[off:] into req.names[:nn] and
-// returns nn. A name equal to one req.names already holds reuses that string.
-func (req *BatchRequest) decodeNames(frame []byte, off int, nchecks uint64) (int, error) {
+// decodeNames decodes the name table at frame[off:] into req.names[:nn]
+// (and, with inline set, the entries' inline rules into req.inlines[:nn])
+// and returns nn. A name equal to one req.names
+// already holds reuses that string.
+func (req *BatchRequest) decodeNames(frame []byte, off int, nchecks uint64, inline bool) (int, error) {
 	r := reader{b: frame, pos: off}
 	nn := r.uvarint()
 	if r.err != nil {
@@ -410,14 +496,24 @@ func (req *BatchRequest) decodeNames(frame []byte, off int, nchecks uint64) (int
 	if uint64(len(names)) < nn {
 		names = slices.Grow(names, int(nn)-len(names))[:nn]
 	}
+	inlines := req.inlines
+	if inline && uint64(len(inlines)) < nn {
+		inlines = slices.Grow(inlines, int(nn)-len(inlines))[:nn]
+	}
 	for i := 0; i < int(nn); i++ {
 		b := r.bytes()
 		if r.err != nil {
 			return 0, r.err
 		}
 		intern(names, i, b)
+		if inline {
+			inlines[i] = r.inlineRule()
+			if r.err != nil {
+				return 0, r.err
+			}
+		}
 	}
-	req.names = names
+	req.names, req.inlines = names, inlines
 	if r.pos != len(frame) {
 		return 0, malformed("bytes after name table")
 	}
@@ -710,6 +806,20 @@ func (r *reader) uint32() uint32 {
 	}
 	r.fail(errTruncated)
 	return 0
+}
+
+// inlineRule reads a version-2 name entry's rule: u8 algorithm, and when
+// it is not 0, u8 failure mode and three varints.
+func (r *reader) inlineRule() InlineRule {
+	var ir InlineRule
+	if ir.Algorithm = r.byte(); ir.Algorithm == 0 {
+		return ir
+	}
+	ir.FailureMode = r.byte()
+	ir.Limit = unzigzag(r.uvarint())
+	ir.Period = time.Duration(unzigzag(r.uvarint()))
+	ir.Burst = unzigzag(r.uvarint())
+	return ir
 }
 
 // bytes reads a uvarint length and that many bytes (aliasing r.b).

@@ -20,13 +20,24 @@ func genRequest(t *rapid.T) BatchRequest {
 	if rapid.Bool().Draw(t, "fewRules") {
 		rules = rules[:min(len(rules), 3)]
 	}
+	inline := rapid.Bool().Draw(t, "inline") // some batches carry inline rules (version 2)
 	check := rapid.Custom(func(t *rapid.T) Check {
-		return Check{
+		c := Check{
 			Rule:      rapid.SampledFrom(rules).Draw(t, "rule"),
 			KeyHash:   rapid.Uint64().Draw(t, "keyHash"),
 			Partition: rapid.Uint32().Draw(t, "partition"),
 			Cost:      rapid.Uint64().Draw(t, "cost"),
 		}
+		if inline && rapid.Bool().Draw(t, "hasInline") {
+			c.Inline = InlineRule{
+				Algorithm:   rapid.Uint8Range(1, 255).Draw(t, "algorithm"),
+				FailureMode: rapid.Uint8().Draw(t, "failureMode"),
+				Limit:       rapid.Int64().Draw(t, "limit"),
+				Period:      time.Duration(rapid.Int64().Draw(t, "period")),
+				Burst:       rapid.Int64().Draw(t, "burst"),
+			}
+		}
+		return c
 	})
 	return BatchRequest{
 		Epoch:  rapid.Uint64().Draw(t, "epoch"),
@@ -250,6 +261,9 @@ func TestDecodeMalformed(t *testing.T) {
 	badStatus := frameWith(ProtocolVersion, FrameBatchResponse, []byte{0, 1, 99 << 1, 0, 0, 0, 0, 0})
 	respHugeCount := frameWith(ProtocolVersion, FrameBatchResponse, binary.AppendUvarint([]byte{0}, 60000))
 	respTooMany := frameWith(ProtocolVersion, FrameBatchResponse, binary.AppendUvarint([]byte{0}, 1<<20))
+	withInline := AppendBatchRequest(nil, 9, 0, &BatchRequest{Checks: []Check{{Rule: "rls:x", Inline: InlineRule{Algorithm: 4, Limit: 5, Period: time.Second}}}})
+	inlineCut := withInline[:len(withInline)-1]
+	binary.LittleEndian.PutUint32(inlineCut, uint32(len(inlineCut)-lenPrefix))
 
 	tests := []struct {
 		name  string
@@ -261,7 +275,7 @@ func TestDecodeMalformed(t *testing.T) {
 		{name: "short header", frame: valid[:HeaderSize-1]},
 		{name: "length prefix lies", frame: lengthLies},
 		{name: "trailing byte", frame: trailing},
-		{name: "bad version", frame: frameWith(2, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
+		{name: "bad version", frame: frameWith(3, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
 		{name: "version 0", frame: frameWith(0, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
 		{name: "unknown type", frame: frameWith(ProtocolVersion, 77, valid[HeaderSize:]), as: new(*UnknownFrameTypeError)},
 		{name: "response as request", frame: validResp, as: new(*UnknownFrameTypeError)},
@@ -274,6 +288,8 @@ func TestDecodeMalformed(t *testing.T) {
 		{name: "unknown status", frame: badStatus, resp: true},
 		{name: "result count larger than bytes", frame: respHugeCount, resp: true},
 		{name: "too many results", frame: respTooMany, resp: true, as: new(*TooManyChecksError)},
+		{name: "version 2 response", frame: frameWith(InlineVersion, FrameBatchResponse, validResp[HeaderSize:]), resp: true, as: new(*UnsupportedVersionError)},
+		{name: "inline rule cut short", frame: inlineCut},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -444,5 +460,41 @@ func TestManyRuleNames(t *testing.T) {
 	}
 	if !sameChecks(got.Checks, req.Checks) {
 		t.Fatal("100 rules did not round-trip")
+	}
+}
+
+// A batch without inline rules is a version-1 frame, byte for byte what a
+// peer that predates inline rules reads; one with an inline rule is a
+// version-2 frame. Decoding a version-1 frame into a request that held
+// inline rules leaves none behind.
+func TestInlineRulesVersionTheFrame(t *testing.T) {
+	plain := batchOf(3, "a", "b")
+	v1 := AppendBatchRequest(nil, 1, 0, plain)
+	if v1[4] != ProtocolVersion {
+		t.Fatalf("batch without inline rules written as version %d", v1[4])
+	}
+	ir := InlineRule{Algorithm: 4, FailureMode: 1, Limit: 10, Period: time.Minute}
+	mixed := &BatchRequest{Epoch: 7, Checks: []Check{
+		{Rule: "rls:d.k#0", KeyHash: 1, Partition: 1, Cost: 1, Inline: ir},
+		{Rule: "default", KeyHash: 2, Partition: 2, Cost: 1},
+		{Rule: "rls:d.k#0", KeyHash: 3, Partition: 3, Cost: 2, Inline: InlineRule{Algorithm: 4, Limit: 20, Period: time.Minute}},
+		{Rule: "rls:d.k#0", KeyHash: 4, Partition: 4, Cost: 1, Inline: ir},
+	}}
+	v2 := AppendBatchRequest(nil, 2, 0, mixed)
+	if v2[4] != InlineVersion {
+		t.Fatalf("batch with inline rules written as version %d", v2[4])
+	}
+	var got BatchRequest
+	if _, _, err := DecodeBatchRequest(v2, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !sameChecks(got.Checks, mixed.Checks) {
+		t.Fatalf("decoded %+v, want %+v", got.Checks, mixed.Checks)
+	}
+	if _, _, err := DecodeBatchRequest(v1, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !sameChecks(got.Checks, plain.Checks) {
+		t.Fatalf("version 1 after version 2 decoded %+v, want %+v", got.Checks, plain.Checks)
 	}
 }

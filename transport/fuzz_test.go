@@ -18,6 +18,14 @@ func FuzzDecodeBatchRequest(f *testing.F) {
 		"r9", "r10", "r11", "r12", "r13", "r14", "r15", "r16", "r17", "r18", "r19")))
 	f.Add(AppendBatchResponse(nil, 5, &BatchResponse{Results: make([]Result, 2)}))
 	f.Add([]byte{})
+	// Version 2: inline rules in the name table, mixed with named rules.
+	inline := batchOf(6, "rls:a#0", "default", "rls:b#1")
+	for i := range inline.Checks {
+		if i%3 != 1 {
+			inline.Checks[i].Inline = InlineRule{Algorithm: uint8(1 + i%6), FailureMode: uint8(i % 2), Limit: int64(10 * (i + 1)), Period: time.Second, Burst: int64(i)}
+		}
+	}
+	f.Add(AppendBatchRequest(nil, 6, time.Millisecond, inline))
 	var reused BatchRequest // exercises capacity and intern-table reuse
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		id, deadline, err := fuzzLimits.DecodeBatchRequest(frame, &reused)

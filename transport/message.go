@@ -12,6 +12,24 @@ type Check struct {
 	KeyHash   uint64 // seeded hash of the client key
 	Partition uint32
 	Cost      uint64
+	// Inline, when its Algorithm is not 0, is the rule itself, carried
+	// with the check because it exists only in the sender's own
+	// configuration (Envoy RLS descriptors), not in the cluster's rules.
+	// The owner then decides under it instead of looking Rule up, after
+	// validating it: the sender is not trusted to send a sane rule.
+	Inline InlineRule
+}
+
+// InlineRule is a rule definition carried with a check. This package does
+// not interpret it beyond the wire; the owner maps Algorithm and
+// FailureMode to its own enums and validates every field. The zero value
+// means "no inline rule".
+type InlineRule struct {
+	Algorithm   uint8 // 0 = none; else the owner's algorithm number
+	FailureMode uint8
+	Limit       int64
+	Period      time.Duration
+	Burst       int64
 }
 
 // Status is the outcome class of one check.
@@ -60,8 +78,10 @@ type BatchRequest struct {
 	Checks []Check
 
 	// names is the decoder's intern table: the rule names of the last
-	// decoded frame, reused when the next frame repeats them.
-	names []string
+	// decoded frame, reused when the next frame repeats them; inlines
+	// holds each name entry's inline rule (zero in version-1 frames).
+	names   []string
+	inlines []InlineRule
 }
 
 // BatchResponse answers a BatchRequest.

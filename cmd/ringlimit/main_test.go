@@ -21,6 +21,9 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"serve", "stray"}, 2, `unexpected argument "stray"`},
 		{[]string{"serve", "--log-level", "loud"}, 2, "--log-level"},
+		{[]string{"serve", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
+		{[]string{"serve", "--grpc", "127.0.0.1:0", "--envoy-config", "/nonexistent/ratelimit.yaml"}, 2, "envoy config refused"},
+		{[]string{"router", "--cluster", "127.0.0.1:1", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
 	} {
 		var stdout, stderr bytes.Buffer
 		exit := run(context.Background(), tc.args, noenv, &stdout, &stderr)

@@ -17,6 +17,7 @@ import (
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/httpapi"
+	"github.com/ringlimit/ringlimit/router/rls"
 )
 
 // followerFlags are the flags of a process that follows the cluster
@@ -100,6 +101,7 @@ type routerProc struct {
 	ring *client.Ring
 	srv  *http.Server
 	done chan error
+	rls  *rls.Server // the Envoy RLS on --grpc; nil without it
 }
 
 // startRouter serves the check front door on ln for a Ring following the
@@ -120,6 +122,11 @@ func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerPr
 func (p *routerProc) shutdown(ctx context.Context) error {
 	err := p.srv.Shutdown(ctx)
 	<-p.done
+	if p.rls != nil {
+		if e := p.rls.Shutdown(ctx); err == nil {
+			err = e
+		}
+	}
 	if e := p.ring.Close(); err == nil {
 		err = e
 	}
@@ -132,8 +139,12 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	httpAddr := fs.String("http", "127.0.0.1:8070", "HTTP listen address (POST /v1/check, GET /v1/rules, health, metrics)")
 	ff := addFollowerFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	envoy := addEnvoyFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
+	}
+	if err := envoy.check(); err != nil {
+		return fail(stderr, "router", err)
 	}
 	log, err := newLogger(*logLevel, stderr)
 	if err != nil {
@@ -146,12 +157,26 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return fail(stderr, "router", fmt.Errorf("--http: %w", err))
 	}
-	p, err := startRouter(ff, ln, log)
+	grpcLn, err := envoy.listen()
 	if err != nil {
 		ln.Close()
 		return fail(stderr, "router", err)
 	}
-	log.Info("ringlimit router serving", "http", ln.Addr().String(), "cluster", ff.members())
+	p, err := startRouter(ff, ln, log)
+	if err == nil {
+		p.rls, err = startEnvoy(envoy, grpcLn, p.ring.Router(), p.reg, log)
+		if err != nil {
+			_ = p.shutdown(context.Background())
+		}
+	}
+	if err != nil {
+		ln.Close()
+		if grpcLn != nil {
+			grpcLn.Close()
+		}
+		return fail(stderr, "router", err)
+	}
+	log.Info("ringlimit router serving", "http", ln.Addr().String(), "grpc", *envoy.grpc, "cluster", ff.members())
 	if !waitView(ctx, p.ring, 10*time.Second) && ctx.Err() == nil {
 		log.Warn("no cluster view yet; /readyz answers 503 and checks 503 until one of --cluster answers GET /v1/cluster/view")
 	}

@@ -41,6 +41,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
 	)
+	envoy := addEnvoyFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}
@@ -58,6 +59,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
 			return fail("rules file %s refused: %v", *rulesFile, err)
 		}
+	}
+	if err := envoy.check(); err != nil {
+		return fail("%v", err)
 	}
 	rc := ring.DefaultConfig()
 	rc.Partitions = *partitions
@@ -85,18 +89,25 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		*l.adv = a
 	}
+	if ln, err := envoy.listen(); err != nil {
+		closeAll(ls)
+		return fail("%v", err)
+	} else if ln != nil {
+		ls.GRPC = ln
+	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, LogOutput: stderr,
+		RLS: envoy.options(),
 	}, ls)
 	if err != nil {
 		closeAll(ls)
 		return fail("starting: %v", err)
 	}
-	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "data_dir", *dataDir)
+	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *envoy.grpc, "data_dir", *dataDir)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())
@@ -130,7 +141,7 @@ func advertise(listen, advHost string) (string, error) {
 }
 
 func closeAll(ls server.Listeners) {
-	for _, l := range []net.Listener{ls.HTTP, ls.Raft, ls.Peer} {
+	for _, l := range []net.Listener{ls.HTTP, ls.Raft, ls.Peer, ls.GRPC} {
 		if l != nil {
 			l.Close()
 		}

@@ -1,0 +1,417 @@
+package rls
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// Bounds on configuration, checked before anything is allocated for it.
+const (
+	// MaxFileSize is the largest config file read, in bytes.
+	MaxFileSize = 1 << 20
+	// MaxFiles is the most config files in a directory.
+	MaxFiles = 256
+	// MaxDepth is the deepest nesting of descriptors in a config file,
+	// and the most entries of a request descriptor that can match.
+	MaxDepth = 16
+	// MaxLimits is the most descriptor limits of a whole config.
+	MaxLimits = 100_000
+	// MaxRateLimits is the most rate_limits of one descriptor.
+	MaxRateLimits = 8
+)
+
+// ErrConfig is wrapped by every error about a config file.
+var ErrConfig = errors.New("rls: invalid config")
+
+// ConfigError says what is wrong with a config file, and where. Its
+// message reads
+//
+//	rls config /etc/rl/messaging.yaml: domain "messaging": descriptor "message_type_marketing.to_number": rate_limit: invalid unit "fortnight" (want second, minute, hour, day, week, month or year)
+type ConfigError struct {
+	File       string
+	Domain     string // "" when the file has none (yet)
+	Descriptor string // the descriptor's path as envoyproxy/ratelimit writes it (key_value.key2), "" for the file as a whole
+	Msg        string
+}
+
+func (e *ConfigError) Error() string {
+	s := "rls config " + e.File + ": "
+	if e.Domain != "" {
+		s += "domain " + strconv.Quote(e.Domain) + ": "
+	}
+	if e.Descriptor != "" {
+		s += "descriptor " + strconv.Quote(e.Descriptor) + ": "
+	}
+	return s + e.Msg
+}
+
+// Unwrap returns ErrConfig.
+func (e *ConfigError) Unwrap() error { return ErrConfig }
+
+// The YAML form: envoyproxy/ratelimit's, plus ringlimit's extra fields
+// (rate_limits; algorithm, burst and failure_mode in a rate limit), which
+// its tooling never sees. Unknown fields are refused, as theirs are.
+type yamlFile struct {
+	Domain      string           `json:"domain"`
+	Descriptors []yamlDescriptor `json:"descriptors"`
+}
+
+type yamlDescriptor struct {
+	Key            string           `json:"key"`
+	Value          string           `json:"value"`
+	RateLimit      *yamlRateLimit   `json:"rate_limit"`
+	RateLimits     []yamlRateLimit  `json:"rate_limits"`
+	Descriptors    []yamlDescriptor `json:"descriptors"`
+	ShadowMode     bool             `json:"shadow_mode"`
+	DetailedMetric bool             `json:"detailed_metric"`
+}
+
+type yamlRateLimit struct {
+	Unit            string        `json:"unit"`
+	RequestsPerUnit uint32        `json:"requests_per_unit"`
+	Unlimited       bool          `json:"unlimited"`
+	Name            string        `json:"name"`
+	Replaces        []yamlReplace `json:"replaces"`
+	Algorithm       string        `json:"algorithm"`
+	Burst           int64         `json:"burst"`
+	FailureMode     string        `json:"failure_mode"`
+}
+
+type yamlReplace struct {
+	Name string `json:"name"`
+}
+
+// Config is a loaded, validated set of domains. It is immutable and safe
+// for concurrent use.
+type Config struct {
+	domains map[string]*level
+	limits  int
+}
+
+// Domains returns the number of domains.
+func (c *Config) Domains() int { return len(c.domains) }
+
+// Limits returns the number of descriptors with a rate_limit.
+func (c *Config) Limits() int { return c.limits }
+
+// level is one list of descriptors: by (key, value), by key alone (no
+// value: any value, each its own counter), and by value prefix (a value
+// ending in '*'), tried in that order as envoyproxy/ratelimit does.
+type level struct {
+	exact    map[entry]*descNode
+	anyValue map[string]*descNode
+	prefix   []prefixNode // in file order
+}
+
+type entry struct{ key, value string }
+
+type prefixNode struct {
+	key, prefix string
+	node        *descNode
+}
+
+type descNode struct {
+	limit    *limit // nil: no rate_limit here
+	children *level // nil: no nested descriptors
+}
+
+// limit is a descriptor's rate_limit (or rate_limits): what a request
+// descriptor that ends on it is held to.
+type limit struct {
+	fullKey   string // domain.key_value.key2: the metrics key
+	rules     []*limiter.Rule
+	units     []rlspb.RateLimitResponse_RateLimit_Unit
+	unlimited bool // rate_limit: {unlimited: true}
+	denyAll   bool // requests_per_unit: 0 (blocks everything, as theirs)
+	shadow    bool
+	detailed  bool     // detailed_metric: the value joins the metrics key
+	names     []string // the rate limits' names, for replaces
+	rlNames   []string // per rule: its rate limit's name, "" when none
+	replaces  []string
+}
+
+// Unit lengths. Month and year are 30 and 365 days (windows aligned to
+// the Unix epoch, not to the calendar).
+var units = map[string]struct {
+	d time.Duration
+	u rlspb.RateLimitResponse_RateLimit_Unit
+}{
+	"second": {time.Second, rlspb.RateLimitResponse_RateLimit_SECOND},
+	"minute": {time.Minute, rlspb.RateLimitResponse_RateLimit_MINUTE},
+	"hour":   {time.Hour, rlspb.RateLimitResponse_RateLimit_HOUR},
+	"day":    {24 * time.Hour, rlspb.RateLimitResponse_RateLimit_DAY},
+	"week":   {7 * 24 * time.Hour, rlspb.RateLimitResponse_RateLimit_WEEK},
+	"month":  {30 * 24 * time.Hour, rlspb.RateLimitResponse_RateLimit_MONTH},
+	"year":   {365 * 24 * time.Hour, rlspb.RateLimitResponse_RateLimit_YEAR},
+}
+
+// File is one config file's name and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// ParseConfig validates and compiles config files into one Config. A
+// domain may appear in one file only. Its error is a *ConfigError naming
+// the file, domain and descriptor at fault.
+func ParseConfig(files ...File) (*Config, error) {
+	if len(files) > MaxFiles {
+		return nil, &ConfigError{File: files[0].Name, Msg: fmt.Sprintf("%d files, over the limit of %d", len(files), MaxFiles)}
+	}
+	c := &Config{domains: map[string]*level{}}
+	from := map[string]string{} // domain → file
+	for _, f := range files {
+		if len(f.Data) > MaxFileSize {
+			return nil, &ConfigError{File: f.Name, Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(f.Data), MaxFileSize)}
+		}
+		var y yamlFile
+		if err := yaml.UnmarshalStrict(f.Data, &y); err != nil {
+			var loose yamlFile // name the domain when the file has one
+			_ = yaml.Unmarshal(f.Data, &loose)
+			return nil, &ConfigError{File: f.Name, Domain: loose.Domain, Msg: yamlMessage(err)}
+		}
+		if y.Domain == "" {
+			return nil, &ConfigError{File: f.Name, Msg: "domain: missing; every config file needs a domain"}
+		}
+		if other, dup := from[y.Domain]; dup {
+			return nil, &ConfigError{File: f.Name, Domain: y.Domain, Msg: "duplicate domain (also in " + other + ")"}
+		}
+		from[y.Domain] = f.Name
+		b := builder{c: c, file: f.Name, domain: y.Domain}
+		lv, err := b.level(y.Descriptors, "", 1)
+		if err != nil {
+			return nil, err
+		}
+		c.domains[y.Domain] = lv
+	}
+	return c, nil
+}
+
+// yamlMessage shortens the YAML library's wrapping of JSON errors.
+func yamlMessage(err error) string {
+	s := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		s = strings.TrimPrefix(s, p)
+	}
+	return s
+}
+
+type builder struct {
+	c            *Config
+	file, domain string
+}
+
+func (b *builder) fail(path, format string, a ...any) error {
+	return &ConfigError{File: b.file, Domain: b.domain, Descriptor: path, Msg: fmt.Sprintf(format, a...)}
+}
+
+func (b *builder) level(ds []yamlDescriptor, parent string, depth int) (*level, error) {
+	if depth > MaxDepth {
+		return nil, b.fail(parent, "descriptors nested deeper than %d", MaxDepth)
+	}
+	lv := &level{exact: map[entry]*descNode{}, anyValue: map[string]*descNode{}}
+	for i, d := range ds {
+		path := d.Key
+		if d.Value != "" {
+			path += "_" + d.Value
+		}
+		if parent != "" {
+			path = parent + "." + path
+		}
+		if d.Key == "" {
+			return nil, b.fail(parent, "descriptors[%d]: key: missing; every descriptor needs a key", i)
+		}
+		n := &descNode{}
+		switch {
+		case d.Value == "":
+			if lv.anyValue[d.Key] != nil {
+				return nil, b.fail(path, "duplicate descriptor")
+			}
+			lv.anyValue[d.Key] = n
+		case strings.HasSuffix(d.Value, "*"):
+			p := strings.TrimSuffix(d.Value, "*")
+			if slices.ContainsFunc(lv.prefix, func(pn prefixNode) bool { return pn.key == d.Key && pn.prefix == p }) {
+				return nil, b.fail(path, "duplicate descriptor")
+			}
+			lv.prefix = append(lv.prefix, prefixNode{d.Key, p, n})
+		default:
+			e := entry{d.Key, d.Value}
+			if lv.exact[e] != nil {
+				return nil, b.fail(path, "duplicate descriptor")
+			}
+			lv.exact[e] = n
+		}
+		l, err := b.limit(&d, path)
+		if err != nil {
+			return nil, err
+		}
+		n.limit = l
+		if len(d.Descriptors) > 0 {
+			if n.children, err = b.level(d.Descriptors, path, depth+1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return lv, nil
+}
+
+// limit compiles a descriptor's rate_limit or rate_limits; nil when it
+// has neither.
+func (b *builder) limit(d *yamlDescriptor, path string) (*limit, error) {
+	blocks := d.RateLimits
+	switch {
+	case d.RateLimit != nil && len(d.RateLimits) > 0:
+		return nil, b.fail(path, "rate_limit and rate_limits: give one or the other")
+	case d.RateLimit != nil:
+		blocks = []yamlRateLimit{*d.RateLimit}
+	case len(blocks) == 0:
+		return nil, nil // shadow_mode without a limit means nothing, as theirs
+	case len(blocks) > MaxRateLimits:
+		return nil, b.fail(path, "rate_limits: %d limits, at most %d", len(blocks), MaxRateLimits)
+	}
+	if b.c.limits++; b.c.limits > MaxLimits {
+		return nil, b.fail(path, "more than %d limits in the config", MaxLimits)
+	}
+	l := &limit{fullKey: b.domain + "." + path, shadow: d.ShadowMode, detailed: d.DetailedMetric}
+	field := "rate_limit"
+	for i, rl := range blocks {
+		if len(d.RateLimits) > 0 {
+			field = fmt.Sprintf("rate_limits[%d]", i)
+		}
+		if rl.Name != "" {
+			l.names = append(l.names, rl.Name)
+		}
+		for _, r := range rl.Replaces {
+			switch {
+			case r.Name == "":
+				return nil, b.fail(path, "%s: replaces: an entry without a name", field)
+			case r.Name == rl.Name:
+				return nil, b.fail(path, "%s: replaces: names its own limit %q", field, r.Name)
+			}
+			l.replaces = append(l.replaces, r.Name)
+		}
+		if rl.Unlimited {
+			if rl.Unit != "" || rl.RequestsPerUnit != 0 || rl.Algorithm != "" || rl.Burst != 0 || len(blocks) > 1 {
+				return nil, b.fail(path, "%s: unlimited: takes no unit, requests_per_unit, algorithm, burst or other rate limits", field)
+			}
+			l.unlimited = true
+			continue
+		}
+		u, ok := units[strings.ToLower(rl.Unit)]
+		if !ok {
+			return nil, b.fail(path, "%s: unit: invalid unit %q (want second, minute, hour, day, week, month or year)", field, rl.Unit)
+		}
+		if rl.RequestsPerUnit == 0 {
+			if len(blocks) > 1 || rl.Algorithm != "" || rl.Burst != 0 {
+				return nil, b.fail(path, "%s: requests_per_unit: 0 blocks everything; it takes no algorithm, burst or other rate limits", field)
+			}
+			l.denyAll = true
+			l.units = append(l.units, u.u)
+			continue
+		}
+		algo := limiter.FixedWindow
+		if rl.Algorithm != "" {
+			var err error
+			if algo, err = limiter.ParseAlgorithm(rl.Algorithm); err != nil {
+				return nil, b.fail(path, "%s: algorithm: %v", field, err)
+			}
+		}
+		fm, err := limiter.ParseFailureMode(rl.FailureMode)
+		if err != nil {
+			return nil, b.fail(path, "%s: failure_mode: %v", field, err)
+		}
+		r := &limiter.Rule{
+			Name: ruleName(b.domain, path, i), Algorithm: algo, FailureMode: fm,
+			Limit: int64(rl.RequestsPerUnit), Period: u.d, Burst: rl.Burst,
+		}
+		if err := r.Validate(); err != nil {
+			var fe *limiter.FieldError
+			if errors.As(err, &fe) {
+				return nil, b.fail(path, "%s: %s: %s", field, yamlField(fe.Field), fe.Msg)
+			}
+			return nil, b.fail(path, "%s: %v", field, err)
+		}
+		l.rules = append(l.rules, r)
+		l.units = append(l.units, u.u)
+		l.rlNames = append(l.rlNames, rl.Name)
+	}
+	return l, nil
+}
+
+// yamlField maps a limiter field to the config's word for it.
+func yamlField(f string) string {
+	switch f {
+	case "limit":
+		return "requests_per_unit"
+	case "period":
+		return "unit"
+	}
+	return f
+}
+
+// ruleName names the i-th rate limit of a descriptor: the same in every
+// process that loads the same config, so their checks share buckets on
+// the owner, and never the name of a written rule (rules.InlinePrefix).
+// It reads rls:DOMAIN/PATH#I when that is a valid rule name free of the
+// separators, else rls:h + a hash of the same parts.
+func ruleName(domain, path string, i int) string {
+	name := rules.InlinePrefix + domain + "/" + path + "#" + strconv.Itoa(i)
+	if limiter.ValidName(name) && !strings.ContainsAny(domain, "/#") && !strings.Contains(path, "#") {
+		return name
+	}
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, s := range []string{domain, path} {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	return rules.InlinePrefix + "h" + hex.EncodeToString(h.Sum(nil)[:16]) + "#" + strconv.Itoa(i)
+}
+
+// match finds the limit of one request descriptor in a domain, as
+// envoyproxy/ratelimit does: at each level the entry's (key, value), then
+// a value prefix, then the key alone; a limit counts only when it is
+// reached on the descriptor's last entry.
+func (lv *level) match(entries []*commonpb.RateLimitDescriptor_Entry) *limit {
+	var found *limit
+	for i, pe := range entries {
+		e := entry{pe.GetKey(), pe.GetValue()}
+		n := lv.exact[e]
+		if n == nil {
+			for _, p := range lv.prefix {
+				if p.key == e.key && strings.HasPrefix(e.value, p.prefix) {
+					n = p.node
+					break
+				}
+			}
+		}
+		if n == nil {
+			n = lv.anyValue[e.key]
+		}
+		if n == nil {
+			return nil
+		}
+		if n.limit != nil && i == len(entries)-1 {
+			found = n.limit
+		}
+		if n.children == nil {
+			break
+		}
+		lv = n.children
+	}
+	return found
+}

@@ -1,0 +1,218 @@
+package rls
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// down is an owner that never answers.
+type down struct{}
+
+func (down) Do(ctx context.Context, _ string, _ *transport.BatchRequest, _ *transport.BatchResponse) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// When a key's owner does not answer within the router's timeout, each
+// limit's failure_mode answers: open is OK, closed is OVER_LIMIT; both
+// are counted as degraded. Fake time: the timeout passes instantly.
+func TestOwnerDownFailureMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&router.View{Ring: rg, Seed: 3})
+		m, err := newMetrics(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := NewService(rt, false, m)
+		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
+`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.SetConfig(c)
+		start := time.Now()
+		resp, err := svc.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "d",
+			Descriptors: []*commonpb.RateLimitDescriptor{desc("open", "x"), desc("closed", "x")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited != 250*time.Millisecond {
+			t.Errorf("answered after %v, want the router's timeout 250ms", waited)
+		}
+		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over || resp.OverallCode != over {
+			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
+		}
+		if got := testutil.ToFloat64(m.degraded); got != 2 {
+			t.Fatalf("degraded counted %v, want 2", got)
+		}
+	})
+}
+
+// The poll loop puts a changed file in force within one interval and
+// keeps the old config while the file is bad. Fake time: no waiting.
+func TestWatchReloads(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("domain: one\n")
+	synctest.Test(t, func(t *testing.T) {
+		s, err := New(Options{ConfigPath: dir, Interval: time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.watch(ctx)
+		domains := func() []string {
+			var ds []string
+			for d := range s.Service().Config().domains {
+				ds = append(ds, d)
+			}
+			return ds
+		}
+		write("domain: two\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
+			t.Fatalf("after a change and one interval: domains %v, want [two]", ds)
+		}
+		write("domain: [\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
+			t.Fatalf("after a bad file: domains %v, want [two] still", ds)
+		}
+		write("domain: three\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "three" || s.Service().Config().Limits() != 1 {
+			t.Fatalf("after a fix: domains %v, want [three]", ds)
+		}
+		cancel()
+	})
+}
+
+// Envoy calls with a deadline (its filter's timeout, 20ms by default),
+// shorter than the router's owner timeout: the limits' failure modes
+// answer just before it, so a closed limit denies instead of the call
+// failing and Envoy deciding for every limit alike.
+func TestFailureModeBeforeTheCallersDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&router.View{Ring: rg, Seed: 3})
+		m, err := newMetrics(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := NewService(rt, false, m)
+		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
+`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.SetConfig(c)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		resp, err := svc.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "d",
+			Descriptors: []*commonpb.RateLimitDescriptor{desc("open", "x"), desc("closed", "x")}})
+		if err != nil {
+			t.Fatalf("call with a 20ms deadline and the owner down: %v", err)
+		}
+		if waited := time.Since(start); waited != 18*time.Millisecond {
+			t.Errorf("answered after %v, want 18ms (a tenth of the deadline kept)", waited)
+		}
+		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over {
+			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
+		}
+		if got := testutil.ToFloat64(m.degraded); got != 2 {
+			t.Fatalf("degraded counted %v, want 2", got)
+		}
+	})
+}
+
+// A Kubernetes ConfigMap volume: the files are symlinks through ..data to
+// a hidden timestamped directory, and an update swaps ..data. The
+// directory's files load through the links, the hidden entries are not
+// read as config, and the swap is seen as a change.
+func TestConfigMapLayout(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, domain string) {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "limits.yaml"), []byte("domain: "+domain+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(name, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..2026_11_30_01", "first")
+	if err := os.Symlink(filepath.Join("..data", "limits.yaml"), filepath.Join(dir, "limits.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{ConfigPath: dir, Interval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Service().Config().domains["first"]; !ok || s.Service().Config().Domains() != 1 {
+		t.Fatalf("domains %v, want [first]", s.Service().Config().domains)
+	}
+	version("..2026_11_30_02", "second")
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Service().Config().domains["second"]; !ok || s.Service().Config().Domains() != 1 {
+		t.Fatalf("after the swap: domains %v, want [second]", s.Service().Config().domains)
+	}
+}

@@ -1,0 +1,254 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// Options configure a Server. The zero value serves an empty config.
+type Options struct {
+	// ConfigPath is an envoyproxy/ratelimit YAML file, or a directory
+	// whose *.yaml and *.yml files (not hidden, not in subdirectories)
+	// are read in name order. "" = no config: every descriptor is OK.
+	ConfigPath string
+	// Interval is how often ConfigPath is polled for changes (1s);
+	// negative = never.
+	Interval time.Duration
+	// Headers adds x-ratelimit-* response headers for Envoy.
+	Headers bool
+	// Registerer receives the metrics; nil = not registered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Server is the gRPC RateLimitService with its config loader. Create it
+// with New, run it with Serve, stop it with Shutdown.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+	svc  *Service
+	m    *metrics
+	gs   *grpc.Server
+
+	mu      sync.Mutex // guards tried, sig and lastErr: one load at a time
+	tried   bool
+	sig     [sha256.Size]byte // of the files last tried
+	lastErr error             // why they were refused; nil = in force
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New loads the config (a config that does not load is an error here:
+// at start there is no previous one to keep) and returns a server that
+// decides with checker.
+func New(opts Options, checker Checker) (*Server, error) {
+	if opts.Interval == 0 {
+		opts.Interval = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, m: m, svc: NewService(checker, opts.Headers, m)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.Reload(); err != nil {
+		s.cancel()
+		return nil, err
+	}
+	// Bounded: a call is at most 1 MiB, a connection (an Envoy) has at
+	// most 1024 calls in flight.
+	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
+	rlspb.RegisterRateLimitServiceServer(s.gs, s.svc)
+	return s, nil
+}
+
+// Service returns the service (tests, and serving it on another gRPC server).
+func (s *Server) Service() *Service { return s.svc }
+
+// Serve polls the config and serves gRPC on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if s.opts.ConfigPath != "" && s.opts.Interval > 0 {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.watch(s.ctx) }()
+	}
+	err := s.gs.Serve(ln)
+	if err == grpc.ErrServerStopped {
+		err = nil
+	}
+	return err
+}
+
+// Shutdown stops the config poll, lets the calls in flight finish
+// (bounded by ctx) and stops the gRPC server.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.cancel()
+	done := make(chan struct{})
+	go func() { s.gs.GracefulStop(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.gs.Stop()
+		<-done
+		err = ctx.Err()
+	}
+	s.wg.Wait()
+	return err
+}
+
+// watch reloads the config every Interval until ctx is done.
+func (s *Server) watch(ctx context.Context) {
+	t := time.NewTicker(s.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_ = s.Reload() // logged and counted by Reload
+	}
+}
+
+// Reload reads the config and, when its content changed, parses it and
+// puts it in force. A config that does not load is refused: the one in
+// force stays, the error is returned, logged once and counted.
+func (s *Server) Reload() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	files, sig, err := readConfig(s.opts.ConfigPath)
+	if err == nil && s.tried && sig == s.sig {
+		return s.lastErr // nothing changed since the last attempt
+	}
+	var c *Config
+	if err == nil {
+		c, err = ParseConfig(files...)
+	}
+	s.tried, s.sig = true, sig
+	if err != nil {
+		s.m.configOK.Set(0)
+		if s.lastErr == nil || err.Error() != s.lastErr.Error() {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("envoy config refused; the config in force stays", "err", err)
+		}
+		s.lastErr = err
+		return err
+	}
+	s.lastErr = nil
+	s.svc.SetConfig(c)
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.m.configOK.Set(1)
+	s.m.limits.Set(float64(c.Limits()))
+	s.log.Info("envoy config loaded", "path", s.opts.ConfigPath, "domains", c.Domains(), "limits", c.Limits())
+	return nil
+}
+
+// readConfig reads the config files at path and returns them with a
+// signature of their names and contents. "" is no file.
+func readConfig(path string) ([]File, [sha256.Size]byte, error) {
+	var sig [sha256.Size]byte
+	if path == "" {
+		return nil, sig, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, sig, fmt.Errorf("rls config: %w", err)
+	}
+	names := []string{path}
+	if fi.IsDir() {
+		ents, err := os.ReadDir(path)
+		if err != nil {
+			return nil, sig, fmt.Errorf("rls config: %w", err)
+		}
+		names = names[:0]
+		for _, e := range ents {
+			n := e.Name()
+			if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+				continue // editors' and Kubernetes' (..data) entries
+			}
+			names = append(names, filepath.Join(path, n))
+		}
+		slices.Sort(names)
+		if len(names) > MaxFiles {
+			return nil, sig, &ConfigError{File: path, Msg: fmt.Sprintf("%d config files, over the limit of %d", len(names), MaxFiles)}
+		}
+	}
+	h := sha256.New()
+	var files []File
+	for _, n := range names {
+		data, err := readBounded(n)
+		if err != nil {
+			return nil, sig, err
+		}
+		if data == nil { // a subdirectory named *.yaml
+			continue
+		}
+		files = append(files, File{Name: n, Data: data})
+		var l [binary.MaxVarintLen64]byte
+		h.Write(l[:binary.PutUvarint(l[:], uint64(len(n)))])
+		h.Write([]byte(n))
+		h.Write(l[:binary.PutUvarint(l[:], uint64(len(data)))])
+		h.Write(data)
+	}
+	h.Sum(sig[:0])
+	return files, sig, nil
+}
+
+// readBounded reads a regular file of at most MaxFileSize bytes; nil
+// (and no error) for a directory.
+func readBounded(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("rls config: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("rls config: %w", err)
+	}
+	if fi.IsDir() {
+		return nil, nil
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("rls config: %w", err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, &ConfigError{File: name, Msg: fmt.Sprintf("over the limit of %d bytes", MaxFileSize)}
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return data, nil
+}
+
+// LoadConfig reads and parses the config at path (a file or a directory,
+// as Options.ConfigPath), for a command to refuse a bad one before it
+// starts anything.
+func LoadConfig(path string) (*Config, error) {
+	files, _, err := readConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConfig(files...)
+}

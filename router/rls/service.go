@@ -1,0 +1,445 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+// MaxDescriptors is the most descriptors in one ShouldRateLimit call.
+const MaxDescriptors = 128
+
+// Checker decides checks; *router.Router implements it.
+type Checker interface {
+	Check(ctx context.Context, reqs []router.Request, out []router.Result) error
+}
+
+// Service implements envoy.service.ratelimit.v3.RateLimitService on a
+// Checker, under the Config in force (SetConfig swaps it atomically). It
+// is safe for concurrent use.
+type Service struct {
+	rlspb.UnimplementedRateLimitServiceServer
+
+	checker Checker
+	headers bool
+	m       *metrics
+	cfg     atomic.Pointer[Config]
+	scratch sync.Pool // *scratch
+}
+
+// NewService returns a service with an empty config (every descriptor
+// OK) until SetConfig. With headers, responses carry x-ratelimit-limit,
+// x-ratelimit-remaining and x-ratelimit-reset for Envoy to add, from the
+// matched limit with the least remaining.
+func NewService(checker Checker, headers bool, m *metrics) *Service {
+	s := &Service{checker: checker, headers: headers, m: m}
+	s.cfg.Store(&Config{domains: map[string]*level{}})
+	s.scratch.New = func() any { return new(scratch) }
+	return s
+}
+
+// SetConfig puts c in force for the calls that start after it.
+func (s *Service) SetConfig(c *Config) { s.cfg.Store(c) }
+
+// Config returns the config in force.
+func (s *Service) Config() *Config { return s.cfg.Load() }
+
+// scratch is one call's working memory, pooled.
+type scratch struct {
+	lims []*limit
+	key  []byte
+	reqs []router.Request
+	out  []router.Result
+	at   []int // per descriptor: index of its first check in reqs, -1 when none was sent
+}
+
+// ShouldRateLimit decides every descriptor of the request; see the
+// package documentation for the semantics.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	resp, err := s.shouldRateLimit(ctx, req)
+	switch {
+	case err != nil:
+		s.m.calls.WithLabelValues("error").Inc()
+	case resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT:
+		s.m.calls.WithLabelValues("over_limit").Inc()
+	default:
+		s.m.calls.WithLabelValues("ok").Inc()
+	}
+	return resp, err
+}
+
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	ds := req.GetDescriptors()
+	switch {
+	case req.GetDomain() == "":
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	case len(ds) == 0:
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case len(ds) > MaxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, at most %d", len(ds), MaxDescriptors)
+	}
+	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
+	dom := s.cfg.Load().domains[req.GetDomain()]
+	if dom == nil {
+		s.m.unknownDomain.Inc()
+		for i := range ds {
+			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		}
+		return resp, nil
+	}
+	sc := s.scratch.Get().(*scratch)
+	defer s.putScratch(sc)
+
+	// Match every descriptor to its limit, then drop the limits that
+	// another matched limit replaces.
+	sc.lims = sc.lims[:0]
+	replacing := false
+	for _, d := range ds {
+		l, err := s.limitOf(req.GetDomain(), dom, d)
+		if err != nil {
+			return nil, err
+		}
+		sc.lims = append(sc.lims, l)
+		replacing = replacing || (l != nil && len(l.replaces) > 0)
+	}
+	if replacing {
+		applyReplaces(sc.lims)
+	}
+
+	// One check per rate limit of every limited descriptor, all in one
+	// router call, so they fly to their owners together.
+	sc.reqs, sc.at = sc.reqs[:0], sc.at[:0]
+	for i, d := range ds {
+		sc.at = append(sc.at, -1)
+		l := sc.lims[i]
+		if l == nil || l.unlimited || l.denyAll {
+			continue
+		}
+		cost := hits(req, d)
+		if over := overCapacity(l, cost); over >= 0 {
+			// More hits than the limit can ever take: over the limit,
+			// without spending anything anywhere.
+			resp.Statuses[i] = s.status(l, over, router.Result{Decision: limiter.Decision{Limit: l.rules[over].Capacity()}}, d)
+			continue
+		}
+		key := s.counterKey(sc, d.GetEntries())
+		sc.at[i] = len(sc.reqs)
+		for _, r := range l.rules {
+			sc.reqs = append(sc.reqs, router.Request{Rule: r.Name, Key: key, Cost: cost, Inline: r})
+		}
+	}
+	if len(sc.reqs) > 0 {
+		if cap(sc.out) < len(sc.reqs) {
+			sc.out = make([]router.Result, len(sc.reqs))
+		}
+		sc.out = sc.out[:len(sc.reqs)]
+		if err := s.check(ctx, sc.reqs, sc.out); err != nil {
+			return nil, grpcError(err)
+		}
+	}
+
+	for i, d := range ds {
+		l := sc.lims[i]
+		switch {
+		case resp.Statuses[i] != nil: // decided above
+		case l == nil:
+			s.m.unmatched.Inc()
+			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		case l.unlimited:
+			s.m.descriptor(metricKey(l, d), resultUnlimited)
+			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		case l.denyAll:
+			resp.Statuses[i] = s.status(l, 0, router.Result{}, d)
+		default:
+			// The decisive limit: the first that denied, else the one
+			// with the least remaining.
+			at, best := sc.at[i], 0
+			for j := range l.rules {
+				o, b := &sc.out[at+j], &sc.out[at+best]
+				if b.Allowed && (!o.Allowed || o.Remaining < b.Remaining) {
+					best = j
+				}
+				if o.Degraded {
+					s.m.degraded.Inc()
+				}
+			}
+			resp.Statuses[i] = s.status(l, best, sc.out[at+best], d)
+		}
+		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	if s.headers {
+		addHeaders(resp)
+	}
+	return resp, nil
+}
+
+// check runs the checks through the router. When the caller (Envoy) has
+// a deadline, the checks must be decided a little before it: the
+// limits' failure modes answer then, so a closed limit still denies
+// when its owner is down or slow, instead of the call failing and
+// Envoy's own failure_mode_deny deciding for every limit alike.
+func (s *Service) check(ctx context.Context, reqs []router.Request, out []router.Result) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return s.checker.Check(ctx, reqs, out)
+	}
+	margin := min(time.Until(dl)/10, maxMargin)
+	cctx, cancel := context.WithDeadline(ctx, dl.Add(-margin))
+	defer cancel()
+	err := s.checker.Check(cctx, reqs, out)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		return err
+	}
+	for i := range reqs { // our deadline, not yet the caller's
+		r := reqs[i].Inline
+		out[i] = router.Result{Decision: limiter.Decision{Allowed: r.FailureMode == limiter.FailOpen, Limit: r.Capacity()}, Degraded: true}
+	}
+	return nil
+}
+
+// maxMargin is the most of a caller's deadline kept to answer by
+// failure mode; it is a tenth of the time left when that is less.
+const maxMargin = 5 * time.Millisecond
+
+func (s *Service) putScratch(sc *scratch) {
+	clear(sc.lims) // do not keep an old config alive
+	clear(sc.reqs)
+	if cap(sc.key) > 64<<10 {
+		sc.key = nil // do not keep a huge descriptor's buffer
+	}
+	s.scratch.Put(sc)
+}
+
+// limitOf returns the limit a request descriptor is held to, nil for none.
+// A descriptor that carries its own limit (Envoy's per-route override) is
+// held to that, as a fixed window, in the domain.
+func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescriptor) (*limit, error) {
+	es := d.GetEntries()
+	if len(es) == 0 || len(es) > MaxDepth {
+		return nil, nil
+	}
+	o := d.GetLimit()
+	if o == nil {
+		return dom.match(es), nil
+	}
+	name, ok := rlspb.RateLimitResponse_RateLimit_Unit_name[int32(o.GetUnit())]
+	u, known := units[lower(name)]
+	if !ok || !known {
+		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: unknown unit %v", o.GetUnit())
+	}
+	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}}
+	if o.GetRequestsPerUnit() == 0 {
+		l.denyAll = true
+		return l, nil
+	}
+	period := u.d
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		period *= time.Duration(m.GetValue())
+	}
+	r := &limiter.Rule{Name: ruleName(domain, "_override_"+lower(name), 0), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
+	if err := r.Validate(); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)
+	}
+	l.rules = []*limiter.Rule{r}
+	return l, nil
+}
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// applyReplaces drops (sets to nil) every limit one of whose names
+// another matched limit replaces, as envoyproxy/ratelimit does: the
+// replaced limit is neither checked nor spent.
+func applyReplaces(lims []*limit) {
+	var replaced []string
+	for _, l := range lims {
+		if l != nil {
+			replaced = append(replaced, l.replaces...)
+		}
+	}
+	for i, l := range lims {
+		if l == nil {
+			continue
+		}
+		for _, n := range l.names {
+			for _, r := range replaced {
+				if n == r {
+					lims[i] = nil
+				}
+			}
+		}
+	}
+}
+
+// hits is the cost of a descriptor: its own hits_addend when set, else
+// the request's, where 0 means 1 as in Envoy. Negative hits (a refund)
+// are not supported: such a descriptor spends nothing and is answered
+// as a query.
+func hits(req *rlspb.RateLimitRequest, d *commonpb.RateLimitDescriptor) int64 {
+	if d.GetIsNegativeHits() {
+		return 0
+	}
+	if h := d.GetHitsAddend(); h != nil {
+		return int64(min(h.GetValue(), math.MaxInt64))
+	}
+	if n := req.GetHitsAddend(); n > 0 {
+		return int64(n)
+	}
+	return 1
+}
+
+// overCapacity returns the index of a rate limit whose capacity cost
+// exceeds, or -1.
+func overCapacity(l *limit, cost int64) int {
+	for j, r := range l.rules {
+		if cost > r.Capacity() {
+			return j
+		}
+	}
+	return -1
+}
+
+// counterKey is the key of a descriptor's counter: its entries, each key
+// and value length-prefixed so that no two descriptors share a key; the
+// rule name already says which config limit it is. A key longer than the
+// API allows is replaced by its SHA-256.
+func (s *Service) counterKey(sc *scratch, es []*commonpb.RateLimitDescriptor_Entry) string {
+	b := sc.key[:0]
+	for _, e := range es {
+		b = binary.AppendUvarint(b, uint64(len(e.GetKey())))
+		b = append(b, e.GetKey()...)
+		b = binary.AppendUvarint(b, uint64(len(e.GetValue())))
+		b = append(b, e.GetValue()...)
+	}
+	sc.key = b
+	if len(b) > api.MaxKeyLen {
+		sum := sha256.Sum256(b)
+		return string(sum[:])
+	}
+	return string(b)
+}
+
+// status builds a limited descriptor's status from the decision of its
+// j-th rate limit (for a deny-all limit, j is 0 and r is ignored), and
+// counts it.
+func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimitDescriptor) *rlspb.RateLimitResponse_DescriptorStatus {
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+	cur := &rlspb.RateLimitResponse_RateLimit{Unit: l.units[j]}
+	if l.denyAll {
+		r = router.Result{}
+	} else {
+		rule := l.rules[j]
+		cur.RequestsPerUnit = uint32(rule.Limit)
+		cur.Name = l.nameOf(j)
+		st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
+		st.DurationUntilReset = durationpb.New(r.ResetAfter)
+	}
+	st.CurrentLimit = cur
+	result := resultWithin
+	if !r.Allowed {
+		st.LimitRemaining = 0
+		result = resultOver
+		if l.shadow {
+			result = resultShadow
+		} else {
+			st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	s.m.descriptor(metricKey(l, d), result)
+	return st
+}
+
+// nameOf returns the name of the j-th rate limit, "" when it has none.
+func (l *limit) nameOf(j int) string {
+	if j < len(l.rlNames) {
+		return l.rlNames[j]
+	}
+	return ""
+}
+
+// metricKey is the metrics key of a descriptor's limit: the config's
+// key, with the descriptor's last value when detailed_metric is set.
+func metricKey(l *limit, d *commonpb.RateLimitDescriptor) string {
+	if !l.detailed {
+		return l.fullKey
+	}
+	es := d.GetEntries()
+	return l.fullKey + "_" + es[len(es)-1].GetValue()
+}
+
+// addHeaders adds x-ratelimit-* for the limited descriptor with the least
+// remaining, in the form envoyproxy/ratelimit uses (the limit with its
+// window in seconds, the remaining count, seconds until reset).
+func addHeaders(resp *rlspb.RateLimitResponse) {
+	var best *rlspb.RateLimitResponse_DescriptorStatus
+	for _, st := range resp.Statuses {
+		if st.CurrentLimit == nil || st.LimitRemaining == math.MaxUint32 {
+			continue
+		}
+		if best == nil || st.LimitRemaining < best.LimitRemaining {
+			best = st
+		}
+	}
+	if best == nil {
+		return
+	}
+	window := int64(1)
+	for _, u := range units {
+		if u.u == best.CurrentLimit.Unit {
+			window = int64(u.d / time.Second)
+		}
+	}
+	limit := strconv.FormatUint(uint64(best.CurrentLimit.RequestsPerUnit), 10)
+	reset := int64(0)
+	if best.DurationUntilReset != nil {
+		reset = int64((best.DurationUntilReset.AsDuration() + time.Second - 1) / time.Second)
+	}
+	resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+		&corepb.HeaderValue{Key: "x-ratelimit-limit", Value: limit + ", " + limit + ";w=" + strconv.FormatInt(window, 10)},
+		&corepb.HeaderValue{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(best.LimitRemaining), 10)},
+		&corepb.HeaderValue{Key: "x-ratelimit-reset", Value: strconv.FormatInt(reset, 10)},
+	)
+}
+
+// grpcError maps a router error to a gRPC status.
+func grpcError(err error) error {
+	var ie *router.ItemError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, api.ErrUnavailable):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.As(err, &ie):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Internal, fmt.Sprintf("rls: %v", err))
+}

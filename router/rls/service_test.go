@@ -1,0 +1,368 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+const (
+	ok   = rlspb.RateLimitResponse_OK
+	over = rlspb.RateLimitResponse_OVER_LIMIT
+)
+
+const basicConfig = `
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: path
+    value: /login
+    rate_limit:
+      unit: hour
+      requests_per_unit: 2
+    shadow_mode: true
+  - key: internal
+    rate_limit:
+      unlimited: true
+  - key: plan
+    value: free
+    descriptors:
+      - key: user
+        rate_limit:
+          unit: second
+          requests_per_unit: 1
+`
+
+// OK until the limit, then OVER_LIMIT with limit_remaining 0; the window
+// resets; current_limit and duration_until_reset describe the limit.
+func TestUntilTheLimitThenOverLimit(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	t1 := desc("tenant", "t1")
+	e.run(t, []step{
+		{"api", 0, t1, ok, 2, 3, false},
+		{"api", 0, t1, ok, 1, 3, false},
+		{"api", 0, t1, ok, 0, 3, false},
+		{"api", 0, t1, over, 0, 3, false},
+		{"api", 0, t1, over, 0, 3, false},
+		{"api", 0, desc("tenant", "t2"), ok, 2, 3, false}, // each value its own counter
+	})
+	resp := e.call(t, "api", 0, t1)
+	if resp.OverallCode != over {
+		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	st := resp.Statuses[0]
+	if st.CurrentLimit.Unit != rlspb.RateLimitResponse_RateLimit_MINUTE || st.DurationUntilReset.AsDuration() != time.Minute {
+		t.Fatalf("current limit %v, reset in %v; want per MINUTE, 1m", st.CurrentLimit, st.DurationUntilReset.AsDuration())
+	}
+	e.owner.now.Add(int64(time.Minute)) // the next window
+	e.run(t, []step{{"api", 0, t1, ok, 2, 3, false}})
+	if got := e.counter("api.tenant", resultOver); got != 3 {
+		t.Fatalf("over_limit counted %v, want 3", got)
+	}
+}
+
+// hits_addend is the cost; 0 means 1; a descriptor's own hits_addend
+// overrides the request's; more than the limit can ever take is
+// OVER_LIMIT and spends nothing.
+func TestHitsAddend(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	k := desc("tenant", "h")
+	e.run(t, []step{
+		{"api", 2, k, ok, 1, 3, false},
+		{"api", 4, k, over, 0, 3, false}, // over the capacity: nothing spent
+		{"api", 2, k, over, 0, 3, false}, // denied: nothing spent either
+		{"api", 1, k, ok, 0, 3, false},
+	})
+	k2 := desc("tenant", "h2")
+	k2.HitsAddend = wrapperspb.UInt64(3)
+	e.run(t, []step{{"api", 1, k2, ok, 0, 3, false}})
+	q := desc("tenant", "h2")
+	q.HitsAddend = wrapperspb.UInt64(0) // an explicit 0 on a descriptor: a query
+	e.run(t, []step{{"api", 1, q, over, 0, 3, false}})
+}
+
+// Nested descriptors match level by level; value-less entries match any
+// value, each its own counter; a descriptor deeper or shallower than the
+// config's limit does not match (as envoyproxy/ratelimit).
+func TestNestedAndValueless(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	e.run(t, []step{
+		{"api", 0, desc("plan", "free", "user", "u1"), ok, 0, 1, false},
+		{"api", 0, desc("plan", "free", "user", "u1"), over, 0, 1, false},
+		{"api", 0, desc("plan", "free", "user", "u2"), ok, 0, 1, false},
+		{"api", 0, desc("plan", "free"), ok, 0, 0, true},                         // the placeholder has no limit
+		{"api", 0, desc("plan", "paid", "user", "u1"), ok, 0, 0, true},           // no such value
+		{"api", 0, desc("plan", "free", "user", "u1", "x", "y"), ok, 0, 0, true}, // deeper than the config
+		{"api", 0, desc("tenant", "t", "user", "u"), ok, 0, 0, true},             // tenant has no children
+	})
+}
+
+// shadow_mode answers OK past the limit and counts each would-be denial.
+func TestShadowMode(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	login := desc("path", "/login")
+	e.run(t, []step{
+		{"api", 0, login, ok, 1, 2, false},
+		{"api", 0, login, ok, 0, 2, false},
+		{"api", 0, login, ok, 0, 2, false},
+		{"api", 0, login, ok, 0, 2, false},
+	})
+	if got := e.counter("api.path_/login", resultShadow); got != 2 {
+		t.Fatalf("shadow_mode would-be denials counted %v, want 2", got)
+	}
+	if got := e.counter("api.path_/login", resultWithin); got != 2 {
+		t.Fatalf("within_limit counted %v, want 2", got)
+	}
+}
+
+// unlimited is OK with limit_remaining 2^32-1; an unmatched descriptor
+// and an unknown domain are OK without a limit; a bad request is an error.
+func TestUnlimitedUnmatchedUnknownDomain(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	e.run(t, []step{
+		{"api", 0, desc("internal", "x"), ok, math.MaxUint32, 0, true},
+		{"api", 0, desc("nothing", "here"), ok, 0, 0, true},
+		{"nowhere", 0, desc("tenant", "t1"), ok, 0, 0, true},
+	})
+	for i := range 5 {
+		if st := e.call(t, "nowhere", 0, desc("tenant", "t1")).Statuses[0]; st.Code != ok {
+			t.Fatalf("call %d for an unknown domain: %v", i, st.Code)
+		}
+	}
+	for _, tt := range []struct {
+		req  *rlspb.RateLimitRequest
+		code codes.Code
+	}{
+		{&rlspb.RateLimitRequest{Descriptors: []*commonpb.RateLimitDescriptor{desc("a", "b")}}, codes.InvalidArgument},
+		{&rlspb.RateLimitRequest{Domain: "api"}, codes.InvalidArgument},
+		{&rlspb.RateLimitRequest{Domain: "api", Descriptors: make([]*commonpb.RateLimitDescriptor, MaxDescriptors+1)}, codes.InvalidArgument},
+	} {
+		_, err := e.client.ShouldRateLimit(context.Background(), tt.req)
+		if status.Code(err) != tt.code {
+			t.Errorf("ShouldRateLimit(%v) = %v, want %v", tt.req, err, tt.code)
+		}
+	}
+}
+
+// Several descriptors in one call: one status each, OVER_LIMIT overall
+// when any is; the ones allowed are spent (as in envoyproxy/ratelimit).
+func TestSeveralDescriptors(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	u := desc("plan", "free", "user", "u9")
+	tn := desc("tenant", "t9")
+	resp := e.call(t, "api", 0, tn, u, desc("nothing", "x"))
+	if resp.OverallCode != ok {
+		t.Fatalf("first call overall %v", resp.OverallCode)
+	}
+	resp = e.call(t, "api", 0, tn, u, desc("nothing", "x"))
+	got := []rlspb.RateLimitResponse_Code{resp.Statuses[0].Code, resp.Statuses[1].Code, resp.Statuses[2].Code}
+	if resp.OverallCode != over || got[0] != ok || got[1] != over || got[2] != ok {
+		t.Fatalf("second call: overall %v, statuses %v; want OVER_LIMIT, [OK OVER_LIMIT OK]", resp.OverallCode, got)
+	}
+	if r := resp.Statuses[0].LimitRemaining; r != 1 {
+		t.Fatalf("tenant remaining %d after two calls, want 1", r)
+	}
+}
+
+// ringlimit's extras: an algorithm other than a fixed window, several
+// limits on one descriptor (the decisive one is reported), burst.
+func TestExtras(t *testing.T) {
+	e := newEnv(t, `
+domain: extras
+descriptors:
+  - key: user
+    rate_limits:
+      - name: burst
+        unit: second
+        requests_per_unit: 2
+        algorithm: token_bucket
+        burst: 4
+      - name: daily
+        unit: day
+        requests_per_unit: 5
+        algorithm: sliding_log
+        failure_mode: closed
+`, Options{})
+	u := desc("user", "ann")
+	e.run(t, []step{
+		{"extras", 0, u, ok, 3, 2, false}, // burst: 3 left of 4 (the least remaining)
+		{"extras", 0, u, ok, 2, 2, false},
+		{"extras", 0, u, ok, 1, 2, false},
+		{"extras", 0, u, ok, 0, 2, false},
+		{"extras", 0, u, over, 0, 2, false}, // the bucket is empty (the daily limit took its 5th)
+	})
+	e.owner.now.Add(int64(time.Second)) // refills 2
+	e.run(t, []step{
+		{"extras", 0, u, over, 0, 5, false}, // the bucket admits, the daily limit is spent
+	})
+	st := e.call(t, "extras", 0, u).Statuses[0]
+	if st.CurrentLimit.Name != "daily" || st.CurrentLimit.Unit != rlspb.RateLimitResponse_RateLimit_DAY {
+		t.Fatalf("decisive limit %v, want daily per DAY", st.CurrentLimit)
+	}
+}
+
+// A blocked value (requests_per_unit 0) denies everything, without a
+// round trip; replaces drops the replaced limit (envoyproxy/ratelimit's
+// README examples 3 and 7); a wildcard value matches a prefix.
+func TestBlockReplacesWildcard(t *testing.T) {
+	e := newEnv(t, "", Options{ConfigPath: "testdata/examples"})
+	e.run(t, []step{
+		{"edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.5"), over, 0, 0, false},
+		{"edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.6"), ok, 9, 10, false},
+		{"example9", 0, desc("key1", "value7"), ok, 19, 20, false},
+		{"example9", 0, desc("key1", "other"), ok, 0, 0, true},
+	})
+	specific := desc("key_1", "value_1", "user", "bkthomps")
+	replacing := desc("key_2", "value_2", "user", "bkthomps")
+	for i := range 6 {
+		resp := e.call(t, "example7", 0, specific, replacing)
+		if resp.OverallCode != ok || resp.Statuses[1].LimitRemaining != uint32(9-i) || resp.Statuses[0].CurrentLimit != nil {
+			t.Fatalf("call %d: %v; want OK, the replacing limit spent, the replaced one not checked", i, resp)
+		}
+	}
+	e.run(t, []step{{"example7", 0, specific, ok, 4, 5, false}}) // alone, it applies, unspent before
+}
+
+// The examples of envoyproxy/ratelimit's README, one domain per file in
+// a directory, load unchanged (hidden and non-YAML files are skipped).
+func TestReadmeExamplesLoadUnchanged(t *testing.T) {
+	e := newEnv(t, "", Options{ConfigPath: "testdata/examples"})
+	c := e.srv.Service().Config()
+	if c.Domains() != 9 || c.Limits() != 16 {
+		t.Fatalf("%d domains, %d limits; want 9 and 16", c.Domains(), c.Limits())
+	}
+	// Example 2: 5 marketing messages a day per number, 100 messages.
+	mk := desc("message_type", "marketing", "to_number", "2061111111")
+	num := desc("to_number", "2061111111")
+	for i := range 5 {
+		resp := e.call(t, "messaging", 0, mk, num)
+		if resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != uint32(4-i) || resp.Statuses[1].LimitRemaining != uint32(99-i) {
+			t.Fatalf("message %d: %v", i, resp.Statuses)
+		}
+	}
+	resp := e.call(t, "messaging", 0, mk, num)
+	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok {
+		t.Fatalf("6th marketing message: %v", resp)
+	}
+	e.run(t, []step{
+		{"messaging", 0, desc("message_type", "marketing", "to_number", "2062222222"), ok, 4, 5, false},
+		{"example4", 0, desc("key", "value", "subkey", "x"), ok, 299, 300, false},
+		{"example4", 0, desc("key", "value"), ok, 0, 0, true},
+		{"internal", 0, desc("ldap", "x"), ok, math.MaxUint32, 0, true},
+		{"mongo_cps", 0, desc("database", "users"), ok, 499, 500, false},
+	})
+	// Example 8: detailed_metric puts the value in the metrics key.
+	e.call(t, "example8", 0, desc("key1", "some_value"))
+	if got := e.counter("example8.key1_some_value", resultWithin); got != 1 {
+		t.Fatalf("detailed metric counted %v, want 1", got)
+	}
+	e.call(t, "example6", 0, desc("service", "auth", "user", "user-a"))
+	if got := e.counter("example6.service.user_user-a", resultWithin); got != 1 {
+		t.Fatalf("nested metric key counted %v, want 1", got)
+	}
+}
+
+// A descriptor may carry its own limit (Envoy's per-route override).
+func TestDescriptorLimitOverride(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	d := desc("anything", "x")
+	d.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typepb.RateLimitUnit_MINUTE}
+	e.run(t, []step{
+		{"api", 0, d, ok, 1, 2, false},
+		{"api", 0, d, ok, 0, 2, false},
+		{"api", 0, d, over, 0, 2, false},
+	})
+}
+
+// With headers on, the limited descriptor with the least remaining is
+// described in x-ratelimit-* headers for Envoy to add.
+func TestResponseHeaders(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{Headers: true})
+	e.owner.now.Add(int64(15 * time.Second))
+	resp := e.call(t, "api", 0, desc("tenant", "hd"), desc("tenant", "hd"), desc("internal", "x"))
+	got := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	want := map[string]string{"x-ratelimit-limit": "3, 3;w=60", "x-ratelimit-remaining": "1", "x-ratelimit-reset": "45"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+// Bad configs are refused with a message naming the file, the domain and
+// the descriptor.
+func TestConfigErrors(t *testing.T) {
+	for _, tt := range []struct{ name, yaml, want string }{
+		{"unit", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n        rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+			`rls config f.yaml: domain "d": descriptor "a.b_c": rate_limit: unit: invalid unit "fortnight"`},
+		{"unknown field", "domain: d\ndescriptors:\n  - key: a\n    rate_limt: {unit: second, requests_per_unit: 1}\n",
+			`rls config f.yaml: domain "d": unknown field "rate_limt"`},
+		{"no domain", "descriptors: []\n", `rls config f.yaml: domain: missing`},
+		{"no key", "domain: d\ndescriptors:\n  - value: x\n", `rls config f.yaml: domain "d": descriptors[0]: key: missing`},
+		{"duplicate", "domain: d\ndescriptors:\n  - key: a\n  - key: a\n", `rls config f.yaml: domain "d": descriptor "a": duplicate descriptor`},
+		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n", `descriptor "a": rate_limit: unlimited: takes no unit`},
+		{"algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n", `descriptor "a": rate_limit: algorithm: unknown algorithm "magic"`},
+		{"too fast", "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", `descriptor "a": rate_limits[1]: requests_per_unit: 2000000 per 1s is over`},
+		{"replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: lim, replaces: [{name: lim}], unit: second, requests_per_unit: 1}\n", `descriptor "a": rate_limit: replaces: names its own limit "lim"`},
+		{"negative", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n", `domain "d": cannot unmarshal number -1`},
+		{"not yaml", "domain: [\n", `rls config f.yaml: `},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig(File{Name: "f.yaml", Data: []byte(tt.yaml)})
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ParseConfig = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	_, err := ParseConfig(File{Name: "a.yaml", Data: []byte("domain: d\n")}, File{Name: "b.yaml", Data: []byte("domain: d\n")})
+	if err == nil || err.Error() != `rls config b.yaml: domain "d": duplicate domain (also in a.yaml)` {
+		t.Fatalf("duplicate domain: %v", err)
+	}
+}
+
+// A reload that fails keeps the config in force; fixing the file puts
+// the new one in force; an unchanged file is not parsed again.
+func TestBadReloadKeepsTheOldConfig(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	path := e.srv.opts.ConfigPath
+	e.run(t, []step{{"api", 0, desc("tenant", "r"), ok, 2, 3, false}})
+	writeFile(t, path, strings.Replace(basicConfig, "unit: minute", "unit: minuet", 1))
+	err := e.srv.Reload()
+	if err == nil || !strings.Contains(err.Error(), path+`: domain "api": descriptor "tenant": rate_limit: unit: invalid unit "minuet"`) {
+		t.Fatalf("bad reload: %v", err)
+	}
+	if again := e.srv.Reload(); again == nil || again.Error() != err.Error() {
+		t.Fatalf("the same bad file again: %v", again)
+	}
+	e.run(t, []step{{"api", 0, desc("tenant", "r"), ok, 1, 3, false}}) // the old config, its counters
+	if got := testutilValue(e, "error"); got != 1 {
+		t.Fatalf("refused loads counted %v, want 1 (the same bad file is counted once)", got)
+	}
+	writeFile(t, path, strings.Replace(basicConfig, "requests_per_unit: 3", "requests_per_unit: 5", 1))
+	if err := e.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	e.run(t, []step{{"api", 0, desc("tenant", "r"), ok, 2, 5, false}}) // new limit, same counter
+	if err := e.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutilValue(e, "ok"); got != 2 {
+		t.Fatalf("loads counted %v, want 2 (an unchanged file is not reloaded)", got)
+	}
+}
