@@ -390,11 +390,13 @@ func (n *Node) MarkDown(ctx context.Context) error {
 	// Wait until this member's own ring shows it owning nothing, so that
 	// the hand-offs it implies have started (WaitHandoffs).
 	for {
-		v := n.cell.Load()
-		if v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 {
+		ch := n.cell.Changed()
+		if v := n.cell.Load(); v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 {
 			return nil
 		}
-		if v = n.cell.Await(ctx, v.Epoch()+1, 0, time.Second); ctx.Err() != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
