@@ -94,6 +94,9 @@ type View struct {
 	Seed              string   `json:"seed"`    // 16 hex digits: JSON numbers lose uint64 precision
 	Members           []Member `json:"members"` // the active members: they own the partitions
 	Rules             []Rule   `json:"rules"`   // as GET /v1/rules
+	// RulesVersion is the Raft index of the rules write in force; routers
+	// send it with their checks so an owner that is behind waits for it.
+	RulesVersion uint64 `json:"rules_version"`
 }
 
 // JoinRequest is the body of POST /v1/cluster/join.

@@ -516,7 +516,7 @@ func (n *Node) RouterView(context.Context) (api.View, error) {
 	v := snap.v
 	cfg := snap.st.Config
 	out := api.View{Epoch: v.Ring.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
-		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}}
+		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}, RulesVersion: v.RulesVersion}
 	counts := v.Ring.Counts()
 	for _, m := range snap.st.Active() {
 		out.Members = append(out.Members, apiMember(m, counts))

@@ -341,10 +341,12 @@ func (n *Node) refresh() {
 		o.Cell().Store(next)
 	}
 	n.snap.Store(&snapshot{v: next, st: st})
-	n.cell.Store(next)
+	// The router first: a write waits on n.cell (read your writes), so
+	// once it sees the view every front door of this node uses it.
 	if n.cfg.OnView != nil {
 		n.cfg.OnView(next)
 	}
+	n.cell.Store(next)
 	_, member := st.Member(n.cfg.ID)
 	if old != nil && !member {
 		if _, was := old.st.Member(n.cfg.ID); was && n.removed.CompareAndSwap(false, true) {

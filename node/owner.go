@@ -157,10 +157,12 @@ const (
 // bounded by ctx and stateWait.
 func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	v := o.cell.Load()
-	if v == nil || req.Epoch > v.Epoch() {
+	if v == nil || req.Epoch > v.Epoch() || req.RulesVersion > v.RulesVersion {
 		// A new member is sent checks as soon as the ring names it,
-		// possibly before the log has reached it.
-		v = o.cell.Await(ctx, req.Epoch, 0, epochWait)
+		// possibly before the log has reached it; a sender that decided
+		// under newer rules (a write it acknowledged) must not be
+		// answered under older ones.
+		v = o.cell.Await(ctx, req.Epoch, req.RulesVersion, epochWait)
 	}
 	if v == nil {
 		for i := range resp.Results {

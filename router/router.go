@@ -282,13 +282,13 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	for _, g := range groups {
 		b := r.batcherFor(g.addr)
 		t := ticket{idx: g.idx}
-		t.b, t.off = b.add(ctx, v.Ring.Epoch(), s.checks, g.idx)
+		t.b, t.off = b.add(ctx, v.Ring.Epoch(), v.RulesVersion, s.checks, g.idx)
 		s.waits = append(s.waits, t)
 		r.m.forwarded.Add(float64(len(g.idx)))
 	}
 	localIdx := s.localIdx
 	if len(localIdx) > 0 {
-		s.local.Epoch = v.Ring.Epoch()
+		s.local.Epoch, s.local.RulesVersion = v.Ring.Epoch(), v.RulesVersion
 		s.resp.Results = resize(s.resp.Results, len(s.local.Checks))
 		r.local.HandleBatch(ctx, &s.local, &s.resp)
 		maxEpoch = max(maxEpoch, s.resp.Epoch)
@@ -402,7 +402,7 @@ type batch struct {
 
 // add appends the checks at idx to the owner's current batch and returns
 // the batch and the offset of the first one in it.
-func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Check, idx []int) (*batch, int) {
+func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []transport.Check, idx []int) (*batch, int) {
 	deadline := time.Now().Add(b.r.cfg.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -420,7 +420,7 @@ func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Chec
 		// Nothing in flight to this owner: lingering would only add
 		// latency. Send at once; checks arriving meanwhile batch up.
 		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
-		bt.req.Epoch = epoch
+		bt.req.Epoch, bt.req.RulesVersion = epoch, rulesVersion
 		for _, i := range idx {
 			bt.req.Checks = append(bt.req.Checks, checks[i])
 		}
@@ -431,7 +431,7 @@ func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Chec
 	}
 	if b.cur == nil {
 		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
-		bt.req.Epoch = epoch
+		bt.req.Epoch, bt.req.RulesVersion = epoch, rulesVersion
 		bt.timer = time.AfterFunc(b.r.cfg.Linger, func() { b.flush(bt) })
 		b.cur = bt
 	}
@@ -444,6 +444,7 @@ func (b *batcher) add(ctx context.Context, epoch uint64, checks []transport.Chec
 		bt.deadline = deadline
 	}
 	bt.req.Epoch = max(bt.req.Epoch, epoch)
+	bt.req.RulesVersion = max(bt.req.RulesVersion, rulesVersion)
 	if len(bt.req.Checks) >= b.r.cfg.MaxBatch {
 		b.cur = nil
 		if bt.timer.Stop() {

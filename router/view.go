@@ -38,5 +38,5 @@ func ViewFromAPI(v api.View) (*View, error) {
 	if err := rules.Validate(written); err != nil {
 		return nil, fmt.Errorf("router: view rules: %w", err)
 	}
-	return view.New(r, seed, rules.Effective(written), 0), nil
+	return view.New(r, seed, rules.Effective(written), v.RulesVersion), nil
 }

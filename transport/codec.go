@@ -63,6 +63,18 @@ const ProtocolVersion uint8 = 1
 // table carries inline rules. It is accepted for that frame type only.
 const InlineVersion uint8 = 2
 
+// Versions 3 and 4 are versions 1 and 2 of a FrameBatchRequest that
+// carries the sender's rules version (BatchRequest.RulesVersion, not 0):
+// one more uvarint right after the epoch. Accepted for that frame type only.
+const (
+	RulesVersionVersion       uint8 = 3
+	InlineRulesVersionVersion uint8 = 4
+)
+
+// inlineNames reports whether a request frame of version v has an inline
+// name table.
+func inlineNames(v uint8) bool { return v == InlineVersion || v == InlineRulesVersionVersion }
+
 // HeaderSize is the size of the fixed frame header, length prefix included.
 const HeaderSize = 14
 
@@ -203,7 +215,7 @@ func (l Limits) ParseHeader(frame []byte) (Header, error) {
 		return Header{}, &FrameTooLargeError{Size: size, Limit: l.maxFrame()}
 	}
 	h := Header{Version: frame[4], Type: FrameType(frame[5]), ID: binary.LittleEndian.Uint64(frame[6:])}
-	if h.Version != ProtocolVersion && (h.Version != InlineVersion || h.Type != FrameBatchRequest) {
+	if h.Version != ProtocolVersion && (h.Version < InlineVersion || h.Version > InlineRulesVersionVersion || h.Type != FrameBatchRequest) {
 		return h, &UnsupportedVersionError{Version: h.Version}
 	}
 	if !h.Type.known() {
@@ -253,6 +265,10 @@ func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *Batc
 	}
 	dst = binary.AppendUvarint(dst, uint64(deadline))
 	dst = binary.AppendUvarint(dst, req.Epoch)
+	if req.RulesVersion != 0 {
+		dst[start+4] = RulesVersionVersion
+		dst = binary.AppendUvarint(dst, req.RulesVersion)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(req.Checks)))
 	offAt := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
@@ -295,6 +311,10 @@ func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req
 	}
 	dst = binary.AppendUvarint(dst, uint64(deadline))
 	dst = binary.AppendUvarint(dst, req.Epoch)
+	if req.RulesVersion != 0 {
+		dst[start+4] = InlineRulesVersionVersion
+		dst = binary.AppendUvarint(dst, req.RulesVersion)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(req.Checks)))
 	offAt := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
@@ -403,6 +423,10 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	r := reader{b: frame, pos: HeaderSize}
 	dl := r.uvarint()
 	epoch := r.uvarint()
+	var rulesVersion uint64
+	if h.Version >= RulesVersionVersion {
+		rulesVersion = r.uvarint()
+	}
 	n := r.uvarint()
 	if r.err != nil {
 		return h.ID, 0, r.err
@@ -424,7 +448,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	if n > uint64(off-r.pos)/minCheckSize { // no allocation before this check
 		return h.ID, 0, malformed(fmt.Sprintf("%d checks cannot fit in %d bytes", n, off-r.pos))
 	}
-	nn, err := req.decodeNames(frame, off, n, h.Version == InlineVersion)
+	nn, err := req.decodeNames(frame, off, n, inlineNames(h.Version))
 	if err != nil {
 		return h.ID, 0, err
 	}
@@ -436,7 +460,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	checks = checks[:n]
 	names := req.names[:nn]
 	var inlines []InlineRule // nil in version-1 frames
-	if h.Version == InlineVersion {
+	if inlineNames(h.Version) {
 		inlines = req.inlines[:nn]
 	}
 	// The hot loop: position in a local, one-byte varints inline.
@@ -474,7 +498,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	if pos != off {
 		return h.ID, 0, malformed("bytes between checks and name table")
 	}
-	req.Epoch = epoch
+	req.Epoch, req.RulesVersion = epoch, rulesVersion
 	req.Checks = checks
 	return h.ID, time.Duration(dl), nil
 }

@@ -89,6 +89,33 @@ func sameResults(a, b []Result) bool {
 
 // The decoder is reused across iterations, as a server worker reuses it, so
 // that capacity reuse and name interning across frames are exercised too.
+// A request with a rules version travels as version 3 (4 with inline
+// rules) and decodes to the same version; without one it stays version 1.
+func TestRequestRulesVersion(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		req := &BatchRequest{Epoch: 7, RulesVersion: 42, Checks: []Check{{Rule: "r", KeyHash: 1, Partition: 2, Cost: 3}}}
+		want := uint8(RulesVersionVersion)
+		if inline {
+			req.Checks[0].Inline = InlineRule{Algorithm: 1, Limit: 5, Period: time.Second, Burst: 5}
+			want = InlineRulesVersionVersion
+		}
+		frame := AppendBatchRequest(nil, 1, 0, req)
+		if frame[4] != want {
+			t.Fatalf("inline=%v: version %d, want %d", inline, frame[4], want)
+		}
+		var got BatchRequest
+		if _, _, err := DecodeBatchRequest(frame, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Epoch != 7 || got.RulesVersion != 42 || len(got.Checks) != 1 || got.Checks[0] != req.Checks[0] {
+			t.Fatalf("inline=%v: decoded %+v, want %+v", inline, got, req)
+		}
+	}
+	if v := AppendBatchRequest(nil, 1, 0, &BatchRequest{Epoch: 7, Checks: []Check{{Rule: "r"}}})[4]; v != ProtocolVersion {
+		t.Fatalf("no rules version: frame version %d, want %d", v, ProtocolVersion)
+	}
+}
+
 func TestRequestRoundTrip(t *testing.T) {
 	var got BatchRequest
 	rapid.Check(t, func(t *rapid.T) {
@@ -275,7 +302,7 @@ func TestDecodeMalformed(t *testing.T) {
 		{name: "short header", frame: valid[:HeaderSize-1]},
 		{name: "length prefix lies", frame: lengthLies},
 		{name: "trailing byte", frame: trailing},
-		{name: "bad version", frame: frameWith(3, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
+		{name: "bad version", frame: frameWith(9, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
 		{name: "version 0", frame: frameWith(0, FrameBatchRequest, valid[HeaderSize:]), as: new(*UnsupportedVersionError)},
 		{name: "unknown type", frame: frameWith(ProtocolVersion, 77, valid[HeaderSize:]), as: new(*UnknownFrameTypeError)},
 		{name: "response as request", frame: validResp, as: new(*UnknownFrameTypeError)},

@@ -74,8 +74,11 @@ type Result struct {
 // reuses the capacity of Checks and keeps the rule names of the previous
 // frame to avoid allocating them again. Its zero value is an empty batch.
 type BatchRequest struct {
-	Epoch  uint64 // the sender's ring epoch
-	Checks []Check
+	Epoch uint64 // the sender's ring epoch
+	// RulesVersion is the version (Raft index) of the rule set the sender
+	// decided with; 0 = unknown. An owner that is behind waits for it.
+	RulesVersion uint64
+	Checks       []Check
 
 	// names is the decoder's intern table: the rule names of the last
 	// decoded frame, reused when the next frame repeats them; inlines

@@ -386,7 +386,7 @@ func TestProtocolViolationClosesConnection(t *testing.T) {
 		mangle func([]byte)
 		want   any
 	}{
-		{"version", func(f []byte) { f[4] = 3 }, new(*UnsupportedVersionError)},
+		{"version", func(f []byte) { f[4] = 9 }, new(*UnsupportedVersionError)},
 		{"type", func(f []byte) { f[5] = 200 }, new(*UnknownFrameTypeError)},
 		{"response to server", func(f []byte) { f[5] = byte(FrameBatchResponse) }, new(*UnknownFrameTypeError)},
 	} {

@@ -1,6 +1,8 @@
 package clustertest
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
 )
 
 var logRule = limiter.Rule{Name: "log", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour, FailureMode: limiter.FailClosed}
@@ -251,6 +254,55 @@ func TestRestartAtNewAddresses(t *testing.T) {
 		}
 		if a, _ := spend(c, "n1", key, 10); a != 6 {
 			t.Fatalf("after the move: %d admitted, want the 6 left of 10", a)
+		}
+	})
+}
+
+// Rules rewritten every 50ms under load: once a node has acknowledged a
+// write, every check sent to it is decided under that set or a newer one
+// — whichever member owns the key — and never meets "unknown rule".
+func TestRulesChurnIsInForceWhereAcknowledged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		keys := []string{c.KeyOwnedBy("n1", 0), c.KeyOwnedBy("n2", 0), c.KeyOwnedBy("n3", 0)}
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		defer func() { close(stop); <-done }()
+		go func() { // background load through every member
+			defer close(done)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.Check(fmt.Sprintf("n%d", i%3+1), "default", keys[i%3], 1)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+		for k := int64(1); k <= 40; k++ {
+			via := fmt.Sprintf("n%d", k%3+1)
+			rs := []limiter.Rule{
+				{Name: "churn", Algorithm: limiter.FixedWindow, Limit: 1000 + k, Period: time.Hour},
+				{Name: fmt.Sprintf("new-%d", k), Algorithm: limiter.TokenBucket, Limit: k, Period: time.Second},
+			}
+			if _, err := c.Member(via).Node().PutRules(context.Background(), rs); err != nil {
+				t.Fatalf("write %d via %s: %v", k, via, err)
+			}
+			for _, key := range keys {
+				out := make([]router.Result, 2)
+				err := c.Member(via).Router().Check(context.Background(), []router.Request{
+					{Rule: "churn", Key: key, Cost: 1}, {Rule: fmt.Sprintf("new-%d", k), Key: key, Cost: 1},
+				}, out)
+				if err != nil {
+					t.Fatalf("write %d acknowledged by %s, then: %v", k, via, err)
+				}
+				if out[0].Limit != 1000+k || out[0].Degraded || out[1].Limit != k || out[1].Degraded {
+					t.Fatalf("write %d acknowledged by %s: decided with limits %d and %d (degraded %v %v), want %d and %d",
+						k, via, out[0].Limit, out[1].Limit, out[0].Degraded, out[1].Degraded, 1000+k, k)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	})
 }

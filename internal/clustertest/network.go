@@ -91,7 +91,7 @@ func (e endpoint) Do(ctx context.Context, addr string, req *transport.BatchReque
 		return err
 	}
 	// What a real peer sees is a decoded copy, never the sender's memory.
-	in := &transport.BatchRequest{Epoch: req.Epoch, Checks: slices.Clone(req.Checks)}
+	in := &transport.BatchRequest{Epoch: req.Epoch, RulesVersion: req.RulesVersion, Checks: slices.Clone(req.Checks)}
 	out := &transport.BatchResponse{Results: make([]transport.Result, len(in.Checks))}
 	for i := range out.Results {
 		out.Results[i] = transport.Result{Status: transport.StatusInternal}
