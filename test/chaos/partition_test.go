@@ -188,8 +188,25 @@ func TestNetworkPartition(t *testing.T) {
 	mustDocker(t, "network", "connect", "--ip", ips[victim.id], tag, vname)
 	c.waitSettled(c.members)
 	tSettled := l.since()
-	l.loadFor(tSettled + 2*time.Second)
+	// Run on until the majority has answered 2 s without a degraded
+	// check (bounded), to measure how long the healing costs.
+	lastDegraded := func() time.Duration {
+		var last time.Duration
+		for _, e := range l.snapshot() {
+			if e.ok && e.degraded {
+				last = max(last, e.sent)
+			}
+		}
+		return last
+	}
+	for l.since() < tSettled+2*time.Second || l.since()-lastDegraded() < 2*time.Second {
+		if l.since() > tSettled+30*time.Second {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	l.stop()
+	tClean := lastDegraded()
 	evs := l.snapshot()
 
 	rep.add("scenario 6: %s (follower) disconnected from the Docker network at t=%.2fs; out of the majority's ring at t=%.2fs (%.2fs after the cut, --dead-after %v); reconnected at t=%.2fs; one ring again at t=%.2fs",
@@ -225,8 +242,13 @@ func TestNetworkPartition(t *testing.T) {
 	maj := count(window(evs, tOut, tHeal))
 	rep.add("what the majority answered while it was cut off (after it moved on): %v", maj)
 	healed := count(window(evs, tSettled, time.Hour))
-	rep.add("checks to the majority once the ring is one again: %v", healed)
+	rep.add("checks to the majority once the ring is one again: %v; the last degraded one sent %.2fs after that", healed, (tClean - tSettled).Seconds())
 	rep.add("all checks to the majority: %v", count(evs))
+	uses := perKey(evs, keys)
+	bound := func(u *keyUse) float64 { return tokenBound(u, rate, burst) }
+	worst, over := worstOver(uses, bound)
+	rep.add("worst key %s/%s (owner %s before the cut): admitted %d by the limiter, burst+rate×elapsed %.1f, over-admission %.1f",
+		keys[worst.key].rule, keys[worst.key].key, v.owner(keys[worst.key].key), worst.admitted, bound(worst), over)
 	describeFailures(rep, l, evs)
 	epochs := map[uint64][]string{}
 	var ring string
@@ -251,10 +273,21 @@ func TestNetworkPartition(t *testing.T) {
 	if len(epochs) != 1 {
 		t.Errorf("after healing the members are on different epochs: %v", epochs)
 	}
+	// Targets missed because of known product bugs: reported, and
+	// skipped (not failed) until the lead fixes them.
+	var bugs []string
 	if tOut-tCut > dead+2*time.Second {
-		t.Skipf("BUG (failure detection of an unreachable member): %s left the majority's ring %.2fs after the cut, want ≤ --dead-after + 2s = %v; "+
+		bugs = append(bugs, fmt.Sprintf("BUG (failure detection of an unreachable member): %s left the majority's ring %.2fs after the cut, want ≤ --dead-after + 2s = %v; "+
 			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/handoff.go)",
-			victim.id, (tOut - tCut).Seconds(), dead+2*time.Second)
+			victim.id, (tOut-tCut).Seconds(), dead+2*time.Second))
+	}
+	if healed.degraded > 0 {
+		bugs = append(bugs, fmt.Sprintf("BUG (hand-back after a partition heals): with one ring again, the majority still answered %d of %d checks degraded, the last %.2fs after; "+
+			"the healed member logs \"hand-off did not arrive in time; serving the backup copies\" and forwards to it time out (design: until a hand-off completes the old owner serves)",
+			healed.degraded, healed.checks, (tClean-tSettled).Seconds()))
+	}
+	if len(bugs) > 0 {
+		t.Skip(strings.Join(bugs, "\n"))
 	}
 }
 

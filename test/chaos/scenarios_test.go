@@ -264,6 +264,7 @@ func TestOwnerSleep(t *testing.T) {
 		victim.id, tStop.Seconds(), tOut.Seconds(), (tOut - tStop).Seconds(), dead, tWake.Seconds(), tBack.Seconds())
 	rep.add("all checks (load to all 3 members, the sleeper included): %v", count(evs))
 	rep.add("after the wake: %v", count(window(evs, tWake, time.Hour)))
+	rep.add("after the sleeper is active again: %v", count(window(evs, tBack, time.Hour)))
 	var fromSleeper []event
 	for _, e := range window(evs, tWake, time.Hour) {
 		if (*l.targets.Load())[e.target] == victim.http {
