@@ -112,37 +112,58 @@ func (l *load) worker(ctx context.Context, w int, mine []int32) {
 	}
 	body, _ := json.Marshal(req)
 	turn := w
+	// Open loop: a batch goes out every interval whatever the earlier
+	// ones are doing, so a hung member does not slow the offered load
+	// down (at most maxInflight batches per worker wait at once).
+	const maxInflight = 32
+	sem := make(chan struct{}, maxInflight)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // every slot waits on a hung member: skip this round
+		}
 		targets := *l.targets.Load()
 		ti := turn % len(targets)
 		turn++
-		sent := l.since()
-		res, err := l.send(ctx, targets[ti], body)
-		ok := err == nil
-		recv := l.since()
-		if ctx.Err() != nil && !ok {
-			return // cut short by stop: not an observation
-		}
-		evs := make([]event, len(mine))
-		for i, k := range mine {
-			evs[i] = event{sent: sent, recv: recv, key: k, target: int8(ti), ok: ok}
-			if ok {
-				d := res.Results[i]
-				evs[i].allowed, evs[i].degraded, evs[i].remaining = d.Allowed, d.Degraded, d.Remaining
-			}
-		}
-		l.mu.Lock()
-		l.events = append(l.events, evs...)
-		if err != nil && len(l.failures) < 20 {
-			l.failures = append(l.failures, fmt.Sprintf("t=%.2fs %s: %v (after %v)", sent.Seconds(), targets[ti], err, (recv-sent).Round(time.Millisecond)))
-		}
-		l.mu.Unlock()
+		inflight.Add(1)
+		go func() {
+			defer func() { <-sem; inflight.Done() }()
+			l.once(ctx, targets[ti], ti, mine, body)
+		}()
 	}
+}
+
+// once sends one batch and records what came back.
+func (l *load) once(ctx context.Context, addr string, ti int, mine []int32, body []byte) {
+	sent := l.since()
+	res, err := l.send(ctx, addr, body)
+	ok := err == nil
+	recv := l.since()
+	if ctx.Err() != nil && !ok {
+		return // cut short by stop: not an observation
+	}
+	evs := make([]event, len(mine))
+	for i, k := range mine {
+		evs[i] = event{sent: sent, recv: recv, key: k, target: int8(ti), ok: ok}
+		if ok {
+			d := res.Results[i]
+			evs[i].allowed, evs[i].degraded, evs[i].remaining = d.Allowed, d.Degraded, d.Remaining
+		}
+	}
+	l.mu.Lock()
+	l.events = append(l.events, evs...)
+	if err != nil && len(l.failures) < 20 {
+		l.failures = append(l.failures, fmt.Sprintf("t=%.2fs %s: %v (after %v)", sent.Seconds(), addr, err, (recv-sent).Round(time.Millisecond)))
+	}
+	l.mu.Unlock()
 }
 
 func (l *load) send(ctx context.Context, addr string, body []byte) (api.BatchResponse, error) {
