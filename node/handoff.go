@@ -252,92 +252,135 @@ func (n *Node) backupLoop() {
 	}
 }
 
-// leaseLoop keeps the owner's lease: a follower holds it while it hears
-// from the leader, the leader while a quorum confirms it. A member cut
-// off from the quorum therefore stops answering within the lease, before
-// the others mark it dead (DeadAfter) and take its partitions.
-func (n *Node) leaseLoop() {
-	lease := n.cfg.DeadAfter / 2
-	tick := time.NewTicker(max(n.cfg.RaftTimeout/10, 10*time.Millisecond))
-	defer tick.Stop()
-	for {
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-tick.C:
-		}
-		o := n.owner.Load()
-		if o == nil {
+// leaderLease renews the leader's own lease while a quorum of voters
+// (itself included) answered its pings within the lease, and its ring
+// has caught up with its log.
+func (n *Node) leaderLease(st *fsm.State, answered map[string]time.Time, now time.Time, lease time.Duration) {
+	o := n.owner.Load()
+	if o == nil || !n.viewCurrent() {
+		return
+	}
+	voters, fresh := 0, 1 // we count ourselves
+	oldest := now
+	for _, m := range st.Members {
+		if !m.Voter {
 			continue
 		}
-		r := n.raft.raft
-		switch r.State() {
-		case raft.Leader:
-			start := time.Now()
-			if r.VerifyLeader().Error() == nil {
-				o.SetLease(lease - time.Since(start))
-			}
-		case raft.Follower:
-			if since := time.Since(r.LastContact()); since < lease {
-				o.SetLease(lease - since)
+		voters++
+		if m.ID == n.cfg.ID {
+			continue
+		}
+		if at, ok := answered[m.ID]; ok && now.Sub(at) < lease {
+			fresh++
+			if at.Before(oldest) {
+				oldest = at
 			}
 		}
 	}
+	if voters == 0 {
+		voters = 1
+	}
+	if 2*fresh > voters {
+		o.SetLease(lease - now.Sub(oldest))
+	}
 }
 
-// detectLoop is the failure detector: while this member leads, a member
-// whose heartbeats have failed for DeadAfter is marked dead through the
-// log, so every node moves its partitions at one epoch.
+// viewCurrent reports whether the published view is the FSM's latest
+// membership (the ring has caught up with the log).
+func (n *Node) viewCurrent() bool {
+	s := n.snap.Load()
+	return s != nil && s.v.Epoch() >= n.fsm.State().MembershipIndex
+}
+
+// detectLoop is the failure detector and the source of leases. While
+// this member leads it pings every other active member over the data
+// plane every DeadAfter/10 (at most 250ms), carrying the leader's ring
+// epoch: a member whose own ring has reached that epoch renews its lease
+// (it may answer for what it owns, for DeadAfter/2); a member that has
+// not answered for DeadAfter is marked dead through the log, so every
+// node moves its partitions at one epoch. The leader renews its own lease
+// while a quorum of voters answers. Raft's own heartbeat failures are
+// reported only after its transport's I/O timeout (10s), far too late for
+// DeadAfter, hence the pings.
 func (n *Node) detectLoop() {
-	obsCh := make(chan raft.Observation, 64)
-	obs := raft.NewObserver(obsCh, false, func(o *raft.Observation) bool {
-		switch o.Data.(type) {
-		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
-			return true
-		}
-		return false
-	})
-	n.raft.raft.RegisterObserver(obs)
-	defer n.raft.raft.DeregisterObserver(obs)
-	failing := map[string]time.Time{} // member → last contact, while its heartbeats fail
-	tick := time.NewTicker(max(n.cfg.DeadAfter/10, 10*time.Millisecond))
+	every := max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
+	timeout := max(n.cfg.DeadAfter/4, 20*time.Millisecond)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
+	lastSeen := map[string]time.Time{} // member → last answered ping, or when we first saw it, while we lead
+	answered := map[string]time.Time{} // member → last answered ping only
+	lease := n.cfg.DeadAfter / 2
+	leading := false
+	type pong struct {
+		id string
+		at time.Time
+	}
+	pongs := make(chan pong, 64)
+	inflight := map[string]bool{}
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
-		case o := <-obsCh:
-			switch d := o.Data.(type) {
-			case raft.FailedHeartbeatObservation:
-				if _, ok := failing[string(d.PeerID)]; !ok {
-					at := d.LastContact
-					if at.IsZero() {
-						at = time.Now()
-					}
-					failing[string(d.PeerID)] = at
-				}
-			case raft.ResumedHeartbeatObservation:
-				delete(failing, string(d.PeerID))
-			case raft.LeaderObservation:
-				clear(failing) // a new term: contact is measured afresh
+		case p := <-pongs:
+			delete(inflight, p.id)
+			if !p.at.IsZero() {
+				lastSeen[p.id], answered[p.id] = p.at, p.at
 			}
+			continue
 		case <-tick.C:
-			if !n.isLeader() {
+		}
+		if !n.isLeader() {
+			leading = false
+			continue
+		}
+		now := time.Now()
+		if !leading {
+			clear(lastSeen) // contact is measured afresh from our leadership
+			clear(answered)
+			leading = true
+		}
+		snap := n.snap.Load()
+		if snap == nil {
+			continue
+		}
+		epoch := snap.v.Epoch()
+		n.leaderLease(snap.st, answered, now, lease)
+		for _, m := range snap.st.Members {
+			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
 				continue
 			}
-			st := n.fsm.State()
-			for id, since := range failing {
-				m, ok := st.Member(id)
-				if !ok || m.State == fsm.Dead || m.State == fsm.Down || time.Since(since) < n.cfg.DeadAfter {
-					continue
-				}
-				if err := n.markDead(id); err != nil {
-					n.log.Warn("marking a member dead", "id", id, "err", err)
+			if _, ok := lastSeen[m.ID]; !ok {
+				lastSeen[m.ID] = now
+			}
+			if since := now.Sub(lastSeen[m.ID]); since >= n.cfg.DeadAfter {
+				if err := n.markDead(m.ID); err != nil {
+					n.log.Warn("marking a member dead", "id", m.ID, "err", err)
 					continue
 				}
 				n.m.markedDead.Inc()
-				n.log.Warn("member marked dead", "id", id, "silent_for", time.Since(since).Round(time.Millisecond).String())
+				n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())
+				delete(lastSeen, m.ID)
+				continue
 			}
+			if inflight[m.ID] {
+				continue
+			}
+			inflight[m.ID] = true
+			id, addr := m.ID, m.Peer
+			go func() {
+				ctx, cancel := context.WithTimeout(n.ctx, timeout)
+				defer cancel()
+				var ack transport.PushAck
+				err := n.cfg.DataPlane.Push(ctx, addr, &transport.Push{Kind: transport.PushPing, Epoch: epoch, From: n.cfg.ID}, &ack)
+				p := pong{id: id}
+				if err == nil {
+					p.at = time.Now()
+				}
+				select {
+				case pongs <- p:
+				case <-n.ctx.Done():
+				}
+			}()
 		}
 	}
 }

@@ -37,7 +37,13 @@ type Moves struct {
 // running) rather than having vanished (dead). restarted says this process
 // started over a data dir that held state, so in its first ring it holds
 // nothing of what it owned before.
-func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted bool) Moves {
+//
+// rejoined says self's own membership changed between prev and next (it
+// was marked down or dead and came back, and this process saw only the
+// two ends): what it kept owning may have been served by others in
+// between, so it awaits those partitions again instead of trusting its
+// own, possibly stale, state.
+func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted, rejoined bool) Moves {
 	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}}
 	for _, p := range next.PartitionsOf(self) {
 		var from string
@@ -59,6 +65,8 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 			// Our first ring already names us (we joined, and the log
 			// reached us with our own join in it): the partitions came
 			// from members that are handing them to us.
+			m.Gained[p] = GainAwait
+		case from == self && rejoined:
 			m.Gained[p] = GainAwait
 		case from == self:
 			// kept
@@ -196,6 +204,18 @@ func (o *Owner) AwaitingParts() []uint32 {
 // handler).
 func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {
 	v := o.cell.Load()
+	if push.Kind == transport.PushPing {
+		// The leader vouches for its ring: if ours has reached it, we
+		// may go on answering for what we own. A member behind it (it
+		// slept, or was cut off) must not: its ring may be stale.
+		if v != nil {
+			ack.Epoch = v.Epoch()
+			if v.Epoch() >= push.Epoch {
+				o.SetLease(o.leaseFor)
+			}
+		}
+		return
+	}
 	if v == nil || push.Epoch > v.Epoch() {
 		v = o.cell.Await(ctx, push.Epoch, 0, epochWait)
 	}

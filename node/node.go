@@ -219,7 +219,6 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	n.goLoop(n.registerLoop)
 	n.goLoop(n.sweepLoop)
 	n.goLoop(n.backupLoop)
-	n.goLoop(n.leaseLoop)
 	n.goLoop(n.detectLoop)
 	return n, nil
 }
@@ -317,6 +316,7 @@ func (n *Node) refresh() {
 			n.log.Error("cannot build the bucket table", "err", err)
 			return
 		}
+		o.SetLeaseDuration(n.cfg.DeadAfter / 2)
 		n.owner.Store(o)
 	}
 	if prev == nil || prev.Ring != next.Ring {
@@ -326,7 +326,9 @@ func (n *Node) refresh() {
 		}
 		alive := func(id string) bool { m, ok := st.Member(id); return !ok || m.State != fsm.Dead }
 		restarted := n.raft.hasState && prev == nil && len(st.Active()) > 1
-		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted)
+		me, _ := st.Member(n.cfg.ID)
+		rejoined := prev != nil && me.Since > prev.Epoch()
+		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, rejoined)
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := o.Apply(next, moves)
 		n.h.send(next.Epoch(), out)

@@ -20,7 +20,7 @@ func testOwner(t *testing.T, epoch uint64, members ...string) (*Owner, *view.Vie
 		t.Fatal(err)
 	}
 	v := testView(t, epoch, members...)
-	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false))
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
 	o.ExpireAwaiting(o.AwaitingParts()) // serve from empty, as after a hand-off timeout
 	return o, v
 }
@@ -114,7 +114,7 @@ func TestHandleBatchWaitsForNewerEpoch(t *testing.T) {
 		done := make(chan *transport.BatchResponse)
 		go func() { done <- handle(o, 6, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }()
 		synctest.Wait() // blocked waiting for epoch 6
-		o.Apply(next, PlanMoves(old.Ring, next.Ring, "a", func(string) bool { return false }, false))
+		o.Apply(next, PlanMoves(old.Ring, next.Ring, "a", func(string) bool { return false }, false, false))
 		if r := <-done; r.Epoch != 6 || r.Results[0].Status != transport.StatusOK {
 			t.Fatalf("after the new view: epoch %d %v, want 6 OK", r.Epoch, r.Results[0].Status)
 		}
@@ -144,15 +144,15 @@ func TestHandoffMovesStateAndFences(t *testing.T) {
 		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
 		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
 		alive := func(string) bool { return true }
-		a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false))
-		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false))
+		a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false, false))
 		h, p := partOf(v2, "b") // a partition that moves a → b
 		c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
 		if r := handle(a, 1, c).Results[0]; !r.Allowed {
 			t.Fatalf("first check at a: %+v", r)
 		}
 		// b learns of the new ring first: it owns p but holds nothing yet.
-		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", alive, false))
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", alive, false, false))
 		if b.Awaiting() == 0 {
 			t.Fatal("b should await its hand-offs")
 		}
@@ -164,7 +164,7 @@ func TestHandoffMovesStateAndFences(t *testing.T) {
 			t.Fatalf("b answered %+v before holding the partition", r)
 		default:
 		}
-		out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false))
+		out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false, false))
 		if r := handle(a, 2, c).Results[0]; r.Status != transport.StatusNotOwner {
 			t.Fatalf("a after giving p up: %v, want NOT_OWNER", r.Status)
 		}
@@ -198,7 +198,7 @@ func TestPlanMoves(t *testing.T) {
 	alive := func(id string) bool { return id != "b" }
 	t.Run("first ring of a new cluster serves fresh", func(t *testing.T) {
 		r1 := testRing(t, 1, "a")
-		m := PlanMoves(nil, r1, "a", alive, false)
+		m := PlanMoves(nil, r1, "a", alive, false, false)
 		for _, g := range m.Gained {
 			if g != GainFresh {
 				t.Fatalf("gain %v, want fresh", g)
@@ -209,20 +209,20 @@ func TestPlanMoves(t *testing.T) {
 		}
 	})
 	t.Run("first ring naming a joiner among others awaits", func(t *testing.T) {
-		m := PlanMoves(nil, r1, "a", alive, false)
+		m := PlanMoves(nil, r1, "a", alive, false, false)
 		if m.Restart || len(m.awaiting()) != len(r1.PartitionsOf("a")) {
 			t.Fatalf("%+v", m)
 		}
 	})
 	t.Run("first ring after a restart awaits", func(t *testing.T) {
-		m := PlanMoves(nil, r1, "a", alive, true)
+		m := PlanMoves(nil, r1, "a", alive, true, false)
 		if !m.Restart || len(m.awaiting()) != len(r1.PartitionsOf("a")) {
 			t.Fatalf("%+v", m)
 		}
 	})
 	t.Run("join: the newcomer awaits from living owners, they lose", func(t *testing.T) {
-		mc := PlanMoves(r1, r2, "c", alive, false)
-		ma := PlanMoves(r1, r2, "a", alive, false)
+		mc := PlanMoves(r1, r2, "c", alive, false, false)
+		ma := PlanMoves(r1, r2, "a", alive, false, false)
 		for p, g := range mc.Gained {
 			from, _ := r1.Owner(p)
 			want := GainAwait
@@ -242,8 +242,14 @@ func TestPlanMoves(t *testing.T) {
 			t.Fatal("a lost nothing to the newcomer")
 		}
 	})
+	t.Run("a member that left and came back between two rings awaits what it kept", func(t *testing.T) {
+		m := PlanMoves(r1, r1, "a", alive, false, true)
+		if len(m.awaiting()) != len(r1.PartitionsOf("a")) || len(m.Lost) != 0 {
+			t.Fatalf("%d awaiting, %d lost; want all %d of a's partitions awaited", len(m.awaiting()), len(m.Lost), len(r1.PartitionsOf("a")))
+		}
+	})
 	t.Run("dead owner: survivors promote their backups", func(t *testing.T) {
-		m := PlanMoves(r2, r3, "c", alive, false)
+		m := PlanMoves(r2, r3, "c", alive, false, false)
 		for p, g := range m.Gained {
 			if from, _ := r2.Owner(p); from.ID == "b" && g != GainPromote {
 				t.Fatalf("partition %d of dead b: %v, want promote", p, g)

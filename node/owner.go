@@ -57,6 +57,9 @@ type Owner struct {
 	leaseUntil atomic.Int64
 	leaseOn    atomic.Bool
 	start      time.Time
+	// leaseFor is how long a leader's ping lets this member answer
+	// (DeadAfter/2); set before the owner serves.
+	leaseFor time.Duration
 
 	awaiting atomic.Int64 // partitions in partAwaiting
 }
@@ -111,6 +114,9 @@ func (o *Owner) broadcast() {
 	o.changed = make(chan struct{})
 	o.mu.Unlock()
 }
+
+// SetLeaseDuration sets how long a leader's ping vouches for this member.
+func (o *Owner) SetLeaseDuration(d time.Duration) { o.leaseFor = d }
 
 // EnableLease makes answers depend on the lease (see SetLease).
 func (o *Owner) EnableLease(on bool) { o.leaseOn.Store(on) }

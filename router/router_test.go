@@ -93,7 +93,7 @@ func newOwner(t *testing.T, id string, r *ring.Ring, rules map[string]*limiter.R
 	}
 	v := view.New(r, 7, ruleList(rules), 0)
 	// A new cluster: every partition it owns starts empty and servable.
-	o.Apply(v, node.PlanMoves(nil, r, id, nil, false))
+	o.Apply(v, node.PlanMoves(nil, r, id, nil, false, false))
 	o.ExpireAwaiting(o.AwaitingParts())
 	return &owner{Owner: o}
 }

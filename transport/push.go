@@ -39,6 +39,10 @@ type PushKind uint8
 const (
 	PushHandoff PushKind = 1 // old owner → new owner: the partitions it gives up
 	PushBackup  PushKind = 2 // owner → backup: the latest state of changed partitions
+	// PushPing (no parts) is the leader's liveness probe and lease grant:
+	// a member whose ring has reached the ping's epoch may answer for its
+	// partitions for a while longer.
+	PushPing PushKind = 3
 )
 
 // PushPart is one partition in a Push. Data is a limiter partition export
@@ -130,7 +134,7 @@ func (l Limits) DecodePush(frame []byte, p *Push) (id uint64, err error) {
 	if r.err != nil {
 		return h.ID, r.err
 	}
-	if kind != PushHandoff && kind != PushBackup {
+	if kind != PushHandoff && kind != PushBackup && kind != PushPing {
 		return h.ID, malformed(fmt.Sprintf("unknown push kind %d", kind))
 	}
 	if len(from) > 1024 {

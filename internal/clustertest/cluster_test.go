@@ -229,6 +229,12 @@ func TestCutOffMemberNeverAnswersStale(t *testing.T) {
 // registration (Raft address included) and becomes active there, with
 // its keys' state.
 func TestRestartAtNewAddresses(t *testing.T) {
+	if raceDetector {
+		// hashicorp/raft v1.7.3 races on a peer whose address changes
+		// (startStopReplication writes it while pipelineSend logs it):
+		// hashicorp/raft#681, fix pending in #682. Run without -race.
+		t.Skip("known data race inside hashicorp/raft on a peer address change (hashicorp/raft#681)")
+	}
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 3, Options{})
 		c.PutRules("n1", logRule)
