@@ -129,6 +129,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		return nil, err
 	}
 	ls.Raft, ls.Peer = raftLn, peerLn
+	registerListenerMetrics(s.Registry, map[string]*transport.Listener{"raft": raftLn, "peer": peerLn})
 	ccfg := transport.DefaultClientConfig()
 	ccfg.Dial = cfg.Auth.Dial
 	s.pool = transport.NewPool(ccfg)
@@ -339,4 +340,28 @@ func (p prober) Reach(ctx context.Context, addr string) error {
 
 func (p prober) Ready(ctx context.Context, httpAddr string) error {
 	return p.fwd.client(httpAddr).Ready(ctx)
+}
+
+const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached) or auth (failed or timed out authenticating)."
+
+// registerListenerMetrics exports what the guarded listeners let in and
+// turned away.
+func registerListenerMetrics(reg *prometheus.Registry, ls map[string]*transport.Listener) {
+	for name, l := range ls {
+		labels := prometheus.Labels{"listener": name}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_listener_connections", ConstLabels: labels,
+				Help: "Inter-node connections open (authenticating or authenticated)."},
+				func() float64 { return float64(l.Stats().Open) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_accepted_total", ConstLabels: labels,
+				Help: "Inter-node connections that authenticated (or, without authentication, sent a first byte)."},
+				func() float64 { return float64(l.Stats().Accepted) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "cap"},
+				Help: refusedHelp},
+				func() float64 { return float64(l.Stats().OverCap) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "auth"},
+				Help: refusedHelp},
+				func() float64 { return float64(l.Stats().AuthFailed) }),
+		)
+	}
 }
