@@ -59,7 +59,9 @@ func TestCheckRaftDB(t *testing.T) {
 		}, "truncated"},
 		{"truncated inside the first meta page", func(t *testing.T, p string) { must(t, os.Truncate(p, 100)) }, "truncated"},
 		{"truncated to 40 bytes", func(t *testing.T, p string) { must(t, os.Truncate(p, 40)) }, "not a valid bolt database"},
-		{"garbage", func(t *testing.T, p string) { must(t, os.WriteFile(p, []byte(strings.Repeat("garbage!", 4096)), 0o600)) }, "not a valid bolt database"},
+		{"garbage", func(t *testing.T, p string) {
+			must(t, os.WriteFile(p, []byte(strings.Repeat("garbage!", 4096)), 0o600))
+		}, "not a valid bolt database"},
 		{"both meta pages corrupt", func(t *testing.T, p string) {
 			overwrite(t, p, boltPageHeader+20, []byte{1, 2, 3, 4})
 			overwrite(t, p, pageSize+boltPageHeader+20, []byte{1, 2, 3, 4})
