@@ -114,8 +114,8 @@ func attack(t *testing.T, ss []*Server, strangerDial func(ctx context.Context, a
 		for _, hdrID := range []string{"evil", string(leaderID)} {
 			req := &raft.AppendEntriesRequest{
 				RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(hdrID), Addr: []byte(tr.LocalAddr())},
-				Term:      term + 1000, Leader: []byte(tr.LocalAddr()),
-				Entries: []*raft.Log{{Index: 1 << 40, Term: term + 1000, Type: raft.LogCommand, Data: []byte("x")}},
+				Term:      term + 1000,
+				Entries:   []*raft.Log{{Index: 1 << 40, Term: term + 1000, Type: raft.LogCommand, Data: []byte("x")}},
 			}
 			var resp raft.AppendEntriesResponse
 			err := tr.AppendEntries(raft.ServerID(s.Node.ID()), target, req, &resp)
