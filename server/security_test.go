@@ -102,8 +102,8 @@ func attack(t *testing.T, ss []*Server, strangerDial func(ctx context.Context, a
 	s := ss[0]
 	leaderID, _ := s.Node.Raft().LeaderWithID()
 	term := raftTerm(s)
-	target := raft.ServerAddress(s.Node.View().State.Members[0].Raft)
-	for _, m := range s.Node.View().State.Members {
+	var target raft.ServerAddress
+	for _, m := range s.Node.State().Members {
 		if m.ID == s.Node.ID() {
 			target = raft.ServerAddress(m.Raft)
 		}
@@ -141,7 +141,7 @@ func attack(t *testing.T, ss []*Server, strangerDial func(ctx context.Context, a
 		cfg.RedialBackoff = 0
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		for _, m := range v.State.Members {
+		for _, m := range s.Node.State().Members {
 			c, err := transport.Dial(ctx, m.Peer, cfg)
 			if err != nil {
 				continue // refused during the handshake
