@@ -155,11 +155,38 @@ func TestServeClusterSecret(t *testing.T) {
 	if get(stranger.http, "/readyz", nil) == 200 {
 		t.Fatal("the stranger is ready")
 	}
-	// Checks through either member reach the owner over the
-	// authenticated data plane.
+	// Checks through either member, and through a stateless router with
+	// the cluster's flags, reach the owner over the authenticated data
+	// plane; a router without them only gets degraded answers.
+	router := func(extra ...string) string {
+		addr := freePort(t)
+		cmd := exec.Command(bin, append([]string{"router", "--http", addr, "--cluster", n1.http, "--forward-timeout", "300ms"}, extra...)...)
+		log := &syncBuffer{}
+		cmd.Stderr = log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("router log:\n%s", lastLines(log.String(), 20))
+			}
+		})
+		waitFor(t, "router ready", func() bool { return get(addr, "/readyz", nil) == 200 })
+		return addr
+	}
+	good := router(tlsFlags("n2")...)
+	bad := router("--cluster-secret", other)
 	for i := range 20 {
-		if code, body := send(t, "POST", n2.http, "/v1/check", "application/json", fmt.Sprintf(`{"rule":"default","key":"k%d"}`, i)); code != 200 || bytes.Contains(body, []byte(`"degraded":true`)) {
-			t.Fatalf("check %d via n2: %d %s", i, code, body)
+		body := fmt.Sprintf(`{"rule":"default","key":"k%d"}`, i)
+		for _, via := range []string{n2.http, good} {
+			if code, resp := send(t, "POST", via, "/v1/check", "application/json", body); code != 200 || bytes.Contains(resp, []byte(`"degraded":true`)) {
+				t.Fatalf("check %d via %s: %d %s", i, via, code, resp)
+			}
+		}
+		if code, resp := send(t, "POST", bad, "/v1/check", "application/json", body); code != 200 || !bytes.Contains(resp, []byte(`"degraded":true`)) {
+			t.Fatalf("check %d via a router with another secret: %d %s; want a degraded answer", i, code, resp)
 		}
 	}
 }
