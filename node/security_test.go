@@ -116,7 +116,7 @@ func TestOpenRefusesEmptyRaftDB(t *testing.T) {
 	must(t, err)
 	defer ln.Close()
 	_, err = Open(Config{ID: "n1", HTTPAddr: "127.0.0.1:1", RaftAdvertise: ln.Addr().String(), PeerAddr: "127.0.0.1:2",
-		DataDir: dir, Forward: nopForwarder{}}, ln)
+		DataDir: dir, Forward: nopForwarder{}, DataPlane: nopDataPlane{}}, ln)
 	if !errors.Is(err, ErrDataDir) {
 		t.Fatalf("Open = %v, want ErrDataDir", err)
 	}
@@ -126,6 +126,8 @@ func TestOpenRefusesEmptyRaftDB(t *testing.T) {
 }
 
 type nopForwarder struct{ Forwarder }
+
+type nopDataPlane struct{ DataPlane }
 
 func TestAllowRPC(t *testing.T) {
 	cfg := raft.Configuration{Servers: []raft.Server{

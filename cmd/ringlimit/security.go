@@ -39,14 +39,20 @@ func addSecurityFlags(fs *flag.FlagSet) securityFlags {
 // --insecure says so.
 func (f securityFlags) auth(log *slog.Logger, listen ...string) (*transport.Auth, error) {
 	a := &transport.Auth{}
-	if *f.secret != "" {
-		s, err := transport.ReadSecretFile(*f.secret)
+	str := func(p *string) string { // flags not registered (tests) are empty
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	if secret := str(f.secret); secret != "" {
+		s, err := transport.ReadSecretFile(secret)
 		if err != nil {
 			return nil, fmt.Errorf("--cluster-secret: %w", err)
 		}
 		a.Secret = s
 	}
-	switch n := nonEmpty(*f.cert, *f.key, *f.ca); n {
+	switch n := nonEmpty(str(f.cert), str(f.key), str(f.ca)); n {
 	case 0:
 	case 3:
 		srv, cli, err := transport.LoadTLS(*f.cert, *f.key, *f.ca)
@@ -67,7 +73,7 @@ func (f securityFlags) auth(log *slog.Logger, listen ...string) (*transport.Auth
 		}
 	}
 	if len(exposed) > 0 {
-		if !*f.insecure {
+		if f.insecure == nil || !*f.insecure {
 			return nil, fmt.Errorf("--raft/--peer listen on %s, reachable from other hosts, but neither --cluster-secret nor --tls-cert/--tls-key/--tls-ca is set: anybody could join Raft and spend any key's budget; set one of them, or --insecure to accept that", strings.Join(exposed, ", "))
 		}
 		log.Warn("--insecure: Raft and the data plane accept unauthenticated connections from other hosts", "listen", exposed)
