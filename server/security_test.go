@@ -164,7 +164,13 @@ func attack(t *testing.T, ss []*Server, strangerDial func(ctx context.Context, a
 		st := startAuthMember(t, "stranger", t.TempDir(), "", strangerAuth)
 		eventually(t, "the stranger's own cluster", func() bool { return st.Node.Ready() == nil })
 		req := api.JoinRequest{ID: "stranger", HTTP: st.cfg.HTTPAdvertise, Raft: st.cfg.RaftAdvertise, Peer: st.cfg.PeerAdvertise}
-		err := s.Node.Join(context.Background(), req)
+		var err error
+		// Asked of any member (forwarded to the leader); retried only
+		// while the cluster has no leader (an election under load).
+		eventually(t, "an answer to the join", func() bool {
+			err = s.Node.Join(context.Background(), req)
+			return !errors.Is(err, api.ErrUnavailable)
+		})
 		if !errors.Is(err, api.ErrBadRequest) {
 			t.Fatalf("join of a stranger = %v, want a refusal (bad request)", err)
 		}
@@ -280,7 +286,11 @@ func TestJoinValidated(t *testing.T) {
 	waitSettled(t, []*Server{s, s2}, 2)
 	other := listen(t)
 	defer func() { other.HTTP.Close(); other.Raft.Close(); other.Peer.Close() }()
-	err := s.Node.Join(context.Background(), api.JoinRequest{ID: "n2", HTTP: other.HTTP.Addr().String(), Raft: other.Raft.Addr().String(), Peer: other.Peer.Addr().String()})
+	var err error
+	eventually(t, "an answer to the join", func() bool { // retried only while there is no leader
+		err = s.Node.Join(context.Background(), api.JoinRequest{ID: "n2", HTTP: other.HTTP.Addr().String(), Raft: other.Raft.Addr().String(), Peer: other.Peer.Addr().String()})
+		return !errors.Is(err, api.ErrUnavailable)
+	})
 	if !errors.Is(err, api.ErrConflict) {
 		t.Fatalf("duplicate live id: %v, want conflict", err)
 	}
