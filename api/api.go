@@ -132,6 +132,7 @@ const (
 	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
 	CodeMethod       = "method_not_allowed"
+	CodeConflict     = "conflict"
 )
 
 // Error is the body of every error answer. It is also what the client
@@ -175,4 +176,7 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrBadRequest: a request that can never succeed as written (400).
 	ErrBadRequest = errors.New("bad request")
+	// ErrConflict: a join for an id a live member holds at other
+	// addresses (409).
+	ErrConflict = errors.New("conflict")
 )

@@ -260,6 +260,9 @@ func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
 // join runs on the leader: Raft configuration first (so the new member
 // receives the log), then the ring membership.
 func (n *Node) join(req api.JoinRequest) error {
+	if err := n.checkJoin(n.ctx, req); err != nil {
+		return err
+	}
 	n.membership.lock()
 	defer n.membership.unlock()
 	cf := n.raft.raft.GetConfiguration()
@@ -284,7 +287,10 @@ func (n *Node) join(req api.JoinRequest) error {
 		// New, or back with another address (AddVoter/AddNonvoter update
 		// the address of a server already present).
 		var f raft.IndexFuture
-		if existing != nil && existing.Suffrage == raft.Voter || existing == nil && voters < MaxVoters {
+		// A new member starts as a non-voter and is promoted once it has
+		// caught up (promoteLater), so a member that dies while joining
+		// never costs the cluster its quorum.
+		if existing != nil && existing.Suffrage == raft.Voter || existing == nil && voters < MaxVoters && !n.promotesLater() {
 			suffrage = raft.Voter
 			f = n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
 		} else {
@@ -293,6 +299,9 @@ func (n *Node) join(req api.JoinRequest) error {
 		if err := f.Error(); err != nil {
 			return fmt.Errorf("%w: adding %s to raft: %w", api.ErrUnavailable, req.ID, err)
 		}
+	}
+	if suffrage == raft.Nonvoter && voters < MaxVoters && n.promotesLater() {
+		n.promoteLater(req)
 	}
 	if listedActive(n.fsm.State(), req) {
 		return nil
@@ -535,6 +544,8 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: removed from the cluster", api.ErrUnavailable)
 	case n.raft.raft.Leader() == "":
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
+	case !n.leaderInConfig():
+		return fmt.Errorf("%w: the raft leader is not a member of this node's configuration", api.ErrUnavailable)
 	case !n.caughtUp():
 		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.fsm.Applied(), n.startIndex)
 	case n.snap.Load() == nil:

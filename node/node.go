@@ -96,6 +96,24 @@ type Config struct {
 	// OnRemoved is called once when this member is removed from the
 	// cluster (ringlimit leave).
 	OnRemoved func()
+	// RaftDial opens (and authenticates) Raft connections to other
+	// members, and Probe checks a joining member's addresses; nil dials
+	// plain TCP (see transport.Auth.Dial). The Raft listener given to
+	// Open authenticates the other direction.
+	RaftDial func(ctx context.Context, addr string) (net.Conn, error)
+	// Prober reaches a joining member before it is added, and tells when
+	// it has caught up; nil reaches it with RaftDial and promotes at once.
+	Prober Prober
+}
+
+func (c *Config) raftDial() func(ctx context.Context, addr string) (net.Conn, error) {
+	if c.RaftDial != nil {
+		return c.RaftDial
+	}
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
 }
 
 // Validate checks the fields without changing them.
@@ -160,6 +178,9 @@ type Node struct {
 	// rulesFilePending: a rules file was given and its content is not in
 	// force on this node yet (not ready until it is).
 	rulesFilePending atomic.Bool
+
+	promotingMu sync.Mutex
+	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion
 }
 
 // Open starts a member on the given Raft listener: it recovers its state

@@ -1,11 +1,13 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,10 +22,13 @@ import (
 type streamLayer struct {
 	net.Listener
 	advertise net.Addr
+	dial      func(ctx context.Context, addr string) (net.Conn, error) // authenticates; see Config.RaftDial
 }
 
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", string(addr), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return s.dial(ctx, string(addr))
 }
 
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
@@ -63,6 +68,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		return nil, fmt.Errorf("node: raft config: %w", err)
 	}
 	parts := &raftParts{}
+	var started atomic.Pointer[raft.Raft] // for the Raft guard, once running
 	logs, stable, snaps, trans := cfg.LogStore, cfg.StableStore, cfg.SnapshotStore, cfg.RaftTransport
 	if trans == nil {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
@@ -71,6 +77,9 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
 		if err != nil {
 			return nil, fmt.Errorf("node: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+		if err := checkRaftDB(cfg.DataDir); err != nil {
+			return nil, err
 		}
 		store, err := raftboltdb.NewBoltStore(filepath.Join(cfg.DataDir, "raft.db"))
 		if err != nil {
@@ -81,7 +90,13 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 			store.Close()
 			return nil, fmt.Errorf("node: snapshot store: %w", err)
 		}
-		nt := raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: adv}, 3, 10*time.Second, logOut)
+		nt := newRaftGuard(raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: adv, dial: cfg.raftDial()}, 3, 10*time.Second, logOut),
+			func() (raft.Configuration, bool) {
+				if r := started.Load(); r != nil {
+					return r.GetConfiguration().Configuration(), true
+				}
+				return raft.Configuration{}, false
+			}, cfg.Logger)
 		logs, stable, snaps, trans = store, store, fsnaps, nt
 		parts.closers = []func() error{nt.Close, store.Close}
 	}
@@ -96,6 +111,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		return nil, fmt.Errorf("node: reading raft state: %w", err)
 	}
 	r, err := raft.NewRaft(rc, fsm, logs, stable, snaps, trans)
+	started.Store(r)
 	if err != nil {
 		closeAll()
 		return nil, fmt.Errorf("node: starting raft: %w", err)

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -206,6 +207,8 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 			return &ItemError{i, fmt.Errorf("%w: key is empty", api.ErrBadRequest)}
 		case len(q.Key) > api.MaxKeyLen:
 			return &ItemError{i, fmt.Errorf("%w: key is %d bytes, at most %d", api.ErrBadRequest, len(q.Key), api.MaxKeyLen)}
+		case !utf8.ValidString(q.Key):
+			return &ItemError{i, fmt.Errorf("%w: key is not valid UTF-8", api.ErrBadRequest)}
 		}
 		if err := rule.CheckCost(q.Cost); err != nil {
 			return &ItemError{i, fmt.Errorf("%w: %w", api.ErrBadRequest, err)}

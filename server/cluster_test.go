@@ -334,36 +334,40 @@ func TestOwnerDownFailureModes(t *testing.T) {
 	}
 }
 
-// The first five members to join are Raft voters; the sixth joins as a
-// non-voter and still owns partitions. (Members register concurrently, so
-// which one comes sixth is not fixed.)
+// Members join as non-voters and are promoted once caught up, up to five
+// voters; the sixth stays a non-voter and still owns partitions. (Members
+// register concurrently, so which one comes sixth is not fixed.)
 func TestSixthMemberIsANonVoter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts six members")
 	}
 	ss := startCluster(t, 6)
-	cf := ss[0].Node.Raft().GetConfiguration()
-	if err := cf.Error(); err != nil {
-		t.Fatal(err)
-	}
-	voters, nonVoter := 0, ""
-	for _, s := range cf.Configuration().Servers {
-		if s.Suffrage == raft.Voter {
-			voters++
-		} else {
-			nonVoter = string(s.ID)
+	var voters, servers int
+	var nonVoter string
+	eventually(t, "five voters, recorded in the member list", func() bool {
+		cf := ss[0].Node.Raft().GetConfiguration()
+		if err := cf.Error(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if voters != 5 || len(cf.Configuration().Servers) != 6 {
-		t.Fatalf("raft has %d servers, %d voters; want 6 and 5", len(cf.Configuration().Servers), voters)
-	}
-	v := ss[0].Node.View()
-	for _, m := range ss[0].Node.State().Members {
-		if m.Voter == (m.ID == nonVoter) {
-			t.Errorf("member %s recorded with voter=%v; raft's non-voter is %s", m.ID, m.Voter, nonVoter)
+		voters, servers, nonVoter = 0, len(cf.Configuration().Servers), ""
+		for _, s := range cf.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				voters++
+			} else {
+				nonVoter = string(s.ID)
+			}
 		}
-	}
-	if n := len(v.Ring.PartitionsOf(nonVoter)); n == 0 {
+		if voters != 5 || servers != 6 {
+			return false
+		}
+		for _, m := range ss[0].Node.State().Members {
+			if m.Voter == (m.ID == nonVoter) {
+				return false
+			}
+		}
+		return true
+	})
+	if n := len(ss[0].Node.View().Ring.PartitionsOf(nonVoter)); n == 0 {
 		t.Fatalf("the non-voter %s owns no partitions", nonVoter)
 	}
 }

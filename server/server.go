@@ -55,7 +55,22 @@ type Config struct {
 	// RLS configures the Envoy rate-limit service served on
 	// Listeners.GRPC (its Registerer and Logger are the member's).
 	RLS rls.Options
+	// Auth authenticates every Raft and data-plane connection, both ways
+	// (cluster secret, mutual TLS); nil authenticates none (loopback or
+	// --insecure).
+	Auth *transport.Auth
 }
+
+// Connection caps of a member's listeners (see transport.ListenerConfig):
+// Raft needs a few connections per member; the data plane one per router,
+// gateway and client process.
+const (
+	raftMaxConns       = 128
+	peerMaxConns       = 512
+	maxHandshakes      = 128
+	raftIdleTimeout    = 10 * time.Minute
+	peerReadBufferSize = 16 << 10
+)
 
 // Listeners are the three sockets of a member, opened by the caller so
 // that port conflicts fail before anything starts.
@@ -98,7 +113,26 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	s.pool = transport.NewPool(transport.DefaultClientConfig())
+	if err := cfg.Auth.Validate(); err != nil {
+		return nil, err
+	}
+	lerr := func(err error) { cfg.Logger.Debug("inter-node connection refused", "err", err) }
+	raftLn, err := transport.NewListener(ls.Raft, transport.ListenerConfig{
+		Auth: cfg.Auth, MaxConns: raftMaxConns, MaxHandshakes: maxHandshakes, IdleTimeout: raftIdleTimeout, ErrorLog: lerr})
+	if err != nil {
+		return nil, err
+	}
+	peerLn, err := transport.NewListener(ls.Peer, transport.ListenerConfig{
+		Auth: cfg.Auth, MaxConns: peerMaxConns, MaxHandshakes: maxHandshakes, ErrorLog: lerr})
+	if err != nil {
+		_ = raftLn.Close()
+		return nil, err
+	}
+	ls.Raft, ls.Peer = raftLn, peerLn
+	registerListenerMetrics(s.Registry, map[string]*transport.Listener{"raft": raftLn, "peer": peerLn})
+	ccfg := transport.DefaultClientConfig()
+	ccfg.Dial = cfg.Auth.Dial
+	s.pool = transport.NewPool(ccfg)
 	fwd := newForwarder(cfg.AdminToken)
 	s.fwd = fwd
 	rcfg := cfg.Router
@@ -130,16 +164,20 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		DataPlane:  s.pool,
 		DeadAfter:  cfg.DeadAfter,
 		OnRemoved:  func() { removeOnce.Do(func() { close(s.removed) }) },
+		RaftDial:   cfg.Auth.Dial, Prober: prober{auth: cfg.Auth, fwd: fwd},
 	}, ls.Raft)
 	if err != nil {
 		rt.Close()
 		_ = s.pool.Close()
+		_ = peerLn.Close()
 		return nil, err
 	}
 	s.Node = n
 	local.h = n
 
-	s.peer = transport.NewServer(transport.DefaultServerConfig(), n)
+	pcfg := transport.DefaultServerConfig()
+	pcfg.ReadBufferSize = peerReadBufferSize
+	s.peer = transport.NewServer(pcfg, n)
 	s.goServe("data plane", func() error { return s.peer.Serve(ls.Peer) }, transport.ErrServerClosed)
 
 	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
@@ -279,6 +317,51 @@ func wrapRemote(err error) error {
 		return fmt.Errorf("%w: %s", api.ErrBadRequest, e.Message)
 	case http.StatusNotFound:
 		return fmt.Errorf("%w: %s", api.ErrNotFound, e.Message)
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", api.ErrConflict, e.Message)
 	}
 	return fmt.Errorf("%w: leader answered %w", api.ErrUnavailable, e)
+}
+
+// prober reaches joining members for the leader: their Raft and data-plane
+// addresses with this member's authentication, their /readyz over HTTP.
+type prober struct {
+	auth *transport.Auth
+	fwd  forwarder
+}
+
+func (p prober) Reach(ctx context.Context, addr string) error {
+	c, err := p.auth.Dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func (p prober) Ready(ctx context.Context, httpAddr string) error {
+	return p.fwd.client(httpAddr).Ready(ctx)
+}
+
+const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached) or auth (failed or timed out authenticating)."
+
+// registerListenerMetrics exports what the guarded listeners let in and
+// turned away.
+func registerListenerMetrics(reg *prometheus.Registry, ls map[string]*transport.Listener) {
+	for name, l := range ls {
+		labels := prometheus.Labels{"listener": name}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_listener_connections", ConstLabels: labels,
+				Help: "Inter-node connections open (authenticating or authenticated)."},
+				func() float64 { return float64(l.Stats().Open) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_accepted_total", ConstLabels: labels,
+				Help: "Inter-node connections that authenticated (or, without authentication, sent a first byte)."},
+				func() float64 { return float64(l.Stats().Accepted) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "cap"},
+				Help: refusedHelp},
+				func() float64 { return float64(l.Stats().OverCap) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "auth"},
+				Help: refusedHelp},
+				func() float64 { return float64(l.Stats().AuthFailed) }),
+		)
+	}
 }

@@ -188,15 +188,28 @@ func (l Limits) ReadFrame(r io.Reader, buf []byte) ([]byte, error) {
 	if size > uint64(l.maxFrame()) {
 		return buf[:0], &FrameTooLargeError{Size: size, Limit: l.maxFrame()}
 	}
-	buf = slices.Grow(buf, int(size)-lenPrefix)[:size]
-	if _, err := io.ReadFull(r, buf[lenPrefix:]); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	// The buffer grows as the body arrives (doubling from growStep), so a
+	// peer pays for what it allocates with bytes actually sent: a bare
+	// length prefix pins nothing.
+	for have := lenPrefix; have < int(size); {
+		next := min(int(size), max(have+growStep, 2*have))
+		if cap(buf) < next {
+			buf = slices.Grow(buf[:have], next-have)
 		}
-		return buf[:0], err
+		buf = buf[:next]
+		if _, err := io.ReadFull(r, buf[have:next]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return buf[:0], err
+		}
+		have = next
 	}
-	return buf, nil
+	return buf[:size], nil
 }
+
+// growStep is the most ReadFrame allocates ahead of the bytes received.
+const growStep = 64 << 10
 
 // ReadFrame is DefaultLimits().ReadFrame.
 func ReadFrame(r io.Reader, buf []byte) ([]byte, error) { return Limits{}.ReadFrame(r, buf) }

@@ -23,14 +23,17 @@ type ServerConfig struct {
 	// WriteTimeout bounds each write to a connection; a peer that does not
 	// read for that long is disconnected. 0 means no timeout.
 	WriteTimeout time.Duration
+	// IdleTimeout closes a connection on which no whole frame arrived for
+	// that long (a silent or trickling peer). 0 means no timeout.
+	IdleTimeout time.Duration
 	// ErrorLog, if set, receives connection errors and recovered handler
 	// panics. It is called concurrently.
 	ErrorLog func(error)
 }
 
 // DefaultServerConfig returns the defaults: DefaultLimits, 64 concurrent
-// batches per connection, 64 KiB read buffers, 4 MiB of pending answers and
-// a 10 s write timeout.
+// batches per connection, 64 KiB read buffers, 4 MiB of pending answers, a
+// 10 s write timeout and a 2 min idle timeout.
 func DefaultServerConfig() ServerConfig {
 	return ServerConfig{
 		Limits:               DefaultLimits(),
@@ -38,6 +41,7 @@ func DefaultServerConfig() ServerConfig {
 		ReadBufferSize:       64 << 10,
 		MaxPendingWrite:      4 << 20,
 		WriteTimeout:         10 * time.Second,
+		IdleTimeout:          2 * time.Minute,
 	}
 }
 
@@ -48,6 +52,9 @@ func (c ServerConfig) Validate() error {
 	}
 	if c.MaxConcurrentBatches < 1 || c.MaxConcurrentBatches > 1<<16 {
 		return fmt.Errorf("%w: MaxConcurrentBatches %d not in [1, 65536]", ErrInvalidConfig, c.MaxConcurrentBatches)
+	}
+	if c.IdleTimeout < 0 {
+		return fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, c.IdleTimeout)
 	}
 	return validateIO(c.ReadBufferSize, c.MaxPendingWrite, c.WriteTimeout)
 }

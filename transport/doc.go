@@ -26,8 +26,19 @@
 // lazily after it breaks; a [Pool] holds one Client per address. A [Server]
 // runs one read loop per connection, up to MaxConcurrentBatches handler calls
 // per connection at once, and one writer per connection that coalesces
-// answers into few syscalls. The client side has the same writer. For TLS,
-// serve a tls.NewListener and set ClientConfig.Dial to a tls.Dialer.
+// answers into few syscalls. The client side has the same writer.
+//
+// # Authentication and bounds
+//
+// Connections are authenticated once, when they open, before any frame
+// (auth.go): mutual TLS and/or a cluster-secret challenge–response, set by
+// an [Auth]. Serve a [Listener] (NewListener), which authenticates
+// concurrently, caps open and authenticating connections and hands out
+// only those that passed; set ClientConfig.Dial to Auth.Dial. Every frame
+// type, present and future (hand-off, backup streams), travels on such
+// connections, so none needs authentication of its own. ReadFrame grows
+// its buffer as bytes arrive, and the Server drops a connection on which
+// no whole frame arrived within IdleTimeout.
 //
 // # Concurrency
 //

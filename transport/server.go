@@ -250,6 +250,16 @@ func (sc *serverConn) readLoop() error {
 	br := bufio.NewReaderSize(sc.nc, sc.s.cfg.ReadBufferSize)
 	var buf, ebuf []byte
 	for {
+		if idle := sc.s.cfg.IdleTimeout; idle > 0 {
+			// The next frame, whole, must arrive within IdleTimeout. The
+			// check after setting it keeps shutdown's past deadline.
+			if err := sc.nc.SetReadDeadline(sc.s.now().Add(idle)); err != nil {
+				return err
+			}
+			if sc.s.inShutdown.Load() {
+				return net.ErrClosed
+			}
+		}
 		frame, err := sc.lim.ReadFrame(br, buf)
 		if err != nil {
 			return err

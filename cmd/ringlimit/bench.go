@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -51,8 +52,14 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from the first --addr)")
 	adminToken := fs.String("admin-token", "", "bearer token for GET /v1/cluster/view (--protocol peer)")
+	sec := addSecurityFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
+	}
+	auth, err := sec.auth(slog.New(slog.NewTextHandler(stderr, nil))) // a dialer: nothing to expose
+	if err != nil {
+		fmt.Fprintf(stderr, "ringlimit bench: %v\n", err)
+		return 2
 	}
 	switch *dist {
 	case "uniform":
@@ -88,7 +95,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	switch *protocol {
 	case "http":
 	case "peer":
-		rt, pool, err := peerRouter(ctx, client.New(baseURL(targets[0]), client.WithHTTPClient(hc), client.WithAdminToken(*adminToken)))
+		rt, pool, err := peerRouter(ctx, client.New(baseURL(targets[0]), client.WithHTTPClient(hc), client.WithAdminToken(*adminToken)), auth)
 		if err != nil {
 			return fail(stderr, "bench", err)
 		}
@@ -102,7 +109,6 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fmt.Fprintf(stderr, "ringlimit bench: %d workers, %d target(s), up to %v…\n", cfg.Concurrency, len(targets), cfg.Duration)
 	res := runLoad(ctx, cfg, funcs)
 	rep := newBenchReport(cfg, *dist, urls, res)
-	var err error
 	if *asJSON {
 		err = writeJSON(stdout, rep)
 	} else {
@@ -145,7 +151,7 @@ func httpChecks(c *client.Client) checkFunc {
 }
 
 // peerRouter builds a stateless router from a member's view of the cluster.
-func peerRouter(ctx context.Context, c *client.Client) (*router.Router, *transport.Pool, error) {
+func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*router.Router, *transport.Pool, error) {
 	av, err := c.RouterView(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the cluster view: %w", err)
@@ -154,7 +160,9 @@ func peerRouter(ctx context.Context, c *client.Client) (*router.Router, *transpo
 	if err != nil {
 		return nil, nil, err
 	}
-	pool := transport.NewPool(transport.DefaultClientConfig())
+	pcfg := transport.DefaultClientConfig()
+	pcfg.Dial = auth.Dial // the owners' data plane authenticates every connection
+	pool := transport.NewPool(pcfg)
 	rt, err := router.New(router.Config{}, nil, pool)
 	if err != nil {
 		pool.Close()

@@ -21,6 +21,7 @@ usage:
   ringlimit status  --addr HOST:PORT [--json]
   ringlimit leave   --addr HOST:PORT [--id ID] [--admin-token T]
   ringlimit bench   [flags]   load generator: checks/s, latency
+  ringlimit certs   --dir DIR --nodes n1,n2,... [--hosts H,...]   a test CA, member certificates and a cluster secret
 
 Every flag may also come from the environment as RINGLIMIT_<FLAG>.
 Run 'ringlimit <command> -h' for the flags of a command.
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runLeave(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
+	case "certs":
+		return runCerts(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -18,6 +18,7 @@ import (
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/httpapi"
 	"github.com/ringlimit/ringlimit/router/rls"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // followerFlags are the flags of a process that follows the cluster
@@ -27,6 +28,7 @@ type followerFlags struct {
 	refresh, fwdTimeout *time.Duration
 	linger              *time.Duration
 	maxBatch            *int
+	sec                 securityFlags // dialing the owners' data plane
 }
 
 func addFollowerFlags(fs interface {
@@ -42,6 +44,13 @@ func addFollowerFlags(fs interface {
 		fwdTimeout: fs.Duration("forward-timeout", d.Timeout, "how long an owner may take before the rule's failure mode answers"),
 		linger:     fs.Duration("linger", d.Linger, "how long a batch to an owner waits to fill"),
 		maxBatch:   fs.Int("max-batch", d.MaxBatch, "most checks in one batch to an owner"),
+		sec: securityFlags{
+			secret:   fs.String("cluster-secret", "", "file holding the cluster's shared secret: data-plane connections to the owners prove it"),
+			cert:     fs.String("tls-cert", "", "certificate (PEM) for mutual TLS to the owners' data plane"),
+			key:      fs.String("tls-key", "", "the key of --tls-cert (PEM)"),
+			ca:       fs.String("tls-ca", "", "the cluster CA (PEM): owners must present a certificate it signed"),
+			insecure: new(bool), // a dialer exposes nothing
+		},
 	}
 }
 
@@ -62,8 +71,14 @@ func (f followerFlags) follow(reg prometheus.Registerer, log *slog.Logger) (*cli
 	if len(ms) == 0 {
 		return nil, errors.New("--cluster: at least one member address is required")
 	}
+	auth, err := f.sec.auth(log)
+	if err != nil {
+		return nil, err
+	}
+	dp := transport.DefaultClientConfig()
+	dp.Dial = auth.Dial // the owners authenticate every data-plane connection
 	return client.NewRing(client.RingConfig{
-		Members: ms, AdminToken: *f.adminToken, Refresh: *f.refresh,
+		Members: ms, AdminToken: *f.adminToken, Refresh: *f.refresh, DataPlane: &dp,
 		Router: router.Config{Timeout: *f.fwdTimeout, Linger: *f.linger, MaxBatch: *f.maxBatch, Registerer: reg, Logger: log},
 	})
 }

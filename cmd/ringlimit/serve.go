@@ -40,6 +40,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
 		fwdTimeout   = fs.Duration("forward-timeout", router.DefaultConfig().Timeout, "how long an owner may take before the rule's failure mode answers")
 		logLevel     = fs.String("log-level", "info", "debug, info, warn or error")
+		sec          = addSecurityFlags(fs)
 	)
 	envoy := addEnvoyFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
@@ -61,6 +62,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 	if err := envoy.check(); err != nil {
+		return fail("%v", err)
+	}
+	auth, err := sec.auth(log, *raftAddr, *peerAddr)
+	if err != nil {
 		return fail("%v", err)
 	}
 	rc := ring.DefaultConfig()
@@ -100,12 +105,13 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
-		Logger: log, LogOutput: stderr,
+		Logger: log, LogOutput: stderr, Auth: auth,
 		RLS: envoy.options(),
 	}, ls)
 	if err != nil {
 		closeAll(ls)
-		return fail("starting: %v", err)
+		log.Error(fmt.Sprintf("starting: %v", err))
+		return 1 // not a usage error: bad data, a refused join, ...
 	}
 	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *envoy.grpc, "data_dir", *dataDir)
 	select {

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/netip"
@@ -35,12 +36,67 @@ func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
 		writeError(w, &api.Error{Status: http.StatusUnauthorized, Code: api.CodeUnauthorized, Message: msg})
 		return false
 	}
-	if isLoopback(r.RemoteAddr) {
+	if !isLoopback(r.RemoteAddr) {
+		writeError(w, &api.Error{Status: http.StatusForbidden, Code: api.CodeForbidden,
+			Message: "admin endpoint: no admin token is configured, so only loopback callers may use it"})
+		return false
+	}
+	if msg := browserBorne(r); msg != "" {
+		writeError(w, &api.Error{Status: http.StatusForbidden, Code: api.CodeForbidden,
+			Message: "admin endpoint: no admin token is configured and this request may come from a web page (" + msg + "); set --admin-token to administer from elsewhere"})
+		return false
+	}
+	return true
+}
+
+// browserBorne says why a loopback request may have been sent by a web
+// page rather than an operator's tool, or "": a web page can reach
+// loopback, but it cannot hide its Origin, it reaches us under its own
+// host name after DNS rebinding, and without a CORS preflight (which we
+// never grant) it can only send "simple" content types.
+func browserBorne(r *http.Request) string {
+	if _, ok := r.Header["Origin"]; ok {
+		return "it has an Origin header"
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "none" && site != "same-origin" {
+		return "Sec-Fetch-Site is " + truncate(site)
+	}
+	if !loopbackHost(r.Host) {
+		return "its Host " + truncate(r.Host) + " is not a loopback name or address"
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && !adminContentType(r.Header.Get("Content-Type")) {
+		return "a write whose Content-Type is not JSON or YAML"
+	}
+	return ""
+}
+
+// loopbackHost reports whether a Host header names loopback: localhost
+// (or a name under .localhost) or a loopback IP, with or without a port.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
 		return true
 	}
-	writeError(w, &api.Error{Status: http.StatusForbidden, Code: api.CodeForbidden,
-		Message: "admin endpoint: no admin token is configured, so only loopback callers may use it"})
-	return false
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// adminContentType reports whether a write's Content-Type is JSON or YAML.
+func adminContentType(v string) bool {
+	mt, _, err := mime.ParseMediaType(v)
+	if err != nil {
+		return false
+	}
+	switch mt {
+	case "application/json", "application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml":
+		return true
+	}
+	return strings.HasSuffix(mt, "+json") || strings.HasSuffix(mt, "+yaml")
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"

@@ -136,11 +136,10 @@ rules:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, "")
-			var hdr []string
-			if tt.ctype != "" {
-				hdr = []string{"Content-Type", tt.ctype}
-			}
+			// With a token, so that a write without a Content-Type is
+			// allowed (without one it is refused as browser-borne).
+			e := newEnv(t, "tok")
+			hdr := []string{"Authorization", "Bearer tok", "Content-Type", tt.ctype}
 			var got api.Rules
 			decodeOK(t, e.do("PUT", "/v1/rules", tt.body, hdr...), &got)
 			if !reflect.DeepEqual(got.Rules, want) {
@@ -454,6 +453,8 @@ func TestForwardedHeaderMarksContext(t *testing.T) {
 	e.do("POST", "/v1/cluster/join", body)
 	req := httptest.NewRequest("POST", "/v1/cluster/join", strings.NewReader(body))
 	req.RemoteAddr = "127.0.0.1:1234"
+	req.Host = "localhost:8080"
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(api.HeaderForwarded, "1")
 	rec := httptest.NewRecorder()
 	e.h.ServeHTTP(rec, req)

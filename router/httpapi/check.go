@@ -10,7 +10,6 @@ import (
 	"reflect"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/router"
@@ -29,9 +28,22 @@ type checkBody struct {
 
 // checkItem is one entry of a batch.
 type checkItem struct {
-	Rule string  `json:"rule"`
-	Key  string  `json:"key"`
-	Cost optCost `json:"cost"`
+	Rule strictString `json:"rule"`
+	Key  strictString `json:"key"`
+	Cost optCost      `json:"cost"`
+}
+
+// strictString is a JSON string that must be valid UTF-8 without lone
+// surrogate escapes (see optString).
+type strictString string
+
+func (s *strictString) UnmarshalJSON(b []byte) error {
+	if b[0] == '"' {
+		if msg := invalidJSONString(b[1 : len(b)-1]); msg != "" {
+			return &bodyError{msg}
+		}
+	}
+	return json.Unmarshal(b, (*string)(s))
 }
 
 // optString is a JSON string field that remembers its presence; null is
@@ -51,9 +63,16 @@ func (s *optString) UnmarshalJSON(b []byte) error {
 	case b[0] != '"':
 		return &bodyError{fmt.Sprintf("%s: must be a string, got %s", s.name, truncate(string(b)))}
 	}
-	// The decoder has checked the syntax: without escapes and with valid
-	// UTF-8, the string is the bytes between the quotes.
-	if raw := b[1 : len(b)-1]; bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+	// encoding/json would turn invalid UTF-8 and lone-surrogate escapes
+	// into U+FFFD, so two different keys would share one bucket: refuse
+	// them on the raw bytes.
+	raw := b[1 : len(b)-1]
+	if msg := invalidJSONString(raw); msg != "" {
+		return &bodyError{s.name + ": " + msg}
+	}
+	// The decoder has checked the syntax: without escapes (and valid
+	// UTF-8, checked above), the string is the bytes between the quotes.
+	if bytes.IndexByte(raw, '\\') < 0 {
 		s.v = string(raw)
 		return nil
 	}
@@ -210,7 +229,7 @@ func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
 	case b.Checks.present:
 		for i := range b.Checks.items {
 			c := &b.Checks.items[i]
-			q := router.Request{Rule: c.Rule, Key: c.Key, Cost: c.Cost.value()}
+			q := router.Request{Rule: string(c.Rule), Key: string(c.Key), Cost: c.Cost.value()}
 			if msg := validate(&q); msg != "" {
 				return true, badRequest(fmt.Sprintf("checks[%d]: %s", i, msg))
 			}

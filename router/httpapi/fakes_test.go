@@ -183,9 +183,17 @@ func (e *env) do(method, path, body string, hdr ...string) *httptest.ResponseRec
 	}
 	req := httptest.NewRequest(method, path, r)
 	req.RemoteAddr = "127.0.0.1:40000"
+	req.Host = "127.0.0.1:8080" // as a local tool sends it (not a web page)
+	if method != "GET" && method != "HEAD" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i] == "RemoteAddr" {
 			req.RemoteAddr = hdr[i+1]
+			continue
+		}
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
 			continue
 		}
 		req.Header.Set(hdr[i], hdr[i+1])

@@ -304,6 +304,8 @@ func (h *handler) errorOf(r *http.Request, err error) *api.Error {
 		e.Status, e.Code = http.StatusBadRequest, api.CodeBadRequest
 	case errors.Is(err, api.ErrNotFound):
 		e.Status, e.Code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, api.ErrConflict):
+		e.Status, e.Code = http.StatusConflict, api.CodeConflict
 	case errors.Is(err, api.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// A canceled context means the caller left; the answer is moot.
 		e.Status, e.Code = http.StatusServiceUnavailable, api.CodeUnavailable

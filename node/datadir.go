@@ -1,0 +1,188 @@
+package node
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"time"
+
+	"go.etcd.io/bbolt"
+)
+
+// ErrDataDir is wrapped by the errors of a data directory that cannot be
+// used as it is (a corrupt, truncated or empty raft.db). Such a node must
+// stop: never crash, never start a new cluster over lost state.
+var ErrDataDir = errors.New("node: data dir unusable")
+
+// bolt's on-disk layout (go.etcd.io/bbolt, file format version 2): pages
+// 0 and 1 are meta pages, each a 16-byte page header then the meta.
+const (
+	boltPageHeader = 16
+	boltMagic      = 0xED0CDAED
+	boltVersion    = 2
+	boltMetaSize   = 64 // magic … txid, checksum
+	boltMetaFlag   = 0x04
+)
+
+// checkRaftDB refuses a raft.db that bolt would crash on (SIGBUS on a
+// truncated file, a slice-bounds panic on a corrupt page) or silently
+// re-create (0 bytes). A missing file is fine: a new member. It reads the
+// meta pages itself, then walks every bucket and key read-only with
+// memory faults turned into panics and recovered.
+func checkRaftDB(dir string) error {
+	path := filepath.Join(dir, "raft.db")
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrDataDir, path, err)
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s; restore it from a backup, or remove the data dir to join the cluster again as a new member",
+			ErrDataDir, path, fmt.Sprintf(format, a...))
+	}
+	if !fi.Mode().IsRegular() {
+		return bad("not a regular file")
+	}
+	size := fi.Size()
+	if size == 0 {
+		return bad("the file is empty (0 bytes): the Raft log and state are lost")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrDataDir, path, err)
+	}
+	defer f.Close()
+	m, err := readBoltMeta(f, size)
+	if err != nil {
+		return bad("%v", err)
+	}
+	if need := int64(m.pgid) * int64(m.pageSize); size < need {
+		return bad("truncated: %d bytes, its header needs %d (%d pages of %d)", size, need, m.pgid, m.pageSize)
+	}
+	if err := walkBolt(path); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+type boltMeta struct {
+	pageSize uint32
+	pgid     uint64
+	txid     uint64
+}
+
+// readBoltMeta returns the newest valid meta page, as bolt would use it.
+func readBoltMeta(r io.ReaderAt, size int64) (boltMeta, error) {
+	var best boltMeta
+	var errs []error
+	pageSize := int64(os.Getpagesize())
+	for i := int64(0); i < 2; i++ {
+		off := i * pageSize
+		var b [boltPageHeader + boltMetaSize]byte
+		if off+int64(len(b)) > size {
+			errs = append(errs, fmt.Errorf("meta page %d: beyond the end of the file (%d bytes)", i, size))
+			continue
+		}
+		if _, err := r.ReadAt(b[:], off); err != nil {
+			errs = append(errs, fmt.Errorf("meta page %d: %w", i, err))
+			continue
+		}
+		m, err := parseBoltMeta(b[:])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("meta page %d: %w", i, err))
+			continue
+		}
+		if i == 0 {
+			pageSize = int64(m.pageSize) // bolt finds page 1 with page 0's size
+		}
+		if m.txid >= best.txid || best.pageSize == 0 {
+			best = m
+		}
+	}
+	if best.pageSize == 0 {
+		return best, fmt.Errorf("not a valid bolt database: %w", errors.Join(errs...))
+	}
+	return best, nil
+}
+
+func parseBoltMeta(b []byte) (boltMeta, error) {
+	if flags := binary.LittleEndian.Uint16(b[8:]); flags&boltMetaFlag == 0 {
+		return boltMeta{}, fmt.Errorf("page flags %#x are not a meta page's", flags)
+	}
+	m := b[boltPageHeader:]
+	if binary.LittleEndian.Uint32(m[0:]) != boltMagic {
+		return boltMeta{}, errors.New("bad magic")
+	}
+	if v := binary.LittleEndian.Uint32(m[4:]); v != boltVersion {
+		return boltMeta{}, fmt.Errorf("version %d, want %d", v, boltVersion)
+	}
+	h := fnv.New64a()
+	h.Write(m[:56])
+	if sum := binary.LittleEndian.Uint64(m[56:]); sum != 0 && sum != h.Sum64() {
+		return boltMeta{}, errors.New("checksum mismatch")
+	}
+	out := boltMeta{pageSize: binary.LittleEndian.Uint32(m[8:]), pgid: binary.LittleEndian.Uint64(m[40:]), txid: binary.LittleEndian.Uint64(m[48:])}
+	if out.pageSize < 512 || out.pageSize > 1<<20 || out.pageSize&(out.pageSize-1) != 0 {
+		return boltMeta{}, fmt.Errorf("page size %d", out.pageSize)
+	}
+	if out.pgid < 2 {
+		return boltMeta{}, fmt.Errorf("high-water page %d", out.pgid)
+	}
+	return out, nil
+}
+
+// walkBolt opens the database read-only and reads every bucket and key,
+// on a goroutine of its own where a memory fault on the mapping is a
+// panic, which it recovers and reports.
+func walkBolt(path string) error {
+	errc := make(chan error, 1)
+	go func() {
+		debug.SetPanicOnFault(true)
+		defer func() {
+			if p := recover(); p != nil {
+				errc <- fmt.Errorf("corrupt: reading it fails: %v", p)
+			}
+		}()
+		errc <- walkBoltUnsafe(path)
+	}()
+	return <-errc
+}
+
+func walkBoltUnsafe(path string) error {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return errors.New("locked: is another ringlimit running on this data dir?")
+		}
+		return fmt.Errorf("cannot open: %w", err)
+	}
+	defer db.Close()
+	var touched byte // every value's last byte, so that its pages are read
+	err = db.View(func(tx *bbolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bbolt.Bucket) error { return walkBucket(b, &touched) })
+	})
+	_ = touched
+	return err
+}
+
+func walkBucket(b *bbolt.Bucket, touched *byte) error {
+	return b.ForEach(func(k, v []byte) error {
+		if v == nil {
+			if sub := b.Bucket(k); sub != nil {
+				return walkBucket(sub, touched)
+			}
+			return nil
+		}
+		if len(v) > 0 {
+			*touched ^= v[0] ^ v[len(v)-1]
+		}
+		return nil
+	})
+}

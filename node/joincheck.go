@@ -1,0 +1,257 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/fsm"
+)
+
+// Prober lets the leader reach a joining member before it trusts it.
+type Prober interface {
+	// Reach opens a connection to a Raft or data-plane address,
+	// authenticated as every inter-node connection is (so each side
+	// proves itself to the other), and closes it.
+	Reach(ctx context.Context, addr string) error
+	// Ready returns nil once the member whose HTTP API is at httpAddr
+	// answers /readyz with 200: it has caught up with the log.
+	Ready(ctx context.Context, httpAddr string) error
+}
+
+// An embedder that brings its own Raft transport (Config.RaftTransport)
+// and no Prober gets joins without address checks, as voters at once.
+
+// dialProber reaches addresses with the node's Raft dialer and takes a
+// member for caught up once its Raft address answers (used when the
+// embedder gives no Prober).
+type dialProber func(ctx context.Context, addr string) (net.Conn, error)
+
+func (d dialProber) Reach(ctx context.Context, addr string) error {
+	c, err := d(ctx, addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func (d dialProber) Ready(context.Context, string) error { return nil }
+
+func (n *Node) prober() Prober {
+	if n.cfg.Prober != nil {
+		return n.cfg.Prober
+	}
+	return dialProber(n.cfg.raftDial())
+}
+
+// Join limits.
+const (
+	maxIDLen         = 128
+	probeTimeout     = 3 * time.Second
+	promotionTimeout = 2 * time.Minute
+	promotionPoll    = 200 * time.Millisecond
+)
+
+// validateJoin checks a join request's shape: an id of printable UTF-8,
+// and three host:port addresses.
+func validateJoin(req api.JoinRequest) error {
+	if req.ID == "" || len(req.ID) > maxIDLen || !utf8.ValidString(req.ID) ||
+		strings.IndexFunc(req.ID, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return fmt.Errorf("%w: id must be 1 to %d printable characters without spaces", api.ErrBadRequest, maxIDLen)
+	}
+	for _, f := range [...]struct{ name, v string }{{"http", req.HTTP}, {"raft", req.Raft}, {"peer", req.Peer}} {
+		if err := validHostPort(f.v); err != nil {
+			return fmt.Errorf("%w: %s address %q: %w", api.ErrBadRequest, f.name, truncateID(f.v), err)
+		}
+	}
+	return nil
+}
+
+func validHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return errors.New("port must be 1 to 65535")
+	}
+	if host == "" {
+		return errors.New("empty host")
+	}
+	if net.ParseIP(host) != nil {
+		if ip := net.ParseIP(host); ip.IsUnspecified() {
+			return errors.New("an unspecified address (0.0.0.0, ::) cannot be reached")
+		}
+		return nil
+	}
+	if len(host) > 253 {
+		return errors.New("host name too long")
+	}
+	for _, label := range strings.Split(host, ".") {
+		if label == "" || len(label) > 63 || strings.HasPrefix(label, "-") || strings.HasSuffix(label, "-") {
+			return errors.New("not a host name or IP address")
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return errors.New("not a host name or IP address")
+			}
+		}
+	}
+	return nil
+}
+
+// checkJoin runs on the leader before a join changes anything: the
+// request's shape, a live member already holding the id elsewhere (409),
+// and the joining member's Raft and data-plane addresses reached with the
+// cluster's authentication (so a member that cannot be reached, or cannot
+// prove it belongs, is never added: it would cost quorum or own
+// partitions nobody can serve).
+// promotesLater reports whether new members join as non-voters to be
+// promoted once caught up; an embedder's own Raft transport without a
+// Prober (in-memory tests) adds them as voters at once, as before.
+func (n *Node) promotesLater() bool { return n.cfg.RaftTransport == nil || n.cfg.Prober != nil }
+
+func (n *Node) checkJoin(ctx context.Context, req api.JoinRequest) error {
+	if !n.promotesLater() {
+		// An embedder's own Raft transport (in-memory tests) has its own
+		// address space and nothing to dial: joins are taken as given.
+		return nil
+	}
+	if err := validateJoin(req); err != nil {
+		return err
+	}
+	if req.ID == n.cfg.ID {
+		return nil // our own registration: these are our listeners
+	}
+	p := n.prober()
+	if m, ok := n.fsm.State().Member(req.ID); ok && (m.Raft != req.Raft || m.Peer != req.Peer || m.HTTP != req.HTTP) {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := p.Reach(pctx, m.Raft)
+		cancel()
+		if err == nil {
+			return fmt.Errorf("%w: member %q is live at raft %s; a second process cannot take its id", api.ErrConflict, req.ID, m.Raft)
+		}
+	}
+	for _, a := range [...]struct{ name, addr string }{{"raft", req.Raft}, {"peer", req.Peer}} {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err := p.Reach(pctx, a.addr)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%w: cannot reach the joining member's %s address %s: %w", api.ErrBadRequest, a.name, a.addr, err)
+		}
+	}
+	return nil
+}
+
+// promoteLater makes a member that joined as a non-voter a voter once it
+// has caught up (its /readyz answers), if there is still room for a voter.
+func (n *Node) promoteLater(req api.JoinRequest) {
+	n.promotingMu.Lock()
+	if n.promoting == nil {
+		n.promoting = make(map[string]bool)
+	}
+	if n.promoting[req.ID] {
+		n.promotingMu.Unlock()
+		return
+	}
+	n.promoting[req.ID] = true
+	n.promotingMu.Unlock()
+	n.goLoop(func() {
+		defer func() {
+			n.promotingMu.Lock()
+			delete(n.promoting, req.ID)
+			n.promotingMu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(n.ctx, promotionTimeout)
+		defer cancel()
+		t := time.NewTicker(promotionPoll)
+		defer t.Stop()
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, probeTimeout)
+			err := n.prober().Ready(rctx, req.HTTP)
+			rcancel()
+			if err == nil {
+				if err := n.promote(req); err != nil {
+					n.log.Warn("promoting a caught-up member to voter", "id", req.ID, "err", err)
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+				n.log.Warn("a member did not catch up; it stays a non-voter", "id", req.ID, "err", err)
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+func (n *Node) promote(req api.JoinRequest) error {
+	n.membership.lock()
+	defer n.membership.unlock()
+	if !n.isLeader() {
+		return errors.New("no longer the leader")
+	}
+	cf := n.raft.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	voters, found := 0, false
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+		if s.ID == raft.ServerID(req.ID) {
+			if s.Suffrage == raft.Voter {
+				return nil
+			}
+			if s.Address != raft.ServerAddress(req.Raft) {
+				return errors.New("re-addressed since it joined")
+			}
+			found = true
+		}
+	}
+	if !found || voters >= MaxVoters {
+		return nil
+	}
+	if err := n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout).Error(); err != nil {
+		return err
+	}
+	if m, ok := n.fsm.State().Member(req.ID); ok && !m.Voter {
+		m.Voter = true
+		if m.State == fsm.Active {
+			cmd, err := fsm.AddMember(m)
+			if err != nil {
+				return err
+			}
+			if err := n.apply(cmd); err != nil {
+				return err
+			}
+		}
+	}
+	n.log.Info("member promoted to voter", "id", req.ID)
+	return nil
+}
+
+// leaderInConfig reports whether the Raft leader is a server of this node's
+// configuration (a stranger that took the lead is not a leader to serve
+// under).
+func (n *Node) leaderInConfig() bool {
+	addr, id := n.raft.raft.LeaderWithID()
+	cfg := n.raft.raft.GetConfiguration().Configuration()
+	for _, s := range cfg.Servers {
+		if s.ID == id && s.Address == addr {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,193 @@
+package node
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+// goodRaftDB writes a real raft.db with some log entries and returns its
+// path.
+func goodRaftDB(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "raft.db")
+	s, err := raftboltdb.NewBoltStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs []*raft.Log
+	for i := uint64(1); i <= 200; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte(strings.Repeat("x", 100))})
+	}
+	if err := s.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUint64([]byte("CurrentTerm"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Each damaged raft.db is refused with an error naming the file, never a
+// panic or a crash; a sound one passes.
+func TestCheckRaftDB(t *testing.T) {
+	pageSize := int64(os.Getpagesize())
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, path string)
+		want   string // in the message; "" = accepted
+	}{
+		{"sound", func(*testing.T, string) {}, ""},
+		{"missing", func(t *testing.T, p string) { must(t, os.Remove(p)) }, ""},
+		{"empty", func(t *testing.T, p string) { must(t, os.Truncate(p, 0)) }, "empty (0 bytes)"},
+		{"truncated to half", func(t *testing.T, p string) {
+			fi, err := os.Stat(p)
+			must(t, err)
+			must(t, os.Truncate(p, fi.Size()/2))
+		}, "truncated"},
+		{"truncated inside the first meta page", func(t *testing.T, p string) { must(t, os.Truncate(p, 100)) }, "truncated"},
+		{"truncated to 40 bytes", func(t *testing.T, p string) { must(t, os.Truncate(p, 40)) }, "not a valid bolt database"},
+		{"garbage", func(t *testing.T, p string) {
+			must(t, os.WriteFile(p, []byte(strings.Repeat("garbage!", 4096)), 0o600))
+		}, "not a valid bolt database"},
+		{"both meta pages corrupt", func(t *testing.T, p string) {
+			overwrite(t, p, boltPageHeader+20, []byte{1, 2, 3, 4})
+			overwrite(t, p, pageSize+boltPageHeader+20, []byte{1, 2, 3, 4})
+		}, "checksum"},
+		{"every data page overwritten", func(t *testing.T, p string) {
+			fi, err := os.Stat(p)
+			must(t, err)
+			for off := 2 * pageSize; off < fi.Size(); off += pageSize {
+				overwrite(t, p, off, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x10, 0, 0xff, 0xff})
+			}
+		}, "corrupt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := goodRaftDB(t)
+			tc.damage(t, path)
+			err := checkRaftDB(filepath.Dir(path))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, ErrDataDir) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v; want ErrDataDir naming %s and saying %q", err, path, tc.want)
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func overwrite(t *testing.T, path string, off int64, b []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	must(t, err)
+	defer f.Close()
+	_, err = f.WriteAt(b, off)
+	must(t, err)
+}
+
+// Open with an empty raft.db stops: it never bootstraps a new cluster
+// over lost state.
+func TestOpenRefusesEmptyRaftDB(t *testing.T) {
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "raft.db"), nil, 0o600))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	_, err = Open(Config{ID: "n1", HTTPAddr: "127.0.0.1:1", RaftAdvertise: ln.Addr().String(), PeerAddr: "127.0.0.1:2",
+		DataDir: dir, Forward: nopForwarder{}, DataPlane: nopDataPlane{}}, ln)
+	if !errors.Is(err, ErrDataDir) {
+		t.Fatalf("Open = %v, want ErrDataDir", err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "raft.db")); fi.Size() != 0 {
+		t.Fatal("raft.db was rewritten")
+	}
+}
+
+type nopForwarder struct{ Forwarder }
+
+type nopDataPlane struct{ DataPlane }
+
+func TestAllowRPC(t *testing.T) {
+	cfg := raft.Configuration{Servers: []raft.Server{
+		{ID: "n1", Address: "10.0.0.1:8081"}, {ID: "n2", Address: "10.0.0.2:8081"},
+	}}
+	withN3 := raft.Configuration{Servers: append(append([]raft.Server(nil), cfg.Servers...), raft.Server{ID: "n3", Address: "10.0.0.3:8081"})}
+	known := func() (raft.Configuration, bool) { return cfg, true }
+	hdr := func(id, addr string) raft.RPCHeader { return raft.RPCHeader{ID: []byte(id), Addr: []byte(addr)} }
+	for _, tc := range []struct {
+		name   string
+		cmd    any
+		config func() (raft.Configuration, bool)
+		ok     bool
+	}{
+		{"member", &raft.AppendEntriesRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 3}, known, true},
+		{"unknown id", &raft.AppendEntriesRequest{RPCHeader: hdr("evil", "10.0.0.2:8081"), Term: 3}, known, false},
+		{"unknown address", &raft.RequestVoteRequest{RPCHeader: hdr("n2", "10.6.6.6:8081"), Term: 3}, known, false},
+		{"no header", &raft.TimeoutNowRequest{}, known, false},
+		{"huge term", &raft.AppendEntriesRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 1<<64 - 1}, known, false},
+		{"huge pre-vote term", &raft.RequestPreVoteRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 1 << 63}, known, false},
+		{"joining node: empty configuration", &raft.AppendEntriesRequest{RPCHeader: hdr("n9", "10.0.0.9:8081"), Term: 3},
+			func() (raft.Configuration, bool) { return raft.Configuration{}, true }, true},
+		{"before raft runs", &raft.AppendEntriesRequest{RPCHeader: hdr("n9", "10.0.0.9:8081"), Term: 3},
+			func() (raft.Configuration, bool) { return raft.Configuration{}, false }, true},
+		{"new leader we have not heard of, bringing its configuration", &raft.AppendEntriesRequest{RPCHeader: hdr("n3", "10.0.0.3:8081"), Term: 4,
+			Entries: []*raft.Log{{Type: raft.LogConfiguration, Data: raft.EncodeConfiguration(withN3)}}}, known, true},
+		{"a configuration not listing its sender", &raft.AppendEntriesRequest{RPCHeader: hdr("n3", "10.0.0.3:8081"), Term: 4,
+			Entries: []*raft.Log{{Type: raft.LogConfiguration, Data: raft.EncodeConfiguration(cfg)}}}, known, false},
+		{"a configuration entry that does not decode", &raft.AppendEntriesRequest{RPCHeader: hdr("n3", "10.0.0.3:8081"), Term: 4,
+			Entries: []*raft.Log{{Type: raft.LogConfiguration, Data: []byte{0xc1, 0xff}}}}, known, false},
+	} {
+		if err := allowRPC(tc.cmd, tc.config); (err == nil) != tc.ok {
+			t.Errorf("%s: allowRPC = %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+func TestValidateJoin(t *testing.T) {
+	good := api.JoinRequest{ID: "n2", HTTP: "127.0.0.1:8080", Raft: "node-2.ringlimit.svc:8081", Peer: "[::1]:8082"}
+	if err := validateJoin(good); err != nil {
+		t.Fatalf("good request refused: %v", err)
+	}
+	for _, bad := range []func(r *api.JoinRequest){
+		func(r *api.JoinRequest) { r.Peer = "%%%" },
+		func(r *api.JoinRequest) { r.HTTP = "host" },
+		func(r *api.JoinRequest) { r.Raft = "host:0" },
+		func(r *api.JoinRequest) { r.Raft = "host:65536" },
+		func(r *api.JoinRequest) { r.Raft = ":8081" },
+		func(r *api.JoinRequest) { r.Raft = "0.0.0.0:8081" },
+		func(r *api.JoinRequest) { r.Raft = "a..b:8081" },
+		func(r *api.JoinRequest) { r.Raft = "a b:8081" },
+		func(r *api.JoinRequest) { r.ID = "" },
+		func(r *api.JoinRequest) { r.ID = "n\x00" },
+		func(r *api.JoinRequest) { r.ID = "\xff" },
+		func(r *api.JoinRequest) { r.ID = strings.Repeat("n", 129) },
+	} {
+		r := good
+		bad(&r)
+		if err := validateJoin(r); !errors.Is(err, api.ErrBadRequest) {
+			t.Errorf("validateJoin(%+v) = %v, want a bad request", r, err)
+		}
+	}
+}

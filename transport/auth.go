@@ -1,0 +1,293 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+)
+
+// Connection authentication.
+//
+// Every inter-node connection (Raft, the data plane and whatever frame
+// types travel on it later: hand-off, backup streams) is authenticated
+// once, when it opens, before a single frame or RPC byte is read: first
+// mutual TLS (when configured), then the cluster-secret handshake (when
+// configured). Both are connection-level, so a new frame type needs
+// nothing to be authenticated.
+//
+// The secret handshake is a mutual HMAC-SHA256 challenge–response with
+// fixed sizes (so reading it allocates nothing an attacker controls):
+//
+//	dialer   → acceptor  magic(8) nonceD(32)
+//	acceptor → dialer    magic(8) nonceA(32) HMAC(secret, "ringlimit acceptor" ‖ nonceD ‖ nonceA)
+//	dialer   → acceptor  HMAC(secret, "ringlimit dialer" ‖ nonceD ‖ nonceA)
+//	acceptor → dialer    0x01 (accepted)
+//
+// Each side proves the secret on a challenge the other chose fresh, so a
+// recorded exchange cannot be replayed, and the two roles use distinct
+// labels, so one side's answer cannot be reflected as the other's. The
+// acceptor proves itself first, but only on a challenge it does not
+// choose, so it gives an unauthenticated dialer nothing reusable. The
+// secret authenticates the start of a connection only; against an attacker
+// on the network path (who could take over an authenticated TCP stream),
+// use TLS.
+
+const (
+	handshakeMagic = "RLAUTH\x01\x00"
+	nonceSize      = 32
+	macSize        = sha256.Size
+	handshakeOK    = 0x01
+
+	// MinSecretSize is the shortest cluster secret accepted.
+	MinSecretSize = 32
+	// DefaultHandshakeTimeout bounds a connection's authentication.
+	DefaultHandshakeTimeout = 5 * time.Second
+)
+
+// ErrAuth is wrapped by every error of a connection whose peer failed to
+// authenticate (wrong or missing secret, a certificate of another CA, or
+// bytes that are not a handshake).
+var ErrAuth = errors.New("transport: peer not authenticated")
+
+// Auth says how inter-node connections authenticate. A nil *Auth, or one
+// with neither Secret nor TLS, authenticates nothing (--insecure, or
+// loopback). It is immutable once in use and safe for concurrent use.
+type Auth struct {
+	// Secret is the cluster's shared secret (at least MinSecretSize bytes);
+	// nil disables the secret handshake.
+	Secret []byte
+	// ServerTLS is the acceptor's TLS configuration (it must require and
+	// verify client certificates); ClientTLS the dialer's. Both nil
+	// disables TLS; both must be set together.
+	ServerTLS, ClientTLS *tls.Config
+	// HandshakeTimeout bounds TLS plus the secret handshake of one
+	// connection; 0 means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+}
+
+// Enabled reports whether a connection must authenticate.
+func (a *Auth) Enabled() bool {
+	return a != nil && (a.Secret != nil || a.ServerTLS != nil || a.ClientTLS != nil)
+}
+
+// Validate reports whether a is usable. It changes nothing.
+func (a *Auth) Validate() error {
+	if a == nil {
+		return nil
+	}
+	if a.Secret != nil && len(a.Secret) < MinSecretSize {
+		return fmt.Errorf("%w: cluster secret of %d bytes, want at least %d", ErrInvalidConfig, len(a.Secret), MinSecretSize)
+	}
+	if (a.ServerTLS == nil) != (a.ClientTLS == nil) {
+		return fmt.Errorf("%w: TLS needs both a server and a client configuration", ErrInvalidConfig)
+	}
+	if a.ServerTLS != nil && a.ServerTLS.ClientAuth != tls.RequireAndVerifyClientCert {
+		return fmt.Errorf("%w: server TLS must require and verify client certificates", ErrInvalidConfig)
+	}
+	if a.HandshakeTimeout < 0 {
+		return fmt.Errorf("%w: HandshakeTimeout %v is negative", ErrInvalidConfig, a.HandshakeTimeout)
+	}
+	return nil
+}
+
+func (a *Auth) timeout() time.Duration {
+	if a == nil || a.HandshakeTimeout <= 0 {
+		return DefaultHandshakeTimeout
+	}
+	return a.HandshakeTimeout
+}
+
+// ReadSecretFile reads a cluster secret: the file's bytes, one trailing
+// newline (LF or CRLF) ignored, at least MinSecretSize bytes.
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("transport: cluster secret: %w", err)
+	}
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	if len(b) < MinSecretSize {
+		return nil, fmt.Errorf("transport: cluster secret %s: %d bytes, want at least %d", path, len(b), MinSecretSize)
+	}
+	return b, nil
+}
+
+// Dial opens a TCP connection to addr and authenticates it as the dialer
+// (Auth.Client). It fits ClientConfig.Dial.
+func (a *Auth) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c, err := a.Client(ctx, nc)
+	if err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Client authenticates nc as the dialing side and returns the connection
+// to use (a *tls.Conn with TLS). On error the caller closes nc. The
+// handshake is bounded by ctx and HandshakeTimeout.
+func (a *Auth) Client(ctx context.Context, nc net.Conn) (net.Conn, error) {
+	if !a.Enabled() {
+		return nc, nil
+	}
+	return a.handshake(ctx, nc, true)
+}
+
+// Server authenticates nc as the accepting side; see Client.
+func (a *Auth) Server(ctx context.Context, nc net.Conn) (net.Conn, error) {
+	if !a.Enabled() {
+		return nc, nil
+	}
+	return a.handshake(ctx, nc, false)
+}
+
+func (a *Auth) handshake(ctx context.Context, nc net.Conn, dialer bool) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout())
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	if err := nc.SetDeadline(deadline); err != nil {
+		return nil, err
+	}
+	// A context that ends early (Close of the listener, a caller giving
+	// up) interrupts blocked reads and writes.
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(aLongTimeAgo) })
+	c, err := a.handshakeConn(ctx, nc, dialer)
+	if !stop() {
+		if err == nil {
+			err = ctx.Err()
+		}
+	} else if err == nil {
+		err = nc.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transport: handshake with %v: %w", nc.RemoteAddr(), err)
+	}
+	return c, nil
+}
+
+func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool) (net.Conn, error) {
+	c := nc
+	if a.ServerTLS != nil {
+		var tc *tls.Conn
+		if dialer {
+			tc = tls.Client(nc, a.ClientTLS)
+		} else {
+			tc = tls.Server(nc, a.ServerTLS)
+		}
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return nil, fmt.Errorf("%w: tls: %w", ErrAuth, err)
+		}
+		c = tc
+	}
+	if a.Secret != nil {
+		var err error
+		if dialer {
+			err = secretDialer(c, a.Secret)
+		} else {
+			err = secretAcceptor(c, a.Secret)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func proof(secret []byte, label string, nonceD, nonceA []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(label))
+	m.Write(nonceD)
+	m.Write(nonceA)
+	return m.Sum(nil)
+}
+
+const (
+	labelAcceptor = "ringlimit acceptor"
+	labelDialer   = "ringlimit dialer"
+)
+
+// readHandshake reads exactly len(buf) bytes; an early EOF or foreign
+// bytes are the peer failing to authenticate.
+func readHandshake(rw io.Reader, buf []byte) error {
+	if _, err := io.ReadFull(rw, buf); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return fmt.Errorf("%w: connection closed during the handshake", ErrAuth)
+		}
+		return err
+	}
+	return nil
+}
+
+func secretDialer(rw io.ReadWriter, secret []byte) error {
+	var out [len(handshakeMagic) + nonceSize]byte
+	copy(out[:], handshakeMagic)
+	nonceD := out[len(handshakeMagic):]
+	_, _ = rand.Read(nonceD) // crypto/rand.Read never fails (Go ≥ 1.24)
+	if _, err := rw.Write(out[:]); err != nil {
+		return err
+	}
+	var in [len(handshakeMagic) + nonceSize + macSize]byte
+	if err := readHandshake(rw, in[:]); err != nil {
+		return err
+	}
+	if string(in[:len(handshakeMagic)]) != handshakeMagic {
+		return fmt.Errorf("%w: the peer does not speak the ringlimit handshake", ErrAuth)
+	}
+	nonceA := in[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
+	if !hmac.Equal(in[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, nonceD, nonceA)) {
+		return fmt.Errorf("%w: the peer does not know the cluster secret", ErrAuth)
+	}
+	if _, err := rw.Write(proof(secret, labelDialer, nonceD, nonceA)); err != nil {
+		return err
+	}
+	var ok [1]byte
+	if err := readHandshake(rw, ok[:]); err != nil {
+		return fmt.Errorf("%w (the peer refused our proof of the cluster secret)", err)
+	}
+	if ok[0] != handshakeOK {
+		return fmt.Errorf("%w: the peer refused the handshake", ErrAuth)
+	}
+	return nil
+}
+
+func secretAcceptor(rw io.ReadWriter, secret []byte) error {
+	var in [len(handshakeMagic) + nonceSize]byte
+	if err := readHandshake(rw, in[:]); err != nil {
+		return err
+	}
+	if string(in[:len(handshakeMagic)]) != handshakeMagic {
+		return fmt.Errorf("%w: the peer does not speak the ringlimit handshake", ErrAuth)
+	}
+	nonceD := in[len(handshakeMagic):]
+	var out [len(handshakeMagic) + nonceSize + macSize]byte
+	copy(out[:], handshakeMagic)
+	nonceA := out[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
+	_, _ = rand.Read(nonceA)
+	copy(out[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, nonceD, nonceA))
+	if _, err := rw.Write(out[:]); err != nil {
+		return err
+	}
+	var mac [macSize]byte
+	if err := readHandshake(rw, mac[:]); err != nil {
+		return err
+	}
+	if !hmac.Equal(mac[:], proof(secret, labelDialer, nonceD, nonceA)) {
+		return fmt.Errorf("%w: the peer does not know the cluster secret", ErrAuth)
+	}
+	_, err := rw.Write([]byte{handshakeOK})
+	return err
+}

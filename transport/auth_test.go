@@ -1,0 +1,328 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func testSecret(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+// handshakePair runs dialer and acceptor on the two ends of a pipe.
+func handshakePair(t *testing.T, dial, acc *Auth) (dErr, aErr error) {
+	t.Helper()
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, aErr = acc.Server(context.Background(), c2)
+		if aErr != nil {
+			c2.Close()
+		}
+	}()
+	_, dErr = dial.Client(context.Background(), c1)
+	if dErr != nil {
+		c1.Close()
+	}
+	wg.Wait()
+	return dErr, aErr
+}
+
+func TestSecretHandshake(t *testing.T) {
+	good := &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Second}
+	bad := &Auth{Secret: testSecret('b'), HandshakeTimeout: time.Second}
+	for _, tt := range []struct {
+		name       string
+		dial, acc  *Auth
+		dOK, accOK bool
+	}{
+		{"same secret", good, good, true, true},
+		{"dialer has another secret", bad, good, false, false},
+		{"acceptor has another secret", good, bad, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dErr, aErr := handshakePair(t, tt.dial, tt.acc)
+			if (dErr == nil) != tt.dOK || (aErr == nil) != tt.accOK {
+				t.Fatalf("dialer err %v, acceptor err %v; want ok %v/%v", dErr, aErr, tt.dOK, tt.accOK)
+			}
+			if !tt.accOK && !errors.Is(aErr, ErrAuth) && !errors.Is(dErr, ErrAuth) {
+				t.Fatalf("no ErrAuth in %v / %v", dErr, aErr)
+			}
+		})
+	}
+}
+
+// A dialer that sends a frame instead of a handshake, or nothing, is
+// refused and its bytes are never taken for frames.
+func TestHandshakeRefusesStrangers(t *testing.T) {
+	acc := &Auth{Secret: testSecret('a'), HandshakeTimeout: 200 * time.Millisecond}
+	for _, tt := range []struct {
+		name string
+		send []byte
+	}{
+		{"a frame", AppendBatchRequest(nil, 1, 0, batchOf(1, "r"))},
+		{"a 16 MiB length prefix", []byte{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+		{"nothing", nil},
+		{"the magic and a short nonce", []byte(handshakeMagic + "xx")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c1, c2 := net.Pipe()
+			defer c1.Close()
+			go func() {
+				_, _ = c1.Write(tt.send)
+				_, _ = io.Copy(io.Discard, c1)
+			}()
+			_, err := acc.Server(context.Background(), c2)
+			c2.Close()
+			if err == nil {
+				t.Fatal("acceptor authenticated a stranger")
+			}
+		})
+	}
+}
+
+func TestReadSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	long := strings.Repeat("s", 32)
+	if b, err := ReadSecretFile(write("nl", long+"\n")); err != nil || string(b) != long {
+		t.Errorf("trailing newline: %q, %v", b, err)
+	}
+	if b, err := ReadSecretFile(write("crlf", long+"\r\n")); err != nil || string(b) != long {
+		t.Errorf("trailing CRLF: %q, %v", b, err)
+	}
+	if _, err := ReadSecretFile(write("short", long[:31]+"\n")); err == nil {
+		t.Error("a 31-byte secret was accepted")
+	}
+	if _, err := ReadSecretFile(filepath.Join(dir, "missing")); err == nil {
+		t.Error("a missing file was accepted")
+	}
+}
+
+// testTLS makes a CA and a member certificate; other CAs make strangers.
+func testTLS(t testing.TB) (server, client *tls.Config) {
+	t.Helper()
+	caCert, caKey, err := NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := NewNodeCert(caCert, caKey, "n1", []string{"127.0.0.1", "localhost"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caCert)
+	return TLSConfigs(cert, pool)
+}
+
+func TestMutualTLS(t *testing.T) {
+	s1, c1 := testTLS(t)
+	s2, c2 := testTLS(t) // another CA
+	ours := &Auth{ServerTLS: s1, ClientTLS: c1, HandshakeTimeout: 2 * time.Second}
+	theirs := &Auth{ServerTLS: s2, ClientTLS: c2, HandshakeTimeout: 2 * time.Second}
+	both := &Auth{Secret: testSecret('a'), ServerTLS: s1, ClientTLS: c1, HandshakeTimeout: 2 * time.Second}
+	if d, a := handshakePair(t, ours, ours); d != nil || a != nil {
+		t.Fatalf("same CA: %v / %v", d, a)
+	}
+	if d, a := handshakePair(t, both, both); d != nil || a != nil {
+		t.Fatalf("same CA and secret: %v / %v", d, a)
+	}
+	if _, a := handshakePair(t, theirs, ours); a == nil || !errors.Is(a, ErrAuth) {
+		t.Fatalf("acceptor took a certificate of another CA: %v", a)
+	}
+	if d, _ := handshakePair(t, ours, theirs); d == nil || !errors.Is(d, ErrAuth) {
+		t.Fatalf("dialer took a certificate of another CA: %v", d)
+	}
+	noCert := &Auth{ServerTLS: s1, ClientTLS: &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}, HandshakeTimeout: 2 * time.Second}
+	if _, a := handshakePair(t, noCert, ours); a == nil {
+		t.Fatal("acceptor took a dialer without a certificate")
+	}
+}
+
+func TestAuthValidate(t *testing.T) {
+	s, c := testTLS(t)
+	for _, tt := range []struct {
+		a  *Auth
+		ok bool
+	}{
+		{nil, true},
+		{&Auth{}, true},
+		{&Auth{Secret: testSecret('a')}, true},
+		{&Auth{Secret: []byte("short")}, false},
+		{&Auth{ServerTLS: s}, false},
+		{&Auth{ServerTLS: s, ClientTLS: c}, true},
+		{&Auth{ServerTLS: &tls.Config{}, ClientTLS: c}, false},
+	} {
+		if err := tt.a.Validate(); (err == nil) != tt.ok {
+			t.Errorf("Validate(%+v) = %v, want ok %v", tt.a, err, tt.ok)
+		}
+	}
+}
+
+// startGuarded serves echo behind a guarded listener.
+func startGuarded(t *testing.T, lcfg ListenerConfig, scfg ServerConfig) (*Listener, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, err := NewListener(ln, lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(scfg, HandlerFunc(echo))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(gl) }()
+	t.Cleanup(func() { _ = s.Close(); <-done })
+	return gl, ln.Addr().String()
+}
+
+func TestGuardedServerAuth(t *testing.T) {
+	auth := &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Second}
+	lcfg := DefaultListenerConfig()
+	lcfg.Auth = auth
+	gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	cfg := DefaultClientConfig()
+	cfg.Dial = auth.Dial
+	c, err := Dial(ctx, addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req, resp := batchOf(3, "r"), &BatchResponse{}
+	if err := c.Do(ctx, req, resp); err != nil {
+		t.Fatalf("authenticated Do: %v", err)
+	}
+	checkEcho(t, req, resp)
+
+	// Without the secret: a raw frame is never answered.
+	for _, dial := range []func(context.Context, string) (net.Conn, error){
+		nil, (&Auth{Secret: testSecret('b')}).Dial,
+	} {
+		cfg := DefaultClientConfig()
+		cfg.Dial = dial
+		cfg.RedialBackoff = 0
+		c, err := Dial(ctx, addr, cfg)
+		if err != nil {
+			continue // refused at dial: fine
+		}
+		err = c.Do(ctx, batchOf(1, "r"), &BatchResponse{})
+		c.Close()
+		if err == nil {
+			t.Fatal("a check without the secret was answered")
+		}
+	}
+	eventually(t, func() bool { return gl.Stats().AuthFailed == 2 })
+}
+
+// The cap closes connections beyond it at once, and a closed connection
+// gives its slot back.
+func TestListenerCaps(t *testing.T) {
+	lcfg := ListenerConfig{MaxConns: 4, MaxHandshakes: 4, Auth: &Auth{HandshakeTimeout: 300 * time.Millisecond}}
+	gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 10 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	eventually(t, func() bool { st := gl.Stats(); return st.OverCap == 6 && st.Open == 4 })
+	// The silent four time out, freeing the slots.
+	eventually(t, func() bool { return gl.Stats().Open == 0 })
+	if st := gl.Stats(); st.AuthFailed != 4 || st.Accepted != 0 {
+		t.Fatalf("stats %+v: want 4 timed out, none accepted", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr, DefaultClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Do(ctx, batchOf(1, "r"), &BatchResponse{}); err != nil {
+		t.Fatalf("Do after the flood: %v", err)
+	}
+}
+
+// A connection whose next frame does not arrive within IdleTimeout is
+// closed by the server.
+func TestServerIdleTimeout(t *testing.T) {
+	scfg := DefaultServerConfig()
+	scfg.IdleTimeout = 100 * time.Millisecond
+	_, addr := startGuarded(t, DefaultListenerConfig(), scfg)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// One byte of a frame, then silence (a slow loris).
+	if _, err := c.Write([]byte{200}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read = %v, want the server to close the connection", err)
+	}
+}
+
+// ReadFrame allocates as bytes arrive: a bare 16 MiB length prefix pins
+// about growStep, not 16 MiB.
+func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
+	prefix := []byte{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := Limits{MaxFrameSize: 32 << 20}.ReadFrame(bytes.NewReader(prefix), nil)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("err = %v", err)
+	}
+	if grown := after.TotalAlloc - before.TotalAlloc; grown > 4*growStep {
+		t.Fatalf("a 14-byte input allocated %d bytes", grown)
+	}
+}
+
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
