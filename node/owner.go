@@ -151,6 +151,7 @@ func (o *Owner) servable() <-chan struct{} {
 const (
 	epochWait = 200 * time.Millisecond
 	stateWait = 500 * time.Millisecond
+	leaseWait = time.Second // a new member's first lease is one ping away
 )
 
 // HandleBatch decides the checks of partitions this member owns; it is
@@ -224,7 +225,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 // awaitLease waits (bounded by ctx and stateWait) for the lease: a member
 // that just joined or restarted has it within one Raft heartbeat.
 func (o *Owner) awaitLease(ctx context.Context) bool {
-	t := time.NewTimer(stateWait)
+	t := time.NewTimer(leaseWait)
 	defer t.Stop()
 	for {
 		ch := o.servable()
