@@ -356,7 +356,7 @@ func BenchmarkSlotsLookup(b *testing.B) {
 			if s.get(h) != nil {
 				continue
 			}
-			s.insert(h, 1, 0)
+			s.insert(slotKey(h), legacyTag, 1, 0, testSets)
 			keys = append(keys, h)
 		}
 		if len(s.ents) != c {

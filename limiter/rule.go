@@ -171,6 +171,13 @@ const (
 
 // Rule is one limit as the algorithms read it. The zero value is invalid;
 // build one from a rules file (package rules) or by hand and Validate it.
+//
+// Version names the rule set the rule belongs to, for Table: the caller
+// registers each set with Table.SetRules under its version (ringlimit
+// uses the Raft index at which the set was written) and checks with rules
+// carrying it, so that a key's state made under an older rule is carried
+// over to the new one instead of being re-read under it. 0 means
+// unversioned. Validate and the step functions ignore it.
 type Rule struct {
 	Name        string
 	Algorithm   Algorithm
@@ -178,6 +185,7 @@ type Rule struct {
 	Period      time.Duration // > 0
 	Burst       int64         // rate algorithms: capacity (0 = Limit); windows: 0 or Limit
 	FailureMode FailureMode
+	Version     uint64 // the rule set's version; see Table.SetRules
 }
 
 // FieldError says which field of which rule is invalid.
