@@ -96,9 +96,9 @@ func (e *CorruptError) Unwrap() error { return ErrCorrupt }
 // the same bytes.
 func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	p := t.part(part)
-	g := t.sets.Load()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	g := t.sets.Load() // under the lock: see freeTag
 
 	type rec struct {
 		kind byte

@@ -206,6 +206,7 @@ func (t *Table) register(version uint64, m map[string]Rule, since int64, alias b
 		return prev
 	}
 	tag, g := t.freeTag(g, since)
+	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
 	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
 	for _, r := range m {
 		s.life = max(s.life, lifeOf(&r))
@@ -244,10 +245,22 @@ func (g *ruleSets) clone() *ruleSets {
 // releases the sets no live state refers to, and if that frees nothing,
 // adopts the oldest versioned set's states as unversioned. t.regMu must
 // be held.
+//
+// It holds every partition's lock from its scan until the new sets are
+// published, and Check reads the sets under its partition's lock: so no
+// check can store the tag of a set released under it.
 func (t *Table) freeTag(g *ruleSets, now int64) (uint8, *ruleSets) {
 	if tag, ok := g.unusedTag(); ok {
 		return tag, g
 	}
+	for i := range t.parts {
+		t.parts[i].mu.Lock()
+	}
+	defer func() {
+		for i := range t.parts {
+			t.parts[i].mu.Unlock()
+		}
+	}()
 	used := t.usedTags(g, now)
 	n := g.clone()
 	keep := n.sets[:0]
@@ -288,11 +301,10 @@ func (g *ruleSets) unusedTag() (uint8, bool) {
 }
 
 // usedTags scans the table for the tags of the states it may not drop
-// at now.
+// at now. Every partition's lock must be held.
 func (t *Table) usedTags(g *ruleSets, now int64) (used [maxTags]bool) {
 	for i := range t.parts {
 		p := &t.parts[i]
-		p.mu.Lock()
 		p.tats.all(func(_ uint64, tag uint8, v TAT) {
 			if !droppable(v, tag, now, g) {
 				used[tag] = true
@@ -306,12 +318,12 @@ func (t *Table) usedTags(g *ruleSets, now int64) (used [maxTags]bool) {
 		for _, l := range p.logs {
 			used[l.tag] = true
 		}
-		p.mu.Unlock()
 	}
 	return used
 }
 
-// retag gives every state of tag from the tag to.
+// retag gives every state of tag from the tag to. Every partition's lock
+// must be held.
 func (t *Table) retag(from, to uint8) {
 	f := func(tag uint8) uint8 {
 		if tag == from {
@@ -321,13 +333,11 @@ func (t *Table) retag(from, to uint8) {
 	}
 	for i := range t.parts {
 		p := &t.parts[i]
-		p.mu.Lock()
 		p.tats.retag(f)
 		p.wins.retag(f)
 		for _, l := range p.logs {
 			l.tag = f(l.tag)
 		}
-		p.mu.Unlock()
 	}
 }
 
@@ -345,6 +355,9 @@ func (t *Table) RuleVersions() []uint64 {
 func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
 	var fresh S
+	if from == nil { // unreachable: a stored tag always names a set
+		return adopt(s, r, now)
+	}
 	if from.version > to.version {
 		// A check under an older set than the state's (a caller that
 		// has not seen the newer set yet): straight from one to the other.

@@ -113,32 +113,48 @@ func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Dec
 	if r.Limit <= 0 || r.Period <= 0 { // what the steps divide by
 		return Decision{}, fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
 	}
-	g := t.sets.Load()
-	set := g.newest
-	if r.Version != g.newestV {
-		if set = g.lookup(r.Version); set == nil {
-			return Decision{}, fmt.Errorf("%w: rule %q has version %d", ErrVersion, r.Name, r.Version)
-		}
-	}
 	p := &t.parts[part]
 	k := slotKey(bucket)
+	var d Decision
+	var ok bool
 	switch {
 	case r.Algorithm.tat():
-		return p.checkTAT(k, r, now, cost, g, set), nil
+		d, ok = p.checkTAT(&t.sets, k, r, now, cost)
 	case r.Algorithm.window():
-		return p.checkWindow(k, r, now, cost, g, set), nil
+		d, ok = p.checkWindow(&t.sets, k, r, now, cost)
 	case r.Algorithm == SlidingLog:
-		return p.checkLog(k, r, now, cost, g, set), nil
+		d, ok = p.checkLog(&t.sets, k, r, now, cost)
+	default:
+		return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
 	}
-	return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+	if !ok {
+		return Decision{}, fmt.Errorf("%w: rule %q has version %d", ErrVersion, r.Name, r.Version)
+	}
+	return d, nil
+}
+
+// setOf returns the rule sets and the set of version v, or nil. Checks
+// call it under their partition's lock (see freeTag).
+func setOf(sets *atomic.Pointer[ruleSets], v uint64) (*ruleSets, *ruleSet) {
+	g := sets.Load()
+	if v == g.newestV {
+		return g, g.newest
+	}
+	return g, g.lookup(v)
 }
 
 // The checks unlock without defer (it costs ~10% of a check): nothing
 // between Lock and Unlock can panic once Check has seen Limit and Period
-// positive, which is all the steps divide by.
+// positive, which is all the steps divide by. They report false, and do
+// nothing, when r.Version is not registered.
 
-func (p *partition) checkTAT(k uint64, r *Rule, now, cost int64, g *ruleSets, set *ruleSet) Decision {
+func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
 	var s TAT
 	e := p.tats.find(k)
 	if e != nil {
@@ -159,11 +175,16 @@ func (p *partition) checkTAT(k uint64, r *Rule, now, cost int64, g *ruleSets, se
 		p.tats.insert(k, set.tag, s, now, g)
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
 }
 
-func (p *partition) checkWindow(k uint64, r *Rule, now, cost int64, g *ruleSets, set *ruleSet) Decision {
+func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
 	var s Window
 	e := p.wins.find(k)
 	if e != nil {
@@ -184,11 +205,16 @@ func (p *partition) checkWindow(k uint64, r *Rule, now, cost int64, g *ruleSets,
 		p.wins.insert(k, set.tag, s, now, g)
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
 }
 
-func (p *partition) checkLog(k uint64, r *Rule, now, cost int64, g *ruleSets, set *ruleSet) Decision {
+func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
 	l, ok := p.logs[k]
 	if !ok {
 		l = p.spare
@@ -214,7 +240,7 @@ func (p *partition) checkLog(k uint64, r *Rule, now, cost int64, g *ruleSets, se
 		p.spare = nil
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
 }
 
 // convertLog and adoptLog are Log.Convert and Log.Adopt in the shape
@@ -232,9 +258,9 @@ func droppableLog(l *Log, now int64, g *ruleSets) bool {
 // decides like a fresh key.
 func (t *Table) Sweep(part uint32, now int64) (dropped int) {
 	p := t.part(part)
-	g := t.sets.Load()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	g := t.sets.Load() // under the lock: see freeTag
 	dropped = p.tats.sweep(now, g) + p.wins.sweep(now, g)
 	for h, l := range p.logs {
 		if droppableLog(l, now, g) {
