@@ -537,3 +537,37 @@ func TestSetRulesRejects(t *testing.T) {
 		t.Fatalf("three writes of the same rules made %d sets", len(g.sets)-1)
 	}
 }
+
+// A state of an older rule set that still counted at the change is kept
+// by Sweep, though the old rule alone would call it dead: the new rule
+// may still count it. One that was dead at the change goes.
+func TestRuleChangeSweep(t *testing.T) {
+	for _, a := range allAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			tb := mustTable(t, 1)
+			r := Rule{Name: "x", Algorithm: a, Limit: 2, Period: time.Second, Version: 1}
+			if err := tb.SetRules(1, []Rule{r}, ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			tb.Check(0, 1<<8, &r, ruleT0, 2)                      // counts at the change
+			tb.Check(0, 2<<8, &r, ruleT0-int64(3*time.Second), 2) // dead by then
+			nr := r
+			nr.Version, nr.Period = 2, hour8784
+			if err := tb.SetRules(2, []Rule{nr}, ruleT0+int64(100*time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+			if n := tb.Sweep(0, ruleT0+int64(5*time.Second)); n != 1 || tb.Len() != 1 {
+				t.Fatalf("Sweep dropped %d, kept %d; want 1 and 1", n, tb.Len())
+			}
+			if d, _ := tb.Check(0, 1<<8, &nr, ruleT0+int64(5*time.Second), 1); d.Allowed {
+				t.Fatalf("after the sweep: %+v, want denied", d)
+			}
+			// Once every state of set 1 would be dead under set 2 too,
+			// Sweep drops them unseen.
+			tb.Check(0, 3<<8, &r, ruleT0, 1)
+			if n := tb.Sweep(0, ruleT0+4*int64(hour8784)); n != 2 || tb.Len() != 0 {
+				t.Fatalf("long after: Sweep dropped %d, kept %d; want 2 and 0", n, tb.Len())
+			}
+		})
+	}
+}
