@@ -303,7 +303,7 @@ type decoded struct {
 type decodedSet struct {
 	version uint64
 	since   int64
-	rules   map[string]Rule
+	rules   map[string]*Rule
 }
 
 type decodedRec[V any] struct {
@@ -518,7 +518,7 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 		d.off = off
 		return s, d.fail("rule count %d, but only %d bytes follow", n, d.rest())
 	}
-	s.version, s.since, s.rules = v, now-int64(age), make(map[string]Rule, n)
+	s.version, s.since, s.rules = v, now-int64(age), make(map[string]*Rule, n)
 	last := ""
 	for i := range n {
 		off := d.off
@@ -531,7 +531,7 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 			return s, d.fail("rule %q after %q", r.Name, last)
 		}
 		last = r.Name
-		s.rules[r.Name] = r
+		s.rules[r.Name] = &r
 	}
 	return s, nil
 }

@@ -60,7 +60,7 @@ type ruleSet struct {
 	version uint64          // the first version with these rules
 	tag     uint8           //
 	since   int64           // when it came into force on this table
-	rules   map[string]Rule // by name, Version cleared; nil for version 0
+	rules   map[string]*Rule // by name, Version cleared; nil for version 0
 	life    int64           // the longest a state of these rules lives
 }
 
@@ -143,8 +143,8 @@ func sameRule(a, b *Rule) bool {
 	return a.Algorithm == b.Algorithm && a.Limit == b.Limit && a.Period == b.Period && a.Capacity() == b.Capacity()
 }
 
-func sameRules(a, b map[string]Rule) bool {
-	return maps.EqualFunc(a, b, func(x, y Rule) bool { return sameRule(&x, &y) })
+func sameRules(a, b map[string]*Rule) bool {
+	return maps.EqualFunc(a, b, sameRule)
 }
 
 // SetRules registers the rule set of version version, which came into
@@ -169,7 +169,7 @@ func (t *Table) SetRules(version uint64, rules []Rule, now int64) error {
 	if version == 0 {
 		return fmt.Errorf("limiter: SetRules: version 0 is the unversioned set")
 	}
-	m := make(map[string]Rule, len(rules))
+	m := make(map[string]*Rule, len(rules))
 	for i := range rules {
 		r := rules[i]
 		if err := r.Validate(); err != nil {
@@ -179,7 +179,7 @@ func (t *Table) SetRules(version uint64, rules []Rule, now int64) error {
 			return fmt.Errorf("limiter: SetRules version %d: rule %q twice", version, r.Name)
 		}
 		r.Version = 0
-		m[r.Name] = r
+		m[r.Name] = &r
 	}
 	t.regMu.Lock()
 	defer t.regMu.Unlock()
@@ -190,7 +190,7 @@ func (t *Table) SetRules(version uint64, rules []Rule, now int64) error {
 // register adds version with rules m, in force since since, unless it is
 // known, and returns its set. With alias, a version whose rules are those
 // of the version before it shares its set. t.regMu must be held.
-func (t *Table) register(version uint64, m map[string]Rule, since int64, alias bool) *ruleSet {
+func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias bool) *ruleSet {
 	g := t.sets.Load()
 	if s := g.lookup(version); s != nil {
 		return s
@@ -209,7 +209,7 @@ func (t *Table) register(version uint64, m map[string]Rule, since int64, alias b
 	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
 	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
 	for _, r := range m {
-		s.life = max(s.life, lifeOf(&r))
+		s.life = max(s.life, lifeOf(r))
 	}
 	n := g.clone()
 	n.versions = slices.Insert(n.versions, i, version)
@@ -365,10 +365,10 @@ func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 		if !ok || old.Algorithm != r.Algorithm {
 			return fresh
 		}
-		if sameRule(&old, r) {
+		if sameRule(old, r) {
 			return s
 		}
-		return conv(s, &old, r, now)
+		return conv(s, old, r, now)
 	}
 	if from.version == 0 {
 		return adopt(s, r, now)
@@ -378,15 +378,15 @@ func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 		old, ok := prev.rules[r.Name]
 		nr, ok2 := next.rules[r.Name]
 		if next == to {
-			nr, ok2 = *r, true
+			nr, ok2 = r, true
 		}
 		switch {
 		case !ok:
-			s = adopt(s, &nr, min(next.since, now))
+			s = adopt(s, nr, min(next.since, now))
 		case !ok2 || old.Algorithm != nr.Algorithm:
 			return fresh
-		case !sameRule(&old, &nr):
-			s = conv(s, &old, &nr, min(next.since, now))
+		case !sameRule(old, nr):
+			s = conv(s, old, nr, min(next.since, now))
 		}
 		prev = next
 	}
