@@ -36,7 +36,7 @@ import (
 // of the newest set, that is when it is dead at now. For one of an older
 // set it is when it was dead at the moment the next set came into force
 // (it then converts to a fresh key), or once every later set has been in
-// force longer than any state of it can live (ruleSets.dropAt), since a
+// force longer than any state of it can live (tagLife.dropAt), since a
 // converted state lives no longer than that.
 //
 // There are 254 tags for versioned sets. Registering a set when all are
@@ -57,12 +57,17 @@ const (
 
 // ruleSet is one registered set of rules, immutable once published.
 type ruleSet struct {
-	version uint64          // the first version with these rules
-	tag     uint8           //
-	since   int64           // when it came into force on this table
+	version uint64           // the first version with these rules
+	tag     uint8            //
+	since   int64            // when it came into force on this table
 	rules   map[string]*Rule // by name, Version cleared; nil for version 0
-	life    int64           // the longest a state of these rules lives
+	life    int64            // the longest a state of these rules lives
 }
+
+// tagLife is what dropping a state needs to know of its tag: until, when
+// the set after the tag's came into force, and dropAt, when a state of it
+// may be dropped whatever it holds; both MaxInt64 for the newest set.
+type tagLife struct{ until, dropAt int64 }
 
 // ruleSets is an immutable snapshot of a table's sets; a change publishes
 // a new one (Table.sets).
@@ -74,10 +79,10 @@ type ruleSets struct {
 	newest   *ruleSet   // setOf[len-1]
 	byTag    [maxTags]*ruleSet
 	pos      [maxTags]int // index of the tag's set in sets
-	// until is when the set after the tag's came into force, dropAt when
-	// a state of the tag may be dropped whatever it holds; both are
-	// MaxInt64 for the newest set (see the comment at the top).
-	until, dropAt [maxTags]int64
+	// life says, per tag, until when the tag's set was in force and when
+	// a state of it may be dropped whatever it holds (see the comment at
+	// the top); one cache line serves a check.
+	life [maxTags]tagLife
 }
 
 func newRuleSets() *ruleSets {
@@ -92,15 +97,14 @@ func (g *ruleSets) index() {
 	g.newestV, g.newest = g.versions[len(g.versions)-1], g.setOf[len(g.setOf)-1]
 	g.byTag = [maxTags]*ruleSet{}
 	for i := range maxTags {
-		g.until[i], g.dropAt[i] = math.MaxInt64, math.MaxInt64
+		g.life[i] = tagLife{math.MaxInt64, math.MaxInt64}
 	}
 	horizon := int64(math.MinInt64) // the latest instant a later set's state may live to
 	for i := len(g.sets) - 1; i >= 0; i-- {
 		s := g.sets[i]
 		g.byTag[s.tag], g.pos[s.tag] = s, i
 		if i < len(g.sets)-1 {
-			g.until[s.tag] = g.sets[i+1].since
-			g.dropAt[s.tag] = horizon
+			g.life[s.tag] = tagLife{until: g.sets[i+1].since, dropAt: horizon}
 		}
 		horizon = max(horizon, satAdd(s.since, s.life))
 	}

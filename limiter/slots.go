@@ -57,12 +57,10 @@ type slotValue interface {
 }
 
 // droppable reports whether a state of tag tag may be dropped at now,
-// given the rule sets g (see ruleSets.dropAt).
+// given the rule sets g (see tagLife).
 func droppable[V slotValue](v V, tag uint8, now int64, g *ruleSets) bool {
-	if now >= g.dropAt[tag] {
-		return true
-	}
-	return v.idle(min(now, g.until[tag]))
+	l := &g.life[tag]
+	return now >= l.dropAt || v.idle(min(now, l.until))
 }
 
 // idle reports whether the TAT is a full bucket at now.

@@ -250,7 +250,8 @@ func adoptLog(l *Log, to *Rule, at int64) *Log         { l.Adopt(to, at); return
 
 // droppableLog is droppable for a log: it may write (see Log.Dead).
 func droppableLog(l *Log, now int64, g *ruleSets) bool {
-	return now >= g.dropAt[l.tag] || l.Dead(min(now, g.until[l.tag]))
+	tl := &g.life[l.tag]
+	return now >= tl.dropAt || l.Dead(min(now, tl.until))
 }
 
 // Sweep drops every state of the partition that is dead at now and
