@@ -138,14 +138,17 @@ func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	p := int64(r.Period)
 	var start, last int64 // start of the current window; see Window
 	var prev, cur int64
-	if end, l := s.split(p); s.Counts == 0 || end <= now {
+	end, l := int64(math.MinInt64), int64(0)
+	if s.Counts != 0 {
+		end, l = s.split(p)
+	}
+	if end <= now {
 		start = alignDown(now, p)
 	} else {
 		start, last = end-2*p, l
 		prev, cur = int64(s.Counts>>32), int64(s.Counts&0xffffffff)
 		if now >= start+p { // the current window has turned: it becomes previous
-			k := (now - start) / p // 1, since the state is not dead
-			start += k * p
+			start += p // once: the state is not dead, so now < start + 2p
 			if cur == 0 {
 				last = 0 // prev was the window before: nothing weighs now
 			}
@@ -209,9 +212,13 @@ func slidingRetry(prev, cur, want, limit, p, e int64) int64 {
 	return p - e + e2
 }
 
+// alignDown returns the largest multiple of p > 0 at most now.
 func alignDown(now, p int64) int64 {
+	if now >= 0 {
+		return now - int64(uint64(now)%uint64(p)) // unsigned: a cheaper division
+	}
 	q := now / p
-	if now < 0 && now%p != 0 {
+	if now%p != 0 {
 		q--
 	}
 	return q * p

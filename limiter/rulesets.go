@@ -58,7 +58,7 @@ const (
 // ruleSet is one registered set of rules, immutable once published.
 type ruleSet struct {
 	version uint64           // the first version with these rules
-	tag     uint8            //
+	tag     uint8            // what its states carry
 	since   int64            // when it came into force on this table
 	rules   map[string]*Rule // by name, Version cleared; nil for version 0
 	life    int64            // the longest a state of these rules lives
