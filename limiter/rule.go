@@ -9,6 +9,11 @@
 // on that clock, so callers pass Unix nanoseconds. A clock that runs
 // backwards is clamped: no algorithm admits more because time went back.
 //
+// A rule change never re-reads a key's state under the new rule: the
+// Table remembers which rule set (Rule.Version, Table.SetRules) each state
+// was made under and carries it over first (ConvertTAT, ConvertWindow,
+// Log.Convert), also for states that crossed machines (Export, Import).
+//
 // Rule and the step functions are plain values, safe to share read-only.
 // Table is safe for concurrent use; see its documentation.
 package limiter
