@@ -73,12 +73,21 @@ func StepTAT(s TAT, r *Rule, now, cost int64) (TAT, Decision) {
 	return s, d
 }
 
-// Window is the state of fixed_window and sliding_window. DeadAt is the
-// instant the state stops mattering: the end of the current window for
-// fixed_window, the end of the window after it for sliding_window (when
-// the current count stops weighing as "previous"). Counts is the count
-// of the current window (fixed), or previous<<32 | current (sliding).
-// The zero value is a fresh key.
+// Window is the state of fixed_window and sliding_window.
+//
+// Counts is the count of the current window (fixed), or previous<<32 |
+// current (sliding). DeadAt is the instant the state stops mattering —
+// the end of the current window for fixed_window, the end of the window
+// after it for sliding_window (when the current count stops weighing as
+// "previous") — plus Last, the offset in [0, Period) of the latest
+// admission from the start of the window that holds it (the current
+// window, or the previous one while the current count is 0). Windows are
+// aligned to multiples of Period, so the rule's Period splits DeadAt
+// back into the two (see split); Last is what lets a rule change place
+// the admissions in the windows of a new period (ConvertWindow). Read
+// without a rule, DeadAt is at most Last too late, so Dead never drops a
+// state early. The zero value, and any state whose Counts is 0, is a
+// fresh key.
 type Window struct {
 	DeadAt int64
 	Counts uint64
@@ -87,31 +96,39 @@ type Window struct {
 // Dead reports whether the state is equivalent to a fresh key at now.
 func (s Window) Dead(now int64) bool { return s.DeadAt <= now }
 
+// split returns the end DeadAt stands for (the window end for fixed,
+// the end of the next window for sliding) and Last, for period p.
+func (s Window) split(p int64) (end, last int64) {
+	end = alignDown(s.DeadAt, p)
+	return end, s.DeadAt - end
+}
+
 // StepWindow decides a check for fixed_window and sliding_window.
 func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	if r.Algorithm == SlidingWindow {
 		return stepSliding(s, r, now, cost)
 	}
 	p := int64(r.Period)
-	if s.Dead(now) {
-		s = Window{DeadAt: alignDown(now, p) + p}
-	}
+	end, last := s.split(p)
 	count := int64(s.Counts)
+	if count == 0 || end <= now {
+		end, last, count = alignDown(now, p)+p, 0, 0
+	}
 	want := max(cost, 1)
 	d := Decision{Allowed: count+want <= r.Limit, Limit: r.Limit}
 	if !d.Allowed {
 		// cost ≤ Limit, so it passes as soon as the window turns.
-		d.RetryAfter = time.Duration(s.DeadAt - now)
+		d.RetryAfter = time.Duration(end - now)
 	} else if cost > 0 {
+		last = max(last, min(now-(end-p), p-1)) // a clock that went back keeps Last
 		count += cost
-		s.Counts = uint64(count)
 	}
 	d.Remaining = max(r.Limit-count, 0) // count > Limit only after the rule shrank
 	if count == 0 {
 		return Window{}, d // a query on a fresh window stores nothing
 	}
-	d.ResetAfter = time.Duration(s.DeadAt - now)
-	return s, d
+	d.ResetAfter = time.Duration(end - now)
+	return Window{DeadAt: end + last, Counts: uint64(count)}, d
 }
 
 // stepSliding: estimate = prev × (P − elapsed)/P + cur; admit when
@@ -119,16 +136,22 @@ func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
 // prev × (P − elapsed) + (cur + cost) × P ≤ limit × P.
 func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	p := int64(r.Period)
-	var start int64 // start of the current window
+	var start, last int64 // start of the current window; see Window
 	var prev, cur int64
-	if s.Dead(now) {
+	end, l := int64(math.MinInt64), int64(0)
+	if s.Counts != 0 {
+		end, l = s.split(p)
+	}
+	if end <= now {
 		start = alignDown(now, p)
 	} else {
-		start = s.DeadAt - 2*p
+		start, last = end-2*p, l
 		prev, cur = int64(s.Counts>>32), int64(s.Counts&0xffffffff)
 		if now >= start+p { // the current window has turned: it becomes previous
-			k := (now - start) / p // 1, since the state is not dead
-			start += k * p
+			start += p // once: the state is not dead, so now < start + 2p
+			if cur == 0 {
+				last = 0 // prev was the window before: nothing weighs now
+			}
 			prev, cur = cur, 0
 		}
 	}
@@ -138,6 +161,10 @@ func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	used := add128(mul128(prev, p-elapsed), mul128(cur, p))
 	d := Decision{Limit: r.Limit, Allowed: !less128(limitP, add128(used, mul128(want, p)))}
 	if d.Allowed && cost > 0 {
+		if cur == 0 {
+			last = 0
+		}
+		last = max(last, min(elapsed, p-1))
 		cur += cost
 		used = add128(used, mul128(cost, p))
 	}
@@ -153,11 +180,10 @@ func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	case prev > 0:
 		d.ResetAfter = time.Duration(start + p - now)
 	}
-	s = Window{DeadAt: start + 2*p, Counts: uint64(prev)<<32 | uint64(cur)}
 	if prev == 0 && cur == 0 {
-		s = Window{}
+		return Window{}, d
 	}
-	return s, d
+	return Window{DeadAt: start + 2*p + last, Counts: uint64(prev)<<32 | uint64(cur)}, d
 }
 
 // slidingRetry is the exact wait until prev×(P−e)/P + cur + want ≤ limit,
@@ -186,9 +212,13 @@ func slidingRetry(prev, cur, want, limit, p, e int64) int64 {
 	return p - e + e2
 }
 
+// alignDown returns the largest multiple of p > 0 at most now.
 func alignDown(now, p int64) int64 {
+	if now >= 0 {
+		return now - int64(uint64(now)%uint64(p)) // unsigned: a cheaper division
+	}
 	q := now / p
-	if now < 0 && now%p != 0 {
+	if now%p != 0 {
 		q--
 	}
 	return q * p
@@ -207,7 +237,8 @@ type Log struct {
 	costs []uint16 // parallel to exps; nil while every cost is 1
 	head  int32    // index of the oldest entry
 	n     int32    // live entries
-	sum   int64    // cost of the live entries
+	sum   int32    // cost of the live entries, ≤ MaxLogLimit
+	tag   uint8    // the rule set it was made under (Table only)
 }
 
 type logEntry struct {
@@ -240,7 +271,7 @@ func (l *Log) at(i int) logEntry {
 
 func (l *Log) expire(now int64) {
 	for l.n > 0 && l.exps[l.head] <= now {
-		l.sum -= l.costAt(int(l.head))
+		l.sum -= int32(l.costAt(int(l.head)))
 		l.head = int32((int(l.head) + 1) % len(l.exps))
 		l.n--
 	}
@@ -285,21 +316,22 @@ func (l *Log) push(e logEntry, limit int) {
 		l.costs[k] = uint16(e.cost) // ≤ Limit ≤ MaxLogLimit
 	}
 	l.n++
-	l.sum += e.cost
+	l.sum += int32(e.cost)
 }
 
 // Step decides a sliding_log check and updates the log in place.
 func (l *Log) Step(r *Rule, now, cost int64) Decision {
 	l.expire(now)
 	want := max(cost, 1)
-	d := Decision{Allowed: l.sum+want <= r.Limit, Limit: r.Limit}
+	sum := int64(l.sum)
+	d := Decision{Allowed: sum+want <= r.Limit, Limit: r.Limit}
 	if !d.Allowed {
 		// Wait until enough of the oldest entries have left the window.
 		freed := int64(0)
 		for i := range int(l.n) {
 			e := l.at(i)
 			freed += e.cost
-			if l.sum-freed+want <= r.Limit {
+			if sum-freed+want <= r.Limit {
 				d.RetryAfter = time.Duration(e.exp - now)
 				break
 			}
@@ -311,7 +343,7 @@ func (l *Log) Step(r *Rule, now, cost int64) Decision {
 		}
 		l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
 	}
-	d.Remaining = max(r.Limit-l.sum, 0) // sum > Limit only after the rule shrank
+	d.Remaining = max(r.Limit-int64(l.sum), 0) // sum > Limit only after the rule shrank
 	if l.n > 0 {
 		d.ResetAfter = time.Duration(l.at(int(l.n)-1).exp - now)
 	}

@@ -419,3 +419,32 @@ func TestLogMemoryBounded(t *testing.T) {
 		}
 	}
 }
+
+// Failures rapid once found (their .fail files were committed under
+// testdata/rapid; they are these rows now).
+func TestRapidRegressions(t *testing.T) {
+	const ms = time.Millisecond
+	// TestTokenBucketAgreesWithGCRAAndOracle and TestRetryAfterIsExact,
+	// 2026-11-29: a query (cost 0) on a fresh key of 1 per ms was denied
+	// with RetryAfter 0.
+	t.Run("token bucket query on a fresh key", func(t *testing.T) {
+		runRows(t, Rule{Name: "q", Algorithm: TokenBucket, Limit: 1, Period: ms}, 0, []row{
+			{at: 0, cost: 0, allowed: true, remain: 1},
+			{at: 0, cost: 1, allowed: true, remain: 0},
+			{at: 0, cost: 0, allowed: false, remain: 0, retry: ms},
+		})
+	})
+	// TestRetryAfterIsExact, 2026-11-29: sliding_window 1 per ms, spend
+	// 1 at 0 between queries; the query after it was told 2.000001ms,
+	// though it passes at 2ms (the window two periods on).
+	t.Run("sliding window retry after a spent window", func(t *testing.T) {
+		runRows(t, Rule{Name: "s", Algorithm: SlidingWindow, Limit: 1, Period: ms}, 0, []row{
+			{at: 0, cost: 0, allowed: true, remain: 1},
+			{at: 0, cost: 0, allowed: true, remain: 1},
+			{at: 0, cost: 1, allowed: true, remain: 0},
+			{at: 0, cost: 0, allowed: false, remain: 0, retry: 2 * ms},
+			{at: 2*ms - 1, cost: 0, allowed: false, remain: 0, retry: 1},
+			{at: 2 * ms, cost: 0, allowed: true, remain: 1},
+		})
+	})
+}

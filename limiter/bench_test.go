@@ -125,6 +125,12 @@ type tableFixture struct {
 }
 
 func newTableFixture(r *Rule, n, checksPerKey int) *tableFixture {
+	return newTableFixtureWith(nil, r, n, checksPerKey)
+}
+
+// newTableFixtureWith calls setup, if not nil, on the new table before
+// filling it.
+func newTableFixtureWith(setup func(*Table), r *Rule, n, checksPerKey int) *tableFixture {
 	if err := r.Validate(); err != nil {
 		panic(err)
 	}
@@ -136,6 +142,9 @@ func newTableFixture(r *Rule, n, checksPerKey int) *tableFixture {
 	now := benchStart
 	before := heapAlloc()
 	f.t, _ = NewTable(benchParts)
+	if setup != nil {
+		setup(f.t)
+	}
 	for range checksPerKey {
 		for i := range n {
 			now += benchTick
@@ -150,6 +159,15 @@ func newTableFixture(r *Rule, n, checksPerKey int) *tableFixture {
 	}
 	f.now.Store(now)
 	return f
+}
+
+// newVersionedFixture is newTableFixture with r's set registered first.
+func newVersionedFixture(r *Rule, n, checksPerKey int) *tableFixture {
+	return newTableFixtureWith(func(t *Table) {
+		if err := t.SetRules(r.Version, []Rule{*r}, benchStart); err != nil {
+			panic(err)
+		}
+	}, r, n, checksPerKey)
 }
 
 func heapAlloc() uint64 {
@@ -222,6 +240,47 @@ func BenchmarkTableCheck(b *testing.B) {
 		if name != "token_bucket" {
 			continue
 		}
+		// The same with the rule in a registered rule set, as a node
+		// checks: the states carry its tag.
+		b.Run(name+"/versioned", func(b *testing.B) {
+			vr := *r
+			vr.Version = 7
+			f := fixture(b, "check/"+name+"/versioned", func() *tableFixture {
+				return newVersionedFixture(&vr, benchKeys, 1)
+			})
+			now := f.now.Load()
+			c := startCPU(b)
+			for i := range b.N {
+				k := i % benchKeys
+				now += benchTick
+				f.t.Check(f.parts[k], f.buckets[k], &vr, now, 1)
+			}
+			c.stop(b)
+			f.now.Store(now)
+		})
+		// Every key once more after the rule changed: each check carries
+		// its key's state over to the new rule first.
+		b.Run(name+"/converting", func(b *testing.B) {
+			vr := *r
+			vr.Version = 7
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				b.StopTimer()
+				f := newVersionedFixture(&vr, benchKeys, 1)
+				nr := vr
+				nr.Version, nr.Limit = 8, vr.Limit/2
+				now := f.now.Load()
+				if err := f.t.SetRules(8, []Rule{nr}, now); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				for k := 0; k < benchKeys && done < b.N; k++ {
+					now += benchTick
+					f.t.Check(f.parts[k], f.buckets[k], &nr, now, 1)
+					done++
+				}
+			}
+		})
 		// The same, hashing the client key on the way, as a server must.
 		b.Run(name+"/with_keyhash", func(b *testing.B) {
 			f, keys := get(b), benchKeyStrings()
@@ -304,7 +363,7 @@ func BenchmarkXTimeRateMap(b *testing.B) {
 // (HeapAlloc after GC, before and after filling), and the time of a check
 // on a table of that size. sliding_log keys hold 5 entries of 10.
 func BenchmarkMemoryPerKey(b *testing.B) {
-	for _, name := range []string{"token_bucket", "gcra", "sliding_log_10", "x_time_rate"} {
+	for _, name := range []string{"token_bucket", "token_bucket_versioned", "gcra", "sliding_log_10", "x_time_rate"} {
 		for _, n := range []int{1_000_000, 10_000_000} {
 			b.Run(fmt.Sprintf("%s/keys=%dM", name, n/1_000_000), func(b *testing.B) {
 				id := fmt.Sprintf("mem/%s/%d", name, n)
@@ -325,7 +384,14 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 				if name == "sliding_log_10" {
 					checks = 5
 				}
-				f := fixture(b, id, func() *tableFixture { return newTableFixture(r, n, checks) })
+				build := func() *tableFixture { return newTableFixture(r, n, checks) }
+				if name == "token_bucket_versioned" {
+					vr := *benchRules["token_bucket"]
+					vr.Version = 7
+					r = &vr
+					build = func() *tableFixture { return newVersionedFixture(r, n, checks) }
+				}
+				f := fixture(b, id, build)
 				now := f.now.Load()
 				c := startCPU(b)
 				for i := range b.N {
@@ -356,7 +422,7 @@ func BenchmarkSlotsLookup(b *testing.B) {
 			if s.get(h) != nil {
 				continue
 			}
-			s.insert(h, 1, 0)
+			s.insert(slotKey(h), legacyTag, 1, 0, testSets)
 			keys = append(keys, h)
 		}
 		if len(s.ents) != c {

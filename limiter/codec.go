@@ -5,22 +5,29 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/bits"
 	"slices"
+	"time"
 )
 
 // A partition crosses machines (hand-off, backup) as a compact byte
 // stream of its live states. Times in it are relative to the exporter's
 // now, so no absolute wall time crosses machines: the importer adds its
-// own now.
+// own now. Each state says which rule set it was made under, and the
+// stream carries those sets, so that an importer with newer rules carries
+// the states over (see rulesets.go) however little it knew of the old ones.
 //
-//	stream  = "RLP1" · version · partition · count · record × count
-//	version = 1 byte, 1
-//	partition, count = uvarint
-//	record  = hash · kind · payload
-//	hash    = the bucket hash, 8 bytes little endian
+//	stream  = "RLP1" · version · partition · nsets · set × nsets · count · record × count
+//	version = 1 byte, 2 (format 1, without sets, is no longer read)
+//	partition, nsets, count = uvarint
+//	set     = uvarint(rules version ≥ 1) · uvarint(now − since) · uvarint(nrules) · rule × nrules
+//	rule    = uvarint(len(name)) · name · algorithm (1 byte) · uvarint(limit) · uvarint(period, ns) · uvarint(burst)
+//	record  = key · kind · uvarint(set) · payload
+//	key     = the bucket's slot key (see slotKey) >> 8, 7 bytes little endian
 //	kind    = 1 byte: 1 TAT, 2 Window, 3 Log
+//	set     = 0 for the unversioned set, i for the i-th set of the stream
 //	payload, kind 1 (TAT):    uvarint(TAT − now)
 //	payload, kind 2 (Window): uvarint(DeadAt − now) · uvarint(Counts)
 //	payload, kind 3 (Log):    uvarint(n) · n × (uvarint(exp − now) · uvarint(cost))
@@ -28,8 +35,11 @@ import (
 // The encoding is canonical: one set of states at one now has exactly one
 // stream, and Import rejects every other byte string. A valid stream has
 //
-//   - records sorted by (kind, hash), strictly increasing: no duplicates,
-//     but one hash may appear under two kinds, as in the table's stores;
+//   - sets in strictly increasing rules version, each used by a record,
+//     "now − since" ≤ maxDelta (the exporter clamps it), rules valid
+//     (Rule.Validate) and in strictly increasing name order;
+//   - records sorted by (kind, key), strictly increasing: no duplicates,
+//     but one key may appear under two kinds, as in the table's stores;
 //   - only live states: every time delta ≥ 1 and ≤ maxDelta; Counts ≠ 0,
 //     with each 32-bit half ≤ MaxLimit; a log of 1 to MaxLogLimit
 //     entries in non-decreasing expiry order, each of cost ≥ 1, their sum
@@ -40,15 +50,21 @@ import (
 // backwards makes one) to maxDelta.
 const (
 	streamMagic   = "RLP1"
-	streamVersion = 1
+	streamVersion = 2
 
 	kindTAT    = 1
 	kindWindow = 2
 	kindLog    = 3
 
-	// minRecord is the size of the smallest record (a TAT whose delta
-	// takes one byte): it bounds count by the bytes that follow.
-	minRecord = 8 + 1 + 1
+	// keyBytes is the size of a record's key.
+	keyBytes = 7
+
+	// minRecord is the size of the smallest record (a TAT whose set and
+	// delta take one byte each): it bounds count by the bytes that follow.
+	minRecord = keyBytes + 1 + 1 + 1
+
+	// minRule is the size of the smallest rule: it bounds nrules.
+	minRule = 1 + 1 + 1 + 1 + 1 + 1
 
 	// maxDelta bounds every time delta in a stream: twice the longest
 	// a TAT may legitimately run ahead (MaxTolerance), about 20 years.
@@ -82,62 +98,99 @@ func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	p := t.part(part)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	g := t.sets.Load() // under the lock: see freeTag
 
-	var tats []slot[TAT]
-	p.tats.all(func(h uint64, v TAT) {
-		if !v.idle(now) {
-			tats = append(tats, slot[TAT]{h, v})
+	type rec struct {
+		kind byte
+		key  uint64
+		tag  uint8
+		tat  TAT
+		win  Window
+		log  *Log
+	}
+	var recs []rec
+	p.tats.all(func(k uint64, tag uint8, v TAT) {
+		if !droppable(v, tag, now, g) {
+			recs = append(recs, rec{kind: kindTAT, key: k, tag: tag, tat: v})
 		}
 	})
-	var wins []slot[Window]
-	p.wins.all(func(h uint64, v Window) {
-		if !v.idle(now) {
-			wins = append(wins, slot[Window]{h, v})
+	p.wins.all(func(k uint64, tag uint8, v Window) {
+		if !droppable(v, tag, now, g) {
+			recs = append(recs, rec{kind: kindWindow, key: k, tag: tag, win: v})
 		}
 	})
-	type logRef struct {
-		h uint64
-		l *Log
-	}
-	var logs []logRef
-	for h, l := range p.logs {
-		if !l.Dead(now) { // drops the entries expired at now
-			logs = append(logs, logRef{h, l})
+	for k, l := range p.logs {
+		if !droppableLog(l, now, g) { // drops the entries expired at now
+			recs = append(recs, rec{kind: kindLog, key: k, tag: l.tag, log: l})
 		}
 	}
-	slices.SortFunc(tats, func(a, b slot[TAT]) int { return cmp.Compare(a.key, b.key) })
-	slices.SortFunc(wins, func(a, b slot[Window]) int { return cmp.Compare(a.key, b.key) })
-	slices.SortFunc(logs, func(a, b logRef) int { return cmp.Compare(a.h, b.h) })
+	slices.SortFunc(recs, func(a, b rec) int {
+		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
+	})
+	// The sets the records use, in version order, numbered from 1.
+	var ref [maxTags]uint64
+	for _, r := range recs {
+		ref[r.tag] = 1
+	}
+	var sets []*ruleSet
+	for _, s := range g.sets {
+		if s.version != 0 && ref[s.tag] != 0 {
+			sets = append(sets, s)
+			ref[s.tag] = uint64(len(sets))
+		}
+	}
+	ref[legacyTag] = 0
 
-	dst = slices.Grow(dst, 16+len(tats)*13+len(wins)*18+len(logs)*20)
+	dst = slices.Grow(dst, 16+len(recs)*16)
 	dst = append(dst, streamMagic...)
 	dst = append(dst, streamVersion)
 	dst = binary.AppendUvarint(dst, uint64(part))
-	dst = binary.AppendUvarint(dst, uint64(len(tats)+len(wins)+len(logs)))
-	for _, e := range tats {
-		dst = appendHead(dst, e.key, kindTAT)
-		dst = binary.AppendUvarint(dst, delta(int64(e.val), now))
+	dst = binary.AppendUvarint(dst, uint64(len(sets)))
+	for _, s := range sets {
+		dst = appendSet(dst, s, now)
 	}
-	for _, e := range wins {
-		dst = appendHead(dst, e.key, kindWindow)
-		dst = binary.AppendUvarint(dst, delta(e.val.DeadAt, now))
-		dst = binary.AppendUvarint(dst, e.val.Counts)
-	}
-	for _, e := range logs {
-		dst = appendHead(dst, e.h, kindLog)
-		dst = binary.AppendUvarint(dst, uint64(e.l.n))
-		for i := range int(e.l.n) {
-			le := e.l.at(i)
-			dst = binary.AppendUvarint(dst, delta(le.exp, now))
-			dst = binary.AppendUvarint(dst, uint64(le.cost))
+	dst = binary.AppendUvarint(dst, uint64(len(recs)))
+	for _, r := range recs {
+		n := len(dst)
+		dst = binary.LittleEndian.AppendUint64(dst, r.key>>8)[:n+keyBytes]
+		dst = append(dst, r.kind)
+		dst = binary.AppendUvarint(dst, ref[r.tag])
+		switch r.kind {
+		case kindTAT:
+			dst = binary.AppendUvarint(dst, delta(int64(r.tat), now))
+		case kindWindow:
+			dst = binary.AppendUvarint(dst, delta(r.win.DeadAt, now))
+			dst = binary.AppendUvarint(dst, r.win.Counts)
+		case kindLog:
+			dst = binary.AppendUvarint(dst, uint64(r.log.n))
+			for i := range int(r.log.n) {
+				le := r.log.at(i)
+				dst = binary.AppendUvarint(dst, delta(le.exp, now))
+				dst = binary.AppendUvarint(dst, uint64(le.cost))
+			}
 		}
 	}
 	return dst
 }
 
-func appendHead(dst []byte, h uint64, kind byte) []byte {
-	dst = binary.LittleEndian.AppendUint64(dst, h)
-	return append(dst, kind)
+func appendSet(dst []byte, s *ruleSet, now int64) []byte {
+	dst = binary.AppendUvarint(dst, s.version)
+	age := uint64(0)
+	if s.since < now {
+		age = min(uint64(now)-uint64(s.since), uint64(maxDelta))
+	}
+	dst = binary.AppendUvarint(dst, age)
+	dst = binary.AppendUvarint(dst, uint64(len(s.rules)))
+	for _, name := range slices.Sorted(maps.Keys(s.rules)) {
+		r := s.rules[name]
+		dst = binary.AppendUvarint(dst, uint64(len(name)))
+		dst = append(dst, name...)
+		dst = append(dst, byte(r.Algorithm))
+		dst = binary.AppendUvarint(dst, uint64(r.Limit))
+		dst = binary.AppendUvarint(dst, uint64(r.Period))
+		dst = binary.AppendUvarint(dst, uint64(r.Burst))
+	}
+	return dst
 }
 
 // delta is at − now for a live time at > now, clamped to maxDelta.
@@ -152,10 +205,16 @@ func delta(at, now int64) uint64 {
 // is out of range or differs from the stream's partition, ErrCorrupt when
 // the stream is invalid.
 //
-// A state already held under the same hash is merged conservatively, so
-// that importing never admits more than either side would: for a TAT the
-// later one; for a Window the later DeadAt, and on equal DeadAt the larger
-// of each count; for a Log the imported one.
+// The stream's rule sets that the table does not hold are registered, as
+// having come into force when the exporter says (now − their age); a set
+// the table holds keeps its own time. Imported states then carry over to
+// newer rules on their next check like any other.
+//
+// A state already held under the same key is merged conservatively when
+// both were made under the same rule set, so that importing never admits
+// more than either side would: for a TAT the later one; for a Window the
+// later DeadAt and the larger of each count; for a Log the imported one.
+// When the sets differ, the state of the newer set is kept.
 func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 	if err := t.checkPart(part); err != nil {
 		return 0, err
@@ -164,52 +223,70 @@ func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 	if err != nil {
 		return 0, err
 	}
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	tags := make([]uint8, len(recs.sets)+1)
+	tags[0] = legacyTag
+	for i, s := range recs.sets {
+		tags[i+1] = t.register(s.version, s.rules, s.since, false).tag
+	}
+	g := t.sets.Load()
+	newer := func(a, b uint8) bool { return g.byTag[a].version > g.byTag[b].version }
 	p := &t.parts[part]
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.tats.reserve(len(recs.tats), now)
+	p.tats.reserve(len(recs.tats), now, g)
 	for _, e := range recs.tats {
-		if ps := p.tats.get(e.key); ps != nil {
-			*ps = max(*ps, e.val)
-		} else {
-			p.tats.insert(e.key, e.val, now)
+		tag := tags[e.set]
+		switch ps := p.tats.find(e.key); {
+		case ps == nil:
+			p.tats.insert(e.key, tag, e.val, now, g)
+		case ps.tag() == tag:
+			ps.val = max(ps.val, e.val)
+		case newer(tag, ps.tag()):
+			ps.val, ps.key = e.val, e.key|uint64(tag)
 		}
 	}
-	p.wins.reserve(len(recs.wins), now)
+	p.wins.reserve(len(recs.wins), now, g)
 	for _, e := range recs.wins {
-		if ps := p.wins.get(e.key); ps != nil {
-			*ps = mergeWindow(*ps, e.val)
-		} else {
-			p.wins.insert(e.key, e.val, now)
+		tag := tags[e.set]
+		switch ps := p.wins.find(e.key); {
+		case ps == nil:
+			p.wins.insert(e.key, tag, e.val, now, g)
+		case ps.tag() == tag:
+			ps.val = mergeWindow(ps.val, e.val)
+		case newer(tag, ps.tag()):
+			ps.val, ps.key = e.val, e.key|uint64(tag)
 		}
 	}
 	if len(recs.logs) > 0 && p.logs == nil {
 		p.logs = make(map[uint64]*Log, len(recs.logs))
 	}
 	for _, e := range recs.logs {
-		p.logs[e.h] = e.l
+		e.l.tag = tags[e.set]
+		if old, ok := p.logs[e.key]; !ok || old.tag == e.l.tag || newer(e.l.tag, old.tag) {
+			p.logs[e.key] = e.l
+		}
 	}
 	return recs.count, nil
 }
 
-// mergeWindow keeps the window state that admits less.
+// mergeWindow keeps the window state that admits less: the later DeadAt,
+// and the larger of each count. Without the rule it cannot tell whether
+// the two are in the same window (DeadAt also holds Last, see Window);
+// when they are not, the merged state over-counts the later window by
+// what the earlier one held, which never admits more.
 func mergeWindow(a, b Window) Window {
-	switch {
-	case a.DeadAt > b.DeadAt:
-		return a
-	case a.DeadAt < b.DeadAt:
-		return b
-	}
 	hi := max(a.Counts>>32, b.Counts>>32)
 	lo := max(a.Counts&math.MaxUint32, b.Counts&math.MaxUint32)
-	return Window{DeadAt: a.DeadAt, Counts: hi<<32 | lo}
+	return Window{DeadAt: max(a.DeadAt, b.DeadAt), Counts: hi<<32 | lo}
 }
 
 // reserve makes room for k more entries, sweeping or growing once rather
 // than on the way.
-func (s *slots[V]) reserve(k int, now int64) {
+func (s *slots[V]) reserve(k int, now int64, g *ruleSets) {
 	if k > 0 && overMax(s.n+k, len(s.ents)) {
-		s.makeRoom(k, now)
+		s.makeRoom(k, now, g)
 	}
 }
 
@@ -217,14 +294,23 @@ func (s *slots[V]) reserve(k int, now int64) {
 // clock.
 type decoded struct {
 	count int
-	tats  []slot[TAT]
-	wins  []slot[Window]
-	logs  []logRec
+	sets  []decodedSet
+	tats  []decodedRec[TAT]
+	wins  []decodedRec[Window]
+	logs  []decodedRec[*Log]
 }
 
-type logRec struct {
-	h uint64
-	l *Log
+type decodedSet struct {
+	version uint64
+	since   int64
+	rules   map[string]*Rule
+}
+
+type decodedRec[V any] struct {
+	key uint64 // slot key
+	set int    // 0: unversioned; i: sets[i-1]
+	val V
+	l   *Log // logs only
 }
 
 // decoder reads a stream; its methods return *CorruptError on failure.
@@ -247,12 +333,14 @@ func (d *decoder) byte1(what string) (byte, error) {
 	return d.b[d.off-1], nil
 }
 
-func (d *decoder) u64(what string) (uint64, error) {
-	if d.rest() < 8 {
-		return 0, d.fail("truncated %s", what)
+func (d *decoder) key() (uint64, error) {
+	if d.rest() < keyBytes {
+		return 0, d.fail("truncated key")
 	}
-	d.off += 8
-	return binary.LittleEndian.Uint64(d.b[d.off-8:]), nil
+	var b [8]byte
+	copy(b[:], d.b[d.off:d.off+keyBytes])
+	d.off += keyBytes
+	return binary.LittleEndian.Uint64(b[:]) << 8, nil
 }
 
 // uvarint reads a uvarint in its shortest form, at most hi.
@@ -304,7 +392,7 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 	}
 	if v != streamVersion {
 		d.off--
-		return nil, d.fail("version %d, want %d", v, streamVersion)
+		return nil, d.fail("format version %d, want %d", v, streamVersion)
 	}
 	sp, err := d.uvarint("partition", math.MaxUint32)
 	if err != nil {
@@ -313,7 +401,28 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 	if sp != uint64(part) {
 		return nil, fmt.Errorf("%w: stream holds partition %d, importing into %d", ErrPartition, sp, part)
 	}
+	out := &decoded{}
 	off := d.off
+	nsets, err := d.uvarint("set count", maxTags)
+	if err != nil {
+		return nil, err
+	}
+	if nsets > uint64(d.rest()/3) {
+		d.off = off
+		return nil, d.fail("set count %d, but only %d bytes follow", nsets, d.rest())
+	}
+	for i := range nsets {
+		s, err := d.set(now)
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 && s.version <= out.sets[i-1].version {
+			return nil, d.fail("set of version %d after version %d", s.version, out.sets[i-1].version)
+		}
+		out.sets = append(out.sets, s)
+	}
+	used := make([]bool, nsets+1)
+	off = d.off
 	count, err := d.uvarint("record count", math.MaxInt32)
 	if err != nil {
 		return nil, err
@@ -322,11 +431,11 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 		d.off = off
 		return nil, d.fail("record count %d, but only %d bytes follow", count, d.rest())
 	}
-	out := &decoded{count: int(count)}
-	lastKind, lastHash := byte(0), uint64(0)
+	out.count = int(count)
+	lastKind, lastKey := byte(0), uint64(0)
 	for range count {
 		off := d.off
-		h, err := d.u64("hash")
+		k, err := d.key()
 		if err != nil {
 			return nil, err
 		}
@@ -338,36 +447,130 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 			d.off--
 			return nil, d.fail("unknown kind %d", kind)
 		}
-		if kind < lastKind || kind == lastKind && h <= lastHash {
+		if kind < lastKind || kind == lastKind && k <= lastKey {
 			d.off = off
-			return nil, d.fail("record (kind %d, hash %#x) out of order or duplicate", kind, h)
+			return nil, d.fail("record (kind %d, key %#x) out of order or duplicate", kind, k>>8)
 		}
-		lastKind, lastHash = kind, h
+		lastKind, lastKey = kind, k
+		set, err := d.uvarint("set", nsets)
+		if err != nil {
+			return nil, err
+		}
+		used[set] = true
 		switch kind {
 		case kindTAT:
 			v, err := d.at("TAT delta", now)
 			if err != nil {
 				return nil, err
 			}
-			out.tats = append(out.tats, slot[TAT]{h, TAT(v)})
+			out.tats = append(out.tats, decodedRec[TAT]{k, int(set), TAT(v), nil})
 		case kindWindow:
 			w, err := d.window(now)
 			if err != nil {
 				return nil, err
 			}
-			out.wins = append(out.wins, slot[Window]{h, w})
+			out.wins = append(out.wins, decodedRec[Window]{k, int(set), w, nil})
 		case kindLog:
 			l, err := d.log(now)
 			if err != nil {
 				return nil, err
 			}
-			out.logs = append(out.logs, logRec{h, l})
+			out.logs = append(out.logs, decodedRec[*Log]{k, int(set), l, l})
 		}
 	}
 	if d.rest() != 0 {
 		return nil, d.fail("%d bytes after the last record", d.rest())
 	}
+	for i := 1; i < len(used); i++ {
+		if !used[i] {
+			return nil, d.fail("set %d (version %d) used by no record", i, out.sets[i-1].version)
+		}
+	}
 	return out, nil
+}
+
+func (d *decoder) set(now int64) (decodedSet, error) {
+	var s decodedSet
+	off := d.off
+	v, err := d.uvarint("rules version", math.MaxUint64)
+	if err != nil {
+		return s, err
+	}
+	if v == 0 {
+		d.off = off
+		return s, d.fail("rules version 0 in a set")
+	}
+	off = d.off
+	age, err := d.uvarint("set age", uint64(maxDelta))
+	if err != nil {
+		return s, err
+	}
+	if now < math.MinInt64+int64(age) {
+		d.off = off
+		return s, d.fail("set age %d overflows the importer's clock at %d", age, now)
+	}
+	off = d.off
+	n, err := d.uvarint("rule count", math.MaxInt32)
+	if err != nil {
+		return s, err
+	}
+	if n > uint64(d.rest()/minRule) {
+		d.off = off
+		return s, d.fail("rule count %d, but only %d bytes follow", n, d.rest())
+	}
+	s.version, s.since, s.rules = v, now-int64(age), make(map[string]*Rule, n)
+	last := ""
+	for i := range n {
+		off := d.off
+		r, err := d.rule()
+		if err != nil {
+			return s, err
+		}
+		if i > 0 && r.Name <= last {
+			d.off = off
+			return s, d.fail("rule %q after %q", r.Name, last)
+		}
+		last = r.Name
+		s.rules[r.Name] = &r
+	}
+	return s, nil
+}
+
+func (d *decoder) rule() (Rule, error) {
+	var r Rule
+	off := d.off
+	n, err := d.uvarint("rule name length", MaxNameLen)
+	if err != nil {
+		return r, err
+	}
+	if uint64(d.rest()) < n {
+		return r, d.fail("truncated rule name")
+	}
+	r.Name = string(d.b[d.off : d.off+int(n)])
+	d.off += int(n)
+	a, err := d.byte1("algorithm")
+	if err != nil {
+		return r, err
+	}
+	r.Algorithm = Algorithm(a)
+	lim, err := d.uvarint("limit", MaxLimit)
+	if err != nil {
+		return r, err
+	}
+	per, err := d.uvarint("period", uint64(MaxPeriod))
+	if err != nil {
+		return r, err
+	}
+	burst, err := d.uvarint("burst", MaxLimit)
+	if err != nil {
+		return r, err
+	}
+	r.Limit, r.Period, r.Burst = int64(lim), time.Duration(per), int64(burst)
+	if err := r.Validate(); err != nil {
+		d.off = off
+		return r, d.fail("%v", err)
+	}
+	return r, nil
 }
 
 func (d *decoder) window(now int64) (Window, error) {
@@ -425,9 +628,9 @@ func (d *decoder) log(now int64) (*Log, error) {
 }
 
 // logFrom builds a Log holding ents, oldest first, whose costs add up to
-// sum.
+// sum ≤ MaxLogLimit.
 func logFrom(ents []logEntry, sum int64) *Log {
-	l := &Log{exps: make([]int64, len(ents)), n: int32(len(ents)), sum: sum}
+	l := &Log{exps: make([]int64, len(ents)), n: int32(len(ents)), sum: int32(sum)}
 	for i, e := range ents {
 		l.exps[i] = e.exp
 		if e.cost != 1 && l.costs == nil {

@@ -11,22 +11,49 @@ import (
 	"pgregory.net/rapid"
 )
 
-// testRec is one record of a hand-built stream: a hash, a kind and the
-// payload's uvarints.
+// testRec is one record of a hand-built stream: a key (a slot key >> 8),
+// a kind, the payload's uvarints, and the number of its set (0: none).
 type testRec struct {
 	h    uint64
 	kind byte
 	vals []uint64
+	set  uint64
 }
 
-// buildStream encodes records the way Export does, without its checks.
-func buildStream(part uint64, recs ...testRec) []byte {
+// testSet is one rule set of a hand-built stream.
+type testSet struct {
+	version, age uint64
+	rules        []Rule
+}
+
+// buildStream encodes records of the unversioned set the way Export does,
+// without its checks.
+func buildStream(part uint64, recs ...testRec) []byte { return buildStreamSets(part, nil, recs...) }
+
+// buildStreamSets encodes sets and records the way Export does, without
+// its checks.
+func buildStreamSets(part uint64, sets []testSet, recs ...testRec) []byte {
 	b := append([]byte(streamMagic), streamVersion)
 	b = binary.AppendUvarint(b, part)
+	b = binary.AppendUvarint(b, uint64(len(sets)))
+	for _, st := range sets {
+		b = binary.AppendUvarint(b, st.version)
+		b = binary.AppendUvarint(b, st.age)
+		b = binary.AppendUvarint(b, uint64(len(st.rules)))
+		for _, r := range st.rules {
+			b = binary.AppendUvarint(b, uint64(len(r.Name)))
+			b = append(b, r.Name...)
+			b = append(b, byte(r.Algorithm))
+			b = binary.AppendUvarint(b, uint64(r.Limit))
+			b = binary.AppendUvarint(b, uint64(r.Period))
+			b = binary.AppendUvarint(b, uint64(r.Burst))
+		}
+	}
 	b = binary.AppendUvarint(b, uint64(len(recs)))
 	for _, r := range recs {
-		b = binary.LittleEndian.AppendUint64(b, r.h)
+		b = binary.LittleEndian.AppendUint64(b, r.h)[:len(b)+keyBytes]
 		b = append(b, r.kind)
+		b = binary.AppendUvarint(b, r.set)
 		for _, v := range r.vals {
 			b = binary.AppendUvarint(b, v)
 		}
@@ -44,29 +71,29 @@ func TestExportFormat(t *testing.T) {
 		h    uint64
 		r    *Rule
 		cost int64
-	}{{0x0201, tbr, 3}, {0, tbr, 1}, {0x0201, fw, 4}, {0x0201, sl, 2}} {
+	}{{0x020100, tbr, 3}, {0, tbr, 1}, {0x020100, fw, 4}, {0x020100, sl, 2}} {
 		if _, err := tb.Check(2, c.h, c.r, now, c.cost); err != nil {
 			t.Fatal(err)
 		}
 	}
 	sl2 := *sl
-	if _, err := tb.Check(2, 0x0201, &sl2, now+int64(time.Millisecond), 1); err != nil {
+	if _, err := tb.Check(2, 0x020100, &sl2, now+int64(time.Millisecond), 1); err != nil {
 		t.Fatal(err)
 	}
 	const ms = uint64(time.Millisecond)
-	// The window started at now aligned down to a second: now = 2⁴⁰ ns.
-	windowLeft := uint64(int64(time.Second) - now%int64(time.Second))
+	// A window's DeadAt is its end plus the offset of its latest
+	// admission from its start: now + 1s for an admission at now.
 	want := buildStream(2,
-		testRec{0, kindTAT, []uint64{100 * ms}},
-		testRec{0x0201, kindTAT, []uint64{300 * ms}},
-		testRec{0x0201, kindWindow, []uint64{windowLeft, 4}},
-		testRec{0x0201, kindLog, []uint64{2, 1000 * ms, 2, 1001 * ms, 1}},
+		testRec{0, kindTAT, []uint64{100 * ms}, 0},
+		testRec{0x0201, kindTAT, []uint64{300 * ms}, 0},
+		testRec{0x0201, kindWindow, []uint64{1000 * ms, 4}, 0},
+		testRec{0x0201, kindLog, []uint64{2, 1000 * ms, 2, 1001 * ms, 1}, 0},
 	)
 	got := tb.Export([]byte("prefix"), 2, now)
 	if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[6:], want) {
 		t.Fatalf("Export =\n% x\nwant\n% x", got[6:], want)
 	}
-	if !bytes.Equal(want[:6], []byte{'R', 'L', 'P', '1', 1, 2}) {
+	if !bytes.Equal(want[:7], []byte{'R', 'L', 'P', '1', 2, 2, 0}) {
 		t.Fatalf("header % x", want[:6])
 	}
 	// 350ms later the token buckets are full again, and their records gone.
@@ -75,7 +102,7 @@ func TestExportFormat(t *testing.T) {
 		t.Fatalf("Import of the later export: %d records, %v; want 2", n, err)
 	}
 	empty := tb.Export(nil, 1, now)
-	if !bytes.Equal(empty, []byte{'R', 'L', 'P', '1', 1, 1, 0}) {
+	if !bytes.Equal(empty, []byte{'R', 'L', 'P', '1', 2, 1, 0, 0}) {
 		t.Fatalf("empty partition exports as % x", empty)
 	}
 }
@@ -151,23 +178,24 @@ func TestImportMerges(t *testing.T) {
 		{"tat later held", kindTAT, []uint64{9}, []uint64{5}, []uint64{9}},
 		{"tat later imported", kindTAT, []uint64{5}, []uint64{9}, []uint64{9}},
 		{"tat none held", kindTAT, nil, []uint64{5}, []uint64{5}},
-		{"window later held", kindWindow, []uint64{9, 1}, []uint64{5, 7}, []uint64{9, 1}},
-		{"window later imported", kindWindow, []uint64{5, 7}, []uint64{9, 1}, []uint64{9, 1}},
+		{"window later held", kindWindow, []uint64{9, 1}, []uint64{5, 7}, []uint64{9, 7}},
+		{"window later imported", kindWindow, []uint64{5, 7}, []uint64{9, 1}, []uint64{9, 7}},
 		{"window same end", kindWindow, []uint64{9, 3<<32 | 1}, []uint64{9, 1<<32 | 2}, []uint64{9, 3<<32 | 2}},
+		{"window counts of both", kindWindow, []uint64{9, 1<<32 | 1}, []uint64{5, 7}, []uint64{9, 1<<32 | 7}},
 		{"log imported", kindLog, []uint64{2, 5, 1, 6, 1}, []uint64{1, 3, 1}, []uint64{1, 3, 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tb := mustTable(t, 1)
 			if tt.held != nil {
-				if _, err := tb.Import(0, buildStream(0, testRec{42, tt.kind, tt.held}), now); err != nil {
+				if _, err := tb.Import(0, buildStream(0, testRec{42, tt.kind, tt.held, 0}), now); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := tb.Import(0, buildStream(0, testRec{42, tt.kind, tt.imp}), now); err != nil {
+			if _, err := tb.Import(0, buildStream(0, testRec{42, tt.kind, tt.imp, 0}), now); err != nil {
 				t.Fatal(err)
 			}
-			want := buildStream(0, testRec{42, tt.kind, tt.want})
+			want := buildStream(0, testRec{42, tt.kind, tt.want, 0})
 			if got := tb.Export(nil, 0, now); !bytes.Equal(got, want) {
 				t.Fatalf("after merge: % x, want % x", got, want)
 			}
@@ -188,11 +216,12 @@ func TestImportMerges(t *testing.T) {
 
 func TestImportRejects(t *testing.T) {
 	const now = int64(1 << 50)
-	valid := buildStream(1,
-		testRec{1, kindTAT, []uint64{10}},
-		testRec{2, kindTAT, []uint64{10}},
-		testRec{1, kindWindow, []uint64{10, 1<<32 | 1}},
-		testRec{1, kindLog, []uint64{2, 5, 1, 5, 2}},
+	setRule := &Rule{Name: "s", Algorithm: GCRA, Limit: 3, Period: time.Second}
+	valid := buildStreamSets(1, []testSet{{7, 100, []Rule{*setRule}}},
+		testRec{1, kindTAT, []uint64{10}, 1},
+		testRec{2, kindTAT, []uint64{10}, 0},
+		testRec{1, kindWindow, []uint64{10, 1<<32 | 1}, 0},
+		testRec{1, kindLog, []uint64{2, 5, 1, 5, 2}, 0},
 	)
 	long := []uint64{MaxLogLimit + 1}
 	for range MaxLogLimit + 1 {
@@ -205,32 +234,42 @@ func TestImportRejects(t *testing.T) {
 		want error
 	}{
 		{"empty", nil, ErrCorrupt},
-		{"bad magic", withTail([]byte("RLP2\x01\x01\x00")), ErrCorrupt},
-		{"bad version", withTail([]byte("RLP1\x02\x01\x00")), ErrCorrupt},
+		{"bad magic", withTail([]byte("RLP2\x02\x01\x00\x00")), ErrCorrupt},
+		{"format 1", withTail([]byte("RLP1\x01\x01\x00")), ErrCorrupt},
+		{"format 3", withTail([]byte("RLP1\x03\x01\x00\x00")), ErrCorrupt},
 		{"other partition", buildStream(0), ErrPartition},
 		{"partition over 32 bits", buildStream(1 << 32), ErrCorrupt},
 		{"trailing byte", withTail(valid, 0), ErrCorrupt},
-		{"count over bytes", withTail([]byte("RLP1\x01\x01\x02"), make([]byte, 19)...), ErrCorrupt},
-		{"count overflow", withTail([]byte("RLP1\x01\x01"), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), ErrCorrupt},
-		{"non-minimal varint", withTail([]byte("RLP1\x01\x81\x00\x00")), ErrCorrupt},
-		{"unknown kind 0", buildStream(1, testRec{1, 0, []uint64{10}}), ErrCorrupt},
-		{"unknown kind 4", buildStream(1, testRec{1, 4, []uint64{10}}), ErrCorrupt},
-		{"duplicate", buildStream(1, testRec{1, kindTAT, []uint64{10}}, testRec{1, kindTAT, []uint64{11}}), ErrCorrupt},
-		{"hash order", buildStream(1, testRec{2, kindTAT, []uint64{10}}, testRec{1, kindTAT, []uint64{11}}), ErrCorrupt},
-		{"kind order", buildStream(1, testRec{1, kindWindow, []uint64{10, 1}}, testRec{2, kindTAT, []uint64{11}}), ErrCorrupt},
-		{"tat delta 0", buildStream(1, testRec{1, kindTAT, []uint64{0}}), ErrCorrupt},
-		{"tat delta over max", buildStream(1, testRec{1, kindTAT, []uint64{uint64(maxDelta) + 1}}), ErrCorrupt},
-		{"window delta 0", buildStream(1, testRec{1, kindWindow, []uint64{0, 1}}), ErrCorrupt},
-		{"window counts 0", buildStream(1, testRec{1, kindWindow, []uint64{5, 0}}), ErrCorrupt},
-		{"window count over limit", buildStream(1, testRec{1, kindWindow, []uint64{5, MaxLimit + 1}}), ErrCorrupt},
-		{"window prev over limit", buildStream(1, testRec{1, kindWindow, []uint64{5, (MaxLimit + 1) << 32}}), ErrCorrupt},
-		{"log empty", buildStream(1, testRec{1, kindLog, []uint64{0}}), ErrCorrupt},
-		{"log too long", buildStream(1, testRec{1, kindLog, long}), ErrCorrupt},
-		{"log cost 0", buildStream(1, testRec{1, kindLog, []uint64{1, 5, 0}}), ErrCorrupt},
-		{"log sum over max", buildStream(1, testRec{1, kindLog, []uint64{2, 5, MaxLogLimit, 6, 1}}), ErrCorrupt},
-		{"log out of order", buildStream(1, testRec{1, kindLog, []uint64{2, 6, 1, 5, 1}}), ErrCorrupt},
-		{"log exp delta 0", buildStream(1, testRec{1, kindLog, []uint64{1, 0, 1}}), ErrCorrupt},
-		{"log length over bytes", buildStream(1, testRec{1, kindLog, []uint64{100, 5, 1}}), ErrCorrupt},
+		{"count over bytes", withTail([]byte("RLP1\x02\x01\x00\x02"), make([]byte, 2*minRecord-1)...), ErrCorrupt},
+		{"count overflow", withTail([]byte("RLP1\x02\x01\x00"), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), ErrCorrupt},
+		{"non-minimal varint", withTail([]byte("RLP1\x02\x81\x00\x00\x00")), ErrCorrupt},
+		{"set count over bytes", withTail([]byte("RLP1\x02\x01\x05\x00")), ErrCorrupt},
+		{"set version 0", buildStreamSets(1, []testSet{{0, 1, []Rule{*setRule}}}, testRec{1, kindTAT, []uint64{10}, 1}), ErrCorrupt},
+		{"set order", buildStreamSets(1, []testSet{{5, 1, []Rule{*setRule}}, {4, 1, []Rule{*setRule}}}, testRec{1, kindTAT, []uint64{10}, 1}, testRec{2, kindTAT, []uint64{10}, 2}), ErrCorrupt},
+		{"set unused", buildStreamSets(1, []testSet{{5, 1, []Rule{*setRule}}}, testRec{1, kindTAT, []uint64{10}, 0}), ErrCorrupt},
+		{"set out of range", buildStreamSets(1, []testSet{{5, 1, []Rule{*setRule}}}, testRec{1, kindTAT, []uint64{10}, 2}), ErrCorrupt},
+		{"set age over max", buildStreamSets(1, []testSet{{5, uint64(maxDelta) + 1, []Rule{*setRule}}}, testRec{1, kindTAT, []uint64{10}, 1}), ErrCorrupt},
+		{"set rule invalid", buildStreamSets(1, []testSet{{5, 1, []Rule{{Name: "z", Algorithm: GCRA, Limit: 0, Period: time.Second}}}}, testRec{1, kindTAT, []uint64{10}, 1}), ErrCorrupt},
+		{"set rule name", buildStreamSets(1, []testSet{{5, 1, []Rule{{Name: "a b", Algorithm: GCRA, Limit: 1, Period: time.Second}}}}, testRec{1, kindTAT, []uint64{10}, 1}), ErrCorrupt},
+		{"set rules order", buildStreamSets(1, []testSet{{5, 1, []Rule{*setRule, *setRule}}}, testRec{1, kindTAT, []uint64{10}, 1}), ErrCorrupt},
+		{"unknown kind 0", buildStream(1, testRec{1, 0, []uint64{10}, 0}), ErrCorrupt},
+		{"unknown kind 4", buildStream(1, testRec{1, 4, []uint64{10}, 0}), ErrCorrupt},
+		{"duplicate", buildStream(1, testRec{1, kindTAT, []uint64{10}, 0}, testRec{1, kindTAT, []uint64{11}, 0}), ErrCorrupt},
+		{"hash order", buildStream(1, testRec{2, kindTAT, []uint64{10}, 0}, testRec{1, kindTAT, []uint64{11}, 0}), ErrCorrupt},
+		{"kind order", buildStream(1, testRec{1, kindWindow, []uint64{10, 1}, 0}, testRec{2, kindTAT, []uint64{11}, 0}), ErrCorrupt},
+		{"tat delta 0", buildStream(1, testRec{1, kindTAT, []uint64{0}, 0}), ErrCorrupt},
+		{"tat delta over max", buildStream(1, testRec{1, kindTAT, []uint64{uint64(maxDelta) + 1}, 0}), ErrCorrupt},
+		{"window delta 0", buildStream(1, testRec{1, kindWindow, []uint64{0, 1}, 0}), ErrCorrupt},
+		{"window counts 0", buildStream(1, testRec{1, kindWindow, []uint64{5, 0}, 0}), ErrCorrupt},
+		{"window count over limit", buildStream(1, testRec{1, kindWindow, []uint64{5, MaxLimit + 1}, 0}), ErrCorrupt},
+		{"window prev over limit", buildStream(1, testRec{1, kindWindow, []uint64{5, (MaxLimit + 1) << 32}, 0}), ErrCorrupt},
+		{"log empty", buildStream(1, testRec{1, kindLog, []uint64{0}, 0}), ErrCorrupt},
+		{"log too long", buildStream(1, testRec{1, kindLog, long, 0}), ErrCorrupt},
+		{"log cost 0", buildStream(1, testRec{1, kindLog, []uint64{1, 5, 0}, 0}), ErrCorrupt},
+		{"log sum over max", buildStream(1, testRec{1, kindLog, []uint64{2, 5, MaxLogLimit, 6, 1}, 0}), ErrCorrupt},
+		{"log out of order", buildStream(1, testRec{1, kindLog, []uint64{2, 6, 1, 5, 1}, 0}), ErrCorrupt},
+		{"log exp delta 0", buildStream(1, testRec{1, kindLog, []uint64{1, 0, 1}, 0}), ErrCorrupt},
+		{"log length over bytes", buildStream(1, testRec{1, kindLog, []uint64{100, 5, 1}, 0}), ErrCorrupt},
 	}
 	for cut := range len(valid) {
 		tests = append(tests, struct {
@@ -246,6 +285,9 @@ func TestImportRejects(t *testing.T) {
 	}
 	if _, err := mustTable(t, 2).Import(1, valid, now); err != nil {
 		t.Fatalf("the valid stream: %v", err)
+	}
+	if _, err := mustTable(t, 2).Import(1, valid, math.MinInt64+99); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a set age that overflows the importer's clock: %v, want ErrCorrupt", err)
 	}
 	before := tb.Export(nil, 1, now)
 	for _, tt := range tests {

@@ -3,7 +3,11 @@ package limiter
 import (
 	"bytes"
 	"errors"
+	"flag"
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -36,14 +40,76 @@ func fuzzSeeds(t testing.TB) [][]byte {
 	// A sliding window with a previous and a current count.
 	tb.Check(fuzzPart, 99, rules[4], now+int64(11*time.Second), 1)
 	seeds = append(seeds, tb.Export(nil, fuzzPart, now+int64(11*time.Second)))
+
+	// States of two rule sets, and of none.
+	at := now + int64(12*time.Second)
+	v1, v2 := versioned(rules, 7, 1), versioned(rules, 9, 2)
+	for _, set := range [][]Rule{v1, v2} {
+		if err := tb.SetRules(set[0].Version, set, at); err != nil {
+			t.Fatal(err)
+		}
+		for i := range set {
+			for h := range uint64(2) {
+				tb.Check(fuzzPart, 1000+h+uint64(10*set[0].Version), &set[i], at, 1)
+			}
+		}
+		at += int64(time.Millisecond)
+	}
+	seeds = append(seeds, tb.Export(nil, fuzzPart, at))
 	return seeds
+}
+
+// versioned returns rules as the rule set of version v, every limit times
+// k.
+func versioned(rules []*Rule, v uint64, k int64) []Rule {
+	out := make([]Rule, len(rules))
+	for i, r := range rules {
+		out[i] = *r
+		out[i].Version = v
+		out[i].Limit *= k
+		if out[i].Burst != 0 {
+			out[i].Burst *= k
+		}
+	}
+	return out
+}
+
+var updateSeeds = flag.Bool("update-seeds", false, "rewrite testdata/fuzz/FuzzImport/seed-export-* from fuzzSeeds")
+
+// The committed seed corpus is what fuzzSeeds exports today (go test
+// -run TestFuzzSeedCorpus -update-seeds rewrites it).
+func TestFuzzSeedCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzImport")
+	seeds := fuzzSeeds(t)
+	if *updateSeeds {
+		old, _ := filepath.Glob(filepath.Join(dir, "seed-export-*"))
+		for _, f := range old {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, s := range seeds {
+		name := filepath.Join(dir, fmt.Sprintf("seed-export-%02d", i))
+		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nint64(%d)\n", s, int64(1<<60))
+		if *updateSeeds {
+			if err := os.WriteFile(name, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(name)
+		if err != nil || string(got) != want {
+			t.Errorf("%s is not fuzzSeeds()[%d] (err %v); run go test -run TestFuzzSeedCorpus -update-seeds ./limiter", name, i, err)
+		}
+	}
 }
 
 func FuzzImport(f *testing.F) {
 	for _, s := range fuzzSeeds(f) {
 		f.Add(s, int64(1<<60))
 	}
-	f.Add([]byte("RLP1\x01\x01\x00"), int64(-1))
+	f.Add([]byte("RLP1\x02\x01\x00\x00"), int64(-1))
 	f.Fuzz(func(t *testing.T, src []byte, now int64) {
 		tb := mustTable(t, 2)
 		n, err := tb.Import(fuzzPart, src, now)
@@ -72,8 +138,9 @@ func FuzzImport(f *testing.F) {
 		// under rules of every algorithm and at the extremes of cost.
 		p := &tb.parts[fuzzPart]
 		var hashes []uint64
-		p.tats.all(func(h uint64, _ TAT) { hashes = append(hashes, h) })
-		p.wins.all(func(h uint64, _ Window) { hashes = append(hashes, h) })
+		// A slot key is a bucket hash of its own slot key.
+		p.tats.all(func(h uint64, _ uint8, _ TAT) { hashes = append(hashes, h) })
+		p.wins.all(func(h uint64, _ uint8, _ Window) { hashes = append(hashes, h) })
 		for h := range p.logs {
 			hashes = append(hashes, h)
 		}
@@ -81,7 +148,11 @@ func FuzzImport(f *testing.F) {
 		if now < math.MaxInt64-int64(time.Second) {
 			later = now + int64(time.Second)
 		}
-		for _, r := range fuzzRules {
+		rules := fuzzRules
+		for _, v := range tb.RuleVersions()[1:] {
+			rules = append(rules, fuzzRulesAt(v)...)
+		}
+		for _, r := range rules {
 			for _, h := range hashes[:min(len(hashes), 64)] {
 				for _, cost := range []int64{0, 1, r.Capacity()} {
 					for _, at := range []int64{now, later} {
@@ -104,6 +175,17 @@ var fuzzRules = []*Rule{
 	{Name: "sw2", Algorithm: SlidingWindow, Limit: 3, Period: MaxPeriod},
 	{Name: "sl", Algorithm: SlidingLog, Limit: 5, Period: time.Second},
 	{Name: "sl2", Algorithm: SlidingLog, Limit: MaxLogLimit, Period: MaxPeriod},
+}
+
+// fuzzRulesAt returns fuzzRules under version v.
+func fuzzRulesAt(v uint64) []*Rule {
+	out := make([]*Rule, len(fuzzRules))
+	for i, r := range fuzzRules {
+		c := *r
+		c.Version = v
+		out[i] = &c
+	}
+	return out
 }
 
 // The seeds are valid streams, and the rules are valid rules.

@@ -9,6 +9,11 @@
 // on that clock, so callers pass Unix nanoseconds. A clock that runs
 // backwards is clamped: no algorithm admits more because time went back.
 //
+// A rule change never re-reads a key's state under the new rule: the
+// Table remembers which rule set (Rule.Version, Table.SetRules) each state
+// was made under and carries it over first (ConvertTAT, ConvertWindow,
+// Log.Convert), also for states that crossed machines (Export, Import).
+//
 // Rule and the step functions are plain values, safe to share read-only.
 // Table is safe for concurrent use; see its documentation.
 package limiter
@@ -171,6 +176,13 @@ const (
 
 // Rule is one limit as the algorithms read it. The zero value is invalid;
 // build one from a rules file (package rules) or by hand and Validate it.
+//
+// Version names the rule set the rule belongs to, for Table: the caller
+// registers each set with Table.SetRules under its version (ringlimit
+// uses the Raft index at which the set was written) and checks with rules
+// carrying it, so that a key's state made under an older rule is carried
+// over to the new one instead of being re-read under it. 0 means
+// unversioned. Validate and the step functions ignore it.
 type Rule struct {
 	Name        string
 	Algorithm   Algorithm
@@ -178,6 +190,7 @@ type Rule struct {
 	Period      time.Duration // > 0
 	Burst       int64         // rate algorithms: capacity (0 = Limit); windows: 0 or Limit
 	FailureMode FailureMode
+	Version     uint64 // the rule set's version; see Table.SetRules
 }
 
 // FieldError says which field of which rule is invalid.

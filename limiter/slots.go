@@ -3,13 +3,17 @@ package limiter
 import "math/bits"
 
 // slots is the open-addressing hash map behind the TAT and Window stores:
-// bucket hash → state, with linear probing and no tombstones.
+// slot key → (tag, state), with linear probing and no tombstones.
 //
-//   - Keys are bucket hashes, already well mixed (BucketHash), so the home
-//     slot is "fastrange" on the high bits, ⌊hash × capacity / 2⁶⁴⌋: any
+//   - A slot's key word holds the bucket's slot key (slotKey: 56 bits of
+//     the bucket hash, in the high bits) and, in its low byte, the tag of
+//     the rule set the state was made under (see rulesets.go). Tags are
+//     never 0, so key word 0 marks an empty slot and every bucket hash,
+//     0 included, fits in the array. The tag costs no memory: a slot is
+//     still 16 bytes for a TAT.
+//   - Bucket hashes are already well mixed (BucketHash), so the home slot
+//     is "fastrange" on the high bits, ⌊key × capacity / 2⁶⁴⌋: any
 //     capacity works, and it can grow by 25% instead of doubling.
-//   - Hash 0 marks an empty slot; a real key 0 lives on the side
-//     (hasZero, zero).
 //   - Deletion shifts the rest of the cluster back (backward-shift
 //     deletion), so a probe stops at the first empty slot, always.
 //   - The load stays at most maxLoad; before growing, the map drops its
@@ -23,22 +27,40 @@ import "math/bits"
 //
 // slots is not safe for concurrent use; its partition's mutex guards it.
 type slots[V slotValue] struct {
-	ents    []slot[V] // len is the capacity; key 0 marks an empty slot
-	n       int       // entries in ents, without the zero key
-	hasZero bool
-	zero    V // the state of key 0, when hasZero
+	ents []slot[V] // len is the capacity; key 0 marks an empty slot
+	n    int       // entries in ents
 }
 
 type slot[V slotValue] struct {
-	key uint64
+	key uint64 // slotKey | tag; 0 when empty
 	val V
 }
+
+// tagMask is the low byte of a slot's key word, which holds the tag.
+const tagMask = 0xff
+
+// slotKey maps a bucket hash to the key the stores use: the hash xor its
+// low byte times an odd constant, with the low byte cleared for the tag.
+// Two bucket hashes share a slot key only when they agree on those 56
+// bits: for BucketHash values (uniform), a 2⁻⁵⁶ chance per pair; two
+// hashes that differ only in their low byte, never. A hash whose low byte
+// is 0 is its own slot key.
+func slotKey(h uint64) uint64 { return (h ^ uint64(uint8(h))*0x9e3779b97f4a7c15) &^ tagMask }
+
+func (e *slot[V]) tag() uint8 { return uint8(e.key) }
 
 // slotValue is what the map needs of a value: whether it is the same as a
 // fresh key at now, so that it may be dropped.
 type slotValue interface {
 	TAT | Window
 	idle(now int64) bool
+}
+
+// droppable reports whether a state of tag tag may be dropped at now,
+// given the rule sets g (see tagLife).
+func droppable[V slotValue](v V, tag uint8, now int64, g *ruleSets) bool {
+	l := &g.life[tag]
+	return now >= l.dropAt || v.idle(min(now, l.until))
 }
 
 // idle reports whether the TAT is a full bucket at now.
@@ -71,39 +93,38 @@ func underMin(n, c int) bool { return c > minSlots && n*4 < c }
 func sizeFor(n int) int { return max(minSlots, n*10/7+1) }
 
 // len is the number of states held.
-func (s *slots[V]) len() int {
-	if s.hasZero {
-		return s.n + 1
-	}
-	return s.n
-}
+func (s *slots[V]) len() int { return s.n }
 
-// home is the slot where the probe for h starts.
-func (s *slots[V]) home(h uint64) int {
-	hi, _ := bits.Mul64(h, uint64(len(s.ents)))
+// home is the slot where the probe for key word k starts; the tag does
+// not move it.
+func (s *slots[V]) home(k uint64) int {
+	hi, _ := bits.Mul64(k&^tagMask, uint64(len(s.ents)))
 	return int(hi)
 }
 
-// get returns a pointer to the state of h, or nil. The pointer is valid
-// until the next insert, del, sweep or resize.
-func (s *slots[V]) get(h uint64) *V {
-	if h == 0 {
-		if s.hasZero {
-			return &s.zero
-		}
-		return nil
+// find returns the slot of slot key k (low byte 0), or nil. The pointer
+// is valid until the next insert, del, sweep or resize; the caller may
+// change the slot's value and tag, not its slot key.
+func (s *slots[V]) find(k uint64) *slot[V] {
+	if i := s.index(k); i >= 0 {
+		return &s.ents[i]
 	}
+	return nil
+}
+
+// index returns the index of slot key k in ents, or -1.
+func (s *slots[V]) index(k uint64) int {
 	ents := s.ents
 	if len(ents) == 0 {
-		return nil
+		return -1
 	}
-	for i := s.home(h); ; {
-		e := &ents[i]
-		if e.key == h {
-			return &e.val
+	for i := s.home(k); ; {
+		key := ents[i].key
+		if key == 0 {
+			return -1
 		}
-		if e.key == 0 {
-			return nil
+		if key&^tagMask == k {
+			return i
 		}
 		if i++; i == len(ents) {
 			i = 0
@@ -111,27 +132,24 @@ func (s *slots[V]) get(h uint64) *V {
 	}
 }
 
-// insert adds h, which must be absent. When the map is full it first drops
-// the states that are idle at now, then grows if that was not enough.
-func (s *slots[V]) insert(h uint64, v V, now int64) {
-	if h == 0 {
-		s.hasZero, s.zero = true, v
-		return
-	}
+// insert adds slot key k (low byte 0), which must be absent, with a tag
+// ≥ 1. When the map is full it first drops the states that g allows to
+// drop at now, then grows if that was not enough.
+func (s *slots[V]) insert(k uint64, tag uint8, v V, now int64, g *ruleSets) {
 	if overMax(s.n+1, len(s.ents)) {
-		s.makeRoom(1, now)
+		s.makeRoom(1, now, g)
 	}
-	s.place(h, v)
+	s.place(k|uint64(tag), v)
 	s.n++
 }
 
 // makeRoom makes space for k more entries at most maxLoad.
-func (s *slots[V]) makeRoom(k int, now int64) {
+func (s *slots[V]) makeRoom(k int, now int64, g *ruleSets) {
 	if len(s.ents) == 0 {
 		s.resize(sizeFor(k))
 		return
 	}
-	s.sweepEnts(now)
+	s.sweepEnts(now, g)
 	if !afterSweep(s.n+k, len(s.ents)) {
 		return
 	}
@@ -140,40 +158,24 @@ func (s *slots[V]) makeRoom(k int, now int64) {
 	s.resize(max(len(s.ents)+1, (s.n+k)*25/17+1))
 }
 
-// place puts h in the first empty slot of its probe sequence.
-func (s *slots[V]) place(h uint64, v V) {
+// place puts key word k in the first empty slot of its probe sequence.
+func (s *slots[V]) place(k uint64, v V) {
 	ents := s.ents
-	i := s.home(h)
+	i := s.home(k)
 	for ents[i].key != 0 {
 		if i++; i == len(ents) {
 			i = 0
 		}
 	}
-	ents[i] = slot[V]{h, v}
+	ents[i] = slot[V]{k, v}
 }
 
-// del removes h and reports whether it was there. It may shrink the map.
-func (s *slots[V]) del(h uint64) bool {
-	if h == 0 {
-		if !s.hasZero {
-			return false
-		}
-		var zero V
-		s.hasZero, s.zero = false, zero
-		return true
-	}
-	ents := s.ents
-	if len(ents) == 0 {
+// del removes slot key k (low byte 0) and reports whether it was there.
+// It may shrink the map.
+func (s *slots[V]) del(k uint64) bool {
+	i := s.index(k)
+	if i < 0 {
 		return false
-	}
-	i := s.home(h)
-	for ents[i].key != h {
-		if ents[i].key == 0 {
-			return false
-		}
-		if i++; i == len(ents) {
-			i = 0
-		}
 	}
 	s.deleteAt(i)
 	if underMin(s.n, len(s.ents)) {
@@ -206,15 +208,10 @@ func (s *slots[V]) deleteAt(i int) {
 	s.n--
 }
 
-// sweep drops every state idle at now, shrinks the map if it got sparse,
-// and returns how many it dropped.
-func (s *slots[V]) sweep(now int64) int {
-	dropped := 0
-	if s.hasZero && s.zero.idle(now) {
-		s.del(0)
-		dropped++
-	}
-	dropped += s.sweepEnts(now)
+// sweep drops every state g allows to drop at now, shrinks the map if it
+// got sparse, and returns how many it dropped.
+func (s *slots[V]) sweep(now int64, g *ruleSets) int {
+	dropped := s.sweepEnts(now, g)
 	switch {
 	case s.n == 0:
 		s.ents = nil
@@ -228,14 +225,14 @@ func (s *slots[V]) sweep(now int64) int {
 // only pulls entries back into the hole it fills, never past the slot
 // being looked at, so an entry that moves is looked at again where it
 // lands (or it was looked at already, and is live).
-func (s *slots[V]) sweepEnts(now int64) int {
+func (s *slots[V]) sweepEnts(now int64, g *ruleSets) int {
 	if s.n == 0 {
 		return 0
 	}
 	dropped := 0
 	ents := s.ents
 	for i := range ents {
-		for ents[i].key != 0 && ents[i].val.idle(now) {
+		for ents[i].key != 0 && droppable(ents[i].val, ents[i].tag(), now, g) {
 			s.deleteAt(i)
 			dropped++
 		}
@@ -257,14 +254,20 @@ func (s *slots[V]) resize(c int) {
 // reset forgets every entry and frees the memory.
 func (s *slots[V]) reset() { *s = slots[V]{} }
 
-// all calls f for every entry, the zero key included.
-func (s *slots[V]) all(f func(h uint64, v V)) {
-	if s.hasZero {
-		f(0, s.zero)
-	}
+// all calls f for every entry: its slot key (low byte 0), tag and state.
+func (s *slots[V]) all(f func(k uint64, tag uint8, v V)) {
 	for _, e := range s.ents {
 		if e.key != 0 {
-			f(e.key, e.val)
+			f(e.key&^tagMask, e.tag(), e.val)
+		}
+	}
+}
+
+// retag calls f for every entry's tag and stores what it returns.
+func (s *slots[V]) retag(f func(tag uint8) uint8) {
+	for i := range s.ents {
+		if e := &s.ents[i]; e.key != 0 {
+			e.key = e.key&^tagMask | uint64(f(e.tag()))
 		}
 	}
 }

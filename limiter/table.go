@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxPartitions is the most partitions a Table may have.
@@ -36,19 +37,25 @@ var ErrPartition = errors.New("limiter: partition out of range")
 // a fresh key where the step functions alone (which clamp such a clock)
 // would still have seen the old state.
 //
+// Rules change: each state remembers the rule set it was made under, and
+// a check under a newer set carries it over first (SetRules and
+// rulesets.go say what callers must do; convert.go what is carried).
+//
 // Table is safe for concurrent use; calls on different partitions do not
-// contend. Methods that take a partition number panic if it is out of
-// range, except Check and Import, which return an error wrapping
-// ErrPartition.
+// contend, and rule sets may be registered while checks run. Methods that
+// take a partition number panic if it is out of range, except Check and
+// Import, which return an error wrapping ErrPartition.
 type Table struct {
 	parts []partition
+	sets  atomic.Pointer[ruleSets] // replaced whole under regMu
+	regMu sync.Mutex               // serialises changes of sets
 }
 
 type partition struct {
 	mu    sync.Mutex
 	tats  slots[TAT]      // guarded by mu
 	wins  slots[Window]   // guarded by mu
-	logs  map[uint64]*Log // guarded by mu; never holds an empty log after Check
+	logs  map[uint64]*Log // guarded by mu; by slot key; never holds an empty log after Check
 	spare *Log            // guarded by mu; an empty Log for the next fresh key
 }
 
@@ -59,7 +66,9 @@ func NewTable(partitions int) (*Table, error) {
 	if partitions < 1 || partitions > MaxPartitions {
 		return nil, fmt.Errorf("limiter: table of %d partitions, want 1 to %d", partitions, MaxPartitions)
 	}
-	return &Table{parts: make([]partition, partitions)}, nil
+	t := &Table{parts: make([]partition, partitions)}
+	t.sets.Store(newRuleSets())
+	return t, nil
 }
 
 // Partitions returns the number of partitions.
@@ -85,10 +94,15 @@ func (t *Table) checkPart(part uint32) error {
 // stores nothing. A cost of 0 spends nothing: it answers whether a cost-1
 // check would pass.
 //
+// A bucket whose state was made under another rule set than r's
+// (r.Version) is first carried over to r (see SetRules). Buckets are told
+// apart by 56 bits of their hash (see slotKey).
+//
 // The rule must be valid (Rule.Validate); Check itself only rejects an
 // unknown algorithm and a limit or period ≤ 0, wrapping ErrRule. A cost
-// out of [0, r.Capacity()] returns an error wrapping ErrCost; on any
-// error nothing is spent.
+// out of [0, r.Capacity()] returns an error wrapping ErrCost, a version
+// never registered with SetRules one wrapping ErrVersion; on any error
+// nothing is spent.
 func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Decision, error) {
 	if err := t.checkPart(part); err != nil {
 		return Decision{}, err
@@ -100,90 +114,144 @@ func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Dec
 		return Decision{}, fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
 	}
 	p := &t.parts[part]
+	k := slotKey(bucket)
+	var d Decision
+	var ok bool
 	switch {
 	case r.Algorithm.tat():
-		return p.checkTAT(bucket, r, now, cost), nil
+		d, ok = p.checkTAT(&t.sets, k, r, now, cost)
 	case r.Algorithm.window():
-		return p.checkWindow(bucket, r, now, cost), nil
+		d, ok = p.checkWindow(&t.sets, k, r, now, cost)
 	case r.Algorithm == SlidingLog:
-		return p.checkLog(bucket, r, now, cost), nil
+		d, ok = p.checkLog(&t.sets, k, r, now, cost)
+	default:
+		return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
 	}
-	return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+	if !ok {
+		return Decision{}, fmt.Errorf("%w: rule %q has version %d", ErrVersion, r.Name, r.Version)
+	}
+	return d, nil
+}
+
+// setOf returns the rule sets and the set of version v, or nil. Checks
+// call it under their partition's lock (see freeTag).
+func setOf(sets *atomic.Pointer[ruleSets], v uint64) (*ruleSets, *ruleSet) {
+	g := sets.Load()
+	if v == g.newestV {
+		return g, g.newest
+	}
+	return g, g.lookup(v)
 }
 
 // The checks unlock without defer (it costs ~10% of a check): nothing
 // between Lock and Unlock can panic once Check has seen Limit and Period
-// positive, which is all the steps divide by.
+// positive, which is all the steps divide by. They report false, and do
+// nothing, when r.Version is not registered.
 
-func (p *partition) checkTAT(h uint64, r *Rule, now, cost int64) Decision {
+func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
 	var s TAT
-	ps := p.tats.get(h)
-	if ps != nil {
-		s = *ps
+	e := p.tats.find(k)
+	if e != nil {
+		s = e.val
+		if tag := e.tag(); tag != set.tag {
+			s = carry(g, g.byTag[tag], set, r, now, s, ConvertTAT, AdoptTAT)
+		}
 	}
 	s, d := StepTAT(s, r, now, cost)
 	switch {
-	case s.idle(now):
-		if ps != nil {
-			p.tats.del(h)
+	case droppable(s, set.tag, now, g):
+		if e != nil {
+			p.tats.del(k)
 		}
-	case ps != nil:
-		*ps = s
+	case e != nil:
+		e.val, e.key = s, k|uint64(set.tag)
 	default:
-		p.tats.insert(h, s, now)
+		p.tats.insert(k, set.tag, s, now, g)
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
 }
 
-func (p *partition) checkWindow(h uint64, r *Rule, now, cost int64) Decision {
+func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
 	var s Window
-	ps := p.wins.get(h)
-	if ps != nil {
-		s = *ps
+	e := p.wins.find(k)
+	if e != nil {
+		s = e.val
+		if tag := e.tag(); tag != set.tag {
+			s = carry(g, g.byTag[tag], set, r, now, s, ConvertWindow, AdoptWindow)
+		}
 	}
 	s, d := StepWindow(s, r, now, cost)
 	switch {
-	case s.idle(now):
-		if ps != nil {
-			p.wins.del(h)
+	case droppable(s, set.tag, now, g):
+		if e != nil {
+			p.wins.del(k)
 		}
-	case ps != nil:
-		*ps = s
+	case e != nil:
+		e.val, e.key = s, k|uint64(set.tag)
 	default:
-		p.wins.insert(h, s, now)
+		p.wins.insert(k, set.tag, s, now, g)
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
 }
 
-func (p *partition) checkLog(h uint64, r *Rule, now, cost int64) Decision {
+func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
 	p.mu.Lock()
-	l, ok := p.logs[h]
+	g, set := setOf(sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, false
+	}
+	l, ok := p.logs[k]
 	if !ok {
 		l = p.spare
 		if l == nil {
 			l = new(Log)
 		}
+	} else if l.tag != set.tag {
+		carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog)
 	}
+	l.tag = set.tag
 	d := l.Step(r, now, cost)
 	switch {
 	case l.n == 0:
 		if ok {
-			delete(p.logs, h)
+			delete(p.logs, k)
 		}
 		p.spare = l // empty again: exps is nil or at most 8 slots
 	case !ok:
 		if p.logs == nil {
 			p.logs = make(map[uint64]*Log)
 		}
-		p.logs[h] = l
+		p.logs[k] = l
 		p.spare = nil
 	}
 	p.mu.Unlock()
-	return d
+	return d, true
+}
+
+// convertLog and adoptLog are Log.Convert and Log.Adopt in the shape
+// carry takes; a log converts in place.
+func convertLog(l *Log, from, to *Rule, at int64) *Log { l.Convert(from, to, at); return l }
+func adoptLog(l *Log, to *Rule, at int64) *Log         { l.Adopt(to, at); return l }
+
+// droppableLog is droppable for a log: it may write (see Log.Dead).
+func droppableLog(l *Log, now int64, g *ruleSets) bool {
+	tl := &g.life[l.tag]
+	return now >= tl.dropAt || l.Dead(min(now, tl.until))
 }
 
 // Sweep drops every state of the partition that is dead at now and
@@ -193,9 +261,10 @@ func (t *Table) Sweep(part uint32, now int64) (dropped int) {
 	p := t.part(part)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	dropped = p.tats.sweep(now) + p.wins.sweep(now)
+	g := t.sets.Load() // under the lock: see freeTag
+	dropped = p.tats.sweep(now, g) + p.wins.sweep(now, g)
 	for h, l := range p.logs {
-		if l.Dead(now) {
+		if droppableLog(l, now, g) {
 			delete(p.logs, h)
 			dropped++
 		}

@@ -1,0 +1,398 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+)
+
+// Rule sets, versions and tags.
+//
+// A Table keeps, besides its states, the rule sets they were made under.
+// The caller registers each rule set it checks with (Table.SetRules) under
+// a version, and every Rule it passes to Check carries that version
+// (Rule.Version). Every stored state carries a one-byte tag naming the set
+// it was last changed under; the tag lives in bits the stores had spare
+// (the low byte of a slot's key word, a byte of padding in Log), so it
+// costs no memory.
+//
+// When Check finds a state whose tag names another set than the rule's,
+// it carries the state over (convert.go) through every registered set in
+// between, in version order, each at the instant that set came into force
+// on this table (the now of its SetRules): exactly as if every state had
+// been converted the moment its rule changed. Sets whose rules are all
+// equal to the previous set's share its tag, so rewriting the same rules
+// converts nothing and uses no tag.
+//
+// Version 0 is the unversioned set: the rules of callers that never call
+// SetRules (their states are never converted, as before versions
+// existed), and the states of streams from before versions (format 1).
+// Such a state, met under a versioned rule, is adopted: kept, but capped
+// to what the new rule can answer (AdoptTAT, AdoptWindow, Log.Adopt).
+//
+// A state may be dropped when it is the same as a fresh key. For a state
+// of the newest set, that is when it is dead at now. For one of an older
+// set it is when it was dead at the moment the next set came into force
+// (it then converts to a fresh key), or once every later set has been in
+// force longer than any state of it can live (tagLife.dropAt), since a
+// converted state lives no longer than that.
+//
+// There are 254 tags for versioned sets. Registering a set when all are
+// taken first frees the tags that no live state carries (a scan of the
+// table); if none is free, the states of the oldest set are adopted
+// instead of converted (they are retagged as unversioned).
+
+// ErrVersion: a check under a rule whose Version was never registered
+// with SetRules (or whose set was released: see SetRules).
+var ErrVersion = errors.New("limiter: rule set version not registered")
+
+const (
+	// legacyTag names the unversioned set, version 0.
+	legacyTag = 1
+	// maxTags bounds the tags; 0 is never a tag (it marks empty slots).
+	maxTags = 256
+)
+
+// ruleSet is one registered set of rules, immutable once published.
+type ruleSet struct {
+	version uint64           // the first version with these rules
+	tag     uint8            // what its states carry
+	since   int64            // when it came into force on this table
+	rules   map[string]*Rule // by name, Version cleared; nil for version 0
+	life    int64            // the longest a state of these rules lives
+}
+
+// tagLife is what dropping a state needs to know of its tag: until, when
+// the set after the tag's came into force, and dropAt, when a state of it
+// may be dropped whatever it holds; both MaxInt64 for the newest set.
+type tagLife struct{ until, dropAt int64 }
+
+// ruleSets is an immutable snapshot of a table's sets; a change publishes
+// a new one (Table.sets).
+type ruleSets struct {
+	sets     []*ruleSet // ascending versions; sets[0] is version 0
+	versions []uint64   // every registered version, ascending
+	setOf    []*ruleSet // the set of each of versions
+	newestV  uint64     // versions[len-1]: the fast path of Check
+	newest   *ruleSet   // setOf[len-1]
+	byTag    [maxTags]*ruleSet
+	pos      [maxTags]int // index of the tag's set in sets
+	// life says, per tag, until when the tag's set was in force and when
+	// a state of it may be dropped whatever it holds (see the comment at
+	// the top); one cache line serves a check.
+	life [maxTags]tagLife
+}
+
+func newRuleSets() *ruleSets {
+	legacy := &ruleSet{tag: legacyTag, since: math.MinInt64}
+	g := &ruleSets{sets: []*ruleSet{legacy}, versions: []uint64{0}, setOf: []*ruleSet{legacy}}
+	g.index()
+	return g
+}
+
+// index fills the derived fields from sets, versions and setOf.
+func (g *ruleSets) index() {
+	g.newestV, g.newest = g.versions[len(g.versions)-1], g.setOf[len(g.setOf)-1]
+	g.byTag = [maxTags]*ruleSet{}
+	for i := range maxTags {
+		g.life[i] = tagLife{math.MaxInt64, math.MaxInt64}
+	}
+	horizon := int64(math.MinInt64) // the latest instant a later set's state may live to
+	for i := len(g.sets) - 1; i >= 0; i-- {
+		s := g.sets[i]
+		g.byTag[s.tag], g.pos[s.tag] = s, i
+		if i < len(g.sets)-1 {
+			g.life[s.tag] = tagLife{until: g.sets[i+1].since, dropAt: horizon}
+		}
+		horizon = max(horizon, satAdd(s.since, s.life))
+	}
+}
+
+// lookup returns the set of version v, or nil.
+func (g *ruleSets) lookup(v uint64) *ruleSet {
+	if v == g.newestV {
+		return g.newest
+	}
+	if i, ok := slices.BinarySearch(g.versions, v); ok {
+		return g.setOf[i]
+	}
+	return nil
+}
+
+func satAdd(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// lifeOf bounds how long after its last change a state of rule r can
+// matter: the tolerance of a rate rule, three periods of a window (a
+// sliding window's DeadAt is up to three periods after the start of its
+// current window), one of a log.
+func lifeOf(r *Rule) int64 {
+	switch {
+	case r.Algorithm.tat():
+		return r.Capacity() * r.interval()
+	case r.Algorithm.window():
+		return 3 * int64(r.Period)
+	}
+	return int64(r.Period)
+}
+
+// sameRule reports whether two rules decide alike.
+func sameRule(a, b *Rule) bool {
+	return a.Algorithm == b.Algorithm && a.Limit == b.Limit && a.Period == b.Period && a.Capacity() == b.Capacity()
+}
+
+func sameRules(a, b map[string]*Rule) bool {
+	return maps.EqualFunc(a, b, sameRule)
+}
+
+// SetRules registers the rule set of version version, which came into
+// force at now (nanoseconds on the table's clock), so that Check accepts
+// rules carrying Version == version and carries states made under other
+// sets over to it (see the comment at the top of rulesets.go).
+//
+// What a caller must do: register each set before it checks with it —
+// ringlimit calls SetRules with the Raft index of the rules write and
+// the whole effective set when a node's view changes, before publishing
+// the view —, pass rules whose Version is that index and whose other
+// fields are the registered ones, and register versions in increasing
+// order (a version older than the newest is accepted, as on import, but
+// comes into force at now). Registering a version again changes nothing.
+// Each rule must be valid (Rule.Validate); names must be unique.
+//
+// Versions are released with their tag when no state carries it (see
+// the comment at the top); checking under a released version returns
+// ErrVersion. It returns an error when version is 0, a rule is invalid,
+// or a name repeats; the table then changes nothing.
+func (t *Table) SetRules(version uint64, rules []Rule, now int64) error {
+	if version == 0 {
+		return fmt.Errorf("limiter: SetRules: version 0 is the unversioned set")
+	}
+	m := make(map[string]*Rule, len(rules))
+	for i := range rules {
+		r := rules[i]
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("limiter: SetRules version %d: %w", version, err)
+		}
+		if _, dup := m[r.Name]; dup {
+			return fmt.Errorf("limiter: SetRules version %d: rule %q twice", version, r.Name)
+		}
+		r.Version = 0
+		m[r.Name] = &r
+	}
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	t.register(version, m, now, true)
+	return nil
+}
+
+// register adds version with rules m, in force since since, unless it is
+// known, and returns its set. With alias, a version whose rules are those
+// of the version before it shares its set. t.regMu must be held.
+func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias bool) *ruleSet {
+	g := t.sets.Load()
+	if s := g.lookup(version); s != nil {
+		return s
+	}
+	i, _ := slices.BinarySearch(g.versions, version)
+	if prev := g.setOf[i-1]; alias && prev.version != 0 && sameRules(prev.rules, m) {
+		// The same rules again: an alias, nothing converts.
+		n := g.clone()
+		n.versions = slices.Insert(n.versions, i, version)
+		n.setOf = slices.Insert(n.setOf, i, prev)
+		n.index()
+		t.sets.Store(n)
+		return prev
+	}
+	tag, g := t.freeTag(g, since)
+	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
+	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
+	for _, r := range m {
+		s.life = max(s.life, lifeOf(r))
+	}
+	n := g.clone()
+	n.versions = slices.Insert(n.versions, i, version)
+	n.setOf = slices.Insert(n.setOf, i, s)
+	j, _ := slices.BinarySearchFunc(n.sets, version, func(s *ruleSet, v uint64) int {
+		return cmpU64(s.version, v)
+	})
+	n.sets = slices.Insert(n.sets, j, s)
+	n.index()
+	t.sets.Store(n)
+	return s
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (g *ruleSets) clone() *ruleSets {
+	n := *g
+	n.sets = slices.Clone(g.sets)
+	n.versions = slices.Clone(g.versions)
+	n.setOf = slices.Clone(g.setOf)
+	return &n
+}
+
+// freeTag returns a tag no set holds, and the sets then current: it
+// releases the sets no live state refers to, and if that frees nothing,
+// adopts the oldest versioned set's states as unversioned. t.regMu must
+// be held.
+//
+// It holds every partition's lock from its scan until the new sets are
+// published, and Check reads the sets under its partition's lock: so no
+// check can store the tag of a set released under it.
+func (t *Table) freeTag(g *ruleSets, now int64) (uint8, *ruleSets) {
+	if tag, ok := g.unusedTag(); ok {
+		return tag, g
+	}
+	for i := range t.parts {
+		t.parts[i].mu.Lock()
+	}
+	defer func() {
+		for i := range t.parts {
+			t.parts[i].mu.Unlock()
+		}
+	}()
+	used := t.usedTags(g, now)
+	n := g.clone()
+	keep := n.sets[:0]
+	for i, s := range g.sets {
+		if s.version == 0 || i == len(g.sets)-1 || used[s.tag] {
+			keep = append(keep, s)
+		}
+	}
+	if len(keep) == len(g.sets) {
+		// Every tag is live: the oldest versioned set's states lose
+		// their rule and are adopted from now on.
+		oldest := keep[1]
+		t.retag(oldest.tag, legacyTag)
+		keep = slices.Delete(keep, 1, 2)
+	}
+	n.sets = keep
+	// Versions whose set is gone are released.
+	vs, ss := n.versions[:0], n.setOf[:0]
+	for k, s := range g.setOf {
+		if slices.Contains(keep, s) {
+			vs, ss = append(vs, g.versions[k]), append(ss, s)
+		}
+	}
+	n.versions, n.setOf = vs, ss
+	n.index()
+	t.sets.Store(n)
+	tag, _ := n.unusedTag()
+	return tag, n
+}
+
+func (g *ruleSets) unusedTag() (uint8, bool) {
+	for tag := legacyTag + 1; tag < maxTags; tag++ {
+		if g.byTag[tag] == nil {
+			return uint8(tag), true
+		}
+	}
+	return 0, false
+}
+
+// usedTags scans the table for the tags of the states it may not drop
+// at now. Every partition's lock must be held.
+func (t *Table) usedTags(g *ruleSets, now int64) (used [maxTags]bool) {
+	for i := range t.parts {
+		p := &t.parts[i]
+		p.tats.all(func(_ uint64, tag uint8, v TAT) {
+			if !droppable(v, tag, now, g) {
+				used[tag] = true
+			}
+		})
+		p.wins.all(func(_ uint64, tag uint8, v Window) {
+			if !droppable(v, tag, now, g) {
+				used[tag] = true
+			}
+		})
+		for _, l := range p.logs {
+			used[l.tag] = true
+		}
+	}
+	return used
+}
+
+// retag gives every state of tag from the tag to. Every partition's lock
+// must be held.
+func (t *Table) retag(from, to uint8) {
+	f := func(tag uint8) uint8 {
+		if tag == from {
+			return to
+		}
+		return tag
+	}
+	for i := range t.parts {
+		p := &t.parts[i]
+		p.tats.retag(f)
+		p.wins.retag(f)
+		for _, l := range p.logs {
+			l.tag = f(l.tag)
+		}
+	}
+}
+
+// RuleVersions returns the rule set versions the table holds, ascending,
+// 0 (unversioned) first: what it can check with and convert from.
+func (t *Table) RuleVersions() []uint64 {
+	return slices.Clone(t.sets.Load().versions)
+}
+
+// carry brings a state made under set from over to set to for the rule r
+// (of to) at now, through the sets in between; conv converts between two
+// known rules at an instant, adopt from an unknown one, fresh is a fresh
+// key. A rule missing from a set in between, or of another algorithm
+// there, means the key's state was left behind: it starts fresh.
+func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
+	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
+	var fresh S
+	if from == nil { // unreachable: a stored tag always names a set
+		return adopt(s, r, now)
+	}
+	if from.version > to.version {
+		// A check under an older set than the state's (a caller that
+		// has not seen the newer set yet): straight from one to the other.
+		old, ok := from.rules[r.Name]
+		if !ok || old.Algorithm != r.Algorithm {
+			return fresh
+		}
+		if sameRule(old, r) {
+			return s
+		}
+		return conv(s, old, r, now)
+	}
+	if from.version == 0 {
+		return adopt(s, r, now)
+	}
+	prev := from
+	for _, next := range g.sets[g.pos[from.tag]+1 : g.pos[to.tag]+1] {
+		old, ok := prev.rules[r.Name]
+		nr, ok2 := next.rules[r.Name]
+		if next == to {
+			nr, ok2 = r, true
+		}
+		switch {
+		case !ok:
+			s = adopt(s, nr, min(next.since, now))
+		case !ok2 || old.Algorithm != nr.Algorithm:
+			return fresh
+		case !sameRule(old, nr):
+			s = conv(s, old, nr, min(next.since, now))
+		}
+		prev = next
+	}
+	return s
+}
