@@ -108,6 +108,7 @@ type Outgoing struct {
 // caller must send them to), partitions gained become servable now or
 // await their hand-off. It must be called from one goroutine at a time.
 func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
+	o.useRules(next)
 	now := o.now()
 	var out []Outgoing
 	for p, to := range m.Lost {

@@ -361,7 +361,7 @@ func (n *Node) refresh() {
 				"gained", len(moves.Gained), "lost", len(moves.Lost), "owned", len(next.Ring.PartitionsOf(n.cfg.ID)))
 		}
 	} else {
-		o.Cell().Store(next)
+		o.Publish(next)
 	}
 	n.snap.Store(&snapshot{v: next, st: st})
 	// The router first: a write waits on n.cell (read your writes), so

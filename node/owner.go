@@ -62,6 +62,62 @@ type Owner struct {
 	leaseFor time.Duration
 
 	awaiting atomic.Int64 // partitions in partAwaiting
+
+	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
+}
+
+// versionedRules are a view's rules with Version set, as the table needs
+// them to carry states over a rule change (limiter.Table.SetRules).
+type versionedRules struct {
+	version uint64
+	byName  map[string]*limiter.Rule
+	older   *versionedRules // the set before, for checks still deciding under the previous view
+}
+
+// ruleFor returns the rule the table decides name with under view v.
+func (o *Owner) ruleFor(v *view.View, name string) *limiter.Rule {
+	if rs := o.rules.Load(); rs != nil {
+		if rs.version == v.RulesVersion {
+			return rs.byName[name]
+		}
+		if rs.older != nil && rs.older.version == v.RulesVersion {
+			return rs.older.byName[name]
+		}
+	}
+	return v.Rules[name] // unversioned (no rules written yet)
+}
+
+// Publish makes next the owner's view, registering its rule set with the
+// table first (states made under older sets carry over), without moving
+// partitions; Apply does both.
+func (o *Owner) Publish(next *view.View) {
+	o.useRules(next)
+	o.cell.Store(next)
+}
+
+// useRules registers next's rule set, when it is a new one, before any
+// check can use it.
+func (o *Owner) useRules(next *view.View) {
+	if next.RulesVersion == 0 {
+		return
+	}
+	if rs := o.rules.Load(); rs != nil && rs.version == next.RulesVersion {
+		return
+	}
+	if err := o.table.SetRules(next.RulesVersion, next.List, o.now()); err != nil {
+		o.log.Error("registering the rule set; its keys start fresh", "version", next.RulesVersion, "err", err)
+		return
+	}
+	rs := &versionedRules{version: next.RulesVersion, byName: make(map[string]*limiter.Rule, len(next.List))}
+	if prev := o.rules.Load(); prev != nil {
+		rs.older = &versionedRules{version: prev.version, byName: prev.byName}
+	}
+	for i := range next.List {
+		r := next.List[i]
+		r.Version = next.RulesVersion
+		rs.byName[r.Name] = &r
+	}
+	o.rules.Store(rs)
 }
 
 // NewOwner returns an owner of a table of the given number of partitions.
@@ -251,7 +307,7 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 	if v.Ring.Partition(c.KeyHash) != c.Partition {
 		return transport.Result{Status: transport.StatusBadRequest}
 	}
-	rule := v.Rules[c.Rule]
+	rule := o.ruleFor(v, c.Rule)
 	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
 		if rule = inlineRule(c); rule == nil {
 			return transport.Result{Status: transport.StatusBadRequest}

@@ -312,3 +312,38 @@ func TestRulesChurnIsInForceWhereAcknowledged(t *testing.T) {
 		}
 	})
 }
+
+// The examples through a cluster: a period change carries the
+// key's state over on its owner instead of re-reading it under the new
+// rule.
+func TestRuleChangeCarriesStateOnTheOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		long := 8784 * time.Hour
+		for _, algo := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindow, limiter.SlidingLog} {
+			name := "w-" + algo.String()
+			key := c.KeyOwnedBy("n2", 0)
+			c.PutRules("n1", limiter.Rule{Name: name, Algorithm: algo, Limit: 2, Period: long})
+			for range 2 {
+				if r := c.Check("n1", name, key, 1); !r.Allowed {
+					t.Fatalf("%s: spend: %+v", algo, r)
+				}
+			}
+			time.Sleep(2200 * time.Millisecond)
+			c.PutRules("n3", limiter.Rule{Name: name, Algorithm: algo, Limit: 2, Period: time.Second})
+			r := c.Check("n1", name, key, 1)
+			if !r.Allowed || r.Remaining != 1 || r.ResetAfter > 2*time.Second {
+				t.Fatalf("%s after 8784h → 1s: %+v, want allowed, 1 left, reset ≤ 2s", algo, r)
+			}
+		}
+		// Tightening still counts what was admitted before it.
+		key := c.KeyOwnedBy("n3", 1)
+		c.PutRules("n1", limiter.Rule{Name: "tight", Algorithm: limiter.SlidingLog, Limit: 2, Period: time.Second})
+		c.Check("n1", "tight", key, 1)
+		c.Check("n1", "tight", key, 1)
+		c.PutRules("n2", limiter.Rule{Name: "tight", Algorithm: limiter.SlidingLog, Limit: 2, Period: long})
+		if r := c.Check("n1", "tight", key, 1); r.Allowed {
+			t.Fatalf("tightened rule forgot earlier admissions: %+v", r)
+		}
+	})
+}
