@@ -259,35 +259,7 @@ func TestStatefulSet(t *testing.T) {
 	if c.Args[0] != "serve" {
 		t.Fatalf("%s: args %v, want serve", where, c.Args)
 	}
-	flags, env := checkContainer(t, where, c)
-
-	// Ports: what the listen flags say, named after the flag.
-	for _, f := range []string{"http", "raft", "peer"} {
-		want := flagPort(t, where, flags, env, f)
-		if got, ok := containerPort(c, f); !ok || got != want {
-			t.Errorf("%s: containerPort %q = %d, want %d (--%s)", where, f, got, want, f)
-		}
-	}
-	// Probes: GET paths of the HTTP port that answer 200 on a ready node.
-	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil {
-			t.Errorf("%s: no HTTP %s probe", where, name)
-			continue
-		}
-		if p.HTTPGet.Port.String() != "http" {
-			t.Errorf("%s: %s probe on port %s, want the http port", where, name, p.HTTPGet.Port.String())
-		}
-		if _, err := get(n.url + p.HTTPGet.Path); err != nil {
-			t.Errorf("%s: %s probe path %s: %v", where, name, p.HTTPGet.Path, err)
-		}
-	}
-	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Errorf("%s: readiness on %s, want /readyz", where, c.ReadinessProbe.HTTPGet.Path)
-	}
-	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" {
-		t.Errorf("%s: liveness on %s, want /healthz (readiness needs a leader; liveness must not)", where, c.LivenessProbe.HTTPGet.Path)
-	}
-
+	flags, env := checkPod(t, m, "StatefulSet "+s.Name, pod, s.Spec.Template.Labels, n)
 	// Identity and addresses: id = pod name; the advertised host is the
 	// pod's headless-Service name; every pod is given pod 0's address as
 	// --join, which makes pod 0 (and only pod 0) the seed.
@@ -319,7 +291,7 @@ func TestStatefulSet(t *testing.T) {
 		}
 	}
 
-	// Data on the PVC; rules from the ConfigMap, valid; secrets exist.
+	// Data on the PVC; rules from the ConfigMap, valid.
 	mounts := map[string]corev1.VolumeMount{}
 	for _, vm := range c.VolumeMounts {
 		mounts[vm.Name] = vm
@@ -333,34 +305,98 @@ func TestStatefulSet(t *testing.T) {
 	if !pvc {
 		t.Errorf("%s: RINGLIMIT_DATA_DIR %q is not the mount of a volumeClaimTemplate", where, env["RINGLIMIT_DATA_DIR"])
 	}
-	rulesChecked := false
-	for _, v := range pod.Volumes {
-		if v.ConfigMap == nil {
-			continue
-		}
-		vm, ok := mounts[v.Name]
-		if !ok {
-			t.Errorf("%s: volume %s is not mounted", where, v.Name)
-			continue
-		}
-		cm := find(m.cms, func(c *corev1.ConfigMap) bool { return c.Name == v.ConfigMap.Name })
-		if cm == nil {
-			t.Errorf("%s: volume %s: no ConfigMap %s", where, v.Name, v.ConfigMap.Name)
-			continue
-		}
-		for key, data := range cm.Data {
-			if vm.MountPath+"/"+key != env["RINGLIMIT_RULES"] {
-				continue
-			}
-			rulesChecked = true
-			if _, err := rules.Parse([]byte(data)); err != nil {
-				t.Errorf("ConfigMap %s key %s: rules.Parse: %v", cm.Name, key, err)
-			}
-		}
-	}
-	if !rulesChecked {
+	if data, ok := mountedFile(t, m, where, pod, env["RINGLIMIT_RULES"]); !ok {
 		t.Errorf("%s: RINGLIMIT_RULES %q is not a key of a mounted ConfigMap", where, env["RINGLIMIT_RULES"])
+	} else if _, err := rules.Parse([]byte(data)); err != nil {
+		t.Errorf("%s: rules file %s: rules.Parse: %v", where, env["RINGLIMIT_RULES"], err)
 	}
+
+	// Stopping a member: the preStop pause plus the drain fit in the
+	// grace period.
+	drain, err := time.ParseDuration(env["RINGLIMIT_DRAIN_TIMEOUT"])
+	if err != nil {
+		drain, err = time.ParseDuration(flags["drain-timeout"])
+	}
+	if err != nil {
+		t.Fatalf("%s: drain timeout: %v", where, err)
+	}
+	if grace := *pod.TerminationGracePeriodSeconds; time.Duration(grace)*time.Second <= preStop(c)+drain {
+		t.Errorf("%s: terminationGracePeriodSeconds %d must exceed preStop %v + --drain-timeout %v", where, grace, preStop(c), drain)
+	}
+	if sc := pod.SecurityContext; sc == nil || sc.FSGroup == nil {
+		t.Errorf("%s: set an fsGroup: the PVC must be writable by uid 65532", where)
+	}
+
+	// The PDB allows one member down.
+	pdb := find(m.pdbs, func(p *policyv1.PodDisruptionBudget) bool {
+		return matches(p.Spec.Selector.MatchLabels, s.Spec.Template.Labels)
+	})
+	if pdb == nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("no PodDisruptionBudget with maxUnavailable 1 selects the StatefulSet's pods")
+	}
+}
+
+// portFlags names, for each container port name, the listen flag whose
+// port it must be.
+var portFlags = map[string]string{"http": "http", "raft": "raft", "peer": "peer", "proxy": "listen", "admin": "admin"}
+
+// healthPort is the container port serving /healthz and /readyz for each
+// command (a gateway's own port would forward them to the upstream).
+var healthPort = map[string]string{"serve": "http", "router": "http", "gateway": "admin"}
+
+// checkPod holds the one container of a pod template to the binary and
+// to the other manifests: command, env names, ports, probes, secrets,
+// mounted ConfigMaps, the grace period, resources and the user.
+func checkPod(t *testing.T, m *manifests, where string, pod corev1.PodSpec, labels map[string]string, n *testNode) (flags, env map[string]string) {
+	t.Helper()
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%s: %d containers, want 1", where, len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	where += " container " + c.Name
+	flags, env = checkContainer(t, where, c)
+	cmd := c.Args[0]
+
+	// Ports: each named after its listen flag, equal to that flag's port.
+	for _, p := range c.Ports {
+		f, ok := portFlags[p.Name]
+		if !ok {
+			t.Errorf("%s: containerPort %q: unknown name (want one of %v)", where, p.Name, portFlags)
+			continue
+		}
+		if _, ok := flags[f]; !ok {
+			t.Errorf("%s: containerPort %q: ringlimit %s has no flag --%s", where, p.Name, cmd, f)
+			continue
+		}
+		if want := flagPort(t, where, flags, env, f); p.ContainerPort != want {
+			t.Errorf("%s: containerPort %q = %d, want %d (--%s)", where, p.Name, p.ContainerPort, want, f)
+		}
+	}
+	// Probes: readiness /readyz, liveness /healthz (readiness needs a
+	// leader or a view; liveness must not), on the port serving them,
+	// paths that answer 200 on a ready node.
+	for _, pr := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{{"readiness", "/readyz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}} {
+		if pr.probe == nil || pr.probe.HTTPGet == nil {
+			t.Errorf("%s: no HTTP %s probe", where, pr.name)
+			continue
+		}
+		if got := pr.probe.HTTPGet.Path; got != pr.path {
+			t.Errorf("%s: %s probe on %s, want %s", where, pr.name, got, pr.path)
+		}
+		if got, want := pr.probe.HTTPGet.Port.String(), healthPort[cmd]; got != want {
+			t.Errorf("%s: %s probe on port %s, want %q", where, pr.name, got, want)
+		}
+		if _, ok := containerPort(c, pr.probe.HTTPGet.Port.String()); !ok {
+			t.Errorf("%s: %s probe port %s is not a container port", where, pr.name, pr.probe.HTTPGet.Port.String())
+		}
+		if _, err := get(n.url + pr.probe.HTTPGet.Path); err != nil {
+			t.Errorf("%s: %s probe path: %v", where, pr.name, err)
+		}
+	}
+	// Secrets and ConfigMaps referenced exist, with the keys used.
 	for _, e := range c.Env {
 		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
 			continue
@@ -377,48 +413,97 @@ func TestStatefulSet(t *testing.T) {
 			}
 		}
 	}
-
-	// Stopping: the preStop pause plus the drain fit in the grace period.
-	drain, err := time.ParseDuration(env["RINGLIMIT_DRAIN_TIMEOUT"])
-	if err != nil {
-		drain, err = time.ParseDuration(flags["drain-timeout"])
+	for _, v := range pod.Volumes {
+		if v.ConfigMap != nil && find(m.cms, func(c *corev1.ConfigMap) bool { return c.Name == v.ConfigMap.Name }) == nil {
+			t.Errorf("%s: volume %s: no ConfigMap %s", where, v.Name, v.ConfigMap.Name)
+		}
 	}
-	if err != nil {
-		t.Fatalf("%s: drain timeout: %v", where, err)
-	}
-	var pre time.Duration
 	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil {
 		t.Errorf("%s: no preStop hook", where)
-	} else if s := c.Lifecycle.PreStop.Sleep; s != nil {
-		pre = time.Duration(s.Seconds) * time.Second
 	}
-	grace := pod.TerminationGracePeriodSeconds
-	if grace == nil || time.Duration(*grace)*time.Second <= pre+drain {
-		t.Errorf("%s: terminationGracePeriodSeconds %v must exceed preStop %v + --drain-timeout %v", where, grace, pre, drain)
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= preStop(c) {
+		t.Errorf("%s: terminationGracePeriodSeconds %v must exceed the preStop pause %v", where, g, preStop(c))
 	}
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("%s: set cpu and memory requests and a memory limit", where)
 	}
-	if sc := pod.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.FSGroup == nil {
-		t.Errorf("%s: pod must run as non-root with an fsGroup (the PVC must be writable by uid 65532)", where)
+	if sc := pod.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("%s: the pod must run as non-root", where)
 	}
-
-	// Services point at ports the pods have; the PDB allows one down.
+	// Services that select these pods point at ports they have.
 	for _, svc := range m.services {
-		if !matches(svc.Spec.Selector, s.Spec.Template.Labels) {
+		if !matches(svc.Spec.Selector, labels) {
 			continue
 		}
 		for _, p := range svc.Spec.Ports {
 			if _, ok := containerPort(c, p.TargetPort.String()); !ok {
-				t.Errorf("Service %s port %s: targetPort %s is not a container port", svc.Name, p.Name, p.TargetPort.String())
+				t.Errorf("Service %s port %s: targetPort %s is not a container port of %s", svc.Name, p.Name, p.TargetPort.String(), where)
 			}
 		}
 	}
-	pdb := find(m.pdbs, func(p *policyv1.PodDisruptionBudget) bool {
-		return matches(p.Spec.Selector.MatchLabels, s.Spec.Template.Labels)
-	})
-	if pdb == nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("no PodDisruptionBudget with maxUnavailable 1 selects the StatefulSet's pods")
+	return flags, env
+}
+
+func preStop(c corev1.Container) time.Duration {
+	if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
+		return time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
+	}
+	return 0
+}
+
+// mountedFile returns the content of path when it is a key of a
+// ConfigMap mounted in the pod's container.
+func mountedFile(t *testing.T, m *manifests, where string, pod corev1.PodSpec, path string) (string, bool) {
+	t.Helper()
+	c := pod.Containers[0]
+	for _, v := range pod.Volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		cm := find(m.cms, func(c *corev1.ConfigMap) bool { return c.Name == v.ConfigMap.Name })
+		for _, vm := range c.VolumeMounts {
+			if vm.Name != v.Name || cm == nil {
+				continue
+			}
+			for key, data := range cm.Data {
+				if vm.MountPath+"/"+key == path {
+					return data, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// TestDeployments holds the routers and gateways to the binary.
+func TestDeployments(t *testing.T) {
+	m := loadBase(t)
+	if len(m.deploys) == 0 {
+		t.Skip("no Deployments (routers, gateways) in the base")
+	}
+	n := startNode(t)
+	for _, d := range m.deploys {
+		where := "Deployment " + d.Name
+		if !matches(d.Spec.Selector.MatchLabels, d.Spec.Template.Labels) {
+			t.Errorf("%s: selector %v does not select its pods %v", where, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+		}
+		_, env := checkPod(t, m, where, d.Spec.Template.Spec, d.Spec.Template.Labels, n)
+		if cl, ok := env["RINGLIMIT_CLUSTER"]; ok {
+			for _, a := range strings.Split(cl, ",") {
+				host := strings.Split(strings.TrimSpace(a), ":")[0]
+				if find(m.services, func(s *corev1.Service) bool { return s.Name == host }) == nil && !strings.Contains(host, ".") {
+					t.Errorf("%s: RINGLIMIT_CLUSTER %q: %s is no Service of the base", where, cl, host)
+				}
+			}
+		}
+		if path, ok := env["RINGLIMIT_CONFIG"]; ok {
+			data, ok := mountedFile(t, m, where, d.Spec.Template.Spec, path)
+			if !ok {
+				t.Errorf("%s: RINGLIMIT_CONFIG %q is not a key of a mounted ConfigMap", where, path)
+			} else if err := checkGatewayConfig([]byte(data)); err != nil {
+				t.Errorf("%s: %s: %v", where, path, err)
+			}
+		}
 	}
 }
 
@@ -431,12 +516,12 @@ func find[T any](xs []*T, f func(*T) bool) *T {
 	return nil
 }
 
-func TestServiceMonitor(t *testing.T) {
+func TestServiceMonitors(t *testing.T) {
 	m := loadBase(t)
-	if len(m.monitors) != 1 {
-		t.Fatalf("%d ServiceMonitors, want 1", len(m.monitors))
+	if len(m.monitors) == 0 {
+		t.Fatal("no ServiceMonitor")
 	}
-	u := m.monitors[0]
+	n := startNode(t)
 	// The fields of monitoring.coreos.com/v1 ServiceMonitor used here; an
 	// unknown one is most likely a typo the operator would ignore.
 	known := map[string][]string{
@@ -445,43 +530,57 @@ func TestServiceMonitor(t *testing.T) {
 		"spec.selector":    {"matchLabels"},
 		"spec.endpoints[]": {"port", "path", "interval", "scrapeTimeout", "scheme"},
 	}
-	keysOf := func(path string, obj map[string]any) {
-		for k := range obj {
-			if !slices.Contains(known[path], k) {
-				t.Errorf("ServiceMonitor: unknown field %s.%s", path, k)
+	scraped := map[string]string{} // pod labels (as a string) → monitor
+	for _, u := range m.monitors {
+		where := "ServiceMonitor " + u.GetName()
+		keysOf := func(path string, obj map[string]any) {
+			for k := range obj {
+				if !slices.Contains(known[path], k) {
+					t.Errorf("%s: unknown field %s.%s", where, path, k)
+				}
 			}
 		}
-	}
-	keysOf("", u.Object)
-	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
-	keysOf("spec", spec)
-	sel, _, _ := unstructured.NestedStringMap(u.Object, "spec", "selector", "matchLabels")
-	selObj, _, _ := unstructured.NestedMap(u.Object, "spec", "selector")
-	keysOf("spec.selector", selObj)
-	eps, _, _ := unstructured.NestedSlice(u.Object, "spec", "endpoints")
-	var selected []*corev1.Service
-	for _, svc := range m.services {
-		if matches(sel, svc.Labels) {
-			selected = append(selected, svc)
+		keysOf("", u.Object)
+		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+		keysOf("spec", spec)
+		selObj, _, _ := unstructured.NestedMap(u.Object, "spec", "selector")
+		keysOf("spec.selector", selObj)
+		sel, _, _ := unstructured.NestedStringMap(u.Object, "spec", "selector", "matchLabels")
+		eps, _, _ := unstructured.NestedSlice(u.Object, "spec", "endpoints")
+		if len(eps) == 0 {
+			t.Errorf("%s: no endpoints", where)
 		}
-	}
-	if len(selected) != 1 {
-		t.Fatalf("ServiceMonitor selects %d Services, want exactly 1 (two would scrape every pod twice)", len(selected))
-	}
-	if len(eps) == 0 {
-		t.Fatal("ServiceMonitor has no endpoints")
-	}
-	n := startNode(t)
-	for _, e := range eps {
-		ep, _ := e.(map[string]any)
-		keysOf("spec.endpoints[]", ep)
-		port, _ := ep["port"].(string)
-		path, _ := ep["path"].(string)
-		if !slices.ContainsFunc(selected[0].Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == port }) {
-			t.Errorf("ServiceMonitor endpoint port %q is not a port of Service %s", port, selected[0].Name)
+		var selected []*corev1.Service
+		for _, svc := range m.services {
+			if matches(sel, svc.Labels) {
+				selected = append(selected, svc)
+			}
 		}
-		if _, err := get(n.url + path); err != nil || path != "/metrics" {
-			t.Errorf("ServiceMonitor endpoint path %q: %v", path, err)
+		if len(selected) == 0 {
+			t.Errorf("%s selects no Service", where)
+		}
+		for _, svc := range selected {
+			// Two Services in front of the same pods would scrape each
+			// pod twice (the client and the headless Service, say).
+			pods := fmt.Sprint(svc.Spec.Selector)
+			if other, dup := scraped[pods]; dup {
+				t.Errorf("%s: Service %s selects pods %s already scraped through %s", where, svc.Name, pods, other)
+			}
+			scraped[pods] = where + " via " + svc.Name
+			for _, e := range eps {
+				ep, _ := e.(map[string]any)
+				keysOf("spec.endpoints[]", ep)
+				port, _ := ep["port"].(string)
+				path, _ := ep["path"].(string)
+				if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == port }) {
+					t.Errorf("%s: endpoint port %q is not a port of Service %s", where, port, svc.Name)
+				}
+				if path != "/metrics" {
+					t.Errorf("%s: endpoint path %q, want /metrics", where, path)
+				} else if _, err := get(n.url + path); err != nil {
+					t.Errorf("%s: %v", where, err)
+				}
+			}
 		}
 	}
 }

@@ -41,10 +41,15 @@ func TestMain(m *testing.M) {
 }
 
 // binary builds ./cmd/ringlimit once per test run the way the image gets
-// it: static (CGO_ENABLED=0) for linux on the host's architecture.
+// it: static (CGO_ENABLED=0) for linux on the host's architecture; or
+// returns $RINGLIMIT_TEST_BINARY when set.
 func binary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if b := os.Getenv("RINGLIMIT_TEST_BINARY"); b != "" {
+			builtBin = b // a binary built elsewhere, e.g. from another branch
+			return
+		}
 		builtBin = filepath.Join(binDir, "ringlimit")
 		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", builtBin, "./cmd/ringlimit")
 		cmd.Dir = ".."
