@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -30,10 +32,17 @@ func TestComposeCluster(t *testing.T) {
 	id := fmt.Sprintf("ci%d", os.Getpid())
 	tag := "ringlimit:" + id
 	project := "ringlimit-" + id
-	ports := freePorts(t, 3)
+	ports := freePorts(t, 6)
 	env := []string{"RINGLIMIT_IMAGE=" + tag,
-		"RL_N1_HTTP=" + ports[0], "RL_N2_HTTP=" + ports[1], "RL_N3_HTTP=" + ports[2]}
-	url := map[string]string{"n1": "http://127.0.0.1:" + ports[0], "n2": "http://127.0.0.1:" + ports[1], "n3": "http://127.0.0.1:" + ports[2]}
+		"RL_N1_HTTP=" + ports[0], "RL_N2_HTTP=" + ports[1], "RL_N3_HTTP=" + ports[2],
+		"RL_ROUTER_HTTP=" + ports[3], "RL_GATEWAY_HTTP=" + ports[4], "RL_GATEWAY_ADMIN=" + ports[5]}
+	url := map[string]string{"n1": "http://127.0.0.1:" + ports[0], "n2": "http://127.0.0.1:" + ports[1], "n3": "http://127.0.0.1:" + ports[2],
+		"router": "http://127.0.0.1:" + ports[3], "gateway": "http://127.0.0.1:" + ports[4], "gateway-admin": "http://127.0.0.1:" + ports[5]}
+	// The router and the gateway are in the Compose file once their
+	// commands exist in the binary; until then the members are tested.
+	services := loadCompose(t).Services
+	_, hasRouter := services["router"]
+	_, hasGateway := services["gateway"]
 	dc := func(timeout time.Duration, args ...string) (string, error) {
 		full := append(append(compose[1:], "-p", project, "-f", "compose/docker-compose.yml"), args...)
 		return run(ctx, timeout, env, compose[0], full...)
@@ -75,6 +84,28 @@ func TestComposeCluster(t *testing.T) {
 		t.Fatalf("key %s: %d of 150 checks over 3 members allowed, want exactly the limit 100", key, got)
 	}
 	t.Logf("exact global limit: 100 of 150 checks allowed, round-robin over 3 members")
+	if hasRouter {
+		if err := waitHTTP(url["router"]+"/readyz", 60*time.Second); err != nil {
+			t.Fatalf("router: %v", err)
+		}
+		if got := spend(t, []string{url["router"]}, "router-"+id, 150); got != 100 {
+			t.Fatalf("through the router: %d of 150 allowed, want exactly 100", got)
+		}
+		if got := spend(t, append([]string{url["router"]}, all...), "mixed-"+id, 150); got != 100 {
+			t.Fatalf("round-robin over the router and the 3 members: %d of 150 allowed, want exactly 100", got)
+		}
+		t.Logf("through the router: 100 of 150; round-robin over router + 3 members: 100 of 150")
+	}
+	if hasGateway {
+		if err := waitHTTP(url["gateway-admin"]+"/readyz", 60*time.Second); err != nil {
+			t.Fatalf("gateway: %v", err)
+		}
+		ok, limited, retry := proxy(t, url["gateway"], "gw-"+id, 150)
+		if ok != 100 || limited != 50 {
+			t.Fatalf("through the gateway: %d forwarded and %d answered 429 of 150, want exactly 100 and 50", ok, limited)
+		}
+		t.Logf("through the gateway: 100 of 150 forwarded to the upstream, 50 answered 429 (Retry-After %s s)", retry)
+	}
 
 	// Stop the leader's container (SIGTERM: drain, hand off, step down).
 	leader := cl.Leader
@@ -100,7 +131,20 @@ func TestComposeCluster(t *testing.T) {
 	if got := spend(t, survivors, key2, 150); got != 100 {
 		t.Fatalf("key %s: %d of 150 checks over the 2 survivors allowed, want exactly 100", key2, got)
 	}
-	t.Logf("with %s stopped: the spent key stays spent (0 of 20), a new key gets exactly 100 of 150; whole test %v", leader, time.Since(start).Round(time.Second))
+	t.Logf("with %s stopped: the spent key stays spent (0 of 20), a new key gets exactly 100 of 150 over the survivors", leader)
+	if hasRouter {
+		if got := spend(t, []string{url["router"]}, "router-after-"+id, 150); got != 100 {
+			t.Fatalf("through the router with %s stopped: %d of 150 allowed, want exactly 100", leader, got)
+		}
+		t.Logf("through the router with %s stopped: 100 of 150", leader)
+	}
+	if hasGateway {
+		if ok, limited, _ := proxy(t, url["gateway"], "gw-after-"+id, 150); ok != 100 || limited != 50 {
+			t.Fatalf("through the gateway with %s stopped: %d forwarded, %d answered 429 of 150, want 100 and 50", leader, ok, limited)
+		}
+		t.Logf("through the gateway with %s stopped: 100 forwarded, 50 answered 429", leader)
+	}
+	t.Logf("whole test %v", time.Since(start).Round(time.Second))
 }
 
 // composeCommand is docker-compose (v1) or the `docker compose` plugin.
@@ -229,4 +273,31 @@ func spend(t *testing.T, urls []string, key string, n int) int {
 		}
 	}
 	return allowed
+}
+
+// proxy sends n GET /healthz through the gateway as API key apiKey and
+// counts the answers forwarded to the upstream (200) and refused (429).
+func proxy(t *testing.T, gateway, apiKey string, n int) (ok, limited int, retryAfter string) {
+	t.Helper()
+	c := http.Client{Timeout: 10 * time.Second}
+	for i := range n {
+		req, _ := http.NewRequest("GET", gateway+"/healthz", nil)
+		req.Header.Set("X-API-Key", apiKey)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("gateway request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			ok++
+		case http.StatusTooManyRequests:
+			limited++
+			retryAfter = resp.Header.Get("Retry-After")
+		default:
+			t.Fatalf("gateway request %d: %s", i, resp.Status)
+		}
+	}
+	return ok, limited, retryAfter
 }
