@@ -500,11 +500,28 @@ func TestDeployments(t *testing.T) {
 			data, ok := mountedFile(t, m, where, d.Spec.Template.Spec, path)
 			if !ok {
 				t.Errorf("%s: RINGLIMIT_CONFIG %q is not a key of a mounted ConfigMap", where, path)
-			} else if err := checkGatewayConfig([]byte(data)); err != nil {
+			} else if err := checkGatewayConfig([]byte(data), []byte(clusterRules(t, m))); err != nil {
 				t.Errorf("%s: %s: %v", where, path, err)
 			}
 		}
 	}
+}
+
+// clusterRules is the rules file the StatefulSet's members apply.
+func clusterRules(t *testing.T, m *manifests) string {
+	t.Helper()
+	for _, s := range m.sts {
+		c := s.Spec.Template.Spec.Containers[0]
+		for _, e := range c.Env {
+			if e.Name == "RINGLIMIT_RULES" {
+				if data, ok := mountedFile(t, m, "StatefulSet "+s.Name, s.Spec.Template.Spec, e.Value); ok {
+					return data
+				}
+			}
+		}
+	}
+	t.Fatal("no StatefulSet mounts the rules file it names in RINGLIMIT_RULES")
+	return ""
 }
 
 func find[T any](xs []*T, f func(*T) bool) *T {
@@ -659,6 +676,32 @@ func TestCompose(t *testing.T) {
 	if members != 3 {
 		t.Errorf("%d members (serve) in the Compose file, want 3", members)
 	}
+	for name, svc := range cf.Services {
+		if len(svc.Command) == 0 || svc.Command[0] != "gateway" {
+			continue
+		}
+		config := mountedHostFile(t, svc.Volumes, svc.Environment["RINGLIMIT_CONFIG"])
+		if err := checkGatewayConfig(config, mountedHostFile(t, cf.Services["n1"].Volumes, cf.Services["n1"].Environment["RINGLIMIT_RULES"])); err != nil {
+			t.Errorf("compose service %s: %s: %v", name, svc.Environment["RINGLIMIT_CONFIG"], err)
+		}
+	}
+}
+
+// mountedHostFile reads the host file a Compose bind mount puts at path.
+func mountedHostFile(t *testing.T, volumes []string, path string) []byte {
+	t.Helper()
+	for _, v := range volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) >= 2 && parts[1] == path {
+			data, err := os.ReadFile(filepath.Join("compose", parts[0]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		}
+	}
+	t.Fatalf("no Compose volume mounts %q", path)
+	return nil
 }
 
 func TestDashboard(t *testing.T) {
@@ -682,7 +725,8 @@ func TestDashboard(t *testing.T) {
 	}
 	n := startNode(t)
 	exported := map[string]bool{}
-	for _, line := range strings.Split(n.metrics, "\n") {
+	pages := append([]string{n.metrics}, scrapeFollowers(t, n)...)
+	for _, line := range strings.Split(strings.Join(pages, "\n"), "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -714,5 +758,5 @@ func TestDashboard(t *testing.T) {
 	if queries < 10 {
 		t.Errorf("only %d queries in the dashboard", queries)
 	}
-	t.Logf("%d dashboard queries over %d exported ringlimit series names", queries, len(exported))
+	t.Logf("%d dashboard queries over %d series names exported by a member, a router and a gateway", queries, len(exported))
 }
