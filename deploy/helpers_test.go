@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -230,4 +231,65 @@ func post(url, body string) (string, error) {
 		return string(b), fmt.Errorf("POST %s: %s: %s", url, resp.Status, b)
 	}
 	return string(b), nil
+}
+
+// scrapeFollowers starts a `ringlimit router` and a `ringlimit gateway
+// --cluster` in front of the test node, sends one request through the
+// gateway, and returns both /metrics pages.
+func scrapeFollowers(t *testing.T, n *testNode) []string {
+	t.Helper()
+	bin := binary(t)
+	ports := loopbackPorts(t, 3)
+	member := strings.TrimPrefix(n.url, "http://")
+	router := startProcess(t, bin, "router", "--http", ports[0], "--cluster", member)
+	gateway := startProcess(t, bin, "gateway", "--listen", ports[1], "--admin", ports[2], "--upstream", n.url, "--cluster", member)
+	defer router()
+	defer gateway()
+	var pages []string
+	for _, u := range []string{"http://" + ports[0], "http://" + ports[2]} {
+		if err := waitHTTP(u+"/readyz", 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := get("http://" + ports[1] + "/healthz"); err != nil {
+		t.Fatalf("through the gateway: %v", err)
+	}
+	for _, u := range []string{"http://" + ports[0], "http://" + ports[2]} {
+		body, err := get(u + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, body)
+	}
+	return pages
+}
+
+// loopbackPorts returns n loopback addresses free a moment ago.
+func loopbackPorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ln.Addr().String())
+		defer ln.Close()
+	}
+	return out
+}
+
+// startProcess starts bin with args and returns a function that stops it
+// (SIGTERM, then kill after 15s) and waits for it.
+func startProcess(t *testing.T, bin string, args ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return func() { cancel(); _ = cmd.Wait() }
 }
