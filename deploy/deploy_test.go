@@ -413,6 +413,19 @@ func checkPod(t *testing.T, m *manifests, where string, pod corev1.PodSpec, labe
 			}
 		}
 	}
+	// Once the binary has --cluster-secret, every process on the data
+	// plane must have it (serve refuses non-loopback Raft without it):
+	// a mounted Secret key of at least 32 bytes.
+	if _, ok := flags["cluster-secret"]; ok {
+		path, set := env["RINGLIMIT_CLUSTER_SECRET"]
+		if !set {
+			t.Errorf("%s: no RINGLIMIT_CLUSTER_SECRET, and ringlimit %s has --cluster-secret", where, cmd)
+		} else if data, ok := mountedSecret(m, pod, path); !ok {
+			t.Errorf("%s: RINGLIMIT_CLUSTER_SECRET %q is not a key of a mounted Secret", where, path)
+		} else if len(strings.TrimRight(data, "\r\n")) < 32 {
+			t.Errorf("%s: the cluster secret at %s has %d bytes, want at least 32", where, path, len(strings.TrimRight(data, "\r\n")))
+		}
+	}
 	for _, v := range pod.Volumes {
 		if v.ConfigMap != nil && find(m.cms, func(c *corev1.ConfigMap) bool { return c.Name == v.ConfigMap.Name }) == nil {
 			t.Errorf("%s: volume %s: no ConfigMap %s", where, v.Name, v.ConfigMap.Name)
@@ -467,6 +480,35 @@ func mountedFile(t *testing.T, m *manifests, where string, pod corev1.PodSpec, p
 			}
 			for key, data := range cm.Data {
 				if vm.MountPath+"/"+key == path {
+					return data, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// mountedSecret returns the content of path when it is a key of a Secret
+// mounted in the pod's container.
+func mountedSecret(m *manifests, pod corev1.PodSpec, path string) (string, bool) {
+	c := pod.Containers[0]
+	for _, v := range pod.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		sec := find(m.secrets, func(s *corev1.Secret) bool { return s.Name == v.Secret.SecretName })
+		for _, vm := range c.VolumeMounts {
+			if vm.Name != v.Name || sec == nil {
+				continue
+			}
+			for key, data := range sec.StringData {
+				file := key
+				for _, it := range v.Secret.Items {
+					if it.Key == key {
+						file = it.Path
+					}
+				}
+				if vm.MountPath+"/"+file == path {
 					return data, true
 				}
 			}
@@ -609,7 +651,11 @@ type composeFile struct {
 		Environment map[string]string `json:"environment"`
 		Ports       []string          `json:"ports"`
 		Volumes     []string          `json:"volumes"`
+		Secrets     []string          `json:"secrets"`
 	} `json:"services"`
+	Secrets map[string]struct {
+		File string `json:"file"`
+	} `json:"secrets"`
 }
 
 func loadCompose(t *testing.T) composeFile {
@@ -642,6 +688,17 @@ func TestCompose(t *testing.T) {
 		}
 		slices.SortFunc(c.Env, func(a, b corev1.EnvVar) int { return strings.Compare(a.Name, b.Name) })
 		flags, env := checkContainer(t, where, c)
+		if _, ok := flags["cluster-secret"]; ok {
+			path := env["RINGLIMIT_CLUSTER_SECRET"]
+			name, isSecret := strings.CutPrefix(path, "/run/secrets/")
+			if !isSecret || !slices.Contains(svc.Secrets, name) || cf.Secrets[name].File == "" {
+				t.Errorf("%s: RINGLIMIT_CLUSTER_SECRET %q is not a Compose secret of the service", where, path)
+			} else if data, err := os.ReadFile(filepath.Join("compose", cf.Secrets[name].File)); err != nil {
+				t.Errorf("%s: %v", where, err)
+			} else if n := len(strings.TrimRight(string(data), "\r\n")); n < 32 {
+				t.Errorf("%s: the cluster secret has %d bytes, want at least 32", where, n)
+			}
+		}
 		if svc.Command[0] != "serve" {
 			continue
 		}
