@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -816,4 +817,43 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("only %d queries in the dashboard", queries)
 	}
 	t.Logf("%d dashboard queries over %d series names exported by a member, a router and a gateway", queries, len(exported))
+}
+
+// TestKustomizeBuild renders the base with kubectl's kustomize, where
+// kubectl is installed, and checks that every resource comes out once,
+// with the image set by the kustomization.
+func TestKustomizeBuild(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed: the base is not rendered (the other tests read its files directly)")
+	}
+	out, err := exec.Command(kubectl, "kustomize", base).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v\n%s", base, err, out)
+	}
+	var k kustomization
+	readStrict(t, filepath.Join(base, "kustomization.yaml"), &k)
+	docs := strings.Split(string(out), "\n---\n")
+	if len(docs) != len(k.Resources) {
+		t.Errorf("kustomize rendered %d objects, want %d (one per resource file)", len(docs), len(k.Resources))
+	}
+	for _, d := range docs {
+		var obj struct {
+			Kind     string
+			Metadata struct{ Name string }
+			Spec     struct {
+				Template struct {
+					Spec corev1.PodSpec
+				}
+			}
+		}
+		if err := yaml.Unmarshal([]byte(d), &obj); err != nil {
+			t.Fatalf("rendered object: %v\n%s", err, d)
+		}
+		for _, c := range obj.Spec.Template.Spec.Containers {
+			if c.Image != "ringlimit:dev" {
+				t.Errorf("rendered %s %s: image %q, want ringlimit:dev", obj.Kind, obj.Metadata.Name, c.Image)
+			}
+		}
+	}
 }
