@@ -18,7 +18,8 @@ import (
 // FROM scratch), starts deploy/compose, waits for 3 active members, shows
 // the exact global limit across them, stops the Raft leader's container
 // and shows the survivors still answering with the state it handed off,
-// and removes every container, network, volume and the image it made.
+// starts it again and sees it rejoin as itself, and removes every
+// container, network, volume and the image it made.
 // Skipped only when no Docker engine answers.
 func TestComposeCluster(t *testing.T) {
 	if out, err := run(context.Background(), 20*time.Second, nil, "docker", "version", "--format", "{{.Server.Version}}"); err != nil {
@@ -143,6 +144,18 @@ func TestComposeCluster(t *testing.T) {
 			t.Fatalf("through the gateway with %s stopped: %d forwarded, %d answered 429 of 150, want 100 and 50", leader, ok, limited)
 		}
 		t.Logf("through the gateway with %s stopped: 100 forwarded, 50 answered 429", leader)
+	}
+
+	// Start it again: same volume, same id; it rejoins as itself and takes
+	// partitions back with their state.
+	restart := time.Now()
+	if out, err := dc(time.Minute, "start", leader); err != nil {
+		t.Fatalf("compose start %s: %v\n%s", leader, err, out)
+	}
+	cl = waitCluster(t, ctx, url[leader], 90*time.Second, func(c cluster) bool { return c.active() == 3 && len(c.Members) == 3 })
+	t.Logf("%s restarted: back as itself after %v, members %v, partitions %v", leader, time.Since(restart).Round(time.Millisecond), cl.states(), cl.partitions())
+	if got := spend(t, all, key, 30); got != 0 {
+		t.Errorf("key %s after %s came back: %d of 30 allowed, want 0 (state lost in the hand-back)", key, leader, got)
 	}
 	t.Logf("whole test %v", time.Since(start).Round(time.Second))
 }
