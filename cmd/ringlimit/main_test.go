@@ -46,3 +46,21 @@ func TestAdvertise(t *testing.T) {
 		}
 	}
 }
+
+func TestIsSelf(t *testing.T) {
+	for _, c := range []struct {
+		join, adv string
+		want      bool
+	}{
+		{"", "n1:8080", false},
+		{"n1:8080", "n1:8080", true},
+		{"http://N1.peers.ns.svc.:8080/", "n1.peers.ns.svc:8080", true},
+		{"n1:8080", "n1:8090", false},
+		{"n2:8080", "n1:8080", false},
+		{"127.0.0.1:8080", "127.0.0.1:8080", true},
+	} {
+		if got := isSelf(c.join, c.adv); got != c.want {
+			t.Errorf("isSelf(%q, %q) = %v, want %v", c.join, c.adv, got, c.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ringlimit/ringlimit/node"
@@ -100,6 +101,12 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	} else if ln != nil {
 		ls.GRPC = ln
 	}
+	if isSelf(*join, advHTTP) {
+		// Every member may be given the same --join (a StatefulSet's pods
+		// share one spec): the one it names is the seed and bootstraps.
+		log.Info("--join names this node's own HTTP address: bootstrapping as the seed when the data dir is empty", "join", *join)
+		*join = ""
+	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
@@ -152,4 +159,18 @@ func closeAll(ls server.Listeners) {
 			l.Close()
 		}
 	}
+}
+
+// isSelf reports whether the --join address is this node's own advertised
+// HTTP address (host names compared without case or a trailing dot).
+func isSelf(join, advHTTP string) bool {
+	if join == "" {
+		return false
+	}
+	jh, jp, err1 := net.SplitHostPort(hostPort(join))
+	ah, ap, err2 := net.SplitHostPort(advHTTP)
+	if err1 != nil || err2 != nil || jp != ap {
+		return false
+	}
+	return strings.EqualFold(strings.TrimSuffix(jh, "."), strings.TrimSuffix(ah, "."))
 }
