@@ -164,7 +164,8 @@ func PutRules(rs []limiter.Rule) ([]byte, error) {
 // AddMember returns the command that adds m as an active member, or updates
 // the member with m's ID to m's addresses and Voter and makes it active.
 // Adding a member that is already active with the same addresses and Voter
-// changes nothing. m.State and m.Since are ignored.
+// changes nothing. m.State and m.Since are ignored; a change of Voter
+// alone keeps the member's Since (it does not move in the ring).
 func AddMember(m Member) ([]byte, error) {
 	w := wireNewMember{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Voter: m.Voter}
 	if err := checkMember(w); err != nil {
@@ -299,9 +300,13 @@ func applyAddMember(s *State, index uint64, c addMemberCmd) (*State, error) {
 	m := Member{ID: w.ID, HTTP: w.HTTP, Raft: w.Raft, Peer: w.Peer, State: Active, Voter: w.Voter, Since: index}
 	i, found := s.find(m.ID)
 	if found {
-		old := s.Members[i]
-		old.Since = index
-		if old == m {
+		prev := s.Members[i]
+		if prev.State == Active && prev.HTTP == m.HTTP && prev.Raft == m.Raft && prev.Peer == m.Peer {
+			// Only its vote changes (a non-voter promoted): not a change
+			// of the member in the ring, so Since stays.
+			m.Since = prev.Since
+		}
+		if prev == m {
 			return s, nil
 		}
 	} else if len(s.Members) >= s.Config.Partitions {

@@ -206,8 +206,11 @@ func (o *Owner) servable() <-chan struct{} {
 // hand-off to arrive (both also bounded by the check's deadline).
 const (
 	epochWait = 200 * time.Millisecond
-	stateWait = 500 * time.Millisecond
-	leaseWait = time.Second // a new member's first lease is one ping away
+	// stateWait and leaseWait are upper bounds: the check's own deadline
+	// (the router's forward timeout, 250ms by default) usually ends the
+	// wait first. A hand-off is a few milliseconds on an idle machine.
+	stateWait = 2 * time.Second
+	leaseWait = 2 * time.Second // a new member's first lease is one ping away
 )
 
 // HandleBatch decides the checks of partitions this member owns; it is

@@ -74,8 +74,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("node: data dir: %w", err)
 		}
-		adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
-		if err != nil {
+		if _, _, err := net.SplitHostPort(cfg.RaftAdvertise); err != nil {
 			return nil, fmt.Errorf("node: raft advertise address %q: %w", cfg.RaftAdvertise, err)
 		}
 		if err := checkRaftDB(cfg.DataDir); err != nil {
@@ -90,7 +89,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 			store.Close()
 			return nil, fmt.Errorf("node: snapshot store: %w", err)
 		}
-		nt := newRaftGuard(raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: adv, dial: cfg.raftDial()}, 3, 10*time.Second, logOut),
+		nt := newRaftGuard(raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: advertiseAddr(cfg.RaftAdvertise), dial: cfg.raftDial()}, 3, 10*time.Second, logOut),
 			func() (raft.Configuration, bool) {
 				if r := started.Load(); r != nil {
 					return r.GetConfiguration().Configuration(), true
@@ -181,3 +180,12 @@ func knownHTTP(logs raft.LogStore, snaps raft.SnapshotStore) map[string]string {
 	}
 	return out
 }
+
+// advertiseAddr is the Raft address as configured, not resolved: Raft
+// puts it in every RPC header and peers compare it with the address in
+// their configuration, which holds the name a member advertised (a DNS
+// name in Compose or Kubernetes), not an IP it happened to resolve to.
+type advertiseAddr string
+
+func (a advertiseAddr) Network() string { return "tcp" }
+func (a advertiseAddr) String() string  { return string(a) }
