@@ -131,6 +131,13 @@ func (n *Node) registerLoop() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()
+			if errors.Is(err, api.ErrConflict) {
+				n.log.Error("another live process holds this member id; not registering", "id", n.cfg.ID, "err", err)
+				if n.conflict.CompareAndSwap(false, true) && n.cfg.OnConflict != nil {
+					go n.cfg.OnConflict(err)
+				}
+				return
+			}
 			if err != nil {
 				n.log.Debug("registering", "err", err)
 			} else {

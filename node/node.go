@@ -93,6 +93,10 @@ type Config struct {
 	// BackupInterval is how often changed partitions are pushed to their
 	// backups (20ms).
 	BackupInterval time.Duration
+	// OnConflict is called once when the cluster refuses this process's
+	// registration because a live member holds its id (api.ErrConflict):
+	// the process should exit without touching that member's state.
+	OnConflict func(error)
 	// OnRemoved is called once when this member is removed from the
 	// cluster (ringlimit leave).
 	OnRemoved func()
@@ -172,6 +176,7 @@ type Node struct {
 	// recovered: after a restart with state, this member has had itself
 	// marked down once, so its backups serve what it lost (see register).
 	recovered atomic.Bool
+	conflict  atomic.Bool // OnConflict was called
 
 	cell view.Cell // the published view, for callers that wait on it
 

@@ -92,10 +92,11 @@ type Server struct {
 	http     *http.Server
 	rls      *rls.Server // nil without Listeners.GRPC
 
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	removed chan struct{}
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	removed  chan struct{}
+	conflict chan error // one send at most (node.OnConflict fires once)
 }
 
 // Start starts a member on the given listeners.
@@ -109,7 +110,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	if cfg.RulesInterval == 0 {
 		cfg.RulesInterval = time.Second
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, Registry: prometheus.NewRegistry(), removed: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, Registry: prometheus.NewRegistry(), removed: make(chan struct{}), conflict: make(chan error, 1)}
 	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
@@ -164,6 +165,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		DataPlane:  s.pool,
 		DeadAfter:  cfg.DeadAfter,
 		OnRemoved:  func() { removeOnce.Do(func() { close(s.removed) }) },
+		OnConflict: func(err error) { s.conflict <- err },
 		RaftDial:   cfg.Auth.Dial, Prober: prober{auth: cfg.Auth, fwd: fwd},
 	}, ls.Raft)
 	if err != nil {
@@ -214,6 +216,15 @@ func (s *Server) goServe(name string, serve func() error, closed error) {
 // Removed is closed when this member has been removed from the cluster
 // (ringlimit leave): its process should then exit.
 func (s *Server) Removed() <-chan struct{} { return s.removed }
+
+// Conflict receives the error once when a live member already holds this
+// member's id: the process must stop with Abort (not Shutdown, which
+// would mark that other member down) and exit.
+func (s *Server) Conflict() <-chan error { return s.conflict }
+
+// Abort stops this process's servers and Raft without telling the
+// cluster anything (see Conflict).
+func (s *Server) Abort(ctx context.Context) error { return s.stop(ctx, false) }
 
 // Handler returns the HTTP API handler (for tests).
 func (s *Server) Handler() http.Handler { return s.http.Handler }

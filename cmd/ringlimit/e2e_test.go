@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -454,5 +455,35 @@ func TestServeThreeProcesses(t *testing.T) {
 	})
 	if code, body := send(t, "POST", n2.http, "/v1/check", "application/json", `{"rule":"login","key":"bob"}`); code != 200 {
 		t.Fatalf("check after leave: %d %s", code, body)
+	}
+}
+
+// A second process started with the id of a live member is refused by
+// the cluster (409 conflict) and exits 1 with a message, leaving the live
+// member as it was.
+func TestServeDuplicateIDExits(t *testing.T) {
+	n1 := startServe(t, "n1", t.TempDir())
+	n2 := startServe(t, "n2", t.TempDir(), "--join", n1.http)
+	dup := launchServe(t, "n2", t.TempDir(), "--join", n1.http)
+	select {
+	case <-dup.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the duplicate is still running after 30s")
+	}
+	var ee *exec.ExitError
+	if !errors.As(dup.exitErr, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("duplicate exited with %v, want exit status 1", dup.exitErr)
+	}
+	if !strings.Contains(dup.log.String(), "held by another live process") {
+		t.Fatalf("duplicate's log does not say why:\n%s", lastLines(dup.log.String(), 10))
+	}
+	var c api.Cluster
+	if get(n1.http, "/v1/cluster", &c) != 200 {
+		t.Fatal("cluster unreadable")
+	}
+	for _, m := range c.Members {
+		if m.ID == "n2" && (m.State != "active" || m.HTTP != n2.http) {
+			t.Fatalf("the live n2 was touched: %+v", m)
+		}
 	}
 }

@@ -126,6 +126,12 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())
 	case <-srv.Removed():
 		log.Info("removed from the cluster: exiting")
+	case err := <-srv.Conflict():
+		log.Error(fmt.Sprintf("member id %q is held by another live process; exiting without touching it: %v", *id, err))
+		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Abort(actx)
+		return 1
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
 	defer cancel()
