@@ -543,6 +543,27 @@ func (n *Node) RouterView(context.Context) (api.View, error) {
 	return out, nil
 }
 
+// WaitView waits until this node's view is newer than afterEpoch (ring)
+// or afterRules (rules version), ctx ends, or wait passes: the long poll
+// of GET /v1/cluster/view?after=…, so routers follow a change at once.
+func (n *Node) WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait time.Duration) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		ch := n.cell.Changed()
+		if v := n.cell.Load(); v != nil && (v.Epoch() > afterEpoch || v.RulesVersion > afterRules) {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // Ready returns nil when this member has a leader, a ring, and is active
 // in it; otherwise an error wrapping api.ErrUnavailable saying why.
 func (n *Node) Ready() error {

@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -418,5 +421,49 @@ func TestStatelessRouterFromView(t *testing.T) {
 	}
 	if allowed != 5 {
 		t.Fatalf("a stateless router and two members admitted %d, want exactly 5", allowed)
+	}
+}
+
+// GET /v1/cluster/view?after=E&rules_after=R long-polls: it answers as
+// soon as the view is newer, so a router follows a change at once.
+func TestViewLongPoll(t *testing.T) {
+	ss := startCluster(t, 1)
+	v := ss[0].Node.View()
+	url := fmt.Sprintf("http://%s/v1/cluster/view?after=%d&rules_after=%d&wait=20s", ss[0].cfg.HTTPAdvertise, v.Epoch(), v.RulesVersion)
+	type answer struct {
+		view api.View
+		took time.Duration
+		err  error
+	}
+	got := make(chan answer, 1)
+	start := time.Now()
+	go func() {
+		var a answer
+		resp, err := http.Get(url)
+		if err == nil {
+			defer resp.Body.Close()
+			err = json.NewDecoder(resp.Body).Decode(&a.view)
+		}
+		a.took, a.err = time.Since(start), err
+		got <- a
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("answered before any change: %+v", a)
+	case <-time.After(200 * time.Millisecond):
+	}
+	putRules(t, ss, limiter.Rule{Name: "poll", Algorithm: limiter.TokenBucket, Limit: 5, Period: time.Second})
+	a := <-got
+	if a.err != nil || a.view.RulesVersion <= v.RulesVersion || a.took > 10*time.Second {
+		t.Fatalf("long poll: %+v after %v (err %v), want the new rules version at once", a.view.RulesVersion, a.took, a.err)
+	}
+	// A bad parameter is a 400.
+	resp, err := http.Get(fmt.Sprintf("http://%s/v1/cluster/view?after=x", ss[0].cfg.HTTPAdvertise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("after=x: %d, want 400", resp.StatusCode)
 	}
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -10,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -207,7 +210,38 @@ func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusBody{"ok"})
 }
 
+// ViewWaiter is implemented by an Admin that can hold GET
+// /v1/cluster/view?after=EPOCH&rules_after=VERSION&wait=DURATION until its
+// view is newer than that (a long poll), or the wait (at most 30s) ends.
+type ViewWaiter interface {
+	WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait time.Duration)
+}
+
+// maxViewWait bounds a long poll of the view.
+const maxViewWait = 30 * time.Second
+
 func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
+	if q := r.URL.Query(); q.Has("after") || q.Has("rules_after") {
+		var after, rulesAfter uint64
+		var err error
+		if q.Has("after") {
+			after, err = strconv.ParseUint(q.Get("after"), 10, 64)
+		}
+		if err == nil && q.Has("rules_after") {
+			rulesAfter, err = strconv.ParseUint(q.Get("rules_after"), 10, 64)
+		}
+		wait := 10 * time.Second
+		if err == nil && q.Has("wait") {
+			wait, err = time.ParseDuration(q.Get("wait"))
+		}
+		if err != nil || wait < 0 {
+			writeError(w, badRequest("after and rules_after are unsigned integers, wait a non-negative duration"))
+			return
+		}
+		if vw, ok := h.admin.(ViewWaiter); ok {
+			vw.WaitView(r.Context(), after, rulesAfter, min(wait, maxViewWait))
+		}
+	}
 	v, err := h.admin.RouterView(r.Context())
 	if err != nil {
 		writeError(w, h.errorOf(r, err))
