@@ -93,9 +93,25 @@ func (b *syncBuffer) String() string {
 
 func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 	t.Helper()
-	p := launchServe(t, id, dir, extra...)
-	waitFor(t, id+" ready", func() bool { return get(p.http, "/readyz", nil) == 200 })
-	return p
+	for attempt := 0; ; attempt++ {
+		p := launchServe(t, id, dir, extra...)
+		lost := false // a free port was taken by another test's process meanwhile
+		waitFor(t, id+" ready", func() bool {
+			select {
+			case <-p.done:
+				lost = strings.Contains(p.log.String(), "address already in use")
+				return lost
+			default:
+			}
+			return get(p.http, "/readyz", nil) == 200
+		})
+		if !lost {
+			return p
+		}
+		if attempt == 2 {
+			t.Fatalf("%s: ports kept being taken:\n%s", id, lastLines(p.log.String(), 5))
+		}
+	}
 }
 
 // launchServe starts `ringlimit serve` without waiting for it.
