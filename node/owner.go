@@ -255,8 +255,14 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 		c := &req.Checks[i]
 		res := o.decide(v, c, now)
 		for res.Status == transport.StatusUnavailable && !gaveUp {
-			// The partition's state is on its way (hand-off): wait for it.
-			ch := o.servable()
+			// The partition's state is on its way (hand-off), or it is
+			// moving out right now (its new view is being published):
+			// wait for either.
+			ch, vch := o.servable(), o.cell.Changed()
+			if nv := o.cell.Load(); nv.Epoch() > v.Epoch() { // published before we subscribed
+				v = nv
+				resp.Epoch = v.Epoch()
+			}
 			if res = o.decide(v, c, now); res.Status != transport.StatusUnavailable {
 				break
 			}
@@ -265,16 +271,19 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			}
 			select {
 			case <-ch:
+			case <-vch:
+			case <-deadline.C:
+				gaveUp = true
+			case <-ctx.Done():
+				gaveUp = true
+			}
+			if !gaveUp {
 				if nv := o.cell.Load(); nv.Epoch() > v.Epoch() {
 					v = nv
 					resp.Epoch = v.Epoch()
 				}
 				now = o.now()
 				res = o.decide(v, c, now)
-			case <-deadline.C:
-				gaveUp = true
-			case <-ctx.Done():
-				gaveUp = true
 			}
 		}
 		resp.Results[i] = res
