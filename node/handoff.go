@@ -281,7 +281,45 @@ func (n *Node) leaderLease(st *fsm.State, answered map[string]time.Time, now tim
 		voters = 1
 	}
 	if 2*fresh > voters {
-		o.SetLease(lease - now.Sub(oldest))
+		o.SetLeaseUntil(oldest.Add(lease))
+	}
+}
+
+// leaseLoop takes this member's lease while it follows: every DeadAfter/10
+// (at most 250ms) it asks the leader for its ring epoch; when its own
+// ring has reached it, it may answer for what it owns until DeadAfter/2
+// after it asked (a late answer extends nothing). A member cut off from
+// the leader, or asleep (SIGSTOP), therefore stops answering before the
+// leader marks it dead (DeadAfter) and the others take its partitions;
+// when it wakes, it answers only once its ring has caught up.
+func (n *Node) leaseLoop() {
+	every := max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
+	lease := n.cfg.DeadAfter / 2
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		o, snap := n.owner.Load(), n.snap.Load()
+		if o == nil || snap == nil || n.isLeader() {
+			continue
+		}
+		lid, _ := n.leader()
+		m, ok := snap.st.Member(lid)
+		if !ok || m.Peer == "" {
+			continue
+		}
+		asked := time.Now()
+		ctx, cancel := context.WithTimeout(n.ctx, every)
+		var ack transport.PushAck
+		err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: snap.v.Epoch(), From: n.cfg.ID}, &ack)
+		cancel()
+		if err == nil && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
+			o.SetLeaseUntil(asked.Add(lease))
+		}
 	}
 }
 
@@ -292,16 +330,14 @@ func (n *Node) viewCurrent() bool {
 	return s != nil && s.v.Epoch() >= n.fsm.State().MembershipIndex
 }
 
-// detectLoop is the failure detector and the source of leases. While
-// this member leads it pings every other active member over the data
-// plane every DeadAfter/10 (at most 250ms), carrying the leader's ring
-// epoch: a member whose own ring has reached that epoch renews its lease
-// (it may answer for what it owns, for DeadAfter/2); a member that has
-// not answered for DeadAfter is marked dead through the log, so every
-// node moves its partitions at one epoch. The leader renews its own lease
-// while a quorum of voters answers. Raft's own heartbeat failures are
-// reported only after its transport's I/O timeout (10s), far too late for
-// DeadAfter, hence the pings.
+// detectLoop is the failure detector. While this member leads it pings
+// every other active member over the data plane every DeadAfter/10 (at
+// most 250ms); a member that has not answered a ping sent in the last
+// DeadAfter is marked dead through the log, so every node moves its
+// partitions at one epoch. The leader takes its own lease from the pings
+// a quorum of voters answered (from their sending time). Raft's own
+// heartbeat failures are reported only after its transport's I/O timeout
+// (10s), far too late for DeadAfter, hence the pings.
 func (n *Node) detectLoop() {
 	every := max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
 	timeout := max(n.cfg.DeadAfter/4, 20*time.Millisecond)
@@ -371,10 +407,11 @@ func (n *Node) detectLoop() {
 				ctx, cancel := context.WithTimeout(n.ctx, timeout)
 				defer cancel()
 				var ack transport.PushAck
+				sent := time.Now() // contact counts from the ping's sending: a late pong never extends it
 				err := n.cfg.DataPlane.Push(ctx, addr, &transport.Push{Kind: transport.PushPing, Epoch: epoch, From: n.cfg.ID}, &ack)
 				p := pong{id: id}
 				if err == nil {
-					p.at = time.Now()
+					p.at = sent
 				}
 				select {
 				case pongs <- p:

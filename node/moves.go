@@ -206,19 +206,11 @@ func (o *Owner) AwaitingParts() []uint32 {
 func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {
 	v := o.cell.Load()
 	if push.Kind == transport.PushPing {
-		// The leader vouches for its ring: if ours has reached it, we
-		// may go on answering for what we own. A member behind it (it
-		// slept, or was cut off) must not: its ring may be stale.
-		if v == nil || v.Epoch() < push.Epoch {
-			// Just behind (a change on its way to us): wait for it briefly
-			// rather than go without a lease until the next ping.
-			v = o.cell.Await(ctx, push.Epoch, 0, epochWait)
-		}
+		// A liveness probe (leader → member) or a lease request (member →
+		// leader): the answer is our epoch. Leases are taken by the side
+		// that sent, from its own send time (see node's leases).
 		if v != nil {
 			ack.Epoch = v.Epoch()
-			if v.Epoch() >= push.Epoch {
-				o.SetLease(o.leaseFor)
-			}
 		}
 		return
 	}

@@ -246,6 +246,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	n.goLoop(n.sweepLoop)
 	n.goLoop(n.backupLoop)
 	n.goLoop(n.detectLoop)
+	n.goLoop(n.leaseLoop)
 	return n, nil
 }
 
@@ -342,7 +343,6 @@ func (n *Node) refresh() {
 			n.log.Error("cannot build the bucket table", "err", err)
 			return
 		}
-		o.SetLeaseDuration(n.cfg.DeadAfter / 2)
 		n.owner.Store(o)
 	}
 	if prev == nil || prev.Ring != next.Ring {

@@ -57,9 +57,6 @@ type Owner struct {
 	leaseUntil atomic.Int64
 	leaseOn    atomic.Bool
 	start      time.Time
-	// leaseFor is how long a leader's ping lets this member answer
-	// (DeadAfter/2); set before the owner serves.
-	leaseFor time.Duration
 
 	awaiting atomic.Int64 // partitions in partAwaiting
 
@@ -153,16 +150,6 @@ func (o *Owner) BackupTable() *limiter.Table { return o.backup }
 // Awaiting is how many owned partitions wait for their state.
 func (o *Owner) Awaiting() int { return int(o.awaiting.Load()) }
 
-// SetLease says this member may answer until d from now (while Raft hears
-// from a quorum); EnableLease turns the requirement on.
-func (o *Owner) SetLease(d time.Duration) {
-	was := o.leased()
-	o.leaseUntil.Store(int64(time.Since(o.start) + d))
-	if !was && o.leased() {
-		o.broadcast() // checks waiting for a lease may go on
-	}
-}
-
 // broadcast wakes every check waiting for a partition or a lease.
 func (o *Owner) broadcast() {
 	o.mu.Lock()
@@ -171,8 +158,18 @@ func (o *Owner) broadcast() {
 	o.mu.Unlock()
 }
 
-// SetLeaseDuration sets how long a leader's ping vouches for this member.
-func (o *Owner) SetLeaseDuration(d time.Duration) { o.leaseFor = d }
+// SetLeaseUntil says this member may answer until t (a time on this
+// process's monotonic clock: take it before asking, so a late answer
+// never extends the lease).
+func (o *Owner) SetLeaseUntil(t time.Time) {
+	was := o.leased()
+	if until := int64(t.Sub(o.start)); until > o.leaseUntil.Load() {
+		o.leaseUntil.Store(until)
+	}
+	if !was && o.leased() {
+		o.broadcast()
+	}
+}
 
 // EnableLease makes answers depend on the lease (see SetLease).
 func (o *Owner) EnableLease(on bool) { o.leaseOn.Store(on) }

@@ -200,6 +200,10 @@ type clientConn struct {
 	w      *frameWriter
 	nextID atomic.Uint64
 	broken atomic.Bool // set once err is set
+	// lastRead is when the last frame was read (Unix ns): a call that
+	// times out with nothing read since it was sent condemns the
+	// connection.
+	lastRead atomic.Int64
 
 	mu      sync.Mutex
 	pending map[uint64]*call // guarded by mu; nil once broken
@@ -213,6 +217,7 @@ func newClientConn(c *Client, nc net.Conn) *clientConn {
 		w:       newFrameWriter(nc, c.cfg.WriteTimeout, c.cfg.MaxPendingWrite),
 		pending: make(map[uint64]*call),
 	}
+	cc.lastRead.Store(time.Now().UnixNano()) // silence counts from the dial
 	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
@@ -224,6 +229,10 @@ func newClientConn(c *Client, nc net.Conn) *clientConn {
 	}()
 	return cc
 }
+
+// deadConnSilence is how long a connection may return nothing while a
+// call on it times out before it is presumed dead and dropped.
+const deadConnSilence = time.Second
 
 // do sends one batch and waits for its answer. sent is false when the batch
 // certainly did not leave this process.
@@ -262,6 +271,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 	cc.pending[id] = cl
 	cc.mu.Unlock()
 
+	sentAt := time.Now().UnixNano()
 	if err := cc.w.write(cl.buf); err != nil {
 		cc.fail(err)
 		if !cc.forget(id) {
@@ -274,6 +284,14 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 		return true, err
 	case <-ctx.Done():
 		if cc.forget(id) {
+			if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
+				// Not one frame has come back since this call left, and
+				// none for deadConnSilence: the peer or the path is gone
+				// (a network cut leaves TCP silent, not closed). Drop the
+				// connection so the next call dials afresh instead of
+				// waiting on a dead one.
+				cc.fail(fmt.Errorf("no answer from %s within the call's deadline: connection presumed dead", cc.c.addr))
+			}
 			return true, ctx.Err()
 		}
 		// The reader is delivering the answer right now (it has the whole
@@ -326,6 +344,7 @@ func (cc *clientConn) readLoop() {
 		if err != nil {
 			break
 		}
+		cc.lastRead.Store(time.Now().UnixNano())
 		if err = cc.dispatch(lim, buf); err != nil {
 			break
 		}

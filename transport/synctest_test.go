@@ -172,3 +172,54 @@ func TestBudgetSpentInQueue(t *testing.T) {
 		<-served
 	})
 }
+
+// A peer that goes silent (a network cut leaves TCP open and quiet) does
+// not hold the connection for ever: a call that times out after the
+// connection has returned nothing for deadConnSilence drops it, and the
+// next call dials afresh. A call that times out sooner keeps it.
+func TestSilentPeerConnectionIsDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			if req.Checks[0].Rule == "hold" {
+				<-release
+			}
+			echo(ctx, req, resp)
+		})
+		ln := newPipeListener()
+		srv := NewServer(DefaultServerConfig(), h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		var dials atomic.Int32
+		ccfg := DefaultClientConfig()
+		ccfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return ln.dial(ctx, addr)
+		}
+		c, err := Dial(t.Context(), "pipe", ccfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		call := func(rule string, budget time.Duration) error {
+			ctx, cancel := context.WithTimeout(t.Context(), budget)
+			defer cancel()
+			return c.Do(ctx, batchOf(1, rule), new(BatchResponse))
+		}
+		if err := call("hold", 100*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("short call: %v", err)
+		}
+		if err := call("ok", time.Second); err != nil || dials.Load() != 1 {
+			t.Fatalf("after a short timeout: %v, %d dials; want the same connection", err, dials.Load())
+		}
+		if err := call("hold", 2*deadConnSilence); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("long call: %v", err)
+		}
+		if err := call("ok", time.Second); err != nil || dials.Load() != 2 {
+			t.Fatalf("after %v of silence: %v, %d dials; want a new connection", 2*deadConnSilence, err, dials.Load())
+		}
+		close(release)
+		_ = c.Close()
+		_ = srv.Close()
+		<-served
+	})
+}
