@@ -160,8 +160,8 @@ func TestNetworkPartition(t *testing.T) {
 	l.run()
 	l.loadFor(2 * time.Second)
 	probeRound()
-	tCut := l.since()
 	mustDocker(t, "network", "disconnect", tag, vname)
+	tCut := l.since() // once the disconnect has taken effect
 	out := func() bool {
 		for _, m := range majority {
 			if ids := activeIDs(m.http); ids == nil || contains(ids, victim.id) {
@@ -170,14 +170,32 @@ func TestNetworkPartition(t *testing.T) {
 		}
 		return true
 	}
+	// Watch the majority's ring on its own, every 50ms: the probes into
+	// the cut-off container take a second or more each and would blur
+	// the moment it leaves the ring.
+	outAt := make(chan time.Duration, 1)
+	go func() {
+		for l.since() < tCut+40*time.Second {
+			if out() {
+				outAt <- l.since()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		close(outAt)
+	}()
 	tOut := time.Duration(-1)
 	for tOut < 0 || l.since() < tOut+3*time.Second {
-		if l.since() > tCut+40*time.Second {
-			t.Fatalf("%s still in the majority's ring 40s after the cut", victim.id)
-		}
 		probeRound()
-		if tOut < 0 && out() {
-			tOut = l.since()
+		if tOut < 0 {
+			select {
+			case at, ok := <-outAt:
+				if !ok {
+					t.Fatalf("%s still in the majority's ring 40s after the cut", victim.id)
+				}
+				tOut = at
+			default:
+			}
 		}
 	}
 	var cutView api.Cluster
@@ -275,21 +293,20 @@ func TestNetworkPartition(t *testing.T) {
 	if len(epochs) != 1 {
 		t.Errorf("after healing the members are on different epochs: %v", epochs)
 	}
-	// Targets missed because of known product bugs: reported, and
-	// skipped (not failed) until the lead fixes them.
+	// Each missed target fails, with what the run saw.
 	var bugs []string
 	if tOut-tCut > dead+2*time.Second {
-		bugs = append(bugs, fmt.Sprintf("BUG (failure detection of an unreachable member): %s left the majority's ring %.2fs after the cut, want ≤ --dead-after + 2s = %v; "+
+		bugs = append(bugs, fmt.Sprintf("missed target (failure detection of an unreachable member): %s left the majority's ring %.2fs after the cut, want ≤ --dead-after + 2s = %v; "+
 			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/handoff.go)",
 			victim.id, (tOut-tCut).Seconds(), dead+2*time.Second))
 	}
 	if healed.degraded > 0 {
-		bugs = append(bugs, fmt.Sprintf("BUG (hand-back after a partition heals): from the reconnect on, the majority answered %d of %d checks degraded, the last %.2fs after the reconnect (%.2fs after the ring was one again); "+
+		bugs = append(bugs, fmt.Sprintf("missed target (hand-back after a partition heals): from the reconnect on, the majority answered %d of %d checks degraded, the last %.2fs after the reconnect (%.2fs after the ring was one again); "+
 			"the healed member owns its partitions again at once, and forwards to it time out until the hand-off arrives or it gives up (\"hand-off did not arrive in time; serving the backup copies\"); design: until a hand-off completes the old owner serves",
 			healed.degraded, healed.checks, (tClean-tHeal).Seconds(), (tClean-tSettled).Seconds()))
 	}
-	if len(bugs) > 0 {
-		t.Skip(strings.Join(bugs, "\n"))
+	for _, b := range bugs {
+		t.Error(b)
 	}
 }
 
