@@ -120,7 +120,7 @@ func (n *Node) registerLoop() {
 	backoff := 50 * time.Millisecond
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
-	seen := false // the cluster has listed us since we started
+	seen := false                                 // the cluster has listed us since we started
 	lastWarn := time.Now().Add(-27 * time.Second) // the first warning after 3s of trying
 	for {
 		_, member := n.fsm.State().Member(n.cfg.ID)
