@@ -120,7 +120,8 @@ func (n *Node) registerLoop() {
 	backoff := 50 * time.Millisecond
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
-	seen := false // the cluster has listed us since we started
+	seen := false                                 // the cluster has listed us since we started
+	lastWarn := time.Now().Add(-27 * time.Second) // the first warning after 3s of trying
 	for {
 		_, member := n.fsm.State().Member(n.cfg.ID)
 		seen = seen || member
@@ -139,7 +140,15 @@ func (n *Node) registerLoop() {
 				return
 			}
 			if err != nil {
-				n.log.Debug("registering", "err", err)
+				// Say why at warn level once, then every 30s: a refused
+				// join (wrong secret, unreachable addresses) must not be
+				// silent at the default log level.
+				if time.Since(lastWarn) >= 30*time.Second {
+					n.log.Warn("not registered in the cluster yet; retrying", "err", err)
+					lastWarn = time.Now()
+				} else {
+					n.log.Debug("registering", "err", err)
+				}
 			} else {
 				backoff = 50 * time.Millisecond
 			}
@@ -584,6 +593,8 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: waiting for %d partitions to be handed over", api.ErrUnavailable, n.Owner().Awaiting())
 	case !n.registered():
 		return fmt.Errorf("%w: not an active member yet", api.ErrUnavailable)
+	case !n.Owner().Serving():
+		return fmt.Errorf("%w: no lease yet (waiting to hear from the leader)", api.ErrUnavailable)
 	case n.rulesFilePending.Load():
 		return fmt.Errorf("%w: the rules file is not in force yet", api.ErrUnavailable)
 	}

@@ -298,10 +298,17 @@ func (n *Node) leaseLoop() {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
+		// Ask at once when this member has no lease (it just started or
+		// joined): a ring change wakes the loop too.
+		var changed <-chan struct{}
+		if o := n.owner.Load(); o == nil || !o.Serving() {
+			changed = n.cell.Changed()
+		}
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-tick.C:
+		case <-changed:
 		}
 		o, snap := n.owner.Load(), n.snap.Load()
 		if o == nil || snap == nil || n.isLeader() {

@@ -174,6 +174,10 @@ func (o *Owner) SetLeaseUntil(t time.Time) {
 // EnableLease makes answers depend on the lease (see SetLease).
 func (o *Owner) EnableLease(on bool) { o.leaseOn.Store(on) }
 
+// Serving reports whether this owner may answer now (its lease, when
+// one is needed, is current).
+func (o *Owner) Serving() bool { return o.leased() }
+
 func (o *Owner) leased() bool {
 	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
 }

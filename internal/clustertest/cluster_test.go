@@ -347,3 +347,66 @@ func TestRuleChangeCarriesStateOnTheOwner(t *testing.T) {
 		}
 	})
 }
+
+// A rolling restart of every member (SIGTERM, restart, next) keeps every
+// key's budget: each member hands its partitions off when it stops and
+// takes them back with their state when it returns.
+func TestRollingRestartKeepsBudgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		c.PutRules("n1", logRule)
+		var keys []string
+		for _, id := range []string{"n1", "n2", "n3"} {
+			for i := range 4 {
+				keys = append(keys, c.KeyOwnedBy(id, i))
+			}
+		}
+		for _, k := range keys {
+			spend(c, "n1", k, 3)
+		}
+		for _, id := range []string{"n1", "n2", "n3"} {
+			c.Stop(id, 5*time.Second)
+			c.WaitSettled(2)
+			c.Restart(id)
+			c.WaitSettled(3)
+			via := "n1"
+			if id == "n1" {
+				via = "n2"
+			}
+			for _, k := range keys {
+				if r := c.Check(via, "log", k, 0); r.Remaining != 7 || r.Degraded {
+					t.Fatalf("after restarting %s: key %s has %d left (degraded %v), want 7", id, k, r.Remaining, r.Degraded)
+				}
+			}
+		}
+	})
+}
+
+// When the Raft leader crashes, membership writes succeed again within
+// 5s: a new leader is elected, marks the old one dead, and takes writes.
+func TestLeaderCrashMembershipWritesResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		old := c.Leader()
+		c.Crash(old.ID)
+		start := time.Now()
+		var via *Member
+		for _, m := range c.Members() {
+			if m.Running() {
+				via = m
+				break
+			}
+		}
+		c.WaitFor("a membership write", 10*time.Second, func() bool {
+			return via.Node().SetState(context.Background(), via.ID, "active") == nil
+		})
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("membership writes resumed after %v, want within 5s", took)
+		}
+		c.WaitFor(old.ID+" marked dead", 10*time.Second, func() bool {
+			m, _ := via.Node().State().Member(old.ID)
+			return m.State == fsm.Dead
+		})
+		c.WaitSettled(2)
+	})
+}

@@ -199,6 +199,17 @@ func (g *Gateway) decide(ctx context.Context, reqs []router.Request) ([]router.R
 	if len(reqs) == 1 {
 		return out, g.checker.Check(ctx, reqs, out)
 	}
+	// The query below spends nothing, so it would not catch a cost that
+	// can never pass: refuse it as a bad request first.
+	if v := g.checker.View(); v != nil {
+		for _, q := range reqs {
+			if r := v.Rules[q.Rule]; r != nil {
+				if err := r.CheckCost(q.Cost); err != nil {
+					return nil, fmt.Errorf("%w: %s: %w", api.ErrBadRequest, q.Rule, err)
+				}
+			}
+		}
+	}
 	query := make([]router.Request, len(reqs))
 	for i, q := range reqs {
 		query[i] = router.Request{Rule: q.Rule, Key: q.Key}

@@ -466,6 +466,14 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	if r := send("abc"); r.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad cost header: %d, want 400", r.StatusCode)
 	}
+	// A cost no window could ever admit is a bad request, not a 429 that
+	// tells the client to retry, and spends nothing.
+	if r := send("500"); r.StatusCode != http.StatusBadRequest || r.Header.Get("Retry-After") != "" {
+		t.Fatalf("cost over the limit: %d (Retry-After %q), want 400", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if got := c.remaining(t, "rpm", "key:t1"); got != 9 {
+		t.Fatalf("rpm has %d left after a refused cost, want 9", got)
+	}
 	if up.hits.Load() != 1 {
 		t.Fatalf("upstream saw %d, want 1", up.hits.Load())
 	}
