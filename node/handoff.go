@@ -143,7 +143,32 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		n.log.Debug("hand-off pushed", "to", to.ID, "parts", len(batch), "epoch", epoch, "err", err, "status", ack.Status)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
-			retry = batch
+			// The target may have died since (and the ring moved on):
+			// send each part to whoever owns it now.
+			v := n.cell.Load()
+			dropped := 0
+			var mine []transport.PushPart
+			for _, o := range batch {
+				m, ok := v.Ring.Owner(o.Part.Partition)
+				switch {
+				case !ok:
+					dropped++ // nobody owns it: nothing to hand
+				case m.ID == n.cfg.ID:
+					mine = append(mine, o.Part) // ours again: take it back
+				case m.ID != o.To.ID:
+					retry = append(retry, Outgoing{To: m, Part: o.Part})
+				default:
+					retry = append(retry, o)
+				}
+			}
+			if len(mine) > 0 {
+				if o := n.owner.Load(); o != nil {
+					ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
+					o.HandlePush(n.ctx, &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: mine}, &ack)
+				}
+				dropped += len(mine)
+			}
+			h.done(dropped)
 		} else {
 			taken := 0
 			for i, st := range ack.Status {
