@@ -234,18 +234,7 @@ func (n *Node) WaitHandoffs(ctx context.Context) error { return n.h.wait(ctx) }
 // backupLoop pushes the changed partitions this member owns to their
 // backups every BackupInterval.
 func (n *Node) backupLoop() {
-	tick := time.NewTicker(n.cfg.BackupInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-tick.C:
-		}
-		o := n.owner.Load()
-		if o == nil {
-			continue
-		}
+	n.everyTick(n.cfg.BackupInterval, func(o *Owner) {
 		start := time.Now()
 		batches := o.BackupPushes()
 		var wg sync.WaitGroup
@@ -274,7 +263,7 @@ func (n *Node) backupLoop() {
 			// Lag: a change waits up to one interval, then the push.
 			n.m.backupLag.Set((n.cfg.BackupInterval + time.Since(start)).Seconds())
 		}
-	}
+	})
 }
 
 // leaderLease renews the leader's own lease while a quorum of voters

@@ -423,24 +423,30 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 // sweepLoop drops dead bucket states, a slice of partitions per tick, so
 // memory tracks active keys.
 func (n *Node) sweepLoop() {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
 	next := uint32(0)
+	n.everyTick(100*time.Millisecond, func(o *Owner) {
+		parts := uint32(o.Partitions())
+		step := max(parts/50, 1) // a full pass every ~5s
+		for range step {
+			o.Sweep(next % parts)
+			next = (next + 1) % parts
+		}
+	})
+}
+
+// everyTick calls f with the owner every d until the node stops; ticks
+// before the owner exists are skipped.
+func (n *Node) everyTick(d time.Duration, f func(o *Owner)) {
+	tick := time.NewTicker(d)
+	defer tick.Stop()
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-tick.C:
 		}
-		o := n.owner.Load()
-		if o == nil {
-			continue
-		}
-		parts := uint32(o.Partitions())
-		step := max(parts/50, 1) // a full pass every ~5s
-		for range step {
-			o.Sweep(next % parts)
-			next = (next + 1) % parts
+		if o := n.owner.Load(); o != nil {
+			f(o)
 		}
 	}
 }
