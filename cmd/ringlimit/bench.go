@@ -6,30 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
-	"math/bits"
-	"math/rand/v2"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/loadgen"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/transport"
-)
-
-// Bounds of the bench flags.
-const (
-	benchMaxDuration    = 10 * time.Minute
-	benchMaxConcurrency = 1024
-	benchMaxErrorKinds  = 8       // distinct error messages kept per worker
-	benchKeyTable       = 100_000 // key names built once up to this many keys
 )
 
 // runBench is `ringlimit bench`: a bounded load generator against the HTTP
@@ -39,14 +26,14 @@ const (
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bench", stderr)
 	addrs := fs.String("addr", defaultAddr, "comma-separated HTTP addresses of members; each worker goes round-robin over them")
-	var cfg loadConfig
+	var cfg loadgen.Config
 	fs.StringVar(&cfg.Rule, "rule", "default", "rule to check")
 	fs.IntVar(&cfg.Keys, "keys", 1000, "number of distinct keys (key-0 … key-<N-1>)")
 	dist := fs.String("dist", "uniform", "key distribution: uniform | zipf (s=1.1)")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the key choice")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 16, fmt.Sprintf("concurrent workers, each one request at a time (max %d)", benchMaxConcurrency))
+	fs.IntVar(&cfg.Concurrency, "concurrency", 16, fmt.Sprintf("concurrent workers, each one request at a time (max %d)", loadgen.MaxConcurrency))
 	fs.IntVar(&cfg.Batch, "batch", 1, fmt.Sprintf("checks per request: 1 = single form, more = batch form (max %d)", api.MaxBatch))
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, fmt.Sprintf("how long to run (max %v)", benchMaxDuration))
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, fmt.Sprintf("how long to run (max %v)", loadgen.MaxDuration))
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many HTTP requests (0 = no cap)")
 	fs.Int64Var(&cfg.Cost, "cost", 1, "cost of each check")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -77,7 +64,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if len(targets) == 0 {
 		return fail(stderr, "bench", errors.New("--addr: no address"))
 	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return fail(stderr, "bench", err)
 	}
 
@@ -86,7 +73,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	tr := client.NewTransport(max(256, cfg.Concurrency))
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
-	funcs := make([]checkFunc, len(targets))
+	funcs := make([]loadgen.CheckFunc, len(targets))
 	urls := make([]string, len(targets))
 	for i, a := range targets {
 		c := client.New(baseURL(a), client.WithHTTPClient(hc))
@@ -101,13 +88,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer pool.Close()
 		defer rt.Close()
-		funcs, urls = []checkFunc{peerChecks(rt)}, []string{"peer:" + urls[0]}
+		funcs, urls = []loadgen.CheckFunc{peerChecks(rt)}, []string{"peer:" + urls[0]}
 	default:
 		return fail(stderr, "bench", fmt.Errorf("--protocol %q: want http or peer", *protocol))
 	}
 
 	fmt.Fprintf(stderr, "ringlimit bench: %d workers, %d target(s), up to %v…\n", cfg.Concurrency, len(targets), cfg.Duration)
-	res := runLoad(ctx, cfg, funcs)
+	res := loadgen.Run(ctx, cfg, funcs)
 	rep := newBenchReport(cfg, *dist, urls, res)
 	if *asJSON {
 		err = writeJSON(stdout, rep)
@@ -126,14 +113,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	return exitOK
 }
 
-// checkFunc decides checks, in order, in one request to one target; it is
-// what the load loop drives (the HTTP API today, the binary data plane
-// later). It must not keep checks after it returns.
-type checkFunc func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error)
-
 // httpChecks is the checkFunc of one node's HTTP API: the single form of
 // POST /v1/check for one check, the batch form for more.
-func httpChecks(c *client.Client) checkFunc {
+func httpChecks(c *client.Client) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
 		if len(checks) != 1 {
 			return c.CheckBatch(ctx, checks)
@@ -174,7 +156,7 @@ func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*r
 
 // peerChecks is the checkFunc of a stateless router: each call's checks go
 // to their owners over the data plane, batched with other workers' checks.
-func peerChecks(rt *router.Router) checkFunc {
+func peerChecks(rt *router.Router) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
 		reqs := make([]router.Request, len(checks))
 		for i, c := range checks {
@@ -193,270 +175,6 @@ func peerChecks(rt *router.Router) checkFunc {
 		}
 		return ds, nil
 	}
-}
-
-// loadConfig is what the load loop does.
-type loadConfig struct {
-	Rule        string
-	Keys        int // distinct keys, key-0 … key-<Keys-1>
-	Zipf        bool
-	Seed        uint64
-	Concurrency int
-	Batch       int // checks per request
-	Duration    time.Duration
-	Requests    int64 // cap on requests, answered or failed; 0 = none
-	Cost        int64
-}
-
-func (c loadConfig) validate() error {
-	switch {
-	case c.Rule == "":
-		return errors.New("--rule: empty")
-	case c.Keys < 1:
-		return fmt.Errorf("--keys %d: must be ≥ 1", c.Keys)
-	case c.Concurrency < 1 || c.Concurrency > benchMaxConcurrency:
-		return fmt.Errorf("--concurrency %d: must be in 1…%d", c.Concurrency, benchMaxConcurrency)
-	case c.Batch < 1 || c.Batch > api.MaxBatch:
-		return fmt.Errorf("--batch %d: must be in 1…%d", c.Batch, api.MaxBatch)
-	case c.Duration <= 0 || c.Duration > benchMaxDuration:
-		return fmt.Errorf("--duration %v: must be in (0, %v]", c.Duration, benchMaxDuration)
-	case c.Requests < 0:
-		return fmt.Errorf("--requests %d: must be ≥ 0", c.Requests)
-	case c.Cost < 0:
-		return fmt.Errorf("--cost %d: must be ≥ 0", c.Cost)
-	}
-	return nil
-}
-
-// loadResult is what the load loop measured. Requests counts answered
-// requests; one that failed counts in Errors only; one cut off by the end
-// of the run counts nowhere.
-type loadResult struct {
-	Elapsed                           time.Duration
-	Requests, Errors                  int64
-	Checks, Allowed, Denied, Degraded int64
-	Latency                           histogram        // of answered requests
-	ErrorKinds                        map[string]int64 // message → count; "(other)" past benchMaxErrorKinds
-}
-
-// runLoad runs cfg.Concurrency workers until cfg.Duration has passed,
-// cfg.Requests requests were sent or ctx is done. Worker w starts at
-// targets[w % len(targets)] and moves to the next target after each
-// request. Workers keep going after errors (backing off up to 50ms while
-// they persist). Memory is bounded: each worker owns a fixed-size
-// histogram and at most benchMaxErrorKinds error messages.
-func runLoad(ctx context.Context, cfg loadConfig, targets []checkFunc) loadResult {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
-	defer cancel()
-	var names []string
-	if cfg.Keys <= benchKeyTable {
-		names = make([]string, cfg.Keys)
-		for i := range names {
-			names[i] = keyName(i)
-		}
-	}
-	var issued atomic.Int64
-	workers := make([]loadWorker, cfg.Concurrency)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range workers {
-		w := &workers[i]
-		w.id, w.errKinds = i, map[string]int64{}
-		wg.Go(func() { w.run(ctx, cfg, targets, names, &issued) })
-	}
-	wg.Wait()
-	res := loadResult{Elapsed: time.Since(start), ErrorKinds: map[string]int64{}}
-	for i := range workers {
-		w := &workers[i]
-		res.Requests += w.requests
-		res.Errors += w.errors
-		res.Checks += w.checks
-		res.Allowed += w.allowed
-		res.Denied += w.denied
-		res.Degraded += w.degraded
-		res.Latency.merge(&w.latency)
-		for k, n := range w.errKinds {
-			res.ErrorKinds[k] += n
-		}
-	}
-	return res
-}
-
-func keyName(i int) string { return "key-" + strconv.Itoa(i) }
-
-// loadWorker is one worker's state; only its goroutine touches it until
-// runLoad has waited for it.
-type loadWorker struct {
-	id                                int
-	requests, errors                  int64
-	checks, allowed, denied, degraded int64
-	latency                           histogram
-	errKinds                          map[string]int64
-}
-
-func (w *loadWorker) run(ctx context.Context, cfg loadConfig, targets []checkFunc, names []string, issued *atomic.Int64) {
-	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w.id)))
-	pick := func() int { return rng.IntN(cfg.Keys) }
-	if cfg.Zipf && cfg.Keys > 1 {
-		z := rand.NewZipf(rng, 1.1, 1, uint64(cfg.Keys-1))
-		pick = func() int { return int(z.Uint64()) }
-	}
-	cost := cfg.Cost
-	checks := make([]api.CheckRequest, cfg.Batch)
-	next := w.id % len(targets)
-	var backoff time.Duration
-	for ctx.Err() == nil {
-		if cfg.Requests > 0 && issued.Add(1) > cfg.Requests {
-			return
-		}
-		for i := range checks {
-			var key string
-			if k := pick(); names != nil {
-				key = names[k]
-			} else {
-				key = keyName(k)
-			}
-			checks[i] = api.CheckRequest{Rule: cfg.Rule, Key: key, Cost: &cost}
-		}
-		t0 := time.Now()
-		ds, err := targets[next](ctx, checks)
-		lat := time.Since(t0)
-		next = (next + 1) % len(targets)
-		if err == nil && len(ds) != len(checks) {
-			err = fmt.Errorf("%d decisions for %d checks", len(ds), len(checks))
-		}
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
-				// Cut off by the end of the run (the only deadline a
-				// worker's requests have): not the target's fault.
-				return
-			}
-			w.errors++
-			w.noteError(err)
-			backoff = min(max(2*backoff, time.Millisecond), 50*time.Millisecond)
-			if !sleepCtx(ctx, backoff) {
-				return
-			}
-			continue
-		}
-		backoff = 0
-		w.requests++
-		w.latency.record(lat)
-		for _, d := range ds {
-			w.checks++
-			if d.Allowed {
-				w.allowed++
-			} else {
-				w.denied++
-			}
-			if d.Degraded {
-				w.degraded++
-			}
-		}
-	}
-}
-
-func (w *loadWorker) noteError(err error) {
-	msg := err.Error()
-	if _, ok := w.errKinds[msg]; !ok && len(w.errKinds) >= benchMaxErrorKinds {
-		msg = "(other)"
-	}
-	w.errKinds[msg]++
-}
-
-// sleepCtx waits d or until ctx is done; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// histogram is a log-linear histogram of durations in nanoseconds: exact
-// below 2·histSub ns, then histSub buckets per power of two, so a
-// percentile read from it is at most 1/histSub (1.6%) above the true value.
-// Durations of 2^histMaxExp ns (~18 min) and more share the last bucket.
-// The zero value is empty and ready; it is not safe for concurrent use.
-type histogram struct {
-	counts   [histBuckets]uint64
-	n        uint64
-	sum, max time.Duration
-}
-
-const (
-	histSubBits = 6
-	histSub     = 1 << histSubBits
-	histMaxExp  = 40
-	// Values of exponent e (2^e ≤ v < 2^(e+1)) take buckets
-	// (e-histSubBits+1)·histSub … (e-histSubBits+2)·histSub-1.
-	histBuckets = (histMaxExp - 1 - histSubBits + 2) * histSub
-)
-
-// histIndex is the bucket of v nanoseconds.
-func histIndex(v uint64) int {
-	if v < 2*histSub {
-		return int(v)
-	}
-	v = min(v, 1<<histMaxExp-1)
-	e := bits.Len64(v) - 1
-	shift := e - histSubBits
-	return shift*histSub + int(v>>shift)
-}
-
-// histUpper is the largest value in bucket i.
-func histUpper(i int) uint64 {
-	if i < 2*histSub {
-		return uint64(i)
-	}
-	shift := i/histSub - 1
-	m := uint64(i%histSub + histSub)
-	return (m+1)<<shift - 1
-}
-
-func (h *histogram) record(d time.Duration) {
-	d = max(d, 0)
-	h.counts[histIndex(uint64(d))]++
-	h.n++
-	h.sum += d
-	h.max = max(h.max, d)
-}
-
-func (h *histogram) merge(o *histogram) {
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	h.n += o.n
-	h.sum += o.sum
-	h.max = max(h.max, o.max)
-}
-
-// quantile is the q-quantile (0 < q ≤ 1): the upper end of the bucket of
-// the ⌈q·n⌉-th smallest value, never above the largest value recorded.
-func (h *histogram) quantile(q float64) time.Duration {
-	if h.n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(q*float64(h.n) - 1e-9))
-	rank = min(max(rank, 1), h.n)
-	var cum uint64
-	for i, c := range h.counts {
-		cum += c
-		if cum >= rank {
-			return min(time.Duration(histUpper(i)), h.max)
-		}
-	}
-	return h.max
-}
-
-func (h *histogram) mean() time.Duration {
-	if h.n == 0 {
-		return 0
-	}
-	return h.sum / time.Duration(h.n)
 }
 
 // benchReport is the outcome of a bench, as --json prints it.
@@ -499,7 +217,7 @@ type benchReport struct {
 	lat [5]time.Duration // p50 p90 p99 p999 max, for the text form
 }
 
-func newBenchReport(cfg loadConfig, dist string, targets []string, res loadResult) *benchReport {
+func newBenchReport(cfg loadgen.Config, dist string, targets []string, res loadgen.Result) *benchReport {
 	r := &benchReport{}
 	r.Config.Targets = targets
 	r.Config.Rule, r.Config.Keys, r.Config.Dist, r.Config.Seed = cfg.Rule, cfg.Keys, dist, cfg.Seed
@@ -514,10 +232,10 @@ func newBenchReport(cfg loadConfig, dist string, targets []string, res loadResul
 		r.ChecksPerSecond = round3(float64(res.Checks) / secs)
 	}
 	h := &res.Latency
-	r.lat = [5]time.Duration{h.quantile(0.5), h.quantile(0.9), h.quantile(0.99), h.quantile(0.999), h.max}
+	r.lat = [5]time.Duration{h.Quantile(0.5), h.Quantile(0.9), h.Quantile(0.99), h.Quantile(0.999), h.Max()}
 	toMs := func(d time.Duration) float64 { return round3(float64(d) / 1e6) }
 	r.LatencyMs.P50, r.LatencyMs.P90, r.LatencyMs.P99 = toMs(r.lat[0]), toMs(r.lat[1]), toMs(r.lat[2])
-	r.LatencyMs.P999, r.LatencyMs.Max, r.LatencyMs.Mean = toMs(r.lat[3]), toMs(r.lat[4]), toMs(h.mean())
+	r.LatencyMs.P999, r.LatencyMs.Max, r.LatencyMs.Mean = toMs(r.lat[3]), toMs(r.lat[4]), toMs(h.Mean())
 
 	r.Allowed, r.Denied, r.Degraded = res.Allowed, res.Denied, res.Degraded
 	if res.Checks > 0 {

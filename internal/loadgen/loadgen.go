@@ -1,0 +1,331 @@
+// Package loadgen is the load loop of `ringlimit bench` and of the
+// side-by-side runs in bench/: N workers sending checks for keys drawn
+// from a fixed key space (uniform or zipf) to check functions, each one
+// call at a time, for a bounded time or number of calls, recording the
+// latency of every call in a log-linear histogram.
+//
+// It knows nothing of the system under load: a CheckFunc is whatever
+// sends one call of checks (ringlimit's HTTP API, its data plane, another
+// rate limiter) and reports its decisions. Run is safe to call from
+// several goroutines; a Histogram is not safe for concurrent use.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+// Bounds of a Config.
+const (
+	MaxDuration    = 10 * time.Minute
+	MaxConcurrency = 1024
+	MaxErrorKinds  = 8       // distinct error messages kept per worker
+	KeyTable       = 100_000 // key names built once up to this many keys
+)
+
+// CheckFunc decides checks, in order, in one call to one target. It must
+// not keep checks after it returns.
+type CheckFunc func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error)
+
+// Config is what the load loop does.
+type Config struct {
+	Rule        string
+	Keys        int // distinct keys, key-0 … key-<Keys-1>
+	Zipf        bool
+	Seed        uint64
+	Concurrency int
+	Batch       int // checks per call
+	Duration    time.Duration
+	Requests    int64 // cap on calls, answered or failed; 0 = none
+	Cost        int64
+	// Rate paces the calls of all workers together to this many per
+	// second (each worker Rate/Concurrency, on a fixed schedule that
+	// catches up when late); 0 = each worker calls again at once.
+	Rate float64
+}
+
+// Validate checks the fields without changing them.
+func (c Config) Validate() error {
+	switch {
+	case c.Rule == "":
+		return errors.New("--rule: empty")
+	case c.Keys < 1:
+		return fmt.Errorf("--keys %d: must be ≥ 1", c.Keys)
+	case c.Concurrency < 1 || c.Concurrency > MaxConcurrency:
+		return fmt.Errorf("--concurrency %d: must be in 1…%d", c.Concurrency, MaxConcurrency)
+	case c.Batch < 1 || c.Batch > api.MaxBatch:
+		return fmt.Errorf("--batch %d: must be in 1…%d", c.Batch, api.MaxBatch)
+	case c.Duration <= 0 || c.Duration > MaxDuration:
+		return fmt.Errorf("--duration %v: must be in (0, %v]", c.Duration, MaxDuration)
+	case c.Requests < 0:
+		return fmt.Errorf("--requests %d: must be ≥ 0", c.Requests)
+	case c.Cost < 0:
+		return fmt.Errorf("--cost %d: must be ≥ 0", c.Cost)
+	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
+		return fmt.Errorf("--rate %v: must be ≥ 0", c.Rate)
+	}
+	return nil
+}
+
+// Result is what the load loop measured. Requests counts answered calls;
+// one that failed counts in Errors only; one cut off by the end of the
+// run counts nowhere.
+type Result struct {
+	Elapsed                           time.Duration
+	Requests, Errors                  int64
+	Checks, Allowed, Denied, Degraded int64
+	Latency                           Histogram        // of answered calls
+	ErrorKinds                        map[string]int64 // message → count; "(other)" past MaxErrorKinds
+}
+
+// Run runs cfg.Concurrency workers until cfg.Duration has passed,
+// cfg.Requests calls were sent or ctx is done. Worker w starts at
+// targets[w % len(targets)] and moves to the next target after each
+// call. Workers keep going after errors (backing off up to 50ms while
+// they persist). Memory is bounded: each worker owns a fixed-size
+// histogram and at most MaxErrorKinds error messages.
+func Run(ctx context.Context, cfg Config, targets []CheckFunc) Result {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	var names []string
+	if cfg.Keys <= KeyTable {
+		names = make([]string, cfg.Keys)
+		for i := range names {
+			names[i] = KeyName(i)
+		}
+	}
+	var issued atomic.Int64
+	workers := make([]worker, cfg.Concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range workers {
+		w := &workers[i]
+		w.id, w.errKinds = i, map[string]int64{}
+		wg.Go(func() { w.run(ctx, cfg, targets, names, &issued, start) })
+	}
+	wg.Wait()
+	res := Result{Elapsed: time.Since(start), ErrorKinds: map[string]int64{}}
+	for i := range workers {
+		w := &workers[i]
+		res.Requests += w.requests
+		res.Errors += w.errors
+		res.Checks += w.checks
+		res.Allowed += w.allowed
+		res.Denied += w.denied
+		res.Degraded += w.degraded
+		res.Latency.Merge(&w.latency)
+		for k, n := range w.errKinds {
+			res.ErrorKinds[k] += n
+		}
+	}
+	return res
+}
+
+// KeyName is the name of key i.
+func KeyName(i int) string { return "key-" + strconv.Itoa(i) }
+
+// worker is one worker's state; only its goroutine touches it until Run
+// has waited for it.
+type worker struct {
+	id                                int
+	requests, errors                  int64
+	checks, allowed, denied, degraded int64
+	latency                           Histogram
+	errKinds                          map[string]int64
+}
+
+func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names []string, issued *atomic.Int64, start time.Time) {
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w.id)))
+	pick := func() int { return rng.IntN(cfg.Keys) }
+	if cfg.Zipf && cfg.Keys > 1 {
+		z := rand.NewZipf(rng, 1.1, 1, uint64(cfg.Keys-1))
+		pick = func() int { return int(z.Uint64()) }
+	}
+	var interval time.Duration // between this worker's calls when paced
+	if cfg.Rate > 0 {
+		interval = time.Duration(float64(cfg.Concurrency) / cfg.Rate * float64(time.Second))
+	}
+	// Spread the workers' schedules over one interval.
+	due := start.Add(interval * time.Duration(w.id) / time.Duration(cfg.Concurrency))
+	cost := cfg.Cost
+	checks := make([]api.CheckRequest, cfg.Batch)
+	next := w.id % len(targets)
+	var backoff time.Duration
+	for ctx.Err() == nil {
+		if cfg.Requests > 0 && issued.Add(1) > cfg.Requests {
+			return
+		}
+		for i := range checks {
+			var key string
+			if k := pick(); names != nil {
+				key = names[k]
+			} else {
+				key = KeyName(k)
+			}
+			checks[i] = api.CheckRequest{Rule: cfg.Rule, Key: key, Cost: &cost}
+		}
+		if interval > 0 {
+			if wait := time.Until(due); wait > 0 && !sleepCtx(ctx, wait) {
+				return
+			}
+			due = due.Add(interval)
+		}
+		t0 := time.Now()
+		ds, err := targets[next](ctx, checks)
+		lat := time.Since(t0)
+		next = (next + 1) % len(targets)
+		if err == nil && len(ds) != len(checks) {
+			err = fmt.Errorf("%d decisions for %d checks", len(ds), len(checks))
+		}
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+				// Cut off by the end of the run (the only deadline a
+				// worker's calls have): not the target's fault.
+				return
+			}
+			w.errors++
+			w.noteError(err)
+			backoff = min(max(2*backoff, time.Millisecond), 50*time.Millisecond)
+			if !sleepCtx(ctx, backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		w.requests++
+		w.latency.Record(lat)
+		for _, d := range ds {
+			w.checks++
+			if d.Allowed {
+				w.allowed++
+			} else {
+				w.denied++
+			}
+			if d.Degraded {
+				w.degraded++
+			}
+		}
+	}
+}
+
+func (w *worker) noteError(err error) {
+	msg := err.Error()
+	if _, ok := w.errKinds[msg]; !ok && len(w.errKinds) >= MaxErrorKinds {
+		msg = "(other)"
+	}
+	w.errKinds[msg]++
+}
+
+// sleepCtx waits d or until ctx is done; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Histogram is a log-linear histogram of durations in nanoseconds: exact
+// below 2·histSub ns, then histSub buckets per power of two, so a
+// percentile read from it is at most 1/histSub (1.6%) above the true value.
+// Durations of 2^histMaxExp ns (~18 min) and more share the last bucket.
+// The zero value is empty and ready; it is not safe for concurrent use.
+type Histogram struct {
+	counts   [histBuckets]uint64
+	n        uint64
+	sum, max time.Duration
+}
+
+const (
+	histSubBits = 6
+	histSub     = 1 << histSubBits
+	histMaxExp  = 40
+	// Values of exponent e (2^e ≤ v < 2^(e+1)) take buckets
+	// (e-histSubBits+1)·histSub … (e-histSubBits+2)·histSub-1.
+	histBuckets = (histMaxExp - 1 - histSubBits + 2) * histSub
+)
+
+// histIndex is the bucket of v nanoseconds.
+func histIndex(v uint64) int {
+	if v < 2*histSub {
+		return int(v)
+	}
+	v = min(v, 1<<histMaxExp-1)
+	e := bits.Len64(v) - 1
+	shift := e - histSubBits
+	return shift*histSub + int(v>>shift)
+}
+
+// histUpper is the largest value in bucket i.
+func histUpper(i int) uint64 {
+	if i < 2*histSub {
+		return uint64(i)
+	}
+	shift := i/histSub - 1
+	m := uint64(i%histSub + histSub)
+	return (m+1)<<shift - 1
+}
+
+// Record adds one duration (negative ones count as 0).
+func (h *Histogram) Record(d time.Duration) {
+	d = max(d, 0)
+	h.counts[histIndex(uint64(d))]++
+	h.n++
+	h.sum += d
+	h.max = max(h.max, d)
+}
+
+// Merge adds o's durations to h.
+func (h *Histogram) Merge(o *Histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+	h.sum += o.sum
+	h.max = max(h.max, o.max)
+}
+
+// Count is how many durations were recorded.
+func (h *Histogram) Count() uint64 { return h.n }
+
+// Max is the largest duration recorded.
+func (h *Histogram) Max() time.Duration { return h.max }
+
+// Quantile is the q-quantile (0 < q ≤ 1): the upper end of the bucket of
+// the ⌈q·n⌉-th smallest value, never above the largest value recorded.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q*float64(h.n) - 1e-9))
+	rank = min(max(rank, 1), h.n)
+	var cum uint64
+	for i, c := range h.counts {
+		cum += c
+		if cum >= rank {
+			return min(time.Duration(histUpper(i)), h.max)
+		}
+	}
+	return h.max
+}
+
+// Mean is the mean duration, 0 when empty.
+func (h *Histogram) Mean() time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	return h.sum / time.Duration(h.n)
+}

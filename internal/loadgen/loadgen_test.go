@@ -1,0 +1,191 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/api"
+)
+
+// recorder is a CheckFunc that counts the keys it is asked about.
+type recorder struct {
+	mu   sync.Mutex
+	keys map[string]int // guarded by mu
+	reqs int            // guarded by mu
+}
+
+func (r *recorder) check(_ context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs++
+	if r.keys == nil {
+		r.keys = map[string]int{}
+	}
+	for _, c := range checks {
+		r.keys[c.Key]++
+	}
+	return make([]api.Decision, len(checks)), nil
+}
+
+func loadCfg(keys int, zipf bool, requests int64) Config {
+	return Config{Rule: "r", Keys: keys, Zipf: zipf, Seed: 7, Concurrency: 4, Batch: 10,
+		Duration: time.Minute, Requests: requests, Cost: 1}
+}
+
+func TestLoadKeyDistribution(t *testing.T) {
+	const keys = 100
+	for _, zipf := range []bool{false, true} {
+		var r recorder
+		res := Run(context.Background(), loadCfg(keys, zipf, 2000), []CheckFunc{r.check})
+		if res.Requests != 2000 || res.Checks != 20000 || r.reqs != 2000 {
+			t.Fatalf("zipf=%v: %d requests, %d checks, %d seen", zipf, res.Requests, res.Checks, r.reqs)
+		}
+		count := func(i int) int { return r.keys["key-"+strconv.Itoa(i)] }
+		total := 0
+		for i := range keys {
+			total += count(i)
+		}
+		if total != 20000 || len(r.keys) > keys {
+			t.Fatalf("zipf=%v: %d checks over %d names; some outside key-0…key-%d", zipf, total, len(r.keys), keys-1)
+		}
+		if zipf {
+			// P(0)/P(50) = 51^1.1 ≈ 75 for s=1.1, v=1.
+			if count(0) < 10*max(count(50), 1) || count(0) < count(1) {
+				t.Errorf("zipf: key-0 %d, key-1 %d, key-50 %d: not skewed", count(0), count(1), count(50))
+			}
+		} else {
+			for i := range keys {
+				if c := count(i); c < 100 || c > 300 { // expected 200
+					t.Errorf("uniform: key-%d chosen %d times of 20000", i, c)
+				}
+			}
+		}
+	}
+}
+
+func TestLoadSeedIsDeterministic(t *testing.T) {
+	seq := func(seed uint64) []string {
+		var keys []string
+		cfg := loadCfg(1000, true, 20)
+		cfg.Concurrency, cfg.Seed = 1, seed
+		Run(context.Background(), cfg, []CheckFunc{func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+			for _, c := range cs {
+				keys = append(keys, c.Key)
+			}
+			return make([]api.Decision, len(cs)), nil
+		}})
+		return keys
+	}
+	if a, b := seq(1), seq(1); !slices.Equal(a, b) {
+		t.Error("the same seed gave two key sequences")
+	}
+	if a, b := seq(1), seq(2); slices.Equal(a, b) {
+		t.Error("two seeds gave the same key sequence")
+	}
+}
+
+func TestLoadManyKeysAndBadAnswers(t *testing.T) {
+	// Past KeyTable the names are made on the fly.
+	var r recorder
+	cfg := loadCfg(KeyTable*3, false, 100)
+	Run(context.Background(), cfg, []CheckFunc{r.check})
+	for k := range r.keys {
+		i, err := strconv.Atoi(strings.TrimPrefix(k, "key-"))
+		if err != nil || i < 0 || i >= cfg.Keys {
+			t.Fatalf("key %q", k)
+		}
+	}
+
+	// A target answering the wrong number of decisions is an error, and a
+	// failing target is retried, not fatal.
+	calls := 0
+	var mu sync.Mutex
+	res := Run(context.Background(), loadCfg(10, false, 40), []CheckFunc{func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		switch calls % 4 {
+		case 0:
+			return nil, errors.New("boom")
+		case 1:
+			return make([]api.Decision, len(cs)-1), nil
+		}
+		return []api.Decision{}, nil
+	}})
+	if res.Requests != 0 || res.Errors != 40 || res.ErrorKinds["boom"] != 10 || res.ErrorKinds["0 decisions for 10 checks"] != 20 {
+		t.Errorf("requests %d errors %d kinds %v", res.Requests, res.Errors, res.ErrorKinds)
+	}
+}
+
+// TestHistogramIndex checks the bucket layout: contiguous, monotone, and
+// histUpper the last value of each bucket.
+func TestHistogramIndex(t *testing.T) {
+	for i := range histBuckets - 1 {
+		u := histUpper(i)
+		if histIndex(u) != i || histIndex(u+1) != i+1 {
+			t.Fatalf("bucket %d: upper %d → %d, upper+1 → %d", i, u, histIndex(u), histIndex(u+1))
+		}
+	}
+	if got := histIndex(1 << 62); got != histBuckets-1 {
+		t.Errorf("histIndex(2^62) = %d, want the last bucket %d", got, histBuckets-1)
+	}
+}
+
+// TestHistogramQuantiles compares the histogram with a sorted sample.
+func TestHistogramQuantiles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 2, 10, 999, 20000} {
+		var h, other Histogram
+		vals := make([]time.Duration, n)
+		for i := range vals {
+			// log-uniform from 1ns to ~10s
+			vals[i] = time.Duration(math.Exp2(rng.Float64() * 33))
+			if i%2 == 0 {
+				h.Record(vals[i])
+			} else {
+				other.Record(vals[i])
+			}
+		}
+		h.Merge(&other)
+		slices.Sort(vals)
+		for _, q := range []float64{0.5, 0.9, 0.99, 0.999, 1} {
+			want := vals[int(float64(n)*q+0.999999)-1]
+			got := h.Quantile(q)
+			if got < want || float64(got) > float64(want)*(1+1.0/histSub) {
+				t.Errorf("n=%d: quantile(%v) = %v, want %v within %.1f%%", n, q, got, want, 100.0/histSub)
+			}
+		}
+		if h.max != vals[n-1] || h.n != uint64(n) {
+			t.Errorf("n=%d: max %v count %d", n, h.max, h.n)
+		}
+	}
+	var empty Histogram
+	if empty.Quantile(0.5) != 0 || empty.Mean() != 0 {
+		t.Error("empty Histogram: nonzero quantile or mean")
+	}
+}
+
+// TestRatePaces checks that a paced run makes about Rate calls per second
+// and that an unpaced one makes more.
+func TestRatePaces(t *testing.T) {
+	var n atomic.Int64
+	f := func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+		n.Add(1)
+		return make([]api.Decision, len(cs)), nil
+	}
+	cfg := Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 4, Batch: 1, Duration: 300 * time.Millisecond, Cost: 1, Rate: 200}
+	res := Run(context.Background(), cfg, []CheckFunc{f})
+	// 200/s for 0.3s: 60 calls, on a schedule; a loaded machine may lag.
+	if res.Requests < 20 || res.Requests > 64 {
+		t.Errorf("paced at 200/s for 300ms: %d calls, want about 60", res.Requests)
+	}
+}
