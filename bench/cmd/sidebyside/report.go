@@ -1,0 +1,335 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// row is one measured load: a system, a path into it, a concurrency and
+// a batch (checks per call; Redis: pipeline depth).
+type row struct {
+	System      string  `json:"system"`
+	Instances   int     `json:"instances"`
+	Path        string  `json:"path"`
+	Group       string  `json:"group"` // single | batched | forwarded
+	Concurrency int     `json:"concurrency"`
+	Batch       int     `json:"batch"`
+	Rate        float64 `json:"rate_per_s,omitempty"` // paced calls per second; 0 = as fast as answered
+
+	ChecksPerSec     float64          `json:"checks_per_s"`
+	P50ms            float64          `json:"p50_ms"`
+	P99ms            float64          `json:"p99_ms"`
+	ServerCPUSeconds float64          `json:"server_cpu_s"`
+	CPUusPerCheck    float64          `json:"server_cpu_us_per_check"`
+	Checks           int64            `json:"checks"`
+	Errors           int64            `json:"errors"`
+	Degraded         int64            `json:"degraded"`
+	AllowedRatio     float64          `json:"allowed_ratio"`
+	ErrorKinds       map[string]int64 `json:"error_kinds,omitempty"`
+	Load             string           `json:"loadavg_after"`
+
+	rule string
+}
+
+// memRow is the memory of active keys in one system.
+type memRow struct {
+	System          string  `json:"system"`
+	Keys            int     `json:"keys"`
+	Measure         string  `json:"measure"`
+	Note            string  `json:"note,omitempty"`
+	BytesPerKey     float64 `json:"bytes_per_key"`
+	HeapBytesPerKey float64 `json:"heap_bytes_per_key,omitempty"`
+	RSSBytesPerKey  float64 `json:"rss_bytes_per_key,omitempty"`
+	RSSBefore       int64   `json:"rss_before"`
+	RSSAfter        int64   `json:"rss_after"`
+	FillSeconds     float64 `json:"fill_s"`
+}
+
+type report struct {
+	Started      time.Time `json:"started"`
+	Finished     time.Time `json:"finished"`
+	LoadBefore   string    `json:"loadavg_before"`
+	LoadAfter    string    `json:"loadavg_after"`
+	GoVersion    string    `json:"go_version"`
+	CPUs         int       `json:"cpus"`
+	RedisVersion string    `json:"redis_version"`
+	Keys         int       `json:"keys"`
+	Rule         string    `json:"rule"`
+	RowSeconds   float64   `json:"row_seconds"`
+	Batch        int       `json:"batch"`
+	Pipeline     int       `json:"pipeline"`
+	Rows         []row     `json:"rows"`
+	Memory       []memRow  `json:"memory"`
+}
+
+func (r *report) name(x row) string {
+	return fmt.Sprintf("%s %d · %s", x.System, x.Instances, x.Path)
+}
+
+func (r *report) find(system string, inst int, path string, conc int) (row, bool) {
+	for _, x := range r.Rows {
+		if x.System == system && x.Instances == inst && x.Path == path && x.Concurrency == conc && x.Rate == 0 {
+			return x, true
+		}
+	}
+	return row{}, false
+}
+
+func num(f float64) string {
+	switch {
+	case f >= 100:
+		s := fmt.Sprintf("%.0f", f)
+		var b strings.Builder
+		for i, c := range s {
+			if i > 0 && (len(s)-i)%3 == 0 {
+				b.WriteByte(',')
+			}
+			b.WriteRune(c)
+		}
+		return b.String()
+	case f >= 10:
+		return fmt.Sprintf("%.1f", f)
+	default:
+		return fmt.Sprintf("%.2f", f)
+	}
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s → %s (UTC), %d CPUs, %s, load average before %s, after %s; Redis %s.\n",
+		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.CPUs, r.GoVersion, r.LoadBefore, r.LoadAfter, r.RedisVersion)
+	fmt.Fprintf(&b, "%d uniform keys, %s; %.0fs per row; batched rows carry %d checks per call (Redis: pipeline %d).\n\n",
+		r.Keys, r.Rule, r.RowSeconds, r.Batch, r.Pipeline)
+	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | errors | degraded |\n")
+	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, x := range r.Rows {
+		path := x.Path
+		if x.Rate > 0 {
+			path += fmt.Sprintf(" (paced %s calls/s)", num(x.Rate))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s | %.3f | %.3f | %.2f | %d | %d |\n",
+			x.System, x.Instances, path, x.Concurrency, x.Batch, num(x.ChecksPerSec), x.P50ms, x.P99ms, x.CPUusPerCheck, x.Errors, x.Degraded)
+	}
+	if len(r.Memory) > 0 {
+		b.WriteString("\n| memory | active keys | bytes per key | measured as | Go heap bytes per key | note |\n|---|--:|--:|---|--:|---|\n")
+		for _, m := range r.Memory {
+			heap := ""
+			if m.HeapBytesPerKey > 0 {
+				heap = fmt.Sprintf("%.1f", m.HeapBytesPerKey)
+			}
+			note := m.Note
+			if m.RSSBytesPerKey > 0 {
+				note = strings.TrimPrefix(note+fmt.Sprintf("; RSS delta %.0f B/key", m.RSSBytesPerKey), "; ")
+			}
+			fmt.Fprintf(&b, "| %s | %s | **%.1f** | %s | %s | %s |\n", m.System, num(float64(m.Keys)), m.BytesPerKey, m.Measure, heap, note)
+		}
+	}
+	b.WriteString("\n" + r.targets())
+	return b.String()
+}
+
+// targets compares the run with the issue's targets, at every
+// concurrency level the run has.
+func (r *report) targets() string {
+	var b strings.Builder
+	b.WriteString("| target | measured | met |\n|---|---|---|\n")
+	yes := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "**no**"
+	}
+	concs := map[int]bool{}
+	for _, x := range r.Rows {
+		concs[x.Concurrency] = true
+	}
+	var cs []int
+	for c := range concs {
+		cs = append(cs, c)
+	}
+	sort.Ints(cs)
+	cpuTarget := func(label, path string, limit float64) {
+		for _, n := range []int{1, 3} {
+			var parts []string
+			ok, any := true, false
+			for _, c := range cs {
+				if x, found := r.find("ringlimit", n, path, c); found {
+					any = true
+					parts = append(parts, fmt.Sprintf("c=%d %.2f", c, x.CPUusPerCheck))
+					ok = ok && x.CPUusPerCheck <= limit
+				}
+			}
+			if any {
+				fmt.Fprintf(&b, "| %s, %d member(s): ≤ %.1f µs | %s µs | %s |\n", label, n, limit, strings.Join(parts, ", "), yes(ok))
+			}
+		}
+	}
+	cpuTarget("server CPU per check, single over HTTP", "HTTP single", 8)
+	cpuTarget("server CPU per check, batched over HTTP", fmt.Sprintf("HTTP batch %d", r.Batch), 0.5)
+	cpuTarget("server CPU per check, data plane (Go client, batched)", fmt.Sprintf("Go client, %d per call", r.Batch), 0.3)
+	cpuTarget("server CPU per check, data plane (Go client, 1 per call)", "Go client, 1 per call", 0.3)
+	ratio := func(label string, a, aPath, bSys string, bInst int, bPath string, want float64, only int) {
+		var parts []string
+		ok, any := true, false
+		for _, c := range cs {
+			if only > 0 && c != only {
+				continue
+			}
+			x, f1 := r.find("ringlimit", 3, aPath, c)
+			y, f2 := r.find(bSys, bInst, bPath, c)
+			if !f1 || !f2 || y.ChecksPerSec == 0 {
+				continue
+			}
+			any = true
+			q := x.ChecksPerSec / y.ChecksPerSec
+			parts = append(parts, fmt.Sprintf("c=%d %.1f×", c, q))
+			ok = ok && q >= want
+		}
+		if any {
+			fmt.Fprintf(&b, "| %s ≥ %.0f× | %s | %s |\n", label, want, strings.Join(parts, ", "), yes(ok))
+		}
+		_ = a
+	}
+	ratio("ringlimit 3 over HTTP vs gubernator 3 over HTTP, single", "", "HTTP single", "gubernator", 3, "HTTP single", 10, 0)
+	bp := fmt.Sprintf("HTTP batch %d", r.Batch)
+	ratio(fmt.Sprintf("ringlimit 3 over HTTP vs gubernator 3 over HTTP, batch %d", r.Batch), "", bp, "gubernator", 3, bp, 10, 0)
+	top := 32
+	if len(cs) > 0 && !concs[32] {
+		top = cs[len(cs)-1]
+	}
+	ratio("Go client 1 per call (ringlimit 3) vs Redis+Lua pipeline 1", "", "Go client, 1 per call", "redis", 1, "EVALSHA, pipeline 1", 3, top)
+	ratio(fmt.Sprintf("Go client %d per call (ringlimit 3) vs Redis+Lua pipeline %d", r.Batch, r.Pipeline), "",
+		fmt.Sprintf("Go client, %d per call", r.Batch), "redis", 1, fmt.Sprintf("EVALSHA, pipeline %d", r.Pipeline), 20, top)
+	for _, m := range r.Memory {
+		if m.System == "ringlimit" && m.Keys >= 10_000_000 {
+			fmt.Fprintf(&b, "| ≤ 24 B RSS per active key at %s keys | %.1f B (%s) | %s |\n", num(float64(m.Keys)), m.BytesPerKey, m.Note, yes(m.BytesPerKey <= 24))
+		}
+	}
+	for _, x := range r.Rows {
+		if x.Group == "forwarded" && x.Rate > 0 {
+			fmt.Fprintf(&b, "| p99 of a forwarded single check < 1 ms at half of peak (%s) | %.3f ms | %s |\n", x.Path, x.P99ms, yes(x.P99ms < 1))
+		}
+	}
+	return b.String()
+}
+
+// concTicks marks the concurrency levels measured.
+func concTicks[S interface{ xs() []float64 }](ss []S) plot.Ticker {
+	seen := map[float64]bool{}
+	var ts plot.ConstantTicks
+	for _, s := range ss {
+		for _, x := range s.xs() {
+			if !seen[x] {
+				seen[x] = true
+				ts = append(ts, plot.Tick{Value: x, Label: fmt.Sprint(x)})
+			}
+		}
+	}
+	return ts
+}
+
+// plot draws four panels: checks/s and server CPU per check against
+// concurrency, for single checks per call and for batched calls.
+func (r *report) plot(path string) error {
+	groups := map[string][]*series{}
+	index := map[string]*series{}
+	for _, x := range r.Rows {
+		if x.Group != "single" && x.Group != "batched" {
+			continue
+		}
+		name := r.name(x)
+		s := index[name]
+		if s == nil {
+			s = &series{name: name}
+			index[name] = s
+			groups[x.Group] = append(groups[x.Group], s)
+		}
+		s.pts = append(s.pts, plotter.XY{X: float64(x.Concurrency), Y: math.Max(x.ChecksPerSec, 1)})
+		s.cpu = append(s.cpu, plotter.XY{X: float64(x.Concurrency), Y: math.Max(x.CPUusPerCheck, 0.001)})
+	}
+	panel := func(title, ylabel string, ss []*series, cpu bool) (*plot.Plot, error) {
+		p := plot.New()
+		p.Title.Text = title
+		p.X.Label.Text = "concurrent callers"
+		p.Y.Label.Text = ylabel
+		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, concTicks(ss)
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Legend.Top, p.Legend.Left = true, false
+		p.Legend.TextStyle.Font.Size = vg.Points(6)
+		p.Legend.XOffs = vg.Points(2)
+		for i, s := range ss {
+			pts := s.pts
+			if cpu {
+				pts = s.cpu
+			}
+			l, sc, err := plotter.NewLinePoints(pts)
+			if err != nil {
+				return nil, err
+			}
+			c := plotutil.Color(i)
+			l.Color, sc.Color = c, c
+			l.Dashes = plotutil.Dashes(i / 7)
+			sc.Shape = plotutil.Shape(i)
+			if strings.HasPrefix(s.name, "ringlimit") {
+				l.Width = vg.Points(2)
+			}
+			p.Add(l, sc)
+			p.Legend.Add(s.name, l, sc)
+		}
+		p.Add(plotter.NewGrid())
+		return p, nil
+	}
+	var ps [2][2]*plot.Plot
+	var err error
+	for j, g := range []string{"single", "batched"} {
+		what := "1 check per call"
+		if g == "batched" {
+			what = fmt.Sprintf("%d checks per call (Redis: pipeline %d)", r.Batch, r.Pipeline)
+		}
+		if ps[0][j], err = panel("throughput, "+what, "checks/s", groups[g], false); err != nil {
+			return err
+		}
+		if ps[1][j], err = panel("server CPU per check, "+what, "µs of server CPU per check", groups[g], true); err != nil {
+			return err
+		}
+	}
+	const w, h = 30 * vg.Centimeter, 24 * vg.Centimeter
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	tiles := draw.Tiles{Rows: 2, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+	canvases := plot.Align([][]*plot.Plot{ps[0][:], ps[1][:]}, tiles, dc)
+	for i := range 2 {
+		for j := range 2 {
+			ps[i][j].Draw(canvases[i][j])
+		}
+	}
+	return writePNG(img, path)
+}
+
+// series is one line of the plot: a system and path over concurrency.
+type series struct {
+	name string
+	pts  plotter.XYs
+	cpu  plotter.XYs
+}
+
+func (s *series) xs() []float64 {
+	xs := make([]float64, len(s.pts))
+	for i, p := range s.pts {
+		xs[i] = p.X
+	}
+	return xs
+}

@@ -1,0 +1,662 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gubernator-io/gubernator/v2"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/loadgen"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+// The bench rule in each system's terms: a token bucket of 1000 per
+// second with a burst of 1000; the memory rule keeps a spent key active
+// for an hour (1000 per hour), so that no system may drop it as full.
+const (
+	benchRule  = "bench"
+	memRule    = "mem"
+	rulesYAML  = "rules:\n  - {name: bench, algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}\n  - {name: mem, algorithm: token_bucket, limit: 1000, period: 1h, burst: 1000}\n"
+	redisPerMs = "1"       // 1000 per second
+	redisBurst = "1000"    // tokens
+	memPerMs   = "0.00028" // ~1000 per hour
+)
+
+var (
+	gubBench = gubRule{limit: 1000, durationMs: 1000}
+	gubMem   = gubRule{limit: 1000, durationMs: 3_600_000}
+)
+
+// measure runs one row against targets and records it with the CPU the
+// procs spent meanwhile.
+func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc, targets []loadgen.CheckFunc) (row, error) {
+	cfg := loadgen.Config{Rule: r.rule, Keys: o.keys, Seed: uint64(len(rep.Rows) + 1), Concurrency: r.Concurrency,
+		Batch: r.Batch, Duration: o.duration, Cost: 1, Rate: r.Rate}
+	if cfg.Rule == "" {
+		cfg.Rule = benchRule
+	}
+	c0, err := cpuOf(procs)
+	if err != nil {
+		return r, err
+	}
+	res := loadgen.Run(ctx, cfg, targets)
+	c1, err := cpuOf(procs)
+	if err != nil {
+		return r, err
+	}
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+	secs := res.Elapsed.Seconds()
+	r.Checks, r.Errors, r.Degraded = res.Checks, res.Errors, res.Degraded
+	r.ChecksPerSec = float64(res.Checks) / secs
+	r.P50ms = float64(res.Latency.Quantile(0.5)) / 1e6
+	r.P99ms = float64(res.Latency.Quantile(0.99)) / 1e6
+	r.ServerCPUSeconds = (c1 - c0).Seconds()
+	if res.Checks > 0 {
+		r.CPUusPerCheck = r.ServerCPUSeconds * 1e6 / float64(res.Checks)
+		r.AllowedRatio = float64(res.Allowed) / float64(res.Checks)
+	}
+	if len(res.ErrorKinds) > 0 {
+		r.ErrorKinds = res.ErrorKinds
+	}
+	r.Load = loadAvg()
+	rep.Rows = append(rep.Rows, r)
+	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  errors %d degraded %d",
+		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.Errors, r.Degraded)
+	return r, nil
+}
+
+// warm drives targets briefly, unmeasured: connections, pools, buckets.
+func warm(ctx context.Context, o *options, batch int, targets []loadgen.CheckFunc) {
+	if o.warmup <= 0 {
+		return
+	}
+	loadgen.Run(ctx, loadgen.Config{Rule: benchRule, Keys: o.keys, Seed: 99, Concurrency: 16, Batch: batch,
+		Duration: o.warmup, Cost: 1}, targets)
+}
+
+func httpClient(conc int) *http.Client {
+	return &http.Client{Transport: client.NewTransport(max(64, conc)), Timeout: 30 * time.Second}
+}
+
+// startRinglimit starts n members (HTTP port base+10·i, Raft +1, data
+// plane +2), the first with the rules file, and waits until every member
+// is active and has the rules in force.
+func startRinglimit(ctx context.Context, o *options, n, base int, env []string) ([]*proc, []string, error) {
+	rules := filepath.Join(o.work, "rules.yaml")
+	if err := os.WriteFile(rules, []byte(rulesYAML), 0o644); err != nil {
+		return nil, nil, err
+	}
+	var procs []*proc
+	var addrs []string
+	hc := httpClient(4)
+	defer hc.CloseIdleConnections()
+	get := func(url string, out any) bool {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
+		return out == nil || json.NewDecoder(resp.Body).Decode(out) == nil
+	}
+	for i := range n {
+		h := base + 10*i
+		addr := fmt.Sprintf("127.0.0.1:%d", h)
+		id := fmt.Sprintf("rl%d-%d", base, i+1)
+		args := []string{"serve", "--id", id, "--http", addr,
+			"--raft", fmt.Sprintf("127.0.0.1:%d", h+1), "--peer", fmt.Sprintf("127.0.0.1:%d", h+2),
+			"--data-dir", filepath.Join(o.work, id), "--log-level", "warn"}
+		if i == 0 {
+			args = append(args, "--rules", rules)
+		} else {
+			args = append(args, "--join", addrs[0])
+		}
+		p, err := startProc(o.work, id, o.ringlimit, args, env)
+		if err != nil {
+			stopAll(procs)
+			return nil, nil, err
+		}
+		procs = append(procs, p)
+		addrs = append(addrs, addr)
+		if err := waitFor(ctx, id+" ready", 60*time.Second, func() bool { return !p.exited() && get("http://"+addr+"/readyz", nil) }); err != nil {
+			stopAll(procs)
+			return nil, nil, err
+		}
+	}
+	err := waitFor(ctx, "members active with the rules", 60*time.Second, func() bool {
+		var c api.Cluster
+		if !get("http://"+addrs[0]+"/v1/cluster", &c) || len(c.Members) != n {
+			return false
+		}
+		for _, m := range c.Members {
+			if m.State != "active" {
+				return false
+			}
+		}
+		for _, a := range addrs {
+			var rs api.Rules
+			if !get("http://"+a+"/v1/rules", &rs) || !strings.Contains(fmt.Sprint(rs.Rules), benchRule) {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		stopAll(procs)
+		return nil, nil, err
+	}
+	return procs, addrs, nil
+}
+
+// newRing returns a Go client following the cluster, once it routes over
+// the data plane with the bench rules.
+func newRing(ctx context.Context, addrs []string) (*client.Ring, error) {
+	rc, err := client.NewRing(client.RingConfig{Members: addrs})
+	if err != nil {
+		return nil, err
+	}
+	err = waitFor(ctx, "Go client view", 30*time.Second, func() bool {
+		v := rc.Router().View()
+		return v != nil && v.Rules[benchRule] != nil && v.Rules[memRule] != nil
+	})
+	if err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return rc, nil
+}
+
+func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
+	base := 28010
+	if n > 1 {
+		base = 28020
+	}
+	procs, addrs, err := startRinglimit(ctx, o, n, base, nil)
+	if err != nil {
+		return err
+	}
+	defer stopAll(procs)
+	hc := httpClient(slices.Max(o.conc))
+	defer hc.CloseIdleConnections()
+	httpTargets := make([]loadgen.CheckFunc, len(addrs))
+	for i, a := range addrs {
+		httpTargets[i] = ringlimitHTTP(hc, a)
+	}
+	rc, err := newRing(ctx, addrs)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	ringTargets := []loadgen.CheckFunc{ringlimitRing(rc)}
+	if fb := rc.HTTPFallbacks(); fb != 0 {
+		log.Printf("Go client: %d calls over HTTP before the view", fb)
+	}
+	warm(ctx, o, o.batch, httpTargets)
+	warm(ctx, o, o.batch, ringTargets)
+	mk := func(path, group string, c, batch int) row {
+		return row{System: "ringlimit", Instances: n, Path: path, Group: group, Concurrency: c, Batch: batch}
+	}
+	single, batched := "HTTP single", fmt.Sprintf("HTTP batch %d", o.batch)
+	goSingle, goBatched := "Go client, 1 per call", fmt.Sprintf("Go client, %d per call", o.batch)
+	peaks := map[string]float64{}
+	for _, c := range o.conc {
+		for _, x := range []struct {
+			r  row
+			ts []loadgen.CheckFunc
+		}{
+			{mk(single, "single", c, 1), httpTargets},
+			{mk(batched, "batched", c, o.batch), httpTargets},
+			{mk(goSingle, "single", c, 1), ringTargets},
+			{mk(goBatched, "batched", c, o.batch), ringTargets},
+		} {
+			r, err := measure(ctx, o, rep, x.r, procs, x.ts)
+			if err != nil {
+				return err
+			}
+			peaks[r.Path] = max(peaks[r.Path], r.ChecksPerSec)
+		}
+	}
+	if n < 3 {
+		return nil
+	}
+	// A forwarded single check at half of the peak: HTTP to one member
+	// (2 keys in 3 are forwarded to their owner over the data plane), and
+	// the Go client (every check crosses the data plane to its owner).
+	top := slices.Max(o.conc)
+	one := []loadgen.CheckFunc{httpTargets[0]}
+	r, err := measure(ctx, o, rep, row{System: "ringlimit", Instances: n, Path: "HTTP single, one member (2/3 forwarded)",
+		Group: "forwarded", Concurrency: top, Batch: 1}, procs, one)
+	if err != nil {
+		return err
+	}
+	r.Rate = r.ChecksPerSec / 2
+	r.Path += ", half of peak"
+	if _, err := measure(ctx, o, rep, r, procs, one); err != nil {
+		return err
+	}
+	half := row{System: "ringlimit", Instances: n, Path: goSingle + ", half of peak", Group: "forwarded",
+		Concurrency: top, Batch: 1, Rate: peaks[goSingle] / 2}
+	_, err = measure(ctx, o, rep, half, procs, ringTargets)
+	return err
+}
+
+// startGubernator starts n gubernatord instances (gRPC grpcBase+i, HTTP
+// httpBase+i) with static peers and waits until each is healthy with all
+// peers.
+func startGubernator(ctx context.Context, o *options, n, grpcBase, httpBase int, cache int) ([]*proc, []string, []string, error) {
+	var grpcAddrs, httpAddrs []string
+	for i := range n {
+		grpcAddrs = append(grpcAddrs, fmt.Sprintf("127.0.0.1:%d", grpcBase+i))
+		httpAddrs = append(httpAddrs, fmt.Sprintf("127.0.0.1:%d", httpBase+i))
+	}
+	var procs []*proc
+	hc := httpClient(4)
+	defer hc.CloseIdleConnections()
+	for i := range n {
+		name := fmt.Sprintf("gub%d-%d", grpcBase, i+1)
+		env := []string{"GUBER_GRPC_ADDRESS=" + grpcAddrs[i], "GUBER_HTTP_ADDRESS=" + httpAddrs[i],
+			"GUBER_ADVERTISE_ADDRESS=" + grpcAddrs[i], "GUBER_CACHE_SIZE=" + strconv.Itoa(cache),
+			"GUBER_LOG_LEVEL=warn", "GUBER_INSTANCE_ID=" + name}
+		p, err := startProc(o.work, name, o.gubernatord, []string{"--peers", strings.Join(grpcAddrs, ",")}, env)
+		if err != nil {
+			stopAll(procs)
+			return nil, nil, nil, err
+		}
+		procs = append(procs, p)
+	}
+	for i, a := range httpAddrs {
+		err := waitFor(ctx, procs[i].name+" healthy", 60*time.Second, func() bool {
+			if procs[i].exited() {
+				return false
+			}
+			resp, err := hc.Get("http://" + a + "/v1/HealthCheck")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var h struct {
+				Status    string `json:"status"`
+				PeerCount int    `json:"peer_count"`
+			}
+			return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&h) == nil &&
+				h.Status == "healthy" && h.PeerCount == n
+		})
+		if err != nil {
+			stopAll(procs)
+			return nil, nil, nil, err
+		}
+	}
+	return procs, grpcAddrs, httpAddrs, nil
+}
+
+func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
+	grpcBase, httpBase := 28201, 28211
+	if n > 1 {
+		grpcBase, httpBase = 28221, 28231
+	}
+	procs, grpcAddrs, httpAddrs, err := startGubernator(ctx, o, n, grpcBase, httpBase, 2*o.keys)
+	if err != nil {
+		return err
+	}
+	defer stopAll(procs)
+	hc := httpClient(slices.Max(o.conc))
+	defer hc.CloseIdleConnections()
+	var httpTargets, grpcTargets []loadgen.CheckFunc
+	for i := range n {
+		httpTargets = append(httpTargets, gubernatorHTTP(hc, httpAddrs[i], gubBench))
+		c, err := gubernator.DialV1Server(grpcAddrs[i], nil)
+		if err != nil {
+			return err
+		}
+		grpcTargets = append(grpcTargets, gubernatorGRPC(c, gubBench))
+	}
+	warm(ctx, o, o.batch, httpTargets)
+	warm(ctx, o, o.batch, grpcTargets)
+	mk := func(path, group string, c, batch int) row {
+		return row{System: "gubernator", Instances: n, Path: path, Group: group, Concurrency: c, Batch: batch}
+	}
+	for _, c := range o.conc {
+		for _, x := range []struct {
+			r  row
+			ts []loadgen.CheckFunc
+		}{
+			{mk("HTTP single", "single", c, 1), httpTargets},
+			{mk(fmt.Sprintf("HTTP batch %d", o.batch), "batched", c, o.batch), httpTargets},
+			{mk("gRPC, 1 per call", "single", c, 1), grpcTargets},
+			{mk(fmt.Sprintf("gRPC, %d per call", o.batch), "batched", c, o.batch), grpcTargets},
+		} {
+			if _, err := measure(ctx, o, rep, x.r, procs, x.ts); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// startRedis starts redis-server without persistence on port and loads
+// the token bucket script.
+func startRedis(ctx context.Context, o *options, port int) (*proc, string, string, error) {
+	name := fmt.Sprintf("redis-%d", port)
+	dir := filepath.Join(o.work, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", "", err
+	}
+	p, err := startProc(o.work, name, o.redisServer, []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"}, nil)
+	if err != nil {
+		return nil, "", "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var rc *redisConn
+	err = waitFor(ctx, "redis up", 30*time.Second, func() bool {
+		c, err := dialRedis(ctx, addr)
+		if err != nil {
+			return false
+		}
+		if _, s, err := c.do(ctx, "PING"); err != nil || s != "PONG" {
+			c.c.Close()
+			return false
+		}
+		rc = c
+		return true
+	})
+	if err != nil {
+		p.stop(5 * time.Second)
+		return nil, "", "", err
+	}
+	defer rc.c.Close()
+	_, sha, err := rc.do(ctx, "SCRIPT", "LOAD", tokenBucketLua)
+	if err != nil {
+		p.stop(5 * time.Second)
+		return nil, "", "", err
+	}
+	_, info, err := rc.do(ctx, "INFO", "server")
+	if err == nil {
+		for l := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "redis_version:"); ok {
+				o.redisVersion = v
+			}
+		}
+	}
+	return p, addr, sha, nil
+}
+
+func runRedis(ctx context.Context, o *options, rep *report) error {
+	p, addr, sha, err := startRedis(ctx, o, 28379)
+	if err != nil {
+		return err
+	}
+	defer p.stop(5 * time.Second)
+	rep.RedisVersion = o.redisVersion
+	pool := newRedisPool(addr, 2*slices.Max(o.conc))
+	defer pool.close()
+	targets := []loadgen.CheckFunc{redisEvalsha(pool, sha, redisPerMs, redisBurst)}
+	warm(ctx, o, o.pipeline, targets)
+	for _, c := range o.conc {
+		for _, x := range []row{
+			{System: "redis", Instances: 1, Path: "EVALSHA, pipeline 1", Group: "single", Concurrency: c, Batch: 1},
+			{System: "redis", Instances: 1, Path: fmt.Sprintf("EVALSHA, pipeline %d", o.pipeline), Group: "batched", Concurrency: c, Batch: o.pipeline},
+		} {
+			if _, err := measure(ctx, o, rep, x, []*proc{p}, targets); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fill checks keys m-from … m-(to-1) once each, in calls of batch, from
+// 4 workers.
+func fill(ctx context.Context, from, to, batch int, send func(ctx context.Context, keys []string) error) error {
+	var next atomic.Int64
+	next.Store(int64(from))
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	for range 4 {
+		wg.Go(func() {
+			keys := make([]string, 0, batch)
+			for ctx.Err() == nil {
+				lo := int(next.Add(int64(batch))) - batch
+				if lo >= to {
+					return
+				}
+				keys = keys[:0]
+				for i := lo; i < min(lo+batch, to); i++ {
+					keys = append(keys, "m-"+strconv.Itoa(i))
+				}
+				if err := send(ctx, keys); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+// settledRSS waits for the process to settle after a fill and reads its
+// RSS.
+func settledRSS(ctx context.Context, p *proc) (int64, error) {
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(2 * time.Second):
+	}
+	return p.rss()
+}
+
+// heapAlloc reads go_memstats_heap_alloc_bytes from a member's /metrics.
+func heapAlloc(addr string) int64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_alloc_bytes "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return int64(f)
+		}
+	}
+	return 0
+}
+
+func runMemory(ctx context.Context, o *options, rep *report) error {
+	if len(o.memKeys) == 0 {
+		return nil
+	}
+	if err := memRinglimit(ctx, o, rep, "default GC (GOGC=100)", nil); err != nil {
+		return err
+	}
+	if err := memGubernator(ctx, o, rep); err != nil {
+		return err
+	}
+	return memRedis(ctx, o, rep)
+}
+
+func memRinglimit(ctx context.Context, o *options, rep *report, note string, env []string) error {
+	procs, addrs, err := startRinglimit(ctx, o, 1, 28060, env)
+	if err != nil {
+		return err
+	}
+	defer stopAll(procs)
+	rc, err := newRing(ctx, addrs)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	send := func(ctx context.Context, keys []string) error {
+		reqs := make([]router.Request, len(keys))
+		for i, k := range keys {
+			reqs[i] = router.Request{Rule: memRule, Key: k, Cost: 1}
+		}
+		out := make([]router.Result, len(reqs))
+		if err := rc.Router().Check(ctx, reqs, out); err != nil {
+			return err
+		}
+		for _, r := range out {
+			if r.Degraded || !r.Allowed {
+				return fmt.Errorf("fill: degraded=%v allowed=%v", r.Degraded, r.Allowed)
+			}
+		}
+		return nil
+	}
+	// Start from a warm process: connections and pools in place.
+	if err := send(ctx, []string{"warm"}); err != nil {
+		return err
+	}
+	rss0, err := settledRSS(ctx, procs[0])
+	if err != nil {
+		return err
+	}
+	heap0 := heapAlloc(addrs[0])
+	from := 0
+	for _, n := range o.memKeys {
+		t0 := time.Now()
+		if err := fill(ctx, from, n, 1000, send); err != nil {
+			return err
+		}
+		took := time.Since(t0)
+		from = n
+		rss, err := settledRSS(ctx, procs[0])
+		if err != nil {
+			return err
+		}
+		m := memRow{System: "ringlimit", Keys: n, Measure: "RSS delta", Note: note, RSSBefore: rss0, RSSAfter: rss,
+			BytesPerKey: float64(rss-rss0) / float64(n), HeapBytesPerKey: float64(heapAlloc(addrs[0])-heap0) / float64(n),
+			FillSeconds: took.Seconds()}
+		rep.Memory = append(rep.Memory, m)
+		log.Printf("memory ringlimit %d keys: %.1f B/key RSS, %.1f B/key heap (%s)", n, m.BytesPerKey, m.HeapBytesPerKey, note)
+	}
+	return nil
+}
+
+func memGubernator(ctx context.Context, o *options, rep *report) error {
+	n := o.memKeys[0]
+	procs, grpcAddrs, _, err := startGubernator(ctx, o, 1, 28241, 28251, n+n/10)
+	if err != nil {
+		return err
+	}
+	defer stopAll(procs)
+	c, err := gubernator.DialV1Server(grpcAddrs[0], nil)
+	if err != nil {
+		return err
+	}
+	check := gubernatorGRPC(c, gubMem)
+	send := func(ctx context.Context, keys []string) error {
+		checks := make([]api.CheckRequest, len(keys))
+		for i, k := range keys {
+			checks[i] = api.CheckRequest{Rule: memRule, Key: k}
+		}
+		_, err := check(ctx, checks)
+		return err
+	}
+	if err := send(ctx, []string{"warm"}); err != nil {
+		return err
+	}
+	rss0, err := settledRSS(ctx, procs[0])
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := fill(ctx, 0, n, 1000, send); err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	rss, err := settledRSS(ctx, procs[0])
+	if err != nil {
+		return err
+	}
+	m := memRow{System: "gubernator", Keys: n, Measure: "RSS delta", RSSBefore: rss0, RSSAfter: rss,
+		BytesPerKey: float64(rss-rss0) / float64(n), FillSeconds: took.Seconds()}
+	rep.Memory = append(rep.Memory, m)
+	log.Printf("memory gubernator %d keys: %.1f B/key RSS", n, m.BytesPerKey)
+	return nil
+}
+
+func memRedis(ctx context.Context, o *options, rep *report) error {
+	n := o.memKeys[0]
+	p, addr, sha, err := startRedis(ctx, o, 28380)
+	if err != nil {
+		return err
+	}
+	defer p.stop(5 * time.Second)
+	pool := newRedisPool(addr, 8)
+	defer pool.close()
+	used := func() (int64, error) {
+		c, err := pool.get(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer pool.put(c)
+		_, info, err := c.do(ctx, "INFO", "memory")
+		if err != nil {
+			return 0, err
+		}
+		for l := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+				return strconv.ParseInt(v, 10, 64)
+			}
+		}
+		return 0, fmt.Errorf("no used_memory in INFO")
+	}
+	check := redisEvalsha(pool, sha, memPerMs, redisBurst)
+	send := func(ctx context.Context, keys []string) error {
+		checks := make([]api.CheckRequest, len(keys))
+		for i, k := range keys {
+			checks[i] = api.CheckRequest{Rule: memRule, Key: k}
+		}
+		_, err := check(ctx, checks)
+		return err
+	}
+	u0, err := used()
+	if err != nil {
+		return err
+	}
+	rss0, err := p.rss()
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := fill(ctx, 0, n, 1000, send); err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	u1, err := used()
+	if err != nil {
+		return err
+	}
+	rss, err := p.rss()
+	if err != nil {
+		return err
+	}
+	m := memRow{System: "redis", Keys: n, Measure: "used_memory delta", RSSBefore: rss0, RSSAfter: rss,
+		BytesPerKey: float64(u1-u0) / float64(n), RSSBytesPerKey: float64(rss-rss0) / float64(n), FillSeconds: took.Seconds()}
+	rep.Memory = append(rep.Memory, m)
+	log.Printf("memory redis %d keys: %.1f B/key used_memory, %.1f B/key RSS", n, m.BytesPerKey, m.RSSBytesPerKey)
+	return nil
+}

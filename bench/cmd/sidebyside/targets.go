@@ -1,0 +1,390 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gubernator-io/gubernator/v2"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/loadgen"
+	"github.com/ringlimit/ringlimit/router"
+)
+
+// The HTTP/JSON targets (ringlimit's POST /v1/check, gubernator's
+// POST /v1/GetRateLimits) share one client style: the body appended by
+// hand into a pooled buffer, the answer decoded with encoding/json into
+// a small struct, one keep-alive connection per worker and server.
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// appendString appends s as a JSON string; bench keys and rule names are
+// plain ASCII, which strconv quotes exactly as JSON does.
+func appendString(b []byte, s string) []byte { return strconv.AppendQuote(b, s) }
+
+// postJSON posts body to url and decodes a 200 answer into out.
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	buf := bufPool.Get().(*bytes.Buffer)
+	defer bufPool.Put(buf)
+	buf.Reset()
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, 4<<20)); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d: %.200s", url, resp.StatusCode, buf.Bytes())
+	}
+	return json.Unmarshal(buf.Bytes(), out)
+}
+
+// ringlimitHTTP is POST /v1/check on one member: the single form for one
+// check, the batch form for more.
+func ringlimitHTTP(hc *http.Client, addr string) loadgen.CheckFunc {
+	url := "http://" + addr + "/v1/check"
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		b := make([]byte, 0, 64*len(checks)+16)
+		one := func(b []byte, c api.CheckRequest) []byte {
+			b = append(b, `{"rule":`...)
+			b = appendString(b, c.Rule)
+			b = append(b, `,"key":`...)
+			b = appendString(b, c.Key)
+			b = append(b, `,"cost":`...)
+			b = strconv.AppendInt(b, costOf(c), 10)
+			return append(b, '}')
+		}
+		if len(checks) == 1 {
+			var d api.Decision
+			if err := postJSON(ctx, hc, url, one(b, checks[0]), &d); err != nil {
+				return nil, err
+			}
+			return []api.Decision{d}, nil
+		}
+		b = append(b, `{"checks":[`...)
+		for i, c := range checks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = one(b, c)
+		}
+		b = append(b, "]}"...)
+		var r api.BatchResponse
+		if err := postJSON(ctx, hc, url, b, &r); err != nil {
+			return nil, err
+		}
+		return r.Results, nil
+	}
+}
+
+func costOf(c api.CheckRequest) int64 {
+	if c.Cost == nil {
+		return 1
+	}
+	return *c.Cost
+}
+
+// ringlimitRing is the Go client on the data plane: Ring.Check for one
+// check per call (concurrent calls share frames per owner), the Ring's
+// router for a batch per call.
+func ringlimitRing(rc *client.Ring) loadgen.CheckFunc {
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		if len(checks) == 1 {
+			d, err := rc.Check(ctx, checks[0].Rule, checks[0].Key, costOf(checks[0]))
+			if err != nil {
+				return nil, err
+			}
+			return []api.Decision{d}, nil
+		}
+		reqs := make([]router.Request, len(checks))
+		for i, c := range checks {
+			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: costOf(c)}
+		}
+		out := make([]router.Result, len(reqs))
+		if err := rc.Router().Check(ctx, reqs, out); err != nil {
+			return nil, err
+		}
+		ds := make([]api.Decision, len(out))
+		for i, r := range out {
+			ds[i] = api.Decision{Allowed: r.Allowed, Remaining: r.Remaining, Degraded: r.Degraded}
+		}
+		return ds, nil
+	}
+}
+
+// gubRule is the gubernator form of the bench rule: a token bucket of
+// limit per duration (its burst is the limit).
+type gubRule struct {
+	limit, durationMs int64
+}
+
+// gubResponse is what the checks read of gubernator's HTTP answer
+// (grpc-gateway JSON with proto names; status is an enum name).
+type gubResponse struct {
+	Responses []struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+	} `json:"responses"`
+}
+
+// gubernatorHTTP is POST /v1/GetRateLimits on one instance's HTTP gateway.
+func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
+	url := "http://" + addr + "/v1/GetRateLimits"
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		b := make([]byte, 0, 120*len(checks)+16)
+		b = append(b, `{"requests":[`...)
+		for i, c := range checks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"name":`...)
+			b = appendString(b, c.Rule)
+			b = append(b, `,"unique_key":`...)
+			b = appendString(b, c.Key)
+			b = append(b, `,"hits":`...)
+			b = strconv.AppendInt(b, costOf(c), 10)
+			b = append(b, `,"limit":`...)
+			b = strconv.AppendInt(b, r.limit, 10)
+			b = append(b, `,"duration":`...)
+			b = strconv.AppendInt(b, r.durationMs, 10)
+			b = append(b, `,"algorithm":"TOKEN_BUCKET"}`...)
+		}
+		b = append(b, "]}"...)
+		var resp gubResponse
+		if err := postJSON(ctx, hc, url, b, &resp); err != nil {
+			return nil, err
+		}
+		ds := make([]api.Decision, len(resp.Responses))
+		for i, x := range resp.Responses {
+			if x.Error != "" {
+				return nil, errors.New("gubernator: " + x.Error)
+			}
+			ds[i].Allowed = x.Status != "OVER_LIMIT"
+		}
+		return ds, nil
+	}
+}
+
+// gubernatorGRPC is V1.GetRateLimits over gRPC on one instance.
+func gubernatorGRPC(c gubernator.V1Client, r gubRule) loadgen.CheckFunc {
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		req := &gubernator.GetRateLimitsReq{Requests: make([]*gubernator.RateLimitReq, len(checks))}
+		for i, ch := range checks {
+			req.Requests[i] = &gubernator.RateLimitReq{Name: ch.Rule, UniqueKey: ch.Key, Hits: costOf(ch),
+				Limit: r.limit, Duration: r.durationMs, Algorithm: gubernator.Algorithm_TOKEN_BUCKET}
+		}
+		resp, err := c.GetRateLimits(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		ds := make([]api.Decision, len(resp.Responses))
+		for i, x := range resp.Responses {
+			if x.Error != "" {
+				return nil, errors.New("gubernator: " + x.Error)
+			}
+			ds[i] = api.Decision{Allowed: x.Status == gubernator.Status_UNDER_LIMIT, Limit: x.Limit, Remaining: x.Remaining}
+		}
+		return ds, nil
+	}
+}
+
+// tokenBucketLua is the classic atomic Redis token bucket: one script
+// reads the hash {tokens, ts}, refills by the time passed on Redis's
+// clock, spends one token if it can, writes the hash back and sets its
+// expiry. ARGV[1] is tokens per millisecond, ARGV[2] the burst.
+const tokenBucketLua = `local t = redis.call("TIME")
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local b = redis.call("HMGET", KEYS[1], "tokens", "ts")
+local burst = tonumber(ARGV[2])
+local tokens = tonumber(b[1]) or burst
+local ts = tonumber(b[2]) or now
+tokens = math.min(burst, tokens + (now - ts) * tonumber(ARGV[1]))
+local allowed = 0
+if tokens >= 1 then tokens = tokens - 1; allowed = 1 end
+redis.call("HSET", KEYS[1], "tokens", tokens, "ts", now)
+redis.call("PEXPIRE", KEYS[1], 60000)
+return allowed`
+
+// redisConn is one RESP connection.
+type redisConn struct {
+	c net.Conn
+	r *bufio.Reader
+	w []byte
+}
+
+func dialRedis(ctx context.Context, addr string) (*redisConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &redisConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}, nil
+}
+
+func (rc *redisConn) appendCmd(args ...string) {
+	rc.w = append(rc.w, '*')
+	rc.w = strconv.AppendInt(rc.w, int64(len(args)), 10)
+	rc.w = append(rc.w, "\r\n"...)
+	for _, a := range args {
+		rc.w = append(rc.w, '$')
+		rc.w = strconv.AppendInt(rc.w, int64(len(a)), 10)
+		rc.w = append(rc.w, "\r\n"...)
+		rc.w = append(rc.w, a...)
+		rc.w = append(rc.w, "\r\n"...)
+	}
+}
+
+func (rc *redisConn) flush(deadline time.Time) error {
+	_ = rc.c.SetDeadline(deadline)
+	_, err := rc.c.Write(rc.w)
+	rc.w = rc.w[:0]
+	return err
+}
+
+// reply reads one reply: an integer, a status or bulk string (its text),
+// or an error.
+func (rc *redisConn) reply() (int64, string, error) {
+	line, err := rc.r.ReadString('\n')
+	if err != nil {
+		return 0, "", err
+	}
+	if len(line) < 3 {
+		return 0, "", fmt.Errorf("redis: short reply %q", line)
+	}
+	body := line[1 : len(line)-2]
+	switch line[0] {
+	case ':':
+		n, err := strconv.ParseInt(body, 10, 64)
+		return n, "", err
+	case '+':
+		return 0, body, nil
+	case '-':
+		return 0, "", errors.New("redis: " + body)
+	case '$':
+		n, err := strconv.Atoi(body)
+		if err != nil || n < 0 {
+			return 0, "", err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(rc.r, buf); err != nil {
+			return 0, "", err
+		}
+		return 0, string(buf[:n]), nil
+	}
+	return 0, "", fmt.Errorf("redis: unexpected reply %q", line)
+}
+
+// do sends one command and reads its reply.
+func (rc *redisConn) do(ctx context.Context, args ...string) (int64, string, error) {
+	rc.appendCmd(args...)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(10 * time.Second)
+	}
+	if err := rc.flush(dl); err != nil {
+		return 0, "", err
+	}
+	return rc.reply()
+}
+
+// ctxErr is ctx's deadline error when err is a socket timeout at or past
+// ctx's deadline (the end of a run, not a failure of the server).
+func ctxErr(ctx context.Context, err error) error {
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// redisPool holds one connection per worker.
+type redisPool struct {
+	addr  string
+	conns chan *redisConn
+}
+
+func newRedisPool(addr string, n int) *redisPool {
+	return &redisPool{addr: addr, conns: make(chan *redisConn, n)}
+}
+
+func (p *redisPool) get(ctx context.Context) (*redisConn, error) {
+	select {
+	case c := <-p.conns:
+		return c, nil
+	default:
+		return dialRedis(ctx, p.addr)
+	}
+}
+
+func (p *redisPool) put(c *redisConn) {
+	select {
+	case p.conns <- c:
+	default:
+		c.c.Close()
+	}
+}
+
+func (p *redisPool) close() {
+	for {
+		select {
+		case c := <-p.conns:
+			c.c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// redisEvalsha runs the token bucket script once per check: one call's
+// checks are pipelined (written together, then every reply read), so a
+// call of one check is unpipelined and a call of 16 is pipeline 16.
+func redisEvalsha(p *redisPool, sha, perMs, burst string) loadgen.CheckFunc {
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		rc, err := p.get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range checks {
+			rc.appendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
+		}
+		dl, ok := ctx.Deadline()
+		if !ok {
+			dl = time.Now().Add(10 * time.Second)
+		}
+		if err := rc.flush(dl); err != nil {
+			rc.c.Close()
+			return nil, ctxErr(ctx, err)
+		}
+		ds := make([]api.Decision, len(checks))
+		for i := range checks {
+			n, _, err := rc.reply()
+			if err != nil {
+				rc.c.Close()
+				return nil, ctxErr(ctx, err)
+			}
+			ds[i].Allowed = n == 1
+		}
+		p.put(rc)
+		return ds, nil
+	}
+}
