@@ -147,10 +147,12 @@ func (e *bodyError) Error() string { return e.msg }
 
 // checkScratch is the pooled working memory of one POST /v1/check.
 type checkScratch struct {
-	body checkBody
-	reqs []router.Request
-	out  []router.Result
-	buf  []byte
+	body  checkBody
+	reqs  []router.Request
+	out   []router.Result
+	buf   []byte   // the answer
+	in    []byte   // the body read
+	rules []string // rule names seen, shared by the fast path
 }
 
 // reset readies s for a request, dropping the last one's strings.
@@ -163,6 +165,9 @@ func (s *checkScratch) reset() {
 		Checks: checkList{items: s.body.Checks.items[:0]},
 	}
 	s.reqs, s.buf = s.reqs[:0], s.buf[:0]
+	if cap(s.in) > maxKeptBody {
+		s.in = nil
+	}
 }
 
 func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
@@ -213,14 +218,39 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 // checks rules and costs against them. batch says which shape the body
 // had.
 func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
-	dec := json.NewDecoder(body)
+	in, err := readBody(s.in, body)
+	s.in = in
+	p := fastParser{b: in, rules: &s.rules}
+	if err != nil || !p.parse(&s.body, api.MaxBatch) {
+		if e := s.decodeJSON(in, err); e != nil {
+			return false, e
+		}
+	}
+	return s.shape()
+}
+
+// decodeJSON decodes the body with encoding/json into a fresh s.body:
+// the general path, for what the fast one does not take. readErr is the
+// error that ended the read after in (a body over the limit).
+func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
+	items := s.body.Checks.items
+	clear(items)
+	s.body = checkBody{Rule: optString{name: "rule"}, Key: optString{name: "key"}, Checks: checkList{items: items[:0]}}
+	var r io.Reader = bytes.NewReader(in)
+	if readErr != nil {
+		r = io.MultiReader(r, errReader{readErr})
+	}
+	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s.body); err != nil {
-		return false, decodeError(err)
+		return decodeError(err)
 	}
-	if e := atEOF(dec); e != nil {
-		return false, e
-	}
+	return atEOF(dec)
+}
+
+// shape tells the two shapes of a decoded body apart and validates its
+// checks into s.reqs.
+func (s *checkScratch) shape() (batch bool, e *api.Error) {
 	b := &s.body
 	single := b.Rule.present || b.Key.present || b.Cost.present
 	switch {

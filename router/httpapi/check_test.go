@@ -381,6 +381,31 @@ func TestCheckConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
+// BenchmarkCheckBatch is a batch of 100 through the handler (fake
+// checker): the HTTP layer's own cost and allocations per batch.
+func BenchmarkCheckBatch(b *testing.B) {
+	e := newEnv(b, "")
+	var sb strings.Builder
+	sb.WriteString(`{"checks":[`)
+	for i := range 100 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"rule":"default","key":"tenant-%d","cost":1}`, i)
+	}
+	sb.WriteString(`]}`)
+	body := sb.String()
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(body))
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatal(w.Body)
+		}
+	}
+}
+
 func BenchmarkCheckSingle(b *testing.B) {
 	e := newEnv(b, "")
 	body := `{"rule":"default","key":"tenant-42","cost":1}`

@@ -88,3 +88,48 @@ func FuzzCheckHandler(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckFastPath holds the fast decoder of check bodies to
+// encoding/json's: on every body the fast path takes, encoding/json must
+// decode the same checks (and no error).
+func FuzzCheckFastPath(f *testing.F) {
+	for _, seed := range []string{
+		`{"rule":"default","key":"k"}`,
+		` { "rule" : "default" , "key" : "k" , "cost" : -0 } `,
+		`{"rule":"default","key":"k","cost":123456789012345678}`,
+		`{"key":"é","rule":"r"}`,
+		`{"checks":[]}`,
+		`{"checks":[{}]}`,
+		`{"checks":[{"rule":"a","key":"b","cost":2},{"key":"c","rule":"a"}]}`,
+		`{"checks":[{"rule":"a","key":"b"}],"rule":"x"}`,
+		`{"rule":"a","key":"b","cost":1.0}`,
+		`{"rule":"a","key":"b","cost":01}`,
+		`{"rule":"a\u0041","key":"b"}`,
+		"{\"rule\":\"a\",\"key\":\"\xff\"}",
+		`{"rule":"a","key":"b"}x`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var fast, slow checkScratch
+		fast.reset()
+		p := fastParser{b: body, rules: &fast.rules}
+		if !p.parse(&fast.body, api.MaxBatch) {
+			return
+		}
+		slow.reset()
+		if e := slow.decodeJSON(body, nil); e != nil {
+			t.Fatalf("body %q: the fast path took it, encoding/json says %s", body, e.Message)
+		}
+		a, b := &fast.body, &slow.body
+		same := a.Rule.present == b.Rule.present && a.Rule.v == b.Rule.v &&
+			a.Key.present == b.Key.present && a.Key.v == b.Key.v && a.Cost == b.Cost &&
+			a.Checks.present == b.Checks.present && len(a.Checks.items) == len(b.Checks.items)
+		for i := 0; same && i < len(a.Checks.items); i++ {
+			same = a.Checks.items[i] == b.Checks.items[i]
+		}
+		if !same {
+			t.Fatalf("body %q: fast %+v, encoding/json %+v", body, *a, *b)
+		}
+	})
+}

@@ -328,11 +328,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeBody answers status with body, which is JSON.
 func writeBody(w http.ResponseWriter, status int, body []byte) {
 	hd := w.Header()
-	hd.Set("Content-Type", "application/json")
-	hd.Set("X-Content-Type-Options", "nosniff")
+	// Shared, never modified value slices: Set would allocate one per
+	// header and answer.
+	hd["Content-Type"] = contentTypeJSON
+	hd["X-Content-Type-Options"] = noSniff
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // a failed write means the client left
 }
+
+var (
+	contentTypeJSON = []string{"application/json"}
+	noSniff         = []string{"nosniff"}
+)
 
 // writeError answers with e's status and body.
 func writeError(w http.ResponseWriter, e *api.Error) {

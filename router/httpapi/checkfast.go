@@ -1,0 +1,300 @@
+package httpapi
+
+import (
+	"io"
+	"unicode/utf8"
+)
+
+// The fast path of POST /v1/check: a body in the common shape is decoded
+// without encoding/json, which took two thirds of the handler's CPU
+// (reflection, a Decoder per batch and per entry). Anything else falls
+// back to encoding/json, which gives the contract's error messages.
+
+// maxKeptBody is the largest read buffer a pooled scratch keeps.
+const maxKeptBody = 64 << 10
+
+// readBody reads all of r into buf's array (grown as needed) and returns
+// what it read, with the error that stopped it (nil at EOF).
+func readBody(buf []byte, r io.Reader) ([]byte, error) {
+	buf = buf[:0]
+	if cap(buf) == 0 {
+		buf = make([]byte, 0, 512)
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// fastParser reads the common shape of a check body: objects with the
+// exact lower-case field names, strings without escapes or control
+// characters and in valid UTF-8, integer costs, no null, no repeated
+// field, at most api.MaxBatch checks. It stops (ok false) at anything
+// else; encoding/json then decodes the body, so the two paths agree on
+// every body the fast one accepts (FuzzCheckFastPath holds them to it).
+type fastParser struct {
+	b     []byte
+	i     int
+	rules *[]string // names seen before, to share their strings
+}
+
+// parse decodes b into body; false means "use encoding/json".
+func (p *fastParser) parse(body *checkBody, maxItems int) bool {
+	if !p.open('{') || p.peek('}') {
+		return false // {} is neither shape: encoding/json's path says so
+	}
+	for {
+		name, ok := p.name()
+		if !ok {
+			return false
+		}
+		switch name {
+		case "rule", "key":
+			f := &body.Rule
+			if name == "key" {
+				f = &body.Key
+			}
+			if f.present {
+				return false
+			}
+			if f.v, ok = p.str(name == "rule"); !ok {
+				return false
+			}
+			f.present = true
+		case "cost":
+			if body.Cost.present {
+				return false
+			}
+			if body.Cost.v, ok = p.int(); !ok {
+				return false
+			}
+			body.Cost.present, body.Cost.set = true, true
+		case "checks":
+			if body.Checks.present || !p.items(&body.Checks, maxItems) {
+				return false
+			}
+		default:
+			return false
+		}
+		if !p.next('}') {
+			return false
+		}
+		if p.b[p.i-1] == '}' {
+			break
+		}
+	}
+	p.ws()
+	return p.i == len(p.b)
+}
+
+// items reads the checks array.
+func (p *fastParser) items(l *checkList, maxItems int) bool {
+	l.present = true
+	if !p.open('[') {
+		return false
+	}
+	if p.peek(']') {
+		p.i++
+		return true
+	}
+	for {
+		if len(l.items) == maxItems || !p.open('{') {
+			return false
+		}
+		l.items = append(l.items, checkItem{})
+		it := &l.items[len(l.items)-1]
+		if p.peek('}') {
+			p.i++
+		} else if !p.item(it) {
+			return false
+		}
+		if !p.next(']') {
+			return false
+		}
+		if p.b[p.i-1] == ']' {
+			return true
+		}
+	}
+}
+
+// item reads the fields of one check, after its '{', through its '}'.
+func (p *fastParser) item(it *checkItem) bool {
+	var rule, key bool
+	for {
+		name, ok := p.name()
+		if !ok {
+			return false
+		}
+		switch name {
+		case "rule":
+			if rule {
+				return false
+			}
+			rule = true
+			if it.Rule, ok = p.str(true); !ok {
+				return false
+			}
+		case "key":
+			if key {
+				return false
+			}
+			key = true
+			if it.Key, ok = p.str(false); !ok {
+				return false
+			}
+		case "cost":
+			if it.Cost.present {
+				return false
+			}
+			if it.Cost.v, ok = p.int(); !ok {
+				return false
+			}
+			it.Cost.present, it.Cost.set = true, true
+		default:
+			return false
+		}
+		if !p.next('}') {
+			return false
+		}
+		if p.b[p.i-1] == '}' {
+			return true
+		}
+	}
+}
+
+func (p *fastParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// open skips white space and c.
+func (p *fastParser) open(c byte) bool {
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// peek skips white space and reports whether c comes next (not taken).
+func (p *fastParser) peek(c byte) bool {
+	p.ws()
+	return p.i < len(p.b) && p.b[p.i] == c
+}
+
+// next takes a ',' or the closing byte end.
+func (p *fastParser) next(end byte) bool {
+	p.ws()
+	if p.i < len(p.b) && (p.b[p.i] == ',' || p.b[p.i] == end) {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// name reads a field name and its ':'. The switch on the returned
+// string does not allocate: the compiler compares the bytes.
+func (p *fastParser) name() (string, bool) {
+	raw, ok := p.raw()
+	if !ok || !p.open(':') {
+		return "", false
+	}
+	switch string(raw) {
+	case "rule":
+		return "rule", true
+	case "key":
+		return "key", true
+	case "cost":
+		return "cost", true
+	case "checks":
+		return "checks", true
+	}
+	return "", false
+}
+
+// str reads a string value. Rule names repeat within a batch and across
+// requests: a name seen before shares its string.
+func (p *fastParser) str(rule bool) (string, bool) {
+	raw, ok := p.raw()
+	if !ok {
+		return "", false
+	}
+	if rule && p.rules != nil {
+		for _, r := range *p.rules {
+			if r == string(raw) {
+				return r, true
+			}
+		}
+		s := string(raw)
+		if len(*p.rules) < 8 {
+			*p.rules = append(*p.rules, s)
+		}
+		return s, true
+	}
+	return string(raw), true
+}
+
+// raw skips white space and reads a string without escapes, returning
+// the bytes between its quotes.
+func (p *fastParser) raw() ([]byte, bool) {
+	if !p.open('"') {
+		return nil, false
+	}
+	start, ascii := p.i, true
+	for ; p.i < len(p.b); p.i++ {
+		switch c := p.b[p.i]; {
+		case c == '"':
+			s := p.b[start:p.i]
+			p.i++
+			return s, ascii || utf8.Valid(s)
+		case c == '\\' || c < 0x20:
+			return nil, false
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
+	}
+	return nil, false
+}
+
+// int reads an integer of at most 18 digits (no fraction, exponent or
+// leading zero), so that it cannot overflow an int64.
+func (p *fastParser) int() (int64, bool) {
+	p.ws()
+	neg := p.i < len(p.b) && p.b[p.i] == '-'
+	if neg {
+		p.i++
+	}
+	start := p.i
+	var n int64
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		n = n*10 + int64(p.b[p.i]-'0')
+		p.i++
+	}
+	digits := p.i - start
+	switch {
+	case digits == 0 || digits > 18 || (digits > 1 && p.b[start] == '0'):
+		return 0, false
+	case p.i < len(p.b) && (p.b[p.i] == '.' || p.b[p.i] == 'e' || p.b[p.i] == 'E'):
+		return 0, false
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
