@@ -53,8 +53,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// count records one decision; the per-rule counters are looked up once.
-func (m *metrics) count(rule string, r Result) {
+// countAll records the decisions of one call: one counter lookup and at
+// most two atomic adds per run of checks on the same rule (a batch is
+// usually one run), not one of each per check.
+func (m *metrics) countAll(reqs []Request, out []Result) {
+	for i := 0; i < len(reqs); {
+		rule := reqs[i].Rule
+		var allowed, denied int
+		j := i
+		for ; j < len(reqs) && reqs[j].Rule == rule; j++ {
+			if out[j].Allowed {
+				allowed++
+			} else {
+				denied++
+			}
+		}
+		i = j
+		c := m.counters(rule)
+		if allowed > 0 {
+			c.allowed.Add(float64(allowed))
+		}
+		if denied > 0 {
+			c.denied.Add(float64(denied))
+		}
+	}
+}
+
+// counters returns a rule's counters, looked up once per rule.
+func (m *metrics) counters(rule string) *ruleCounters {
 	c, ok := m.perRule.Load(rule)
 	if !ok {
 		c, _ = m.perRule.LoadOrStore(rule, &ruleCounters{
@@ -62,9 +88,5 @@ func (m *metrics) count(rule string, r Result) {
 			denied:  m.decisions.WithLabelValues(rule, "denied"),
 		})
 	}
-	if r.Allowed {
-		c.(*ruleCounters).allowed.Inc()
-	} else {
-		c.(*ruleCounters).denied.Inc()
-	}
+	return c.(*ruleCounters)
 }

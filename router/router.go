@@ -241,9 +241,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 		v = r.cell.Await(ctx, epoch, 0, r.cfg.RefreshWait)
 		s.pending, s.retry = s.retry, s.pending[:0] // swap: the two never share an array
 	}
-	for i := range reqs {
-		r.m.count(reqs[i].Rule, out[i])
-	}
+	r.m.countAll(reqs, out[:len(reqs)])
 	r.m.latency.Observe(time.Since(start).Seconds())
 	return nil
 }
@@ -424,6 +422,7 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 		// latency. Send at once; checks arriving meanwhile batch up.
 		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
 		bt.req.Epoch, bt.req.RulesVersion = epoch, rulesVersion
+		bt.req.Checks = make([]transport.Check, 0, len(idx)) // one allocation, not one per doubling
 		for _, i := range idx {
 			bt.req.Checks = append(bt.req.Checks, checks[i])
 		}
@@ -440,6 +439,7 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 	}
 	bt := b.cur
 	off := len(bt.req.Checks)
+	bt.req.Checks = slices.Grow(bt.req.Checks, len(idx))
 	for _, i := range idx {
 		bt.req.Checks = append(bt.req.Checks, checks[i])
 	}
