@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -106,6 +107,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		// share one spec): the one it names is the seed and bootstraps.
 		log.Info("--join names this node's own HTTP address: bootstrapping as the seed when the data dir is empty", "join", *join)
 		*join = ""
+	}
+	// GC defaults for a heap of bucket tables (unless GOGC/GOMEMLIMIT say
+	// otherwise): RSS per active key near the tables' own size.
+	if gs := gctune.Tune(ctx, getenv, "", time.Second); gs.TuneGOGC || gs.MemoryLimit > 0 {
+		log.Debug("gc tuned", "gogc_follows_live_heap", gs.TuneGOGC, "soft_memory_limit", gs.MemoryLimit)
 	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
