@@ -45,6 +45,8 @@ type options struct {
 	budget                              time.Duration
 	batch, pipeline                     int
 	redisVersion                        string
+	memGOGC                             []string
+	starts                              int // ringlimit clusters started, for unique data dirs
 }
 
 func main() {
@@ -62,6 +64,7 @@ func main() {
 	flag.DurationVar(&o.budget, "budget", 10*time.Minute, "the whole run stops after this")
 	flag.IntVar(&o.batch, "batch", 100, "checks per call in the batched rows")
 	flag.IntVar(&o.pipeline, "pipeline", 16, "Redis pipeline depth of the pipelined rows")
+	memGOGC := flag.String("mem-gogc", "", "also measure ringlimit's memory with each of these GOGC values (comma-separated)")
 	flag.Parse()
 	var err error
 	if o.conc, err = ints(*conc); err != nil {
@@ -69,6 +72,11 @@ func main() {
 	}
 	if o.memKeys, err = ints(*memKeys); err != nil {
 		log.Fatalf("--mem-keys: %v", err)
+	}
+	for g := range strings.SplitSeq(*memGOGC, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			o.memGOGC = append(o.memGOGC, g)
+		}
 	}
 	if o.only, err = regexp.Compile(*only); err != nil {
 		log.Fatalf("--only: %v", err)
