@@ -37,7 +37,8 @@ func readBody(buf []byte, r io.Reader) ([]byte, error) {
 
 // fastParser reads the common shape of a check body: objects with the
 // exact lower-case field names, strings without escapes or control
-// characters and in valid UTF-8, integer costs, no null, no repeated
+// characters and in valid UTF-8 (invalid UTF-8 is refused by the
+// general path, with its message), integer costs, no null, no repeated
 // field, at most api.MaxBatch checks. It stops (ok false) at anything
 // else; encoding/json then decodes the body, so the two paths agree on
 // every body the fast one accepts (FuzzCheckFastPath holds them to it).
@@ -140,17 +141,21 @@ func (p *fastParser) item(it *checkItem) bool {
 				return false
 			}
 			rule = true
-			if it.Rule, ok = p.str(true); !ok {
+			var v string
+			if v, ok = p.str(true); !ok {
 				return false
 			}
+			it.Rule = strictString(v)
 		case "key":
 			if key {
 				return false
 			}
 			key = true
-			if it.Key, ok = p.str(false); !ok {
+			var v string
+			if v, ok = p.str(false); !ok {
 				return false
 			}
+			it.Key = strictString(v)
 		case "cost":
 			if it.Cost.present {
 				return false
