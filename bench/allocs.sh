@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Allocations per check on each hot path, before and after, side by side
-# in one run: the same benchmarks on a base revision (default: the commit
-# this work started from) and on the work tree, one after the other.
+# in one run: the same benchmarks on a base revision (default: where this
+# branch leaves main) and on the work tree, one after the other.
 # Benchmark files the base lacks are copied into it (test files only).
 #
 #   bench/allocs.sh [base-revision]      → a markdown table on stdout
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-base="${1:-57c6db1}"
+base="${1:-$(git -C "$root" merge-base HEAD main)}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/base"
