@@ -65,8 +65,23 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 100, "checks per call in the batched rows")
 	flag.IntVar(&o.pipeline, "pipeline", 16, "Redis pipeline depth of the pipelined rows")
 	memGOGC := flag.String("mem-gogc", "", "also measure ringlimit's memory with each of these GOGC values (comma-separated)")
+	replot := flag.String("replot", "", "only rewrite results.md and sidebyside.png in --out from this results.json")
 	flag.Parse()
 	var err error
+	if *replot != "" {
+		b, err := os.ReadFile(*replot)
+		if err != nil {
+			log.Fatal(err)
+		}
+		var rep report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			log.Fatal(err)
+		}
+		if err := rep.write(o.out); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if o.conc, err = ints(*conc); err != nil {
 		log.Fatalf("--concurrency: %v", err)
 	}

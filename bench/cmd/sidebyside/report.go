@@ -258,16 +258,17 @@ func (r *report) plot(path string) error {
 		s.pts = append(s.pts, plotter.XY{X: float64(x.Concurrency), Y: math.Max(x.ChecksPerSec, 1)})
 		s.cpu = append(s.cpu, plotter.XY{X: float64(x.Concurrency), Y: math.Max(x.CPUusPerCheck, 0.001)})
 	}
-	panel := func(title, ylabel string, ss []*series, cpu bool) (*plot.Plot, error) {
+	legends := map[string]*plot.Legend{}
+	panel := func(title, ylabel, group string, ss []*series, cpu bool) (*plot.Plot, error) {
 		p := plot.New()
 		p.Title.Text = title
 		p.X.Label.Text = "concurrent callers"
 		p.Y.Label.Text = ylabel
 		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, concTicks(ss)
 		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-		p.Legend.Top, p.Legend.Left = true, false
-		p.Legend.TextStyle.Font.Size = vg.Points(6)
-		p.Legend.XOffs = vg.Points(2)
+		leg := plot.NewLegend()
+		leg.Top, leg.Left = true, true
+		leg.TextStyle.Font.Size = vg.Points(10)
 		for i, s := range ss {
 			pts := s.pts
 			if cpu {
@@ -285,8 +286,9 @@ func (r *report) plot(path string) error {
 				l.Width = vg.Points(2)
 			}
 			p.Add(l, sc)
-			p.Legend.Add(s.name, l, sc)
+			leg.Add(s.name, l, sc)
 		}
+		legends[group] = &leg // the same lines in both panels of a column
 		p.Add(plotter.NewGrid())
 		return p, nil
 	}
@@ -297,23 +299,30 @@ func (r *report) plot(path string) error {
 		if g == "batched" {
 			what = fmt.Sprintf("%d checks per call (Redis: pipeline %d)", r.Batch, r.Pipeline)
 		}
-		if ps[0][j], err = panel("throughput, "+what, "checks/s", groups[g], false); err != nil {
+		if ps[0][j], err = panel("throughput, "+what, "checks/s", g, groups[g], false); err != nil {
 			return err
 		}
-		if ps[1][j], err = panel("server CPU per check, "+what, "µs of server CPU per check", groups[g], true); err != nil {
+		if ps[1][j], err = panel("server CPU per check, "+what, "µs of server CPU per check", g, groups[g], true); err != nil {
 			return err
 		}
 	}
-	const w, h = 30 * vg.Centimeter, 24 * vg.Centimeter
+	const w, h, legendH = 32 * vg.Centimeter, 30 * vg.Centimeter, 6 * vg.Centimeter
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
 	dc.SetColor(color.White)
 	dc.Fill(dc.Rectangle.Path())
+	plots := draw.Crop(dc, 0, 0, legendH, 0)
 	tiles := draw.Tiles{Rows: 2, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-	canvases := plot.Align([][]*plot.Plot{ps[0][:], ps[1][:]}, tiles, dc)
+	canvases := plot.Align([][]*plot.Plot{ps[0][:], ps[1][:]}, tiles, plots)
 	for i := range 2 {
 		for j := range 2 {
 			ps[i][j].Draw(canvases[i][j])
+		}
+	}
+	for j, g := range []string{"single", "batched"} {
+		if leg := legends[g]; leg != nil {
+			col := draw.Crop(dc, vg.Length(j)*w/2+vg.Centimeter, -vg.Length(1-j)*w/2, vg.Centimeter/2, -(h - legendH))
+			leg.Draw(col)
 		}
 	}
 	return writePNG(img, path)
