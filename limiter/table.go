@@ -285,6 +285,21 @@ func (t *Table) Len() int {
 	return n
 }
 
+// Holds reports whether the table holds a state for bucket in partition
+// part (of any algorithm). An owner at its key cap uses it to tell a key
+// it already tracks from a new one.
+func (t *Table) Holds(part uint32, bucket uint64) bool {
+	if t.checkPart(part) != nil {
+		return false
+	}
+	p := &t.parts[part]
+	k := slotKey(bucket)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, inLogs := p.logs[k]
+	return p.tats.index(k) >= 0 || p.wins.index(k) >= 0 || inLogs
+}
+
 // PartitionLen returns the number of states held in partition part.
 func (t *Table) PartitionLen(part uint32) int { return t.part(part).len() }
 

@@ -552,3 +552,34 @@ func TestTableConcurrent(t *testing.T) {
 	checkInvariants(t, tb)
 	checkInvariants(t, other)
 }
+
+func TestHoldsTellsTrackedKeysFromNewOnes(t *testing.T) {
+	tab, err := NewTable(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := []Rule{
+		{Name: "tb", Algorithm: TokenBucket, Limit: 10, Period: time.Second},
+		{Name: "fw", Algorithm: FixedWindow, Limit: 10, Period: time.Second},
+		{Name: "log", Algorithm: SlidingLog, Limit: 10, Period: time.Second},
+	}
+	for i := range rules {
+		r := &rules[i]
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		bucket := uint64(1000 + i)
+		if tab.Holds(1, bucket) {
+			t.Fatalf("%s: holds a key never checked", r.Name)
+		}
+		if _, err := tab.Check(1, bucket, r, 1e9, 1); err != nil {
+			t.Fatal(err)
+		}
+		if !tab.Holds(1, bucket) || tab.Holds(2, bucket) {
+			t.Fatalf("%s: Holds after a check = %v (partition 2: %v)", r.Name, tab.Holds(1, bucket), tab.Holds(2, bucket))
+		}
+	}
+	if tab.Holds(99, 1000) {
+		t.Fatal("a partition out of range holds something")
+	}
+}

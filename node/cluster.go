@@ -658,6 +658,13 @@ func (n *Node) registerMetrics() error {
 				}
 				return 0
 			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_key_cap_refused_total", Help: "Checks of new keys refused because this member tracks --max-keys states (answered by the rule's failure mode)."},
+			func() float64 {
+				if o := n.owner.Load(); o != nil {
+					return float64(o.OverCapacity())
+				}
+				return 0
+			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_backup_keys", Help: "Bucket states this member holds as a backup of other owners."},
 			func() float64 {
 				if o := n.owner.Load(); o != nil {

@@ -93,6 +93,9 @@ type Config struct {
 	// BackupInterval is how often changed partitions are pushed to their
 	// backups (20ms).
 	BackupInterval time.Duration
+	// MaxKeys caps the bucket states this member tracks as an owner (0:
+	// no cap); see Owner.SetMaxKeys for the behaviour at the cap.
+	MaxKeys int
 	// OnConflict is called once when the cluster refuses this process's
 	// registration because a live member holds its id (api.ErrConflict):
 	// the process should exit without touching that member's state.
@@ -343,6 +346,7 @@ func (n *Node) refresh() {
 			n.log.Error("cannot build the bucket table", "err", err)
 			return
 		}
+		o.SetMaxKeys(n.cfg.MaxKeys)
 		n.owner.Store(o)
 	}
 	if prev == nil || prev.Ring != next.Ring {
@@ -425,6 +429,7 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 func (n *Node) sweepLoop() {
 	next := uint32(0)
 	n.everyTick(100*time.Millisecond, func(o *Owner) {
+		o.RefreshFull()
 		parts := uint32(o.Partitions())
 		step := max(parts/50, 1) // a full pass every ~5s
 		for range step {

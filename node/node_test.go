@@ -266,3 +266,44 @@ func TestPlanMoves(t *testing.T) {
 		t.Fatal("c promoted no partition it backed up")
 	})
 }
+
+// At its key cap an owner still decides the keys it tracks, refuses new
+// ones (OVER_CAPACITY: the router answers by the rule's failure mode)
+// and takes new keys again once the sweep has dropped idle ones.
+func TestKeyCap(t *testing.T) {
+	now := int64(1e18)
+	o, err := NewOwner("a", 64, func() int64 { return now }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
+	v := view.New(testRing(t, 1, "a"), 9, []limiter.Rule{rule}, 0)
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	o.SetMaxKeys(2)
+	check := func(h uint64) transport.Status {
+		return handle(o, 1, transport.Check{Rule: "r", KeyHash: h, Partition: v.Ring.Partition(h), Cost: 1}).Results[0].Status
+	}
+	for _, h := range []uint64{1, 2} {
+		if st := check(h); st != transport.StatusOK {
+			t.Fatalf("key %d: %v", h, st)
+		}
+	}
+	o.RefreshFull()
+	if st := check(3); st != transport.StatusOverCapacity {
+		t.Fatalf("a third key at the cap: %v, want OVER_CAPACITY", st)
+	}
+	if st := check(1); st != transport.StatusOK {
+		t.Fatalf("a tracked key at the cap: %v, want OK", st)
+	}
+	if o.OverCapacity() != 1 {
+		t.Fatalf("refusals counted: %d, want 1", o.OverCapacity())
+	}
+	now += int64(10 * time.Second) // both buckets full again: idle
+	for p := range uint32(64) {
+		o.Sweep(p)
+	}
+	o.RefreshFull()
+	if st := check(3); st != transport.StatusOK {
+		t.Fatalf("after the sweep: %v, want OK", st)
+	}
+}

@@ -61,7 +61,26 @@ type Owner struct {
 	awaiting atomic.Int64 // partitions in partAwaiting
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
+
+	maxKeys      int         // the most bucket states tracked; 0 = no cap
+	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep)
+	overCapacity atomic.Int64
 }
+
+// SetMaxKeys caps the bucket states this owner tracks (0: no cap). At the
+// cap a check of a key it already tracks is decided as always; a check of
+// a new key is answered OVER_CAPACITY, which the router answers by the
+// rule's failure mode (degraded), and counted. Idle states are dropped
+// by the sweep, so the cap frees up as keys go quiet.
+func (o *Owner) SetMaxKeys(n int) { o.maxKeys = n }
+
+// RefreshFull recomputes whether the table is at its key cap.
+func (o *Owner) RefreshFull() {
+	o.full.Store(o.maxKeys > 0 && o.table.Len() >= o.maxKeys)
+}
+
+// OverCapacity is how many checks of new keys were refused at the cap.
+func (o *Owner) OverCapacity() int64 { return o.overCapacity.Load() }
 
 // versionedRules are a view's rules with Version set, as the table needs
 // them to carry states over a rule change (limiter.Table.SetRules).
@@ -344,7 +363,12 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 		// SetView is running right now.
 		return transport.Result{Status: transport.StatusUnavailable}
 	}
-	d, err := o.table.Check(c.Partition, limiter.BucketHash(c.KeyHash, v.Salt(rule)), rule, now, int64(c.Cost))
+	bucket := limiter.BucketHash(c.KeyHash, v.Salt(rule))
+	if o.full.Load() && c.Cost > 0 && !o.table.Holds(c.Partition, bucket) {
+		o.overCapacity.Add(1)
+		return transport.Result{Status: transport.StatusOverCapacity}
+	}
+	d, err := o.table.Check(c.Partition, bucket, rule, now, int64(c.Cost))
 	if err != nil {
 		return transport.Result{Status: transport.StatusBadRequest}
 	}

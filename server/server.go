@@ -47,6 +47,7 @@ type Config struct {
 	AdminToken    string
 	DrainTimeout  time.Duration
 	DeadAfter     time.Duration // failure detection (node default 5s)
+	MaxKeys       int           // cap on bucket states this member tracks; 0 = none
 	Ring          ring.Config
 	Router        router.Config
 	RaftTimeout   time.Duration
@@ -164,6 +165,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		OnView:     rt.SetView,
 		DataPlane:  s.pool,
 		DeadAfter:  cfg.DeadAfter,
+		MaxKeys:    cfg.MaxKeys,
 		OnRemoved:  func() { removeOnce.Do(func() { close(s.removed) }) },
 		OnConflict: func(err error) { s.conflict <- err },
 		RaftDial:   cfg.Auth.Dial, Prober: prober{auth: cfg.Auth, fwd: fwd},

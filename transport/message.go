@@ -38,17 +38,18 @@ type Status uint8
 // Statuses. Only StatusOK results carry a decision; the others say why there
 // is none.
 const (
-	StatusOK          Status = iota // decided: see Allowed and the figures
-	StatusNotOwner                  // the node does not own the partition at its epoch
-	StatusUnknownRule               // the node has no rule of that name
-	StatusBadRequest                // the check is invalid (e.g. cost above the limit)
-	StatusUnavailable               // not decided in time (deadline spent, node busy or stopping)
-	StatusInternal                  // the node failed to decide
+	StatusOK           Status = iota // decided: see Allowed and the figures
+	StatusNotOwner                   // the node does not own the partition at its epoch
+	StatusUnknownRule                // the node has no rule of that name
+	StatusBadRequest                 // the check is invalid (e.g. cost above the limit)
+	StatusUnavailable                // not decided in time (deadline spent, node busy or stopping)
+	StatusInternal                   // the node failed to decide
+	StatusOverCapacity               // the owner tracks as many keys as it may and this one is new
 
-	maxStatus = StatusInternal
+	maxStatus = StatusOverCapacity
 )
 
-var statusNames = [...]string{"OK", "NOT_OWNER", "UNKNOWN_RULE", "BAD_REQUEST", "UNAVAILABLE", "INTERNAL"}
+var statusNames = [...]string{"OK", "NOT_OWNER", "UNKNOWN_RULE", "BAD_REQUEST", "UNAVAILABLE", "INTERNAL", "OVER_CAPACITY"}
 
 func (s Status) String() string {
 	if s <= maxStatus {

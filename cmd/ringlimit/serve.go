@@ -37,6 +37,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
 		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend handing off partitions and draining")
 		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before the leader marks it dead")
+		maxKeys      = fs.Int("max-keys", 20_000_000, "most bucket states this member tracks as an owner (~24 B each); at the cap, checks of new keys are answered by their rule's failure mode; 0 = no cap")
 		partitions   = fs.Int("partitions", ring.DefaultConfig().Partitions, "partition count of a new cluster (fixed once bootstrapped)")
 		linger       = fs.Duration("linger", router.DefaultConfig().Linger, "how long a forwarded batch waits to fill")
 		maxBatch     = fs.Int("max-batch", router.DefaultConfig().MaxBatch, "most checks in one forwarded batch")
@@ -116,7 +117,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
-		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, Ring: rc,
+		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, LogOutput: stderr, Auth: auth,
 		RLS: envoy.options(),
