@@ -510,46 +510,32 @@ func sameRules(a, b []limiter.Rule) bool {
 	return true
 }
 
-// Cluster describes the cluster as this node sees it.
-func (n *Node) Cluster(context.Context) (api.Cluster, error) {
+// Cluster describes the cluster as this node sees it: every member with
+// its state and the partitions it owns in this node's ring.
+func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 	leaderID, _ := n.leader()
 	snap := n.snap.Load()
 	if snap == nil {
-		return api.Cluster{Leader: leaderID, Members: []api.Member{}}, nil
+		return view.Cluster{Leader: leaderID}, nil
 	}
-	v := snap.v
-	counts := v.Ring.Counts()
-	out := api.Cluster{Leader: leaderID, Epoch: v.Ring.Epoch(), Partitions: snap.st.Config.Partitions, Members: []api.Member{}}
+	counts := snap.v.Ring.Counts()
+	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions}
 	for _, m := range snap.st.Members {
-		out.Members = append(out.Members, apiMember(m, counts))
+		out.Members = append(out.Members, view.Member{ID: m.ID, State: string(m.State),
+			HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
 	}
 	return out, nil
 }
 
-// apiMember is a member as the HTTP API shows it.
-func apiMember(m fsm.Member, partitions map[string]int) api.Member {
-	return api.Member{ID: m.ID, State: string(m.State), HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: partitions[m.ID]}
-}
-
-// RouterView returns what a router that is not a member needs: the ring
-// (active members with their addresses), the rules and the hash seed.
-func (n *Node) RouterView(context.Context) (api.View, error) {
+// RouterView returns what a router that is not a member needs: the view
+// (ring of the active members with their addresses, rules and their
+// version, the hash seed). The HTTP layer turns it into the wire form.
+func (n *Node) RouterView(context.Context) (*view.View, error) {
 	snap := n.snap.Load()
 	if snap == nil {
-		return api.View{}, fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+		return nil, fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
 	}
-	v := snap.v
-	cfg := snap.st.Config
-	out := api.View{Epoch: v.Ring.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
-		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), Members: []api.Member{}, Rules: []api.Rule{}, RulesVersion: v.RulesVersion}
-	counts := v.Ring.Counts()
-	for _, m := range snap.st.Active() {
-		out.Members = append(out.Members, apiMember(m, counts))
-	}
-	for _, r := range v.List {
-		out.Rules = append(out.Rules, api.Rule(rules.ViewOf(r)))
-	}
-	return out, nil
+	return snap.v, nil
 }
 
 // WaitView waits until this node's view is newer than afterEpoch (ring)

@@ -17,6 +17,7 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/httpapi"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -385,7 +386,7 @@ func TestStatelessRouterFromView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv, err := router.ViewFromAPI(av)
+	rv, err := router.ViewFromAPI(httpapi.ViewOf(av)) // through the wire form, as a router gets it
 	if err != nil {
 		t.Fatal(err)
 	}

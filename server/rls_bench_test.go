@@ -17,6 +17,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/httpapi"
 	"github.com/ringlimit/ringlimit/router/rls"
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -140,7 +141,7 @@ func benchRouter(b *testing.B, ss []*Server) *router.Router {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rv, err := router.ViewFromAPI(av)
+	rv, err := router.ViewFromAPI(httpapi.ViewOf(av)) // through the wire form, as a router gets it
 	if err != nil {
 		b.Fatal(err)
 	}

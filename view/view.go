@@ -129,3 +129,22 @@ func (c *Cell) Await(ctx context.Context, epoch, rulesVersion uint64, maxWait ti
 		}
 	}
 }
+
+// Member is a cluster member as a node reports it: its state (active,
+// draining, down, dead), its addresses and how many partitions it owns in
+// the node's ring.
+type Member struct {
+	ID, State        string
+	HTTP, Raft, Peer string
+	Partitions       int
+}
+
+// Cluster is the membership as a node reports it: the Raft leader's id
+// ("" when unknown), the ring's epoch, the partition count and every
+// member (whatever its state), sorted by id.
+type Cluster struct {
+	Leader     string
+	Epoch      uint64
+	Partitions int
+	Members    []Member
+}

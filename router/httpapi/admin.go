@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // authorize admits the caller of an admin endpoint or answers 401/403.
@@ -172,10 +174,7 @@ func (h *handler) serveCluster(w http.ResponseWriter, r *http.Request) {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
-	if c.Members == nil {
-		c.Members = []api.Member{}
-	}
-	writeJSON(w, http.StatusOK, c)
+	writeJSON(w, http.StatusOK, ClusterOf(c))
 }
 
 func (h *handler) serveJoin(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +246,7 @@ func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, ViewOf(v))
 }
 
 func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
@@ -277,4 +276,31 @@ func decodeStrict(body io.Reader, v any) *api.Error {
 		return decodeError(err)
 	}
 	return atEOF(dec)
+}
+
+// ClusterOf is the wire form of a node's membership (GET /v1/cluster).
+func ClusterOf(c view.Cluster) api.Cluster {
+	out := api.Cluster{Leader: c.Leader, Epoch: c.Epoch, Partitions: c.Partitions, Members: make([]api.Member, 0, len(c.Members))}
+	for _, m := range c.Members {
+		out.Members = append(out.Members, api.Member(m))
+	}
+	return out
+}
+
+// ViewOf is the wire form of a view for routers that are not members
+// (GET /v1/cluster/view): the ring config, the active members with their
+// addresses and partition counts, the rules and their version, the seed.
+func ViewOf(v *view.View) api.View {
+	cfg := v.Ring.Config()
+	out := api.View{Epoch: v.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
+		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), RulesVersion: v.RulesVersion,
+		Members: []api.Member{}, Rules: make([]api.Rule, 0, len(v.List))}
+	counts := v.Ring.Counts()
+	for _, m := range v.Ring.Members() {
+		out.Members = append(out.Members, api.Member{ID: m.ID, State: "active", HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+	}
+	for _, r := range v.List {
+		out.Rules = append(out.Rules, api.Rule(rules.ViewOf(r)))
+	}
+	return out
 }

@@ -18,8 +18,10 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // fakeChecker behaves like the router for the HTTP layer: it knows rules
@@ -114,10 +116,14 @@ func (a *fakeAdmin) PutRules(_ context.Context, written []limiter.Rule) ([]limit
 	return rules.Effective(written), nil
 }
 
-func (a *fakeAdmin) Cluster(context.Context) (api.Cluster, error) {
+func (a *fakeAdmin) Cluster(context.Context) (view.Cluster, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.cluster, nil
+	c := view.Cluster{Leader: a.cluster.Leader, Epoch: a.cluster.Epoch, Partitions: a.cluster.Partitions}
+	for _, m := range a.cluster.Members {
+		c.Members = append(c.Members, view.Member(m))
+	}
+	return c, nil
 }
 
 func (a *fakeAdmin) Join(ctx context.Context, req api.JoinRequest) error {
@@ -144,10 +150,19 @@ func (a *fakeAdmin) SetState(_ context.Context, id, state string) error {
 	return nil
 }
 
-func (a *fakeAdmin) RouterView(context.Context) (api.View, error) {
+func (a *fakeAdmin) RouterView(context.Context) (*view.View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return api.View{Epoch: a.cluster.Epoch, Partitions: a.cluster.Partitions, Seed: "00000000000000ff", Members: a.cluster.Members}, nil
+	var ms []ring.Member
+	for _, m := range a.cluster.Members {
+		ms = append(ms, ring.Member{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
+	}
+	parts := max(a.cluster.Partitions, 1)
+	r, err := ring.New(ring.Config{Partitions: parts, ReplicationFactor: 32, Load: 1.25}, a.cluster.Epoch, ms)
+	if err != nil {
+		return nil, err
+	}
+	return view.New(r, 0xff, rules.Effective(nil), 0), nil
 }
 
 func (a *fakeAdmin) Ready() error {

@@ -11,6 +11,7 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // Front is what the check front door needs besides the Checker: the
@@ -62,11 +63,11 @@ var errNotServed = fmt.Errorf("%w: not served by a router", api.ErrNotFound)
 func (frontAdmin) PutRules(context.Context, []limiter.Rule) ([]limiter.Rule, error) {
 	return nil, errNotServed
 }
-func (frontAdmin) Cluster(context.Context) (api.Cluster, error)   { return api.Cluster{}, errNotServed }
+func (frontAdmin) Cluster(context.Context) (view.Cluster, error)  { return view.Cluster{}, errNotServed }
 func (frontAdmin) Join(context.Context, api.JoinRequest) error    { return errNotServed }
 func (frontAdmin) Leave(context.Context, string) error            { return errNotServed }
 func (frontAdmin) SetState(context.Context, string, string) error { return errNotServed }
-func (frontAdmin) RouterView(context.Context) (api.View, error)   { return api.View{}, errNotServed }
+func (frontAdmin) RouterView(context.Context) (*view.View, error) { return nil, errNotServed }
 
 // RouterFront is the Front of a router that follows the cluster: the
 // rules of its view (default first, then by name: a view does not keep

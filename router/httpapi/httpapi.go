@@ -33,6 +33,7 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // Checker decides checks (the router).
@@ -53,8 +54,8 @@ type Admin interface {
 	// force. Errors wrapping rules.ErrInvalid answer 400 invalid_rules,
 	// api.ErrUnavailable 503 (no leader).
 	PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error)
-	// Cluster returns the membership as GET /v1/cluster shows it.
-	Cluster(ctx context.Context) (api.Cluster, error)
+	// Cluster returns the membership GET /v1/cluster shows.
+	Cluster(ctx context.Context) (view.Cluster, error)
 	// Join adds a member; every field of req is non-empty. Errors
 	// wrapping api.ErrBadRequest answer 400, api.ErrUnavailable 503.
 	Join(ctx context.Context, req api.JoinRequest) error
@@ -68,7 +69,7 @@ type Admin interface {
 	SetState(ctx context.Context, id, state string) error
 	// RouterView returns what a router that is not a member needs
 	// (GET /v1/cluster/view, admin: it carries the hash seed).
-	RouterView(ctx context.Context) (api.View, error)
+	RouterView(ctx context.Context) (*view.View, error)
 	// Ready returns nil when the node is ready, else an error wrapping
 	// api.ErrUnavailable whose text is the reason.
 	Ready() error
