@@ -82,11 +82,11 @@ type Cluster struct {
 	Members    []Member `json:"members"`
 }
 
-// View is what a router that is not a member needs to send checks to
+// ClusterView is what a router that is not a member needs to send checks to
 // their owners itself over the data plane: the ring at its epoch, the
 // rules, and the cluster's secret key-hash seed. GET /v1/cluster/view is
 // an admin endpoint for that reason.
-type View struct {
+type ClusterView struct {
 	Epoch             uint64   `json:"epoch"`
 	Partitions        int      `json:"partitions"`
 	ReplicationFactor int      `json:"replication_factor"`

@@ -197,8 +197,8 @@ func (c *Client) Leave(ctx context.Context, id string) error {
 
 // RouterView returns what a router that is not a member needs to route
 // checks itself (GET /v1/cluster/view; admin, as it carries the seed).
-func (c *Client) RouterView(ctx context.Context) (api.View, error) {
-	var v api.View
+func (c *Client) RouterView(ctx context.Context) (api.ClusterView, error) {
+	var v api.ClusterView
 	err := c.do(ctx, http.MethodGet, "/v1/cluster/view", true, nil, &v)
 	return v, err
 }

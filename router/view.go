@@ -14,7 +14,7 @@ import (
 // ViewFromAPI builds the view of a router that is not a member from what
 // GET /v1/cluster/view returns. The ring is rebuilt from the members and
 // the ring config, exactly as every member builds it.
-func ViewFromAPI(v api.View) (*View, error) {
+func ViewFromAPI(v api.ClusterView) (*View, error) {
 	seed, err := strconv.ParseUint(v.Seed, 16, 64)
 	if err != nil {
 		return nil, fmt.Errorf("router: view seed %q: %w", v.Seed, err)
@@ -29,7 +29,7 @@ func ViewFromAPI(v api.View) (*View, error) {
 	}
 	written := make([]limiter.Rule, 0, len(v.Rules))
 	for _, av := range v.Rules {
-		rule, err := rules.FromView(rules.View(av))
+		rule, err := rules.FromView(rules.RuleView(av))
 		if err != nil {
 			return nil, fmt.Errorf("router: view rules: %w", err)
 		}

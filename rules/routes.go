@@ -299,7 +299,7 @@ func matchSegments(pattern, path string) bool {
 // FromView returns the rule a View describes, validated: the direct
 // inverse of ViewOf, with no document round trip. A router builds its
 // rules from a member's view with it.
-func FromView(v View) (limiter.Rule, error) {
+func FromView(v RuleView) (limiter.Rule, error) {
 	r := limiter.Rule{Name: v.Name, Limit: v.Limit, Burst: v.Burst}
 	a, err := limiter.ParseAlgorithm(v.Algorithm)
 	if err != nil {

@@ -113,7 +113,7 @@ func TestFromViewInvertsViewOf(t *testing.T) {
 			t.Errorf("FromView(ViewOf(%+v)) = %+v", r, got)
 		}
 	}
-	if _, err := FromView(View{Name: "x", Algorithm: "nope", Limit: 1, Period: "1s"}); !errors.Is(err, ErrInvalid) {
+	if _, err := FromView(RuleView{Name: "x", Algorithm: "nope", Limit: 1, Period: "1s"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad algorithm: %v", err)
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 )
 
-// View is a rule as the HTTP API shows it (GET and PUT /v1/rules) and as
+// RuleView is a rule as the HTTP API shows it (GET and PUT /v1/rules) and as
 // Marshal writes it.
-type View struct {
+type RuleView struct {
 	Name        string `json:"name"`
 	Algorithm   string `json:"algorithm"`
 	Limit       int64  `json:"limit"`
@@ -23,8 +23,8 @@ type View struct {
 
 // ViewOf returns the view of r. Burst is r.Capacity(), so an omitted burst
 // shows as the limit; Period is FormatPeriod(r.Period).
-func ViewOf(r limiter.Rule) View {
-	return View{
+func ViewOf(r limiter.Rule) RuleView {
+	return RuleView{
 		Name:        r.Name,
 		Algorithm:   r.Algorithm.String(),
 		Limit:       r.Limit,
@@ -50,7 +50,7 @@ func FormatPeriod(d time.Duration) string {
 
 // document is the JSON form of a rules document.
 type document struct {
-	Rules []View `json:"rules"`
+	Rules []RuleView `json:"rules"`
 }
 
 // Marshal returns rs as the JSON document {"rules": [...]}, one View per
@@ -65,7 +65,7 @@ func Marshal(rs []limiter.Rule) ([]byte, error) {
 }
 
 func marshal(rs []limiter.Rule) []byte {
-	doc := document{Rules: make([]View, len(rs))}
+	doc := document{Rules: make([]RuleView, len(rs))}
 	for i, r := range rs {
 		doc.Rules[i] = ViewOf(r)
 	}

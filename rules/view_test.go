@@ -57,13 +57,13 @@ func TestPropFormatPeriodParses(t *testing.T) {
 func TestViewOf(t *testing.T) {
 	tests := []struct {
 		r    limiter.Rule
-		want View
+		want RuleView
 	}{
-		{Default(), View{"default", "token_bucket", 100, "1s", 200, "open"}},
-		{limiter.Rule{Name: "g", Algorithm: limiter.GCRA, Limit: 5, Period: time.Minute}, View{"g", "gcra", 5, "1m", 5, "open"}},
+		{Default(), RuleView{"default", "token_bucket", 100, "1s", 200, "open"}},
+		{limiter.Rule{Name: "g", Algorithm: limiter.GCRA, Limit: 5, Period: time.Minute}, RuleView{"g", "gcra", 5, "1m", 5, "open"}},
 		{limiter.Rule{Name: "w", Algorithm: limiter.SlidingWindow, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
-			View{"w", "sliding_window", 5, "1h", 5, "closed"}},
-		{limiter.Rule{Name: "f", Algorithm: limiter.FixedWindow, Limit: 5, Period: time.Second, Burst: 5}, View{"f", "fixed_window", 5, "1s", 5, "open"}},
+			RuleView{"w", "sliding_window", 5, "1h", 5, "closed"}},
+		{limiter.Rule{Name: "f", Algorithm: limiter.FixedWindow, Limit: 5, Period: time.Second, Burst: 5}, RuleView{"f", "fixed_window", 5, "1s", 5, "open"}},
 	}
 	for _, tt := range tests {
 		if got := ViewOf(tt.r); got != tt.want {

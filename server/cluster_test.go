@@ -432,7 +432,7 @@ func TestViewLongPoll(t *testing.T) {
 	v := ss[0].Node.View()
 	url := fmt.Sprintf("http://%s/v1/cluster/view?after=%d&rules_after=%d&wait=20s", ss[0].cfg.HTTPAdvertise, v.Epoch(), v.RulesVersion)
 	type answer struct {
-		view api.View
+		view api.ClusterView
 		took time.Duration
 		err  error
 	}

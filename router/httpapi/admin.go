@@ -290,9 +290,9 @@ func ClusterOf(c view.Cluster) api.Cluster {
 // ViewOf is the wire form of a view for routers that are not members
 // (GET /v1/cluster/view): the ring config, the active members with their
 // addresses and partition counts, the rules and their version, the seed.
-func ViewOf(v *view.View) api.View {
+func ViewOf(v *view.View) api.ClusterView {
 	cfg := v.Ring.Config()
-	out := api.View{Epoch: v.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
+	out := api.ClusterView{Epoch: v.Epoch(), Partitions: cfg.Partitions, ReplicationFactor: cfg.ReplicationFactor,
 		Load: cfg.Load, Seed: fmt.Sprintf("%016x", v.Seed), RulesVersion: v.RulesVersion,
 		Members: []api.Member{}, Rules: make([]api.Rule, 0, len(v.List))}
 	counts := v.Ring.Counts()

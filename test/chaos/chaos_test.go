@@ -289,7 +289,7 @@ type ownerView struct{ v *router.View }
 
 func viewOf(t *testing.T, addr string) ownerView {
 	t.Helper()
-	var av api.View
+	var av api.ClusterView
 	if code := getJSON(addr, "/v1/cluster/view", &av); code != 200 {
 		t.Fatalf("GET /v1/cluster/view = %d", code)
 	}
@@ -321,7 +321,7 @@ func (o ownerView) keysOwnedBy(prefix, id string, n int, not bool) []string {
 // activeIDs returns the ids in the ring of the member at addr (nil if it
 // does not answer).
 func activeIDs(addr string) []string {
-	var av api.View
+	var av api.ClusterView
 	if getJSON(addr, "/v1/cluster/view", &av) != 200 {
 		return nil
 	}
