@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/ringlimit/ringlimit/internal/cputime"
 	"io"
 	"net/http"
 	"strconv"
@@ -46,7 +47,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 			var next atomic.Int64
 			b.ReportAllocs()
 			b.SetParallelism(8)
-			cpu := processCPU()
+			cpu := cputime.Process()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				var body []byte
@@ -85,7 +86,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 			checks := float64(b.N * batch)
 			b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
 			// Client and server together (one process).
-			b.ReportMetric(float64((processCPU()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+			b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
 		})
 	}
 }

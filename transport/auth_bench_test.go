@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"github.com/ringlimit/ringlimit/internal/cputime"
 	"net"
 	"testing"
 	"time"
@@ -92,7 +93,7 @@ func BenchmarkRoundTripAuth(b *testing.B) {
 				defer c.Close()
 				b.ReportAllocs()
 				b.SetParallelism(16)
-				cpu := processCPU()
+				cpu := cputime.Process()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					req := batchOf(n, "login", "api")
@@ -107,7 +108,7 @@ func BenchmarkRoundTripAuth(b *testing.B) {
 				b.StopTimer()
 				checks := float64(b.N * n)
 				b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
-				b.ReportMetric(float64((processCPU()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+				b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
 			})
 		}
 	}

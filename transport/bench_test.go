@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"github.com/ringlimit/ringlimit/internal/cputime"
 	"net"
 	"testing"
 	"time"
@@ -23,13 +24,13 @@ func BenchmarkCodec(b *testing.B) {
 	run := func(b *testing.B, step func()) {
 		b.ReportAllocs()
 		step()
-		cpu := processCPU()
+		cpu := cputime.Process()
 		for b.Loop() {
 			step()
 		}
 		checks := float64(b.N * n)
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/checks, "ns/check")
-		b.ReportMetric(float64((processCPU()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+		b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
 	}
 	b.Run("request", func(b *testing.B) {
 		run(b, func() {
@@ -89,7 +90,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 
 			b.ReportAllocs()
 			b.SetParallelism(16) // callers per CPU: enough to keep the pipe full
-			cpu := processCPU()
+			cpu := cputime.Process()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				req := batchOf(n, "login", "api")
@@ -105,7 +106,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 			checks := float64(b.N * n)
 			b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
 			// Client and server together: the CPU cost of a check's round trip.
-			b.ReportMetric(float64((processCPU()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+			b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
 		})
 	}
 }
