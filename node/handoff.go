@@ -140,56 +140,33 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
 		cancel()
 		var retry []Outgoing
-		n.log.Debug("hand-off pushed", "to", to.ID, "parts", len(batch), "epoch", epoch, "err", err, "status", ack.Status)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
-			v := n.cell.Load()
-			dropped := 0
-			var mine []transport.PushPart
-			for _, o := range batch {
-				m, ok := v.Ring.Owner(o.Part.Partition)
-				switch {
-				case !ok:
-					dropped++ // nobody owns it: nothing to hand
-				case m.ID == n.cfg.ID:
-					mine = append(mine, o.Part) // ours again: take it back
-				case m.ID != o.To.ID:
-					retry = append(retry, Outgoing{To: m, Part: o.Part})
-				default:
-					retry = append(retry, o)
-				}
-			}
-			if len(mine) > 0 {
-				if o := n.owner.Load(); o != nil {
-					ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
-					o.HandlePush(n.ctx, &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: mine}, &ack)
-				}
-				dropped += len(mine)
-			}
-			h.done(dropped)
+			var settled int
+			retry, settled = h.readdress(n.cell.Load(), batch, true)
+			h.done(settled)
 		} else {
 			taken := 0
+			var moved []Outgoing
 			for i, st := range ack.Status {
 				switch st {
 				case transport.PushOK:
 					taken++
 				case transport.PushNotOwner:
-					// The ring moved on: send it to the owner now.
-					if v := n.cell.Await(n.ctx, ack.Epoch, 0, time.Second); v != nil {
-						if m, ok := v.Ring.Owner(batch[i].Part.Partition); ok && m.ID != n.cfg.ID {
-							retry = append(retry, Outgoing{To: m, Part: batch[i].Part})
-							continue
-						}
-					}
-					taken++ // nobody (or we) own it now: nothing to hand
+					moved = append(moved, batch[i]) // the ring moved on
 				default:
 					retry = append(retry, batch[i])
 				}
 			}
 			if taken > 0 {
 				n.m.handoffParts.Add(float64(taken))
+			}
+			if len(moved) > 0 {
+				again, settled := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved, false)
+				retry = append(retry, again...)
+				taken += settled
 			}
 			h.done(taken)
 			epoch = max(epoch, ack.Epoch)
@@ -205,6 +182,41 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			backoff = min(2*backoff, time.Second)
 		}
 	}
+}
+
+// readdress sends parts where view v says they belong now: to another
+// owner (returned, to push again), or nowhere when nobody owns them.
+// Parts the ring gave back to this member are taken back into its own
+// table when takeBack is set (their target died: this member's export is
+// the only copy), else dropped (the target lives and hands over what it
+// holds). settled counts the parts that need no further push.
+func (h *handoffs) readdress(v *view.View, parts []Outgoing, takeBack bool) (retry []Outgoing, settled int) {
+	n := h.n
+	if v == nil {
+		return parts, 0
+	}
+	var mine []transport.PushPart
+	for _, o := range parts {
+		m, ok := v.Ring.Owner(o.Part.Partition)
+		switch {
+		case !ok:
+			settled++ // nobody owns it: nothing to hand
+		case m.ID == n.cfg.ID && takeBack:
+			mine = append(mine, o.Part)
+		case m.ID == n.cfg.ID:
+			settled++
+		default:
+			retry = append(retry, Outgoing{To: m, Part: o.Part})
+		}
+	}
+	if len(mine) > 0 {
+		if o := n.owner.Load(); o != nil {
+			ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
+			o.HandlePush(n.ctx, &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: mine}, &ack)
+		}
+		settled += len(mine)
+	}
+	return retry, settled
 }
 
 // expireLater promotes the backup copies of parts that are still waiting
