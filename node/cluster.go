@@ -414,17 +414,10 @@ func (n *Node) MarkDown(ctx context.Context) error {
 	}
 	// Wait until this member's own ring shows it owning nothing, so that
 	// the hand-offs it implies have started (WaitHandoffs).
-	for {
-		ch := n.cell.Changed()
-		if v := n.cell.Load(); v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if _, gone := n.cell.AwaitFunc(ctx, func(v *view.View) bool { return v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 }); !gone {
+		return ctx.Err()
 	}
+	return nil
 }
 
 // Rules returns the rules in force, default first.
@@ -484,17 +477,10 @@ const rulesWait = 5 * time.Second
 func (n *Node) awaitRules(ctx context.Context, ok func(*view.View) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, rulesWait)
 	defer cancel()
-	for {
-		ch := n.cell.Changed()
-		if v := n.cell.Load(); v != nil && ok(v) {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("%w: the rules were written but are not in force on this node yet", api.ErrUnavailable)
-		}
+	if _, in := n.cell.AwaitFunc(ctx, func(v *view.View) bool { return v != nil && ok(v) }); !in {
+		return fmt.Errorf("%w: the rules were written but are not in force on this node yet", api.ErrUnavailable)
 	}
+	return nil
 }
 
 // sameRules reports whether two rule sets are equal, in order.
@@ -542,21 +528,11 @@ func (n *Node) RouterView(context.Context) (*view.View, error) {
 // or afterRules (rules version), ctx ends, or wait passes: the long poll
 // of GET /v1/cluster/view?after=…, so routers follow a change at once.
 func (n *Node) WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait time.Duration) {
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	for {
-		ch := n.cell.Changed()
-		if v := n.cell.Load(); v != nil && (v.Epoch() > afterEpoch || v.RulesVersion > afterRules) {
-			return
-		}
-		select {
-		case <-ch:
-		case <-t.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	n.cell.AwaitFunc(ctx, func(v *view.View) bool {
+		return v != nil && (v.Epoch() > afterEpoch || v.RulesVersion > afterRules)
+	})
 }
 
 // Ready returns nil when this member has a leader, a ring, and is active

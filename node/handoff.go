@@ -278,6 +278,12 @@ func (n *Node) backupLoop() {
 	})
 }
 
+// pingEvery is the period of the leader's pings and of the members'
+// lease requests: DeadAfter/10, at most 250ms, at least 10ms.
+func (n *Node) pingEvery() time.Duration {
+	return max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
+}
+
 // leaderLease renews the leader's own lease while a quorum of voters
 // (itself included) answered its pings within the lease, and its ring
 // has caught up with its log.
@@ -319,7 +325,7 @@ func (n *Node) leaderLease(st *fsm.State, answered map[string]time.Time, now tim
 // leader marks it dead (DeadAfter) and the others take its partitions;
 // when it wakes, it answers only once its ring has caught up.
 func (n *Node) leaseLoop() {
-	every := max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
+	every := n.pingEvery()
 	lease := n.cfg.DeadAfter / 2
 	tick := time.NewTicker(every)
 	defer tick.Stop()
@@ -372,7 +378,7 @@ func (n *Node) viewCurrent() bool {
 // heartbeat failures are reported only after its transport's I/O timeout
 // (10s), far too late for DeadAfter, hence the pings.
 func (n *Node) detectLoop() {
-	every := max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
+	every := n.pingEvery()
 	timeout := max(n.cfg.DeadAfter/4, 20*time.Millisecond)
 	tick := time.NewTicker(every)
 	defer tick.Stop()

@@ -154,12 +154,6 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 // Partitions is the table's partition count.
 func (o *Owner) Partitions() int { return len(o.gates) }
 
-// View returns the owner's current view (nil before the first).
-func (o *Owner) View() *view.View { return o.cell.Load() }
-
-// Cell is where the owner's view is published.
-func (o *Owner) Cell() *view.Cell { return &o.cell }
-
 // Table is the owner's bucket table (tests, metrics).
 func (o *Owner) Table() *limiter.Table { return o.table }
 

@@ -150,9 +150,6 @@ func (r *Router) SetView(v *View) { r.cell.Store(v) }
 // View returns the current view, nil before the first SetView.
 func (r *Router) View() *View { return r.cell.Load() }
 
-// Cell is where the router's view is published (Follow stores into it).
-func (r *Router) Cell() *view.Cell { return &r.cell }
-
 // scratch is the per-call working memory, pooled.
 type scratch struct {
 	checks   []transport.Check

@@ -77,14 +77,20 @@ func (c *Client) Do(ctx context.Context, req *BatchRequest, resp *BatchResponse)
 	if len(req.Checks) > c.cfg.Limits.maxChecks() {
 		return &TooManyChecksError{Count: uint64(len(req.Checks)), Limit: c.cfg.Limits.maxChecks()}
 	}
+	return c.call(ctx, func(cc *clientConn) (bool, error) { return cc.do(ctx, req, resp) })
+}
+
+// call runs one round trip on a healthy connection; when the connection
+// broke before the frame left, it redials once and tries again.
+func (c *Client) call(ctx context.Context, rt func(*clientConn) (sent bool, err error)) error {
 	for attempt := 0; ; attempt++ {
 		cc, err := c.conn(ctx)
 		if err != nil {
 			return err
 		}
-		sent, err := cc.do(ctx, req, resp)
+		sent, err := rt(cc)
 		if err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
-			continue // the connection broke before this batch left: redial once
+			continue // the connection broke before this frame left: redial once
 		}
 		return err
 	}

@@ -206,17 +206,9 @@ func (c *Client) Push(ctx context.Context, p *Push, ack *PushAck) error {
 	if p == nil || ack == nil {
 		return errors.New("transport: Push with nil push or ack")
 	}
-	for attempt := 0; ; attempt++ {
-		cc, err := c.conn(ctx)
-		if err != nil {
-			return err
-		}
-		sent, err := cc.roundTrip(ctx, func(dst []byte, id uint64, _ int64) []byte { return AppendPush(dst, id, p) }, nil, ack, len(p.Parts))
-		if err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
-			continue
-		}
-		return err
-	}
+	return c.call(ctx, func(cc *clientConn) (bool, error) {
+		return cc.roundTrip(ctx, func(dst []byte, id uint64, _ int64) []byte { return AppendPush(dst, id, p) }, nil, ack, len(p.Parts))
+	})
 }
 
 // Push is Client.Push on the Client for addr.

@@ -45,13 +45,6 @@ func New(r *ring.Ring, seed uint64, list []limiter.Rule, rulesVersion uint64) *V
 	return v
 }
 
-// WithRing returns a copy of v with another ring (rules and seed shared).
-func (v *View) WithRing(r *ring.Ring) *View {
-	c := *v
-	c.Ring = r
-	return &c
-}
-
 // Epoch is the ring's epoch; 0 for a nil view.
 func (v *View) Epoch() uint64 {
 	if v == nil || v.Ring == nil {
@@ -110,22 +103,35 @@ func (c *Cell) Await(ctx context.Context, epoch, rulesVersion uint64, maxWait ti
 		return v != nil && v.Epoch() >= epoch && v.RulesVersion >= rulesVersion
 	}
 	if v := c.v.Load(); reached(v) {
-		return v
+		return v // the common case: no timer
 	}
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
+	v, _ := c.wait(ctx, t.C, reached)
+	return v
+}
+
+// AwaitFunc waits until ok holds for the current view (which may be nil)
+// or ctx is done, and returns the view then current and whether ok held.
+func (c *Cell) AwaitFunc(ctx context.Context, ok func(*View) bool) (*View, bool) {
+	return c.wait(ctx, nil, ok)
+}
+
+// wait re-evaluates ok at every Store until it holds, ctx is done or
+// timeout fires (nil: never).
+func (c *Cell) wait(ctx context.Context, timeout <-chan time.Time, ok func(*View) bool) (*View, bool) {
 	for {
 		ch := c.Changed()
 		v := c.v.Load()
-		if reached(v) {
-			return v
+		if ok(v) {
+			return v, true
 		}
 		select {
 		case <-ch:
-		case <-t.C:
-			return c.v.Load()
+		case <-timeout:
+			return c.v.Load(), false
 		case <-ctx.Done():
-			return c.v.Load()
+			return c.v.Load(), false
 		}
 	}
 }
