@@ -221,24 +221,57 @@ func (s *slots[V]) sweep(now int64, g *ruleSets) int {
 	return dropped
 }
 
-// sweepEnts drops the idle states of ents in place, in one pass: deleteAt
+// sweepEnts drops the idle states of ents and returns how many it
+// dropped. It first counts them. A few go one by one, in place: deleteAt
 // only pulls entries back into the hole it fills, never past the slot
 // being looked at, so an entry that moves is looked at again where it
-// lands (or it was looked at already, and is live).
+// lands (or it was looked at already, and is live). When many are idle —
+// the usual case for short-lived states, whose map fills with dead ones
+// between sweeps — each deleteAt would walk a long cluster, so the live
+// entries are set aside and placed again in the cleared array instead:
+// one pass over the array, not one walk per dead entry.
 func (s *slots[V]) sweepEnts(now int64, g *ruleSets) int {
 	if s.n == 0 {
 		return 0
 	}
-	dropped := 0
 	ents := s.ents
+	dead := 0
 	for i := range ents {
-		for ents[i].key != 0 && droppable(ents[i].val, ents[i].tag(), now, g) {
-			s.deleteAt(i)
-			dropped++
+		if ents[i].key != 0 && droppable(ents[i].val, ents[i].tag(), now, g) {
+			dead++
 		}
 	}
+	switch {
+	case dead == 0:
+		return 0
+	case dead*rebuildAbove < s.n:
+		dropped := 0
+		for i := range ents {
+			for ents[i].key != 0 && droppable(ents[i].val, ents[i].tag(), now, g) {
+				s.deleteAt(i)
+				dropped++
+			}
+		}
+		return dropped
+	}
+	live := make([]slot[V], 0, s.n-dead)
+	for _, e := range ents {
+		if e.key != 0 && !droppable(e.val, e.tag(), now, g) {
+			live = append(live, e)
+		}
+	}
+	clear(ents)
+	for _, e := range live {
+		s.place(e.key, e.val)
+	}
+	dropped := s.n - len(live)
+	s.n = len(live)
 	return dropped
 }
+
+// rebuildAbove: sweepEnts rebuilds the map when more than 1/rebuildAbove
+// of its entries are idle.
+const rebuildAbove = 8
 
 // resize moves the entries to c slots.
 func (s *slots[V]) resize(c int) {
