@@ -99,34 +99,47 @@ func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := t.sets.Load() // under the lock: see freeTag
+	return appendStream(dst, part, p.liveRecords(now, g), g, now)
+}
 
-	type rec struct {
-		kind byte
-		key  uint64
-		tag  uint8
-		tat  TAT
-		win  Window
-		log  *Log
-	}
-	var recs []rec
+// exportRec is one state on its way into a stream.
+type exportRec struct {
+	kind byte
+	key  uint64
+	tag  uint8
+	tat  TAT
+	win  Window
+	log  *Log
+}
+
+// liveRecords returns every state of p live at now, sorted by (kind, key).
+// The caller holds p.mu.
+func (p *partition) liveRecords(now int64, g *ruleSets) []exportRec {
+	var recs []exportRec
 	p.tats.all(func(k uint64, tag uint8, v TAT) {
 		if !droppable(v, tag, now, g) {
-			recs = append(recs, rec{kind: kindTAT, key: k, tag: tag, tat: v})
+			recs = append(recs, exportRec{kind: kindTAT, key: k, tag: tag, tat: v})
 		}
 	})
 	p.wins.all(func(k uint64, tag uint8, v Window) {
 		if !droppable(v, tag, now, g) {
-			recs = append(recs, rec{kind: kindWindow, key: k, tag: tag, win: v})
+			recs = append(recs, exportRec{kind: kindWindow, key: k, tag: tag, win: v})
 		}
 	})
 	for k, l := range p.logs {
 		if !droppableLog(l, now, g) { // drops the entries expired at now
-			recs = append(recs, rec{kind: kindLog, key: k, tag: l.tag, log: l})
+			recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
 		}
 	}
-	slices.SortFunc(recs, func(a, b rec) int {
+	slices.SortFunc(recs, func(a, b exportRec) int {
 		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
 	})
+	return recs
+}
+
+// appendStream appends the stream of recs (sorted by kind, then key) of
+// partition part at now.
+func appendStream(dst []byte, part uint32, recs []exportRec, g *ruleSets, now int64) []byte {
 	// The sets the records use, in version order, numbered from 1.
 	var ref [maxTags]uint64
 	for _, r := range recs {
@@ -216,6 +229,13 @@ func delta(at, now int64) uint64 {
 // later DeadAt and the larger of each count; for a Log the imported one.
 // When the sets differ, the state of the newer set is kept.
 func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
+	return t.importStream(part, src, now, false)
+}
+
+// importStream is Import; with replace, a state of the stream takes the
+// place of the one held under the same key, whatever either holds (see
+// ImportChanges).
+func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (n int, err error) {
 	if err := t.checkPart(part); err != nil {
 		return 0, err
 	}
@@ -241,6 +261,8 @@ func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 		switch ps := p.tats.find(e.key); {
 		case ps == nil:
 			p.tats.insert(e.key, tag, e.val, now, g)
+		case replace:
+			ps.val, ps.key = e.val, e.key|uint64(tag)
 		case ps.tag() == tag:
 			ps.val = max(ps.val, e.val)
 		case newer(tag, ps.tag()):
@@ -253,6 +275,8 @@ func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 		switch ps := p.wins.find(e.key); {
 		case ps == nil:
 			p.wins.insert(e.key, tag, e.val, now, g)
+		case replace:
+			ps.val, ps.key = e.val, e.key|uint64(tag)
 		case ps.tag() == tag:
 			ps.val = mergeWindow(ps.val, e.val)
 		case newer(tag, ps.tag()):
@@ -264,7 +288,7 @@ func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 	}
 	for _, e := range recs.logs {
 		e.l.tag = tags[e.set]
-		if old, ok := p.logs[e.key]; !ok || old.tag == e.l.tag || newer(e.l.tag, old.tag) {
+		if old, ok := p.logs[e.key]; replace || !ok || old.tag == e.l.tag || newer(e.l.tag, old.tag) {
 			p.logs[e.key] = e.l
 		}
 	}
