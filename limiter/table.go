@@ -57,6 +57,10 @@ type partition struct {
 	wins  slots[Window]   // guarded by mu
 	logs  map[uint64]*Log // guarded by mu; by slot key; never holds an empty log after Check
 	spare *Log            // guarded by mu; an empty Log for the next fresh key
+
+	changed    []uint64 // guarded by mu; slot keys written since ExportChanges (delta.go)
+	changedAll bool     // guarded by mu; too many to list: export the whole partition
+	track      bool     // set before use: checks note what they write (TrackChanges)
 }
 
 // NewTable returns an empty table of the given number of partitions,
@@ -170,9 +174,15 @@ func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 			p.tats.del(k)
 		}
 	case e != nil:
+		if p.track && (e.val != s || e.tag() != set.tag) {
+			p.noteChanged(k)
+		}
 		e.val, e.key = s, k|uint64(set.tag)
 	default:
 		p.tats.insert(k, set.tag, s, now, g)
+		if p.track {
+			p.noteChanged(k)
+		}
 	}
 	p.mu.Unlock()
 	return d, true
@@ -200,9 +210,15 @@ func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rul
 			p.wins.del(k)
 		}
 	case e != nil:
+		if p.track && (e.val != s || e.tag() != set.tag) {
+			p.noteChanged(k)
+		}
 		e.val, e.key = s, k|uint64(set.tag)
 	default:
 		p.wins.insert(k, set.tag, s, now, g)
+		if p.track {
+			p.noteChanged(k)
+		}
 	}
 	p.mu.Unlock()
 	return d, true
@@ -223,6 +239,9 @@ func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 		}
 	} else if l.tag != set.tag {
 		carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog)
+	}
+	if p.track && (cost > 0 || (ok && l.tag != set.tag)) {
+		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
 	}
 	l.tag = set.tag
 	d := l.Step(r, now, cost)
