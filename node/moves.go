@@ -138,7 +138,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		}
 	}
 	for _, p := range m.Unback {
-		o.backup.Drop(p)
+		o.dropBackup(p)
 	}
 	for p, how := range m.Gained {
 		switch how {
@@ -154,7 +154,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 	// The owners' backups may have changed: send every owned partition
 	// to its (possibly new) backup at the next backup round.
 	for _, p := range next.Ring.PartitionsOf(o.self) {
-		o.dirty[p].Store(true)
+		o.markWhole(p)
 	}
 	o.cell.Store(next)
 	return out
@@ -164,7 +164,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 // have none).
 func (o *Owner) promote(p uint32, now int64) {
 	data := o.backup.Export(nil, p, now)
-	o.backup.Drop(p)
+	o.dropBackup(p)
 	g := &o.gates[p]
 	g.Lock()
 	o.table.Drop(p)
@@ -172,7 +172,7 @@ func (o *Owner) promote(p uint32, now int64) {
 		o.log.Error("promoting a backup copy", "partition", p, "err", err)
 	}
 	o.setState(p, partServing)
-	o.dirty[p].Store(true)
+	o.markWhole(p)
 	g.Unlock()
 }
 
@@ -260,9 +260,9 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 		o.log.Error("hand-off does not decode", "partition", p, "err", err)
 		return transport.PushRejected
 	}
-	o.backup.Drop(p)
+	o.dropBackup(p)
 	o.setState(p, partServing)
-	o.dirty[p].Store(true)
+	o.markWhole(p)
 	return transport.PushOK
 }
 
@@ -273,18 +273,47 @@ func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, now int64) tran
 	if pt.Lost {
 		return transport.PushOK
 	}
-	// A backup copy replaces the previous one whole: states that went
-	// idle on the owner are gone from its export too.
-	o.backup.Drop(pt.Partition)
-	if _, err := o.backup.Import(pt.Partition, pt.Data, now); err != nil {
+	p := pt.Partition
+	if pt.Delta {
+		// The states changed since the owner's previous push replace
+		// ours; without a whole copy to apply them to, ask for one.
+		if !o.based[p].Load() {
+			return transport.PushRejected
+		}
+		if _, err := o.backup.ImportChanges(p, pt.Data, now); err != nil {
+			return transport.PushRejected
+		}
+		return transport.PushOK
+	}
+	// A whole copy replaces the previous one: states that went idle on
+	// the owner are gone from its export too.
+	o.dropBackup(p)
+	if _, err := o.backup.Import(p, pt.Data, now); err != nil {
 		return transport.PushRejected
 	}
+	o.based[p].Store(true)
 	return transport.PushOK
 }
 
+// dropBackup forgets our backup copy of partition p.
+func (o *Owner) dropBackup(p uint32) {
+	o.based[p].Store(false)
+	o.backup.Drop(p)
+}
+
+// markWhole makes the next backup round push all of partition p: its
+// backup member may have changed, or lost a push, or p's state came from
+// elsewhere (a hand-off, a promoted copy) rather than from checks.
+func (o *Owner) markWhole(p uint32) {
+	o.whole[p].Store(true)
+	o.dirty[p].Store(true)
+}
+
 // BackupPushes exports every changed partition this member owns and
-// serves, grouped by backup member, and clears their changed marks. The
-// caller sends them (and marks them dirty again if sending fails).
+// serves, grouped by backup member, and clears their changed marks: the
+// states changed since the previous push (a delta), or the whole
+// partition when markWhole asked for it. The caller sends them, and marks
+// them dirty again (MarkDirty) if sending fails.
 func (o *Owner) BackupPushes() map[string]*BackupBatch {
 	v := o.cell.Load()
 	if v == nil {
@@ -302,13 +331,13 @@ func (o *Owner) BackupPushes() map[string]*BackupBatch {
 			continue
 		}
 		o.dirty[p].Store(false)
-		data := o.table.Export(nil, p, now)
+		data, whole := o.table.ExportChanges(nil, p, now, o.whole[p].Swap(false))
 		bb := out[b.ID]
 		if bb == nil {
 			bb = &BackupBatch{To: b, Epoch: v.Epoch()}
 			out[b.ID] = bb
 		}
-		bb.Parts = append(bb.Parts, transport.PushPart{Partition: p, Data: data})
+		bb.Parts = append(bb.Parts, transport.PushPart{Partition: p, Delta: !whole, Data: data})
 	}
 	return out
 }
@@ -320,11 +349,12 @@ type BackupBatch struct {
 	Parts []transport.PushPart
 }
 
-// MarkDirty marks partitions to be pushed to their backup again.
+// MarkDirty marks partitions to be pushed to their backup again, whole:
+// a failed delta may have left the copy behind.
 func (o *Owner) MarkDirty(parts []transport.PushPart) {
 	for _, pt := range parts {
 		if int(pt.Partition) < len(o.dirty) {
-			o.dirty[pt.Partition].Store(true)
+			o.markWhole(pt.Partition)
 		}
 	}
 }

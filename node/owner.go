@@ -47,6 +47,8 @@ type Owner struct {
 	gates []sync.RWMutex // per partition: shared by checks, exclusive for moves
 	state []atomic.Uint32
 	dirty []atomic.Bool // changed since the last backup push
+	whole []atomic.Bool // the next backup push sends the whole partition (see markWhole)
+	based []atomic.Bool // backup copies: a whole copy arrived, so deltas may follow
 
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
@@ -142,13 +144,15 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
+	t.TrackChanges() // backups are pushed as deltas
 	b, _ := limiter.NewTable(partitions)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		gates: make([]sync.RWMutex, partitions), state: make([]atomic.Uint32, partitions),
-		dirty: make([]atomic.Bool, partitions), changed: make(chan struct{}), start: time.Now()}, nil
+		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
+		changed: make(chan struct{}), start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.

@@ -19,7 +19,7 @@ import (
 //	uvarint epoch: the ring epoch the sender made the push at
 //	uvarint length, bytes: the sender's member id
 //	uvarint number of parts n
-//	n ×     uvarint partition, u8 flags (1 = lost), uvarint length, bytes
+//	n ×     uvarint partition, u8 flags (1 = lost, 2 = delta), uvarint length, bytes
 //
 // FramePushResponse body:
 //
@@ -53,7 +53,12 @@ type PushPart struct {
 	// received it, or lost it in a crash): the receiver should recover it
 	// from its backup copy instead. Data is empty then.
 	Lost bool
-	Data []byte
+	// Delta says Data holds only the states changed since the sender's
+	// previous push of this partition to this receiver
+	// (limiter.Table.ExportChanges): the receiver replaces those states
+	// in the copy it holds, rather than replacing the copy.
+	Delta bool
+	Data  []byte
 }
 
 // Push is a batch of partitions sent to one member.
@@ -112,6 +117,9 @@ func AppendPush(dst []byte, id uint64, p *Push) []byte {
 		if pt.Lost {
 			flags |= 1
 		}
+		if pt.Delta {
+			flags |= 2
+		}
 		dst = append(dst, flags)
 		dst = binary.AppendUvarint(dst, uint64(len(pt.Data)))
 		dst = append(dst, pt.Data...)
@@ -151,10 +159,10 @@ func (l Limits) DecodePush(frame []byte, p *Push) (id uint64, err error) {
 		if r.err != nil {
 			return h.ID, r.err
 		}
-		if part > 1<<32-1 || flags > 1 {
+		if part > 1<<32-1 || flags > 2 {
 			return h.ID, malformed("bad push part header")
 		}
-		parts[i] = PushPart{Partition: uint32(part), Lost: flags&1 == 1, Data: slices.Clone(data)}
+		parts[i] = PushPart{Partition: uint32(part), Lost: flags&1 != 0, Delta: flags&2 != 0, Data: slices.Clone(data)}
 	}
 	if r.pos != len(frame) {
 		return h.ID, malformed("bytes after push parts")

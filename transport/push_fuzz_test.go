@@ -10,7 +10,7 @@ import (
 // re-encodes to a frame that decodes to the same push.
 func FuzzDecodePush(f *testing.F) {
 	f.Add(AppendPush(nil, 1, &Push{Kind: PushHandoff, Epoch: 7, From: "n1",
-		Parts: []PushPart{{Partition: 3, Data: []byte("abc")}, {Partition: 9, Lost: true}}}))
+		Parts: []PushPart{{Partition: 3, Data: []byte("abc")}, {Partition: 9, Lost: true}, {Partition: 4, Delta: true, Data: []byte("d")}}}))
 	f.Add(AppendPush(nil, 2, &Push{Kind: PushBackup, From: ""}))
 	f.Add(AppendPushAck(nil, 3, &PushAck{Status: []PushStatus{1, 2}}))
 	f.Add([]byte{})

@@ -1,0 +1,143 @@
+package node
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// deliver sends a's backup pushes to the member they are for and returns
+// the parts sent and their statuses.
+func deliver(t *testing.T, a *Owner, to map[string]*Owner) ([]transport.PushPart, []transport.PushStatus) {
+	t.Helper()
+	var parts []transport.PushPart
+	var sts []transport.PushStatus
+	for id, bb := range a.BackupPushes() {
+		push := &transport.Push{Kind: transport.PushBackup, Epoch: bb.Epoch, From: a.self, Parts: bb.Parts}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(bb.Parts))}
+		to[id].HandlePush(context.Background(), push, &ack)
+		for i, st := range ack.Status {
+			if st == transport.PushRejected {
+				a.MarkDirty(bb.Parts[i : i+1])
+			}
+		}
+		parts, sts = append(parts, bb.Parts...), append(sts, ack.Status...)
+	}
+	return parts, sts
+}
+
+// partBackedBy returns a key hash and partition that v gives to owner,
+// with backup as its backup.
+func partBackedBy(t *testing.T, v *view.View, owner, backup string) (uint64, uint32) {
+	t.Helper()
+	for h := uint64(1); h < 1<<20; h++ {
+		p := v.Ring.Partition(h)
+		o, _ := v.Ring.Owner(p)
+		b, _ := v.Ring.Backup(p)
+		if o.ID == owner && b.ID == backup {
+			return h, p
+		}
+	}
+	t.Fatalf("no partition of %s backed up by %s", owner, backup)
+	return 0, 0
+}
+
+// Backups go whole first, then as deltas of the changed states; a backup
+// promoted after its owner is gone holds every spend of both; a delta
+// that reaches a member without a whole copy is refused, and the owner
+// then sends the whole partition.
+func TestBackupDeltas(t *testing.T) {
+	newOwner := func(id string) *Owner {
+		o, err := NewOwner(id, 64, func() int64 { return 1e18 }, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	a, b := newOwner("a"), newOwner("b")
+	v1 := testView(t, 1, "a", "b")
+	alive := func(string) bool { return true }
+	a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
+	b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false, false))
+	a.ExpireAwaiting(a.AwaitingParts())
+	b.ExpireAwaiting(b.AwaitingParts())
+	owners := map[string]*Owner{"a": a, "b": b}
+
+	h1, p := partBackedBy(t, v1, "a", "b")
+	c1 := transport.Check{Rule: "r", KeyHash: h1, Partition: p, Cost: 2} // the whole limit of 2
+	if r := handle(a, 1, c1).Results[0]; !r.Allowed {
+		t.Fatalf("first spend: %+v", r)
+	}
+	parts, sts := deliver(t, a, owners)
+	var sawP bool
+	for i, pt := range parts {
+		if pt.Delta {
+			t.Fatalf("first round after a view: partition %d went as a delta", pt.Partition)
+		}
+		if sts[i] != transport.PushOK {
+			t.Fatalf("partition %d: %v", pt.Partition, sts[i])
+		}
+		sawP = sawP || pt.Partition == p
+	}
+	if !sawP {
+		t.Fatalf("partition %d not pushed", p)
+	}
+
+	// A second key of the same partition, then a delta carrying it alone.
+	h2 := h1 + 1
+	for v1.Ring.Partition(h2) != p {
+		h2++
+	}
+	c2 := transport.Check{Rule: "r", KeyHash: h2, Partition: p, Cost: 1}
+	if r := handle(a, 1, c2).Results[0]; !r.Allowed {
+		t.Fatalf("second key: %+v", r)
+	}
+	parts, sts = deliver(t, a, owners)
+	if len(parts) != 1 || parts[0].Partition != p || !parts[0].Delta || sts[0] != transport.PushOK {
+		t.Fatalf("second round: parts %+v, statuses %v; want one delta of partition %d taken", parts, sts, p)
+	}
+	if n := b.BackupTable().PartitionLen(p); n != 2 {
+		t.Fatalf("b's copy of %d holds %d states, want 2", p, n)
+	}
+	if parts, _ := deliver(t, a, owners); len(parts) != 0 {
+		t.Fatalf("nothing changed, yet %d parts pushed", len(parts))
+	}
+
+	// a is gone: b promotes its copy and knows both spends.
+	v2 := testView(t, 2, "b")
+	b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", func(id string) bool { return id == "b" }, false, false))
+	b.ExpireAwaiting(b.AwaitingParts())
+	if r := handle(b, 2, c1).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("key 1 at b after promotion: %+v, want denied (2 of 2 spent at a)", r)
+	}
+	c2.Cost = 2
+	if r := handle(b, 2, c2).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("key 2 at b after promotion: %+v, want a cost of 2 denied (1 of 2 spent at a)", r)
+	}
+
+	// A backup without a whole copy refuses a delta; the owner's next
+	// push is whole and taken.
+	c := newOwner("c")
+	v3 := testView(t, 3, "a", "c")
+	a2 := newOwner("a")
+	a2.Apply(v3, PlanMoves(nil, v3.Ring, "a", alive, false, false))
+	c.Apply(v3, PlanMoves(nil, v3.Ring, "c", alive, false, false))
+	a2.ExpireAwaiting(a2.AwaitingParts())
+	h3, p3 := partBackedBy(t, v3, "a", "c")
+	delta := transport.PushPart{Partition: p3, Delta: true, Data: a2.Table().Export(nil, p3, 1e18)}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	c.HandlePush(context.Background(), &transport.Push{Kind: transport.PushBackup, Epoch: 3, From: "a", Parts: []transport.PushPart{delta}}, &ack)
+	if ack.Status[0] != transport.PushRejected {
+		t.Fatalf("delta without a whole copy: %v, want rejected", ack.Status[0])
+	}
+	a2.MarkDirty([]transport.PushPart{delta})
+	handle(a2, 3, transport.Check{Rule: "r", KeyHash: h3, Partition: p3, Cost: 1})
+	parts, sts = deliver(t, a2, map[string]*Owner{"c": c})
+	for i, pt := range parts {
+		if pt.Partition == p3 && (pt.Delta || sts[i] != transport.PushOK) {
+			t.Fatalf("after a refused delta: %+v → %v, want whole and taken", pt, sts[i])
+		}
+	}
+}
