@@ -337,4 +337,5 @@ func (t *Table) Drop(part uint32) {
 	p.tats.reset()
 	p.wins.reset()
 	p.logs, p.spare = nil, nil
+	p.changed, p.changedAll = nil, false
 }
