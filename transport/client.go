@@ -220,7 +220,7 @@ func newClientConn(c *Client, nc net.Conn) *clientConn {
 	cc := &clientConn{
 		c:       c,
 		nc:      nc,
-		w:       newFrameWriter(nc, c.cfg.WriteTimeout, c.cfg.MaxPendingWrite),
+		w:       newFrameWriter(nc, c.cfg.WriteTimeout, c.cfg.MaxPendingWrite, false),
 		pending: make(map[uint64]*call),
 	}
 	cc.lastRead.Store(time.Now().UnixNano()) // silence counts from the dial

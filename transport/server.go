@@ -121,7 +121,7 @@ func (s *Server) track(nc net.Conn) {
 		s:    s,
 		nc:   nc,
 		lim:  s.cfg.Limits,
-		w:    newFrameWriter(nc, s.cfg.WriteTimeout, s.cfg.MaxPendingWrite),
+		w:    newFrameWriter(nc, s.cfg.WriteTimeout, s.cfg.MaxPendingWrite, true),
 		idle: make(chan *worker, s.cfg.MaxConcurrentBatches),
 	}
 	s.mu.Lock()
