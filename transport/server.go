@@ -223,6 +223,7 @@ type worker struct {
 	req      BatchRequest
 	resp     BatchResponse
 	out      []byte
+	ctx      batchCtx // the handler's context for a batch with a deadline
 }
 
 func (sc *serverConn) serve() {
@@ -349,7 +350,7 @@ func (sc *serverConn) idleWorker() *worker {
 	default:
 	}
 	if len(sc.workers) < cap(sc.idle) {
-		w := &worker{in: make(chan struct{}, 1)}
+		w := &worker{in: make(chan struct{}, 1), ctx: batchCtx{parent: sc.s.ctx, now: sc.s.now}}
 		sc.workers = append(sc.workers, w)
 		sc.workerWG.Add(1)
 		go sc.runWorker(w)
@@ -390,9 +391,9 @@ func (sc *serverConn) handle(w *worker) {
 	n := len(w.req.Checks)
 	ctx := sc.s.ctx
 	if w.deadline > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, w.received.Add(w.deadline))
-		defer cancel()
+		w.ctx.reset(w.received.Add(w.deadline))
+		defer w.ctx.retire()
+		ctx = &w.ctx
 	}
 	defer func() {
 		if p := recover(); p != nil {
