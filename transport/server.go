@@ -22,6 +22,10 @@ import (
 // while every worker is busy it stops reading, which pushes back on the
 // sender through TCP. Create one with NewServer; the zero value is not
 // usable.
+//
+// The context a Handler gets ends when its batch's budget is spent or the
+// server closes; the worker reuses it for its next batch, so a handler
+// must not keep it after it returns.
 type Server struct {
 	cfg ServerConfig
 	h   Handler
@@ -250,12 +254,20 @@ func (sc *serverConn) serve() {
 func (sc *serverConn) readLoop() error {
 	br := bufio.NewReaderSize(sc.nc, sc.s.cfg.ReadBufferSize)
 	var buf, ebuf []byte
+	var deadline time.Time // the read deadline in force
 	for {
 		if idle := sc.s.cfg.IdleTimeout; idle > 0 {
 			// The next frame, whole, must arrive within IdleTimeout. The
-			// check after setting it keeps shutdown's past deadline.
-			if err := sc.nc.SetReadDeadline(sc.s.now().Add(idle)); err != nil {
-				return err
+			// deadline is moved only when less than that is left of it
+			// (to IdleTimeout·17/16 from now), so a busy connection
+			// updates its runtime timer once per IdleTimeout/16, not per
+			// frame. The check after setting it keeps shutdown's past
+			// deadline; a deadline left in place keeps it too.
+			if now := sc.s.now(); deadline.Sub(now) < idle {
+				deadline = now.Add(idle + idle/16)
+				if err := sc.nc.SetReadDeadline(deadline); err != nil {
+					return err
+				}
 			}
 			if sc.s.inShutdown.Load() {
 				return net.ErrClosed
