@@ -427,8 +427,11 @@ func blockingHandler(entered chan<- struct{}) Handler {
 	})
 }
 
-// Closing the server under callers fails each with ErrConnClosed, and every
-// goroutine ends.
+// Closing the server under callers ends each call: with ErrConnClosed, or
+// with the answer its handler gave when the close ended its context (a
+// worker that finds the writer idle writes that answer at once, so it may
+// beat the close of the connection) — never a success. Every goroutine
+// ends.
 func TestServerClosedMidFlight(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) }) // runs after the other cleanups
 	const callers = 16
@@ -437,17 +440,34 @@ func TestServerClosedMidFlight(t *testing.T) {
 	c := dial(t, ts.addr, DefaultClientConfig())
 	ctx := testCtx(t)
 
-	errc := make(chan error, callers)
+	type outcome struct {
+		err  error
+		resp *BatchResponse
+	}
+	done := make(chan outcome, callers)
 	for range callers {
-		go func() { errc <- c.Do(ctx, batchOf(10, "r"), new(BatchResponse)) }()
+		go func() {
+			resp := new(BatchResponse)
+			err := c.Do(ctx, batchOf(10, "r"), resp)
+			done <- outcome{err, resp}
+		}()
 	}
 	for range callers {
 		<-entered
 	}
 	ts.stop(t)
 	for range callers {
-		if err := <-errc; !errors.Is(err, ErrConnClosed) {
-			t.Errorf("Do while the server closed = %v, want ErrConnClosed", err)
+		o := <-done
+		if o.err != nil {
+			if !errors.Is(o.err, ErrConnClosed) {
+				t.Errorf("Do while the server closed = %v, want ErrConnClosed", o.err)
+			}
+			continue
+		}
+		for i, r := range o.resp.Results {
+			if r.Status != StatusUnavailable {
+				t.Errorf("Do while the server closed answered result %d %v, want UNAVAILABLE (the handler's answer at close)", i, r.Status)
+			}
 		}
 	}
 	if err := c.Do(ctx, batchOf(1, "r"), new(BatchResponse)); err == nil {
