@@ -49,7 +49,7 @@ func BenchmarkRouterCheck(b *testing.B) {
 		for _, batch := range []int{1, 100} {
 			for _, par := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%s/batch=%d/goroutines=%d", where.name, batch, par), func(b *testing.B) {
-					var next atomic.Int64
+					var next, degraded atomic.Int64
 					var mu sync.Mutex
 					var lat []time.Duration // every call's latency, for p50/p99
 					b.SetParallelism(par)   // × GOMAXPROCS
@@ -65,11 +65,14 @@ func BenchmarkRouterCheck(b *testing.B) {
 							}
 							start := time.Now()
 							if err := ss[0].Router.Check(context.Background(), reqs, out); err != nil {
-								b.Fatal(err)
+								b.Error(err) // Fatal may not be called from RunParallel's goroutines
+								return
 							}
 							mine = append(mine, time.Since(start))
-							if out[0].Degraded {
-								b.Fatal("degraded answer")
+							for i := range out[:batch] {
+								if out[i].Degraded { // an owner late past the forward timeout: a starved machine
+									degraded.Add(1)
+								}
 							}
 						}
 						mu.Lock()
@@ -78,6 +81,10 @@ func BenchmarkRouterCheck(b *testing.B) {
 					})
 					b.StopTimer()
 					b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "checks/s")
+					b.ReportMetric(float64(degraded.Load())/float64(b.N*batch), "degraded/check")
+					if len(lat) == 0 {
+						return
+					}
 					slices.Sort(lat)
 					b.ReportMetric(float64(lat[len(lat)/2])/1e3, "p50-µs")
 					b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-µs")
