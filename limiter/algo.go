@@ -321,6 +321,17 @@ func (l *Log) push(e logEntry, limit int) {
 
 // Step decides a sliding_log check and updates the log in place.
 func (l *Log) Step(r *Rule, now, cost int64) Decision {
+	d := l.decide(r, now, cost)
+	if d.Allowed && cost > 0 {
+		d = l.admit(r, now, cost, d)
+	}
+	return d
+}
+
+// decide is Step without its admission: it expires the entries that have
+// left the window (which changes no decision) and decides, as if nothing
+// were admitted (Remaining and ResetAfter as a query would see them).
+func (l *Log) decide(r *Rule, now, cost int64) Decision {
 	l.expire(now)
 	want := max(cost, 1)
 	sum := int64(l.sum)
@@ -336,18 +347,30 @@ func (l *Log) Step(r *Rule, now, cost int64) Decision {
 				break
 			}
 		}
-	} else if cost > 0 {
-		exp := now + int64(r.Period)
-		if l.n > 0 {
-			exp = max(exp, l.at(int(l.n)-1).exp) // keep arrival order if time went back
-		}
-		l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
 	}
+	l.figures(r, now, &d)
+	return d
+}
+
+// admit records the admission of cost > 0 that decide allowed as d, and
+// returns d with the figures after it.
+func (l *Log) admit(r *Rule, now, cost int64, d Decision) Decision {
+	exp := now + int64(r.Period)
+	if l.n > 0 {
+		exp = max(exp, l.at(int(l.n)-1).exp) // keep arrival order if time went back
+	}
+	l.push(logEntry{exp: exp, cost: cost}, int(r.Limit))
+	l.figures(r, now, &d)
+	return d
+}
+
+// figures sets d's Remaining and ResetAfter from the log as it is.
+func (l *Log) figures(r *Rule, now int64, d *Decision) {
 	d.Remaining = max(r.Limit-int64(l.sum), 0) // sum > Limit only after the rule shrank
+	d.ResetAfter = 0
 	if l.n > 0 {
 		d.ResetAfter = time.Duration(l.at(int(l.n)-1).exp - now)
 	}
-	return d
 }
 
 // 128-bit helpers for the sliding window's exact comparisons.

@@ -108,33 +108,43 @@ func (t *Table) checkPart(part uint32) error {
 // never registered with SetRules one wrapping ErrVersion; on any error
 // nothing is spent.
 func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Decision, error) {
-	if err := t.checkPart(part); err != nil {
+	if err := t.checkItem(part, r, cost); err != nil {
 		return Decision{}, err
-	}
-	if err := r.CheckCost(cost); err != nil {
-		return Decision{}, err
-	}
-	if r.Limit <= 0 || r.Period <= 0 { // what the steps divide by
-		return Decision{}, fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
 	}
 	p := &t.parts[part]
-	k := slotKey(bucket)
-	var d Decision
-	var ok bool
-	switch {
-	case r.Algorithm.tat():
-		d, ok = p.checkTAT(&t.sets, k, r, now, cost)
-	case r.Algorithm.window():
-		d, ok = p.checkWindow(&t.sets, k, r, now, cost)
-	case r.Algorithm == SlidingLog:
-		d, ok = p.checkLog(&t.sets, k, r, now, cost)
-	default:
-		return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+	// Unlocked without defer (it costs ~10% of a check): nothing between
+	// Lock and Unlock can panic once checkItem has seen Limit and Period
+	// positive, which is all the steps divide by.
+	p.mu.Lock()
+	g, set := setOf(&t.sets, r.Version)
+	if set == nil {
+		p.mu.Unlock()
+		return Decision{}, versionError(r)
 	}
-	if !ok {
-		return Decision{}, fmt.Errorf("%w: rule %q has version %d", ErrVersion, r.Name, r.Version)
-	}
+	d := p.decideLocked(g, set, slotKey(bucket), r, now, cost, true)
+	p.mu.Unlock()
 	return d, nil
+}
+
+// checkItem validates what Check and CheckGroup validate before locking.
+func (t *Table) checkItem(part uint32, r *Rule, cost int64) error {
+	if err := t.checkPart(part); err != nil {
+		return err
+	}
+	if err := r.CheckCost(cost); err != nil {
+		return err
+	}
+	if r.Limit <= 0 || r.Period <= 0 { // what the steps divide by
+		return fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
+	}
+	if !r.Algorithm.tat() && !r.Algorithm.window() && r.Algorithm != SlidingLog {
+		return fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+	}
+	return nil
+}
+
+func versionError(r *Rule) error {
+	return fmt.Errorf("%w: rule %q has version %d", ErrVersion, r.Name, r.Version)
 }
 
 // setOf returns the rule sets and the set of version v, or nil. Checks
@@ -147,18 +157,25 @@ func setOf(sets *atomic.Pointer[ruleSets], v uint64) (*ruleSets, *ruleSet) {
 	return g, g.lookup(v)
 }
 
-// The checks unlock without defer (it costs ~10% of a check): nothing
-// between Lock and Unlock can panic once Check has seen Limit and Period
-// positive, which is all the steps divide by. They report false, and do
-// nothing, when r.Version is not registered.
-
-func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
-	p.mu.Lock()
-	g, set := setOf(sets, r.Version)
-	if set == nil {
-		p.mu.Unlock()
-		return Decision{}, false
+// decideLocked is the one core of Check and CheckGroup: it decides a
+// check of cost on slot key k under r, whose set is set, at now. With
+// commit it keeps the new state as Check documents; without, it only
+// decides and stores nothing a decision depends on (a sliding log may
+// still be carried over and expired in place, which changes no decision,
+// and an empty one is dropped). p.mu must be held; the algorithm is
+// known (checkItem).
+func (p *partition) decideLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
+	switch {
+	case r.Algorithm.tat():
+		return p.tatLocked(g, set, k, r, now, cost, commit)
+	case r.Algorithm.window():
+		return p.windowLocked(g, set, k, r, now, cost, commit)
+	default:
+		return p.logLocked(g, set, k, r, now, cost, commit)
 	}
+}
+
+func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
 	var s TAT
 	e := p.tats.find(k)
 	if e != nil {
@@ -169,6 +186,7 @@ func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 	}
 	s, d := StepTAT(s, r, now, cost)
 	switch {
+	case !commit:
 	case droppable(s, set.tag, now, g):
 		if e != nil {
 			p.tats.del(k)
@@ -184,17 +202,10 @@ func (p *partition) checkTAT(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 			p.noteChanged(k)
 		}
 	}
-	p.mu.Unlock()
-	return d, true
+	return d
 }
 
-func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
-	p.mu.Lock()
-	g, set := setOf(sets, r.Version)
-	if set == nil {
-		p.mu.Unlock()
-		return Decision{}, false
-	}
+func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
 	var s Window
 	e := p.wins.find(k)
 	if e != nil {
@@ -205,6 +216,7 @@ func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rul
 	}
 	s, d := StepWindow(s, r, now, cost)
 	switch {
+	case !commit:
 	case droppable(s, set.tag, now, g):
 		if e != nil {
 			p.wins.del(k)
@@ -220,17 +232,10 @@ func (p *partition) checkWindow(sets *atomic.Pointer[ruleSets], k uint64, r *Rul
 			p.noteChanged(k)
 		}
 	}
-	p.mu.Unlock()
-	return d, true
+	return d
 }
 
-func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, now, cost int64) (Decision, bool) {
-	p.mu.Lock()
-	g, set := setOf(sets, r.Version)
-	if set == nil {
-		p.mu.Unlock()
-		return Decision{}, false
-	}
+func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
 	l, ok := p.logs[k]
 	if !ok {
 		l = p.spare
@@ -244,7 +249,10 @@ func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
 	}
 	l.tag = set.tag
-	d := l.Step(r, now, cost)
+	d := l.decide(r, now, cost)
+	if commit && d.Allowed && cost > 0 {
+		d = l.admit(r, now, cost, d)
+	}
 	switch {
 	case l.n == 0:
 		if ok {
@@ -258,8 +266,7 @@ func (p *partition) checkLog(sets *atomic.Pointer[ruleSets], k uint64, r *Rule, 
 		p.logs[k] = l
 		p.spare = nil
 	}
-	p.mu.Unlock()
-	return d, true
+	return d
 }
 
 // convertLog and adoptLog are Log.Convert and Log.Adopt in the shape
