@@ -479,3 +479,39 @@ func (s *slots[V]) probeLengths() (hit, miss float64) {
 	}
 	return float64(hits) / float64(s.n), float64(misses) / float64(c)
 }
+
+// BenchmarkTableCheckGroup decides groups of two token buckets of one
+// key (two rules, one partition, as Envoy RLS and the gateway send
+// them) and of two keys on different partitions; per group, so compare
+// with two Checks.
+func BenchmarkTableCheckGroup(b *testing.B) {
+	r := benchRules["token_bucket"]
+	r2 := *r
+	r2.Name = "tb2"
+	f := fixture(b, "check/token_bucket", func() *tableFixture { return newTableFixture(r, benchKeys, 1) })
+	for _, tt := range []struct {
+		name  string
+		other func(k int) (uint32, uint64)
+	}{
+		{"same_partition", func(k int) (uint32, uint64) { return f.parts[k], f.buckets[k] ^ 0x5a5a5a5a5a5a5a00 }},
+		{"two_partitions", func(k int) (uint32, uint64) { k2 := (k + 1) % benchKeys; return f.parts[k2], f.buckets[k2] }},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			now := f.now.Load()
+			items, out := make([]Item, 2), make([]Decision, 2)
+			c := startCPU(b)
+			for i := range b.N {
+				k := i % benchKeys
+				now += benchTick
+				p2, b2 := tt.other(k)
+				items[0] = Item{f.parts[k], f.buckets[k], r, 1}
+				items[1] = Item{p2, b2, &r2, 1}
+				if _, err := f.t.CheckGroup(items, now, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c.stop(b)
+			f.now.Store(now)
+		})
+	}
+}
