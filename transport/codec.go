@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Wire format, versions 1 and 2. All fixed-width integers are little-endian;
+// Wire format, versions 1 to 5. All fixed-width integers are little-endian;
 // "uvarint" is encoding/binary's unsigned varint and "varint" its zig-zag
 // signed varint.
 //
@@ -46,6 +46,22 @@ import (
 //
 // so two checks of one name with different inline rules get two entries.
 //
+// Version 5 is used only for a FrameBatchRequest in which some check is
+// joined with the one before it (Check.Joined): a peer that predates
+// groups refuses the frame (UnsupportedVersionError) rather than decide
+// a group's checks one by one. Right after the header it has a flags
+// byte, and then the body as above:
+//
+//	u8      flags: bit 0 = the name table is inline (as in version 2),
+//	        bit 1 = a rules version follows the epoch (as in version 3),
+//	        bit 2 = joined: each check's name index is written as
+//	        index<<1 | joined (1 when the check joins the group of the
+//	        check before it); the other bits must be 0
+//
+// The first check of a frame must not be joined. A batch without joined
+// checks is written as before (versions 1 to 4), byte for byte; new
+// request options are meant to take further flag bits, not versions.
+//
 // FrameBatchResponse body:
 //
 //	uvarint epoch
@@ -71,9 +87,18 @@ const (
 	InlineRulesVersionVersion uint8 = 4
 )
 
-// inlineNames reports whether a request frame of version v has an inline
-// name table.
-func inlineNames(v uint8) bool { return v == InlineVersion || v == InlineRulesVersionVersion }
+// JoinedVersion is the version byte of a FrameBatchRequest with joined
+// checks (Check.Joined); its flags byte says which options it uses.
+// Accepted for that frame type only.
+const JoinedVersion uint8 = 5
+
+// The flags of a version-5 request.
+const (
+	flagInline       = 1 << 0
+	flagRulesVersion = 1 << 1
+	flagJoined       = 1 << 2
+	knownFlags       = flagInline | flagRulesVersion | flagJoined
+)
 
 // HeaderSize is the size of the fixed frame header, length prefix included.
 const HeaderSize = 14
@@ -228,7 +253,7 @@ func (l Limits) ParseHeader(frame []byte) (Header, error) {
 		return Header{}, &FrameTooLargeError{Size: size, Limit: l.maxFrame()}
 	}
 	h := Header{Version: frame[4], Type: FrameType(frame[5]), ID: binary.LittleEndian.Uint64(frame[6:])}
-	if h.Version != ProtocolVersion && (h.Version < InlineVersion || h.Version > InlineRulesVersionVersion || h.Type != FrameBatchRequest) {
+	if h.Version != ProtocolVersion && (h.Version < InlineVersion || h.Version > JoinedVersion || h.Type != FrameBatchRequest) {
 		return h, &UnsupportedVersionError{Version: h.Version}
 	}
 	if !h.Type.known() {
@@ -265,31 +290,29 @@ func finish(dst []byte, start int) []byte {
 // not checked against any Limits; the caller compares its length with
 // MaxFrameSize. Frames above 4 GiB cannot be represented.
 func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest) []byte {
+	var inline uint8
+	joined := false
 	for i := range req.Checks {
-		if req.Checks[i].Inline.Algorithm != 0 {
-			return appendInlineBatchRequest(dst, id, deadline, req)
-		}
+		c := &req.Checks[i]
+		inline |= c.Inline.Algorithm
+		joined = joined || c.Joined
+	}
+	if inline != 0 {
+		return appendInlineBatchRequest(dst, id, deadline, req, joined)
 	}
 	start := len(dst)
-	dst = slices.Grow(dst, HeaderSize+3*binary.MaxVarintLen64+4+len(req.Checks)*20+16)
-	dst = appendHeader(dst, FrameBatchRequest, id)
-	if deadline < 0 {
-		deadline = 1
-	}
-	dst = binary.AppendUvarint(dst, uint64(deadline))
-	dst = binary.AppendUvarint(dst, req.Epoch)
-	if req.RulesVersion != 0 {
-		dst[start+4] = RulesVersionVersion
-		dst = binary.AppendUvarint(dst, req.RulesVersion)
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(req.Checks)))
-	offAt := len(dst)
-	dst = append(dst, 0, 0, 0, 0)
+	dst = slices.Grow(dst, HeaderSize+1+4*binary.MaxVarintLen64+4+len(req.Checks)*20+16)
+	dst = appendRequestHead(dst, id, deadline, req, false, joined)
+	offAt := len(dst) - 4
 
 	var t nameTable
 	for i := range req.Checks {
 		c := &req.Checks[i]
-		dst = binary.AppendUvarint(dst, uint64(t.lookup(c.Rule)))
+		idx := uint64(t.lookup(c.Rule))
+		if joined {
+			idx = joinedIndex(idx, c.Joined)
+		}
+		dst = binary.AppendUvarint(dst, idx)
 		dst = binary.LittleEndian.AppendUint64(dst, c.KeyHash)
 		dst = binary.AppendUvarint(dst, uint64(c.Partition))
 		dst = binary.AppendUvarint(dst, c.Cost)
@@ -307,30 +330,66 @@ func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *Batc
 	return finish(dst, start)
 }
 
-// appendInlineBatchRequest is AppendBatchRequest for a batch with inline
-// rules: a version-2 frame whose name table holds (name, rule) pairs.
-// Inline rules are rare enough (Envoy RLS) that a map is fine here.
-func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest) []byte {
-	type entry struct {
-		name string
-		rule InlineRule
-	}
+// appendRequestHead appends a request frame's header (its version chosen
+// by the options the batch uses), flags byte (version 5), deadline,
+// epoch, rules version, check count and a zero name table offset, which
+// the caller fills in (the last 4 bytes).
+func appendRequestHead(dst []byte, id uint64, deadline time.Duration, req *BatchRequest, inline, joined bool) []byte {
 	start := len(dst)
-	dst = slices.Grow(dst, HeaderSize+3*binary.MaxVarintLen64+4+len(req.Checks)*20+64)
 	dst = appendHeader(dst, FrameBatchRequest, id)
-	dst[start+4] = InlineVersion
+	switch {
+	case joined:
+		dst[start+4] = JoinedVersion
+		flags := byte(flagJoined)
+		if inline {
+			flags |= flagInline
+		}
+		if req.RulesVersion != 0 {
+			flags |= flagRulesVersion
+		}
+		dst = append(dst, flags)
+	case inline && req.RulesVersion != 0:
+		dst[start+4] = InlineRulesVersionVersion
+	case inline:
+		dst[start+4] = InlineVersion
+	case req.RulesVersion != 0:
+		dst[start+4] = RulesVersionVersion
+	}
 	if deadline < 0 {
 		deadline = 1
 	}
 	dst = binary.AppendUvarint(dst, uint64(deadline))
 	dst = binary.AppendUvarint(dst, req.Epoch)
 	if req.RulesVersion != 0 {
-		dst[start+4] = InlineRulesVersionVersion
 		dst = binary.AppendUvarint(dst, req.RulesVersion)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(req.Checks)))
-	offAt := len(dst)
-	dst = append(dst, 0, 0, 0, 0)
+	return append(dst, 0, 0, 0, 0)
+}
+
+// joinedIndex is a version-5 name index word: the index and the check's
+// Joined bit.
+func joinedIndex(idx uint64, joined bool) uint64 {
+	idx <<= 1
+	if joined {
+		idx |= 1
+	}
+	return idx
+}
+
+// appendInlineBatchRequest is AppendBatchRequest for a batch with inline
+// rules: a version-2 frame (5 with joined checks) whose name table holds
+// (name, rule) pairs. Inline rules are rare enough (Envoy RLS) that a map
+// is fine here.
+func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest, joined bool) []byte {
+	type entry struct {
+		name string
+		rule InlineRule
+	}
+	start := len(dst)
+	dst = slices.Grow(dst, HeaderSize+1+4*binary.MaxVarintLen64+4+len(req.Checks)*20+64)
+	dst = appendRequestHead(dst, id, deadline, req, true, joined)
+	offAt := len(dst) - 4
 	index := make(map[entry]uint32)
 	var entries []entry
 	for i := range req.Checks {
@@ -345,7 +404,11 @@ func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req
 			index[e] = idx
 			entries = append(entries, e)
 		}
-		dst = binary.AppendUvarint(dst, uint64(idx))
+		w := uint64(idx)
+		if joined {
+			w = joinedIndex(w, c.Joined)
+		}
+		dst = binary.AppendUvarint(dst, w)
 		dst = binary.LittleEndian.AppendUint64(dst, c.KeyHash)
 		dst = binary.AppendUvarint(dst, uint64(c.Partition))
 		dst = binary.AppendUvarint(dst, c.Cost)
@@ -434,10 +497,24 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 		return h.ID, 0, err
 	}
 	r := reader{b: frame, pos: HeaderSize}
+	var flags byte
+	switch h.Version {
+	case InlineVersion:
+		flags = flagInline
+	case RulesVersionVersion:
+		flags = flagRulesVersion
+	case InlineRulesVersionVersion:
+		flags = flagInline | flagRulesVersion
+	case JoinedVersion:
+		if flags = r.byte(); flags&^knownFlags != 0 && r.err == nil {
+			return h.ID, 0, malformed(fmt.Sprintf("unknown request flags %#x", flags))
+		}
+	}
+	inline, joined := flags&flagInline != 0, flags&flagJoined != 0
 	dl := r.uvarint()
 	epoch := r.uvarint()
 	var rulesVersion uint64
-	if h.Version >= RulesVersionVersion {
+	if flags&flagRulesVersion != 0 {
 		rulesVersion = r.uvarint()
 	}
 	n := r.uvarint()
@@ -461,7 +538,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	if n > uint64(off-r.pos)/minCheckSize { // no allocation before this check
 		return h.ID, 0, malformed(fmt.Sprintf("%d checks cannot fit in %d bytes", n, off-r.pos))
 	}
-	nn, err := req.decodeNames(frame, off, n, inlineNames(h.Version))
+	nn, err := req.decodeNames(frame, off, n, inline)
 	if err != nil {
 		return h.ID, 0, err
 	}
@@ -473,7 +550,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	checks = checks[:n]
 	names := req.names[:nn]
 	var inlines []InlineRule // nil in version-1 frames
-	if inlineNames(h.Version) {
+	if inline {
 		inlines = req.inlines[:nn]
 	}
 	// The hot loop: position in a local, one-byte varints inline.
@@ -497,13 +574,20 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 		} else if cost, pos, err = uvarintAt(b, pos); err != nil {
 			return h.ID, 0, err
 		}
+		var j bool
+		if joined {
+			j, idx = idx&1 == 1, idx>>1
+			if j && i == 0 {
+				return h.ID, 0, malformed("the first check is joined to no check before it")
+			}
+		}
 		if idx >= uint64(len(names)) {
 			return h.ID, 0, malformed("rule name index out of range")
 		}
 		if part > math.MaxUint32 {
 			return h.ID, 0, malformed("partition overflows 32 bits")
 		}
-		checks[i] = Check{Rule: names[idx], KeyHash: keyHash, Partition: uint32(part), Cost: cost}
+		checks[i] = Check{Rule: names[idx], KeyHash: keyHash, Partition: uint32(part), Cost: cost, Joined: j}
 		if inlines != nil {
 			checks[i].Inline = inlines[idx]
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -21,6 +22,7 @@ func genRequest(t *rapid.T) BatchRequest {
 		rules = rules[:min(len(rules), 3)]
 	}
 	inline := rapid.Bool().Draw(t, "inline") // some batches carry inline rules (version 2)
+	joined := rapid.Bool().Draw(t, "joined") // some batches have groups (version 5)
 	check := rapid.Custom(func(t *rapid.T) Check {
 		c := Check{
 			Rule:      rapid.SampledFrom(rules).Draw(t, "rule"),
@@ -37,12 +39,22 @@ func genRequest(t *rapid.T) BatchRequest {
 				Burst:       rapid.Int64().Draw(t, "burst"),
 			}
 		}
+		if joined {
+			c.Joined = rapid.Bool().Draw(t, "joinedCheck")
+		}
 		return c
 	})
-	return BatchRequest{
+	req := BatchRequest{
 		Epoch:  rapid.Uint64().Draw(t, "epoch"),
 		Checks: rapid.SliceOfN(check, 0, 200).Draw(t, "checks"),
 	}
+	if len(req.Checks) > 0 {
+		req.Checks[0].Joined = false // the first check has no group to join
+	}
+	if rapid.Bool().Draw(t, "hasRulesVersion") {
+		req.RulesVersion = rapid.Uint64().Draw(t, "rulesVersion")
+	}
+	return req
 }
 
 func genResponse(t *rapid.T) BatchResponse {
@@ -290,6 +302,11 @@ func TestDecodeMalformed(t *testing.T) {
 	respTooMany := frameWith(ProtocolVersion, FrameBatchResponse, binary.AppendUvarint([]byte{0}, 1<<20))
 	withInline := AppendBatchRequest(nil, 9, 0, &BatchRequest{Checks: []Check{{Rule: "rls:x", Inline: InlineRule{Algorithm: 4, Limit: 5, Period: time.Second}}}})
 	inlineCut := withInline[:len(withInline)-1]
+	joined := AppendBatchRequest(nil, 9, 0, &BatchRequest{Checks: []Check{{Rule: "a"}, {Rule: "a", Joined: true}}})
+	firstJoined := bytes.Clone(joined)
+	firstJoined[HeaderSize+1+1+1+1+4] |= 1 // flags, deadline, epoch, count, offset: the first name index
+	unknownFlags := bytes.Clone(joined)
+	unknownFlags[HeaderSize] |= 0x80
 	binary.LittleEndian.PutUint32(inlineCut, uint32(len(inlineCut)-lenPrefix))
 
 	tests := []struct {
@@ -317,6 +334,9 @@ func TestDecodeMalformed(t *testing.T) {
 		{name: "too many results", frame: respTooMany, resp: true, as: new(*TooManyChecksError)},
 		{name: "version 2 response", frame: frameWith(InlineVersion, FrameBatchResponse, validResp[HeaderSize:]), resp: true, as: new(*UnsupportedVersionError)},
 		{name: "inline rule cut short", frame: inlineCut},
+		{name: "first check joined", frame: firstJoined},
+		{name: "unknown flags", frame: unknownFlags},
+		{name: "version 5 response", frame: frameWith(JoinedVersion, FrameBatchResponse, validResp[HeaderSize:]), resp: true, as: new(*UnsupportedVersionError)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -523,5 +543,61 @@ func TestInlineRulesVersionTheFrame(t *testing.T) {
 	}
 	if !sameChecks(got.Checks, plain.Checks) {
 		t.Fatalf("version 1 after version 2 decoded %+v, want %+v", got.Checks, plain.Checks)
+	}
+}
+
+// Joined checks make a version-5 frame whose flags byte names the
+// options the batch uses (inline rules, rules version), and round-trip;
+// the same batch with no joined check is the version 1 to 4 frame it
+// always was, and a version-5 frame decoded into a request leaves no
+// Joined behind for the next frame.
+func TestJoinedChecksVersionTheFrame(t *testing.T) {
+	ir := InlineRule{Algorithm: 4, FailureMode: 1, Limit: 10, Period: time.Minute}
+	for _, tt := range []struct {
+		inline    bool
+		rv        uint64
+		unjoined  uint8
+		wantFlags byte
+	}{
+		{false, 0, ProtocolVersion, flagJoined},
+		{true, 0, InlineVersion, flagJoined | flagInline},
+		{false, 9, RulesVersionVersion, flagJoined | flagRulesVersion},
+		{true, 9, InlineRulesVersionVersion, flagJoined | flagInline | flagRulesVersion},
+	} {
+		req := &BatchRequest{Epoch: 7, RulesVersion: tt.rv, Checks: []Check{
+			{Rule: "a", KeyHash: 1, Partition: 1, Cost: 1},
+			{Rule: "b", KeyHash: 1, Partition: 1, Cost: 1, Joined: true},
+			{Rule: "a", KeyHash: 2, Partition: 2, Cost: 2},
+			{Rule: "c", KeyHash: 3, Partition: 3, Cost: 3},
+			{Rule: "a", KeyHash: 3, Partition: 3, Cost: 3, Joined: true},
+			{Rule: "b", KeyHash: 3, Partition: 3, Cost: 3, Joined: true},
+		}}
+		if tt.inline {
+			req.Checks[3].Inline = ir
+		}
+		frame := AppendBatchRequest(nil, 1, time.Second, req)
+		if frame[4] != JoinedVersion || frame[HeaderSize] != tt.wantFlags {
+			t.Errorf("inline %v, rules version %d: version %d flags %#x; want %d, %#x", tt.inline, tt.rv, frame[4], frame[HeaderSize], JoinedVersion, tt.wantFlags)
+		}
+		var got BatchRequest
+		if _, dl, err := DecodeBatchRequest(frame, &got); err != nil || dl != time.Second || got.RulesVersion != tt.rv || !sameChecks(got.Checks, req.Checks) {
+			t.Fatalf("inline %v: decoded %+v (%v, %v), want %+v", tt.inline, got, dl, err, req)
+		}
+		plain := &BatchRequest{Epoch: req.Epoch, RulesVersion: req.RulesVersion, Checks: slices.Clone(req.Checks)}
+		for i := range plain.Checks {
+			plain.Checks[i].Joined = false
+		}
+		old := AppendBatchRequest(nil, 1, time.Second, plain)
+		if old[4] != tt.unjoined {
+			t.Errorf("inline %v, rules version %d, no joined check: version %d, want %d", tt.inline, tt.rv, old[4], tt.unjoined)
+		}
+		// The unjoined frame is the joined one without its flags byte
+		// and with each name index halved (all indexes here are small).
+		if len(old) != len(frame)-1 {
+			t.Errorf("unjoined frame %d bytes, joined %d: want one byte less", len(old), len(frame))
+		}
+		if _, _, err := DecodeBatchRequest(old, &got); err != nil || !sameChecks(got.Checks, plain.Checks) {
+			t.Fatalf("unjoined after joined decoded %+v (%v), want %+v", got.Checks, err, plain.Checks)
+		}
 	}
 }

@@ -26,6 +26,17 @@ func FuzzDecodeBatchRequest(f *testing.F) {
 		}
 	}
 	f.Add(AppendBatchRequest(nil, 6, time.Millisecond, inline))
+	// Version 5: groups of joined checks, with and without inline rules
+	// and a rules version.
+	joined := batchOf(7, "a", "b")
+	for _, i := range []int{1, 2, 5} {
+		joined.Checks[i].Joined = true
+	}
+	f.Add(AppendBatchRequest(nil, 7, time.Millisecond, joined))
+	joined.RulesVersion = 12
+	f.Add(AppendBatchRequest(nil, 8, time.Millisecond, joined))
+	inline.Checks[1].Joined, inline.RulesVersion = true, 3
+	f.Add(AppendBatchRequest(nil, 9, time.Millisecond, inline))
 	var reused BatchRequest // exercises capacity and intern-table reuse
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		id, deadline, err := fuzzLimits.DecodeBatchRequest(frame, &reused)
@@ -45,7 +56,7 @@ func FuzzDecodeBatchRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded frame does not decode: %v", err)
 		}
-		if id2 != id || deadline2 != deadline || got.Epoch != fresh.Epoch || !sameChecks(got.Checks, fresh.Checks) {
+		if id2 != id || deadline2 != deadline || got.Epoch != fresh.Epoch || got.RulesVersion != fresh.RulesVersion || !sameChecks(got.Checks, fresh.Checks) {
 			t.Fatalf("round trip changed the request: %+v != %+v", got, fresh)
 		}
 		if len(again) > len(frame) {

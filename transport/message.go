@@ -18,6 +18,12 @@ type Check struct {
 	// The owner then decides under it instead of looking Rule up, after
 	// validating it: the sender is not trusted to send a sane rule.
 	Inline InlineRule
+	// Joined says the check is decided all-or-nothing with the check
+	// before it: a run of checks whose first has Joined false and the
+	// others true is one group, which the owner either spends on every
+	// check of or on none (see the owner's handler). The first check of
+	// a batch is never Joined.
+	Joined bool
 }
 
 // InlineRule is a rule definition carried with a check. This package does
