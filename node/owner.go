@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,6 +240,12 @@ const (
 // epochWait) rather than answer from a stale ring. A partition whose
 // state is still on its way (hand-off) makes its checks wait for it,
 // bounded by ctx and stateWait.
+//
+// A group of joined checks (transport.Check.Joined) is decided as a unit
+// (limiter.Table.CheckGroup): every check spends or none does. A group
+// that would wait for a partition waits whole and is decided again
+// whole; any other refusal of one of its checks (NOT_OWNER, UNKNOWN_RULE,
+// BAD_REQUEST, OVER_CAPACITY) is the answer of all, and nothing is spent.
 func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	v := o.cell.Load()
 	if v == nil || req.Epoch > v.Epoch() || req.RulesVersion > v.RulesVersion {
@@ -269,11 +276,16 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 	}()
 	gaveUp := false
 	now := o.now()
-	for i := range req.Checks {
-		c := &req.Checks[i]
-		res := o.decide(v, c, now)
-		for res.Status == transport.StatusUnavailable && !gaveUp {
-			// The partition's state is on its way (hand-off), or it is
+	for i, n := 0, len(req.Checks); i < n; {
+		end := i + 1 // a group: the check at i and the joined ones after it
+		for end < n && req.Checks[end].Joined {
+			end++
+		}
+		cs, rs := req.Checks[i:end], resp.Results[i:end]
+		i = end
+		ok := o.decideRun(v, cs, rs, now)
+		for !ok && !gaveUp {
+			// A partition's state is on its way (hand-off), or it is
 			// moving out right now (its new view is being published):
 			// wait for either.
 			ch, vch := o.servable(), o.cell.Changed()
@@ -281,7 +293,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 				v = nv
 				resp.Epoch = v.Epoch()
 			}
-			if res = o.decide(v, c, now); res.Status != transport.StatusUnavailable {
+			if ok = o.decideRun(v, cs, rs, now); ok {
 				break
 			}
 			if deadline == nil {
@@ -301,11 +313,27 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 					resp.Epoch = v.Epoch()
 				}
 				now = o.now()
-				res = o.decide(v, c, now)
+				ok = o.decideRun(v, cs, rs, now)
 			}
 		}
-		resp.Results[i] = res
 	}
+}
+
+// decideRun decides one check, or a group of joined checks as a unit,
+// into rs, and reports false when the answer is StatusUnavailable (a
+// partition is on its way: the caller may wait and decide again).
+func (o *Owner) decideRun(v *view.View, cs []transport.Check, rs []transport.Result, now int64) bool {
+	if len(cs) == 1 {
+		rs[0] = o.decide(v, &cs[0], now)
+		return rs[0].Status != transport.StatusUnavailable
+	}
+	st := o.decideGroup(v, cs, rs, now)
+	if st != transport.StatusOK {
+		for i := range rs {
+			rs[i] = transport.Result{Status: st}
+		}
+	}
+	return st != transport.StatusUnavailable
 }
 
 // awaitLease waits (bounded by ctx and stateWait) for the lease: a member
@@ -330,35 +358,16 @@ func (o *Owner) awaitLease(ctx context.Context) bool {
 
 // decide decides one check under view v, or says why not.
 func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Result {
-	owner, ok := v.Ring.Owner(c.Partition)
-	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.gates) {
-		return transport.Result{Status: transport.StatusNotOwner}
-	}
-	if v.Ring.Partition(c.KeyHash) != c.Partition {
-		return transport.Result{Status: transport.StatusBadRequest}
-	}
-	rule := o.ruleFor(v, c.Rule)
-	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
-		if rule = inlineRule(c); rule == nil {
-			return transport.Result{Status: transport.StatusBadRequest}
-		}
-	}
-	if rule == nil {
-		return transport.Result{Status: transport.StatusUnknownRule}
-	}
-	if c.Cost > uint64(rule.Capacity()) {
-		return transport.Result{Status: transport.StatusBadRequest}
+	rule, st := o.resolve(v, c)
+	if st != transport.StatusOK {
+		return transport.Result{Status: st}
 	}
 	g := &o.gates[c.Partition]
 	g.RLock()
 	defer g.RUnlock()
-	switch o.getState(c.Partition) {
-	case partServing:
-	case partAwaiting:
-		return transport.Result{Status: transport.StatusUnavailable}
-	default:
-		// Our view says we own it but the move in has not been applied:
-		// SetView is running right now.
+	if o.getState(c.Partition) != partServing {
+		// Awaiting its state, or our view says we own it but the move in
+		// has not been applied: SetView is running right now.
 		return transport.Result{Status: transport.StatusUnavailable}
 	}
 	bucket := limiter.BucketHash(c.KeyHash, v.Salt(rule))
@@ -373,8 +382,101 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 	if c.Cost > 0 && d.Allowed {
 		o.dirty[c.Partition].Store(true)
 	}
+	return resultOf(d)
+}
+
+func resultOf(d limiter.Decision) transport.Result {
 	return transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
+}
+
+// resolve checks what a check's answer depends on besides its
+// partition's state (ownership, partition, rule, cost) and returns its
+// rule, or the status that refuses it.
+func (o *Owner) resolve(v *view.View, c *transport.Check) (*limiter.Rule, transport.Status) {
+	owner, ok := v.Ring.Owner(c.Partition)
+	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.gates) {
+		return nil, transport.StatusNotOwner
+	}
+	if v.Ring.Partition(c.KeyHash) != c.Partition {
+		return nil, transport.StatusBadRequest
+	}
+	rule := o.ruleFor(v, c.Rule)
+	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
+		if rule = inlineRule(c); rule == nil {
+			return nil, transport.StatusBadRequest
+		}
+	}
+	if rule == nil {
+		return nil, transport.StatusUnknownRule
+	}
+	if c.Cost > uint64(rule.Capacity()) {
+		return nil, transport.StatusBadRequest
+	}
+	return rule, transport.StatusOK
+}
+
+// groupBuf is the size of the stack buffers of decideGroup; larger
+// groups allocate.
+const groupBuf = 8
+
+// decideGroup decides the joined checks cs all-or-nothing
+// (limiter.Table.CheckGroup) into rs, or returns the status every one of
+// them gets instead, spending nothing: the first refusal in check order
+// (NOT_OWNER, BAD_REQUEST, UNKNOWN_RULE), else UNAVAILABLE when a
+// partition's state has not arrived, else OVER_CAPACITY at the key cap.
+// The gates of the group's partitions are held shared, in ascending
+// order, across the decision.
+func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.Result, now int64) transport.Status {
+	var ibuf [groupBuf]limiter.Item
+	var pbuf [groupBuf]uint32
+	items, parts := ibuf[:0], pbuf[:0]
+	for i := range cs {
+		c := &cs[i]
+		rule, st := o.resolve(v, c)
+		if st != transport.StatusOK {
+			return st
+		}
+		items = append(items, limiter.Item{Part: c.Partition, Bucket: limiter.BucketHash(c.KeyHash, v.Salt(rule)), Rule: rule, Cost: int64(c.Cost)})
+		parts = append(parts, c.Partition)
+	}
+	slices.Sort(parts)
+	parts = slices.Compact(parts)
+	for _, p := range parts {
+		o.gates[p].RLock()
+	}
+	defer func() {
+		for _, p := range parts {
+			o.gates[p].RUnlock()
+		}
+	}()
+	for _, p := range parts {
+		if o.getState(p) != partServing {
+			return transport.StatusUnavailable
+		}
+	}
+	if o.full.Load() {
+		for i := range items {
+			if it := &items[i]; it.Cost > 0 && !o.table.Holds(it.Part, it.Bucket) {
+				o.overCapacity.Add(1)
+				return transport.StatusOverCapacity
+			}
+		}
+	}
+	var dbuf [groupBuf]limiter.Decision
+	ds := dbuf[:0]
+	ds = slices.Grow(ds, len(items))[:len(items)]
+	spent, err := o.table.CheckGroup(items, now, ds)
+	if err != nil {
+		return transport.StatusBadRequest // ErrGroup: one bucket twice
+	}
+	for i := range ds {
+		rs[i] = resultOf(ds[i])
+		if spent && items[i].Cost > 0 {
+			o.dirty[items[i].Part].Store(true)
+		}
+	}
+	return transport.StatusOK
 }
 
 // Sweep drops dead bucket states of partition p in both tables.

@@ -11,6 +11,19 @@
 // retry once; an owner that does not answer in time makes the rule's
 // failure mode answer (open: allowed, closed: denied; both degraded).
 //
+// Requests may be joined into groups (Request.Joined) that spend on all
+// their limits or on none. A group travels to its owner adjacent and in
+// order in one batch, and is retried whole on NOT_OWNER; the owner
+// decides it under its partitions' locks. A group whose keys have
+// different owners cannot be atomic: the router then queries every
+// limit (cost 0, nothing spent), refuses when one could not take its
+// cost, and otherwise spends them one by one. Only in that case can a
+// concurrent request take the last units of a limit between the query
+// and the spend: that spend is then denied, the group refused, and what
+// its other limits spent stays spent. It never admits more than a limit
+// allows. When owners cannot be reached, each request of a group gets
+// its rule's failure answer, and a closed one denies the group.
+//
 // A Router is safe for concurrent use. Per-request deadlines survive
 // batching: a batch is sent with the earliest deadline of its callers.
 package router
@@ -161,6 +174,8 @@ type scratch struct {
 	localIdx []int   // indexes decided in place, in s.local order
 	groups   []group // indexes per remote owner
 	waits    []ticket
+	joined   bool    // some request is joined: look for groups
+	split    [][]int // groups whose keys have different owners, by index runs of pending
 }
 
 // group is the checks of one call bound for one remote owner.
@@ -192,6 +207,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
 	s.checks, s.rules, s.pending = s.checks[:0], s.rules[:0], s.pending[:0]
+	s.joined = false
 	for i, q := range reqs {
 		rule, ok := v.Rules[q.Rule]
 		if q.Inline != nil { // the caller's own rule (Envoy RLS): no lookup
@@ -206,15 +222,49 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 			return &ItemError{i, fmt.Errorf("%w: key is %d bytes, at most %d", api.ErrBadRequest, len(q.Key), api.MaxKeyLen)}
 		case !utf8.ValidString(q.Key):
 			return &ItemError{i, fmt.Errorf("%w: key is not valid UTF-8", api.ErrBadRequest)}
+		case q.Joined && i == 0:
+			return &ItemError{i, fmt.Errorf("%w: joined to no check before it", api.ErrBadRequest)}
 		}
 		if err := rule.CheckCost(q.Cost); err != nil {
 			return &ItemError{i, fmt.Errorf("%w: %w", api.ErrBadRequest, err)}
 		}
 		kh := limiter.KeyHash(v.Seed, q.Key)
-		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost), Inline: InlineOf(q.Inline)})
+		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost), Inline: InlineOf(q.Inline), Joined: q.Joined})
 		s.rules = append(s.rules, rule)
 		s.pending = append(s.pending, i)
+		s.joined = s.joined || q.Joined
 	}
+	if err := r.run(ctx, v, s, out); err != nil {
+		return err
+	}
+	if s.joined {
+		denyGroups(reqs, out)
+	}
+	r.m.countAll(reqs, out[:len(reqs)])
+	r.m.latency.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// denyGroups makes every result of a group that has a denied one denied
+// (the owners do so already; this covers the failure answers).
+func denyGroups(reqs []Request, out []Result) {
+	for i := 0; i < len(reqs); {
+		end, denied := i+1, !out[i].Allowed
+		for ; end < len(reqs) && reqs[end].Joined; end++ {
+			denied = denied || !out[end].Allowed
+		}
+		for k := i; denied && k < end; k++ {
+			if out[k].Allowed {
+				out[k].Allowed, out[k].RetryAfter, out[k].Delay = false, 0, 0
+			}
+		}
+		i = end
+	}
+}
+
+// run decides s.pending under view v into out, retrying once (under a
+// newer view) what met NOT_OWNER; its only error is ctx's.
+func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result) error {
 	for attempt := 0; len(s.pending) > 0; attempt++ {
 		if err := expired(ctx); err != nil {
 			return err
@@ -236,10 +286,11 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 		r.m.notOwner.Add(float64(len(s.retry)))
 		r.markStale()
 		v = r.cell.Await(ctx, epoch, 0, r.cfg.RefreshWait)
+		if s.joined {
+			slices.Sort(s.retry) // request order: each group whole and in order
+		}
 		s.pending, s.retry = s.retry, s.pending[:0] // swap: the two never share an array
 	}
-	r.m.countAll(reqs, out[:len(reqs)])
-	r.m.latency.Observe(time.Since(start).Seconds())
 	return nil
 }
 
@@ -251,16 +302,31 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	s.local.Checks = s.local.Checks[:0]
 	s.waits = s.waits[:0]
 	s.localIdx = s.localIdx[:0]
+	s.split = s.split[:0]
 	groups := s.groups[:0] // per owner address; a cluster has few owners
-	for _, i := range s.pending {
+	for p := 0; p < len(s.pending); {
+		i := s.pending[p]
+		run := s.pending[p : p+1]
+		if s.joined {
+			run = s.groupAt(p)
+		}
+		p += len(run)
 		owner, ok := v.Ring.Owner(s.checks[i].Partition)
+		if len(run) > 1 && ok && !sameOwner(v, s.checks, run, owner.ID) {
+			s.split = append(s.split, run)
+			continue
+		}
 		switch {
 		case !ok:
-			out[i] = failureAnswer(s.rules[i])
-			r.m.degraded.Inc()
+			for _, i := range run {
+				out[i] = failureAnswer(s.rules[i])
+				r.m.degraded.Inc()
+			}
 		case owner.ID == r.cfg.Self && r.local != nil:
-			s.local.Checks = append(s.local.Checks, s.checks[i])
-			s.localIdx = append(s.localIdx, i)
+			for _, i := range run {
+				s.local.Checks = append(s.local.Checks, s.checks[i])
+				s.localIdx = append(s.localIdx, i)
+			}
 		default:
 			g := slices.IndexFunc(groups, func(g group) bool { return g.addr == owner.Peer })
 			if g < 0 {
@@ -272,7 +338,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 					groups = append(groups, group{addr: owner.Peer})
 				}
 			}
-			groups[g].idx = append(groups[g].idx, i)
+			groups[g].idx = append(groups[g].idx, run...)
 		}
 	}
 	s.groups = groups
@@ -313,7 +379,88 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			r.settle(out, s, i, &res)
 		}
 	}
+	for _, run := range s.split {
+		r.decideSplit(ctx, v, s, run, out)
+	}
 	return maxEpoch
+}
+
+// groupAt returns the group of s.pending that starts at p: the request
+// there and the joined ones right after it in request order. A group
+// whose head is not pending any more (an owner answered part of it) is
+// cut loose from it: its first pending request heads it.
+func (s *scratch) groupAt(p int) []int {
+	s.checks[s.pending[p]].Joined = false
+	end := p + 1
+	for end < len(s.pending) && s.pending[end] == s.pending[end-1]+1 && s.checks[s.pending[end]].Joined {
+		end++
+	}
+	return s.pending[p:end]
+}
+
+// sameOwner reports whether every check of run is owned by id.
+func sameOwner(v *View, checks []transport.Check, run []int, id string) bool {
+	for _, i := range run[1:] {
+		if o, ok := v.Ring.Owner(checks[i].Partition); !ok || o.ID != id {
+			return false
+		}
+	}
+	return true
+}
+
+// decideSplit decides a group whose keys have different owners, the one
+// case that cannot be atomic (see the package documentation): a query of
+// every check (cost 0, each alone), then, when each would take its cost,
+// a spend of every check.
+func (r *Router) decideSplit(ctx context.Context, v *View, s *scratch, run []int, out []Result) {
+	t := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(t)
+	t.checks, t.rules, t.pending, t.joined = t.checks[:0], t.rules[:0], t.pending[:0], false
+	for k, i := range run {
+		c := s.checks[i]
+		c.Cost, c.Joined = 0, false
+		t.checks = append(t.checks, c)
+		t.rules = append(t.rules, s.rules[i])
+		t.pending = append(t.pending, k)
+	}
+	res := make([]Result, len(run))
+	if r.run(ctx, v, t, res) != nil {
+		return // the caller's deadline: Check returns its error
+	}
+	pass := true
+	for k, i := range run {
+		cost := int64(s.checks[i].Cost)
+		if d := &res[k]; !d.Allowed || (!d.Degraded && d.Remaining < cost) {
+			pass = false
+			if d.Allowed { // a cost-1 check would pass, this cost not yet
+				d.Allowed, d.RetryAfter = false, retryEstimate(s.rules[i], cost, d.Decision)
+			}
+		}
+	}
+	if pass {
+		t.pending = t.pending[:0]
+		for k, i := range run {
+			t.checks[k].Cost = s.checks[i].Cost
+			t.pending = append(t.pending, k)
+		}
+		if r.run(ctx, v, t, res) != nil {
+			return
+		}
+	}
+	for k, i := range run {
+		out[i] = res[k]
+	}
+}
+
+// retryEstimate is when cost will fit where a query saw only
+// d.Remaining: the refill time of the missing units for the rate
+// algorithms, the time back to full for the windows (an upper bound).
+func retryEstimate(rule *limiter.Rule, cost int64, d limiter.Decision) time.Duration {
+	switch rule.Algorithm {
+	case limiter.TokenBucket, limiter.GCRA, limiter.LeakyBucket:
+		return time.Duration(cost-d.Remaining) * ((rule.Period + time.Duration(rule.Limit) - 1) / time.Duration(rule.Limit))
+	}
+	return max(d.ResetAfter, time.Second)
 }
 
 // expired returns ctx's error, or context.DeadlineExceeded once its

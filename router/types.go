@@ -21,6 +21,17 @@ type Request struct {
 	// validates it first (a check of an invalid rule is answered by its
 	// failure mode) and must not modify it while Check runs.
 	Inline *limiter.Rule
+	// Joined says the request is decided all-or-nothing with the one
+	// before it: a run of requests whose first has Joined false and the
+	// others true is one group, which either spends on every request or
+	// on none (a request denied by one limit is counted by no other).
+	// The group passes when every request in it would pass alone; when
+	// one denies, every result has Allowed false, the denying ones with
+	// their own RetryAfter, the others answering as a cost-0 query with
+	// RetryAfter 0. A group whose keys are owned by one member is decided
+	// there atomically; see Router.Check for the others. The first
+	// request of a call must not be Joined.
+	Joined bool
 }
 
 // InlineOf returns the wire form of an inline rule; nil gives the zero
