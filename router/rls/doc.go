@@ -44,7 +44,12 @@
 //     failure_mode (open by default: the answer when the owner cannot be
 //     reached within the router's timeout), and rate_limits, a list of
 //     several limits on one descriptor (a burst and a daily limit).
-//     Denied hits are never counted by the limit that denied them.
+//     They are decided together, by the owner of the descriptor's key,
+//     all-or-nothing: a hit is counted by all of them or, when any
+//     denies, by none. Denied hits are never counted.
+//   - is_negative_hits (a refund) is not supported: such a descriptor
+//     spends nothing and is answered as a query (OK when one more hit
+//     would pass).
 //
 // # Concurrency
 //

@@ -24,9 +24,9 @@ import (
 )
 
 // owner is a one-member cluster's owner without Raft: it decides every
-// check with a real bucket table at a clock the test sets, under the
-// check's inline rule, refusing one without it (this package only ever
-// sends inline rules).
+// check (every group of joined checks, all-or-nothing) with a real
+// bucket table at a clock the test sets, under the check's inline rule,
+// refusing one without it (this package only ever sends inline rules).
 type owner struct {
 	table *limiter.Table
 	now   atomic.Int64
@@ -34,19 +34,31 @@ type owner struct {
 
 func (o *owner) HandleBatch(_ context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	resp.Epoch = 1
-	for i, c := range req.Checks {
-		in := c.Inline
-		r := &limiter.Rule{Name: c.Rule, Algorithm: limiter.Algorithm(in.Algorithm), FailureMode: limiter.FailureMode(in.FailureMode), Limit: in.Limit, Period: in.Period, Burst: in.Burst}
-		if r.Validate() != nil {
-			resp.Results[i] = transport.Result{Status: transport.StatusBadRequest}
-			continue
+	for i := 0; i < len(req.Checks); {
+		end := i + 1 // a group: the joined checks after i
+		for end < len(req.Checks) && req.Checks[end].Joined {
+			end++
 		}
-		d, err := o.table.Check(c.Partition, limiter.BucketHash(c.KeyHash, limiter.RuleSalt(3, r.Name, r.Algorithm)), r, o.now.Load(), int64(c.Cost))
-		if err != nil {
-			resp.Results[i] = transport.Result{Status: transport.StatusBadRequest}
-			continue
+		items := make([]limiter.Item, 0, end-i)
+		for _, c := range req.Checks[i:end] {
+			in := c.Inline
+			r := &limiter.Rule{Name: c.Rule, Algorithm: limiter.Algorithm(in.Algorithm), FailureMode: limiter.FailureMode(in.FailureMode), Limit: in.Limit, Period: in.Period, Burst: in.Burst}
+			if r.Validate() != nil {
+				items = nil
+				break
+			}
+			items = append(items, limiter.Item{Part: c.Partition, Bucket: limiter.BucketHash(c.KeyHash, limiter.RuleSalt(3, r.Name, r.Algorithm)), Rule: r, Cost: int64(c.Cost)})
 		}
-		resp.Results[i] = transport.Result{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter}
+		ds := make([]limiter.Decision, end-i)
+		_, err := o.table.CheckGroup(items, o.now.Load(), ds)
+		for k := range ds {
+			d := ds[k]
+			resp.Results[i+k] = transport.Result{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter}
+			if items == nil || err != nil {
+				resp.Results[i+k] = transport.Result{Status: transport.StatusBadRequest}
+			}
+		}
+		i = end
 	}
 }
 

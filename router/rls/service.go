@@ -125,7 +125,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	}
 
 	// One check per rate limit of every limited descriptor, all in one
-	// router call, so they fly to their owners together.
+	// router call, so they fly to their owners together. A descriptor's
+	// rate limits are one group (router.Request.Joined): a hit denied by
+	// one is counted by none. They share the descriptor's key, so one
+	// owner decides the group, atomically.
 	sc.reqs, sc.at = sc.reqs[:0], sc.at[:0]
 	for i, d := range ds {
 		sc.at = append(sc.at, -1)
@@ -142,8 +145,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		}
 		key := s.counterKey(sc, d.GetEntries())
 		sc.at[i] = len(sc.reqs)
-		for _, r := range l.rules {
-			sc.reqs = append(sc.reqs, router.Request{Rule: r.Name, Key: key, Cost: cost, Inline: r})
+		for j, r := range l.rules {
+			sc.reqs = append(sc.reqs, router.Request{Rule: r.Name, Key: key, Cost: cost, Inline: r, Joined: j > 0})
 		}
 	}
 	if len(sc.reqs) > 0 {
@@ -169,12 +172,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		case l.denyAll:
 			resp.Statuses[i] = s.status(l, 0, router.Result{}, d)
 		default:
-			// The decisive limit: the first that denied, else the one
-			// with the least remaining.
+			// The decisive limit: the first that denied (a limit refused
+			// only because another denied has no RetryAfter), else the
+			// one with the least remaining.
 			at, best := sc.at[i], 0
 			for j := range l.rules {
 				o, b := &sc.out[at+j], &sc.out[at+best]
-				if b.Allowed && (!o.Allowed || o.Remaining < b.Remaining) {
+				if b.Allowed && (!o.Allowed || o.Remaining < b.Remaining) ||
+					!b.Allowed && b.RetryAfter == 0 && !o.Allowed && o.RetryAfter > 0 {
 					best = j
 				}
 				if o.Degraded {
@@ -299,9 +304,9 @@ func applyReplaces(lims []*limit) {
 }
 
 // hits is the cost of a descriptor: its own hits_addend when set, else
-// the request's, where 0 means 1 as in Envoy. Negative hits (a refund)
-// are not supported: such a descriptor spends nothing and is answered
-// as a query.
+// the request's, where 0 means 1 as in Envoy. Negative hits (a refund,
+// is_negative_hits) are not supported: such a descriptor spends nothing
+// and is answered as a query (cost 0: OK when one more hit would pass).
 func hits(req *rlspb.RateLimitRequest, d *commonpb.RateLimitDescriptor) int64 {
 	if d.GetIsNegativeHits() {
 		return 0

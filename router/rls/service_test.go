@@ -202,10 +202,11 @@ descriptors:
 		{"extras", 0, u, ok, 2, 2, false},
 		{"extras", 0, u, ok, 1, 2, false},
 		{"extras", 0, u, ok, 0, 2, false},
-		{"extras", 0, u, over, 0, 2, false}, // the bucket is empty (the daily limit took its 5th)
+		{"extras", 0, u, over, 0, 2, false}, // the bucket is empty; the daily limit does not count the hit
 	})
 	e.owner.now.Add(int64(time.Second)) // refills 2
 	e.run(t, []step{
+		{"extras", 0, u, ok, 0, 5, false},   // the daily limit's 5th
 		{"extras", 0, u, over, 0, 5, false}, // the bucket admits, the daily limit is spent
 	})
 	st := e.call(t, "extras", 0, u).Statuses[0]
@@ -365,4 +366,46 @@ func TestBadReloadKeepsTheOldConfig(t *testing.T) {
 	if got := testutilValue(e, "ok"); got != 2 {
 		t.Fatalf("loads counted %v, want 2 (an unchanged file is not reloaded)", got)
 	}
+}
+
+const burstAndMinute = `
+domain: two
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 2}
+      - {name: minute, unit: minute, requests_per_unit: 5}
+`
+
+// Two rate limits on one descriptor: hits the burst limit denies are
+// not counted by the minute limit (issue 12), so the minute limit still
+// has room for what the burst limit lets through later.
+func TestSeveralRateLimitsCountNoDeniedHit(t *testing.T) {
+	e := newEnv(t, burstAndMinute, Options{})
+	u := desc("user", "bo")
+	e.run(t, []step{
+		{"two", 0, u, ok, 1, 2, false}, // burst 1 left, minute 4
+		{"two", 0, u, ok, 0, 2, false}, // burst 0, minute 3
+		{"two", 0, u, over, 0, 2, false},
+		{"two", 0, u, over, 0, 2, false}, // minute still 3: the denied hits spent nothing
+	})
+	if q := e.call(t, "two", 0, queryOf(u)).Statuses[0]; q.LimitRemaining != 0 || q.CurrentLimit.Name != "burst" {
+		t.Fatalf("query: %v, want the burst limit empty", q)
+	}
+	e.owner.now.Add(int64(time.Second))
+	e.run(t, []step{
+		{"two", 0, u, ok, 1, 2, false}, // burst 1, minute 2
+		{"two", 0, u, ok, 0, 2, false}, // burst 0, minute 1
+	})
+	e.owner.now.Add(int64(time.Second))
+	e.run(t, []step{
+		{"two", 0, u, ok, 0, 5, false},   // burst 1, minute 0: the minute limit is decisive
+		{"two", 0, u, over, 0, 5, false}, // the burst limit would admit; the minute limit denies
+	})
+}
+
+// queryOf is d as a query (is_negative_hits: answered, nothing spent).
+func queryOf(d *commonpb.RateLimitDescriptor) *commonpb.RateLimitDescriptor {
+	q := &commonpb.RateLimitDescriptor{Entries: d.Entries, IsNegativeHits: true}
+	return q
 }
