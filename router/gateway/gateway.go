@@ -8,15 +8,10 @@
 // shape, holding the request for its delay.
 //
 // Several limits on one route must all allow, and a request denied by
-// one spends nothing of the others. The owners decide keys one at a time
-// (a batch is not atomic), so the gateway first queries every limit with
-// cost 0 (nothing spent) and refuses if any could not pass, then spends
-// all of them in one call. Between the two calls a concurrent request may
-// take the last units of a limit: the spend then denies, the request is
-// refused, and what the other limits spent in that call stays spent. That
-// race errs on the safe side (it never admits more than a limit allows)
-// and costs at most one request's cost per racing request; a
-// single-limit route is one call and exact.
+// one spends nothing of the others: the route's limits go to the router
+// in one call as one group (router.Request.Joined). They all limit the
+// same client key, so one owner decides them, under its partition's
+// lock, all-or-nothing: exact, with no race between limits.
 //
 // A Gateway is safe for concurrent use; it keeps no per-client state.
 package gateway
@@ -192,61 +187,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.next.ServeHTTP(w, r)
 }
 
-// decide spends reqs, all or (but for the race the package comment
-// describes) nothing. out[i].Allowed false on any entry means refused.
+// decide spends reqs as one group: all or nothing. out[i].Allowed false
+// on any entry means refused; the limit that denied has the RetryAfter.
+// A cost that can never pass is refused by the router as a bad request.
 func (g *Gateway) decide(ctx context.Context, reqs []router.Request) ([]router.Result, error) {
 	out := make([]router.Result, len(reqs))
-	if len(reqs) == 1 {
-		return out, g.checker.Check(ctx, reqs, out)
-	}
-	// The query below spends nothing, so it would not catch a cost that
-	// can never pass: refuse it as a bad request first.
-	if v := g.checker.View(); v != nil {
-		for _, q := range reqs {
-			if r := v.Rules[q.Rule]; r != nil {
-				if err := r.CheckCost(q.Cost); err != nil {
-					return nil, fmt.Errorf("%w: %s: %w", api.ErrBadRequest, q.Rule, err)
-				}
-			}
-		}
-	}
-	query := make([]router.Request, len(reqs))
-	for i, q := range reqs {
-		query[i] = router.Request{Rule: q.Rule, Key: q.Key}
-	}
-	if err := g.checker.Check(ctx, query, out); err != nil {
-		return nil, err
-	}
-	v := g.checker.View()
-	denied := false
-	for i := range out {
-		if c := reqs[i].Cost; c > 0 && (!out[i].Allowed || out[i].Remaining < c) {
-			denied = true
-			if out[i].Allowed { // a cost-1 check would pass, this cost not yet
-				out[i].Allowed = false
-				out[i].RetryAfter = retryFor(v, reqs[i], out[i].Decision)
-			}
-		}
-	}
-	if denied { // nothing was spent
-		return out, nil
+	for i := 1; i < len(reqs); i++ {
+		reqs[i].Joined = true
 	}
 	return out, g.checker.Check(ctx, reqs, out)
-}
-
-// retryFor estimates when cost will fit where a query saw only d.Remaining:
-// the refill time of the missing units for the rate algorithms, the time
-// back to full for the windows.
-func retryFor(v *router.View, q router.Request, d limiter.Decision) time.Duration {
-	if v != nil {
-		if r := v.Rules[q.Rule]; r != nil {
-			switch r.Algorithm {
-			case limiter.TokenBucket, limiter.GCRA, limiter.LeakyBucket:
-				return time.Duration(q.Cost-d.Remaining) * ((r.Period + time.Duration(r.Limit) - 1) / time.Duration(r.Limit))
-			}
-		}
-	}
-	return max(d.ResetAfter, time.Second)
 }
 
 // pick returns the result the headers describe — the denial with the

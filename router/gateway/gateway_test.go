@@ -74,14 +74,25 @@ func (c *tableChecker) Check(_ context.Context, reqs []router.Request, out []rou
 	c.mu.Lock()
 	c.calls = append(c.calls, append([]router.Request(nil), reqs...))
 	c.mu.Unlock()
-	for i, q := range reqs {
-		r := c.view.Rules[q.Rule]
-		b := limiter.BucketHash(limiter.KeyHash(1, q.Key), limiter.RuleSalt(1, r.Name, r.Algorithm))
-		d, err := c.tab.Check(0, b, r, time.Now().UnixNano(), q.Cost)
-		if err != nil {
+	for i := 0; i < len(reqs); { // each group (Joined) all-or-nothing
+		end := i + 1
+		for end < len(reqs) && reqs[end].Joined {
+			end++
+		}
+		items := make([]limiter.Item, 0, end-i)
+		for _, q := range reqs[i:end] {
+			r := c.view.Rules[q.Rule]
+			b := limiter.BucketHash(limiter.KeyHash(1, q.Key), limiter.RuleSalt(1, r.Name, r.Algorithm))
+			items = append(items, limiter.Item{Bucket: b, Rule: r, Cost: q.Cost})
+		}
+		ds := make([]limiter.Decision, len(items))
+		if _, err := c.tab.CheckGroup(items, time.Now().UnixNano(), ds); err != nil {
 			return err
 		}
-		out[i] = router.Result{Decision: d}
+		for k, d := range ds {
+			out[i+k] = router.Result{Decision: d}
+		}
+		i = end
 	}
 	return nil
 }
@@ -462,6 +473,12 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	}
 	if got := c.remaining(t, "tpm", "key:t1"); got != 40 {
 		t.Fatalf("tpm has %d left, want 40", got)
+	}
+	c.mu.Lock()
+	last := c.calls[len(c.calls)-1]
+	c.mu.Unlock()
+	if len(c.calls) != 2 || len(last) != 2 || last[0].Joined || !last[1].Joined {
+		t.Fatalf("checker calls %v, want one call a request, the route's limits joined", c.calls)
 	}
 	if r := send("abc"); r.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad cost header: %d, want 400", r.StatusCode)
