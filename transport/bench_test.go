@@ -41,6 +41,20 @@ func BenchmarkCodec(b *testing.B) {
 		})
 		b.SetBytes(int64(len(reqBuf)))
 	})
+	// The same batch as groups of two joined checks (version 5).
+	joined := batchOf(n, "login", "api")
+	for i := 1; i < n; i += 2 {
+		joined.Checks[i].Joined = true
+	}
+	b.Run("request_joined", func(b *testing.B) {
+		run(b, func() {
+			reqBuf = AppendBatchRequest(reqBuf[:0], 1, time.Second, joined)
+			if _, _, err := DecodeBatchRequest(reqBuf, &gotReq); err != nil {
+				b.Fatal(err)
+			}
+		})
+		b.SetBytes(int64(len(reqBuf)))
+	})
 	b.Run("response", func(b *testing.B) {
 		run(b, func() {
 			respBuf = AppendBatchResponse(respBuf[:0], 1, resp)

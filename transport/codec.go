@@ -291,12 +291,13 @@ func finish(dst []byte, start int) []byte {
 // MaxFrameSize. Frames above 4 GiB cannot be represented.
 func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *BatchRequest) []byte {
 	var inline uint8
-	joined := false
+	var jn uint64
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		inline |= c.Inline.Algorithm
-		joined = joined || c.Joined
+		jn |= bit(c.Joined)
 	}
+	joined := jn != 0
 	if inline != 0 {
 		return appendInlineBatchRequest(dst, id, deadline, req, joined)
 	}
@@ -306,13 +307,10 @@ func AppendBatchRequest(dst []byte, id uint64, deadline time.Duration, req *Batc
 	offAt := len(dst) - 4
 
 	var t nameTable
+	shift := joinedShift(joined) // branch-free: 0 for versions 1 to 4
 	for i := range req.Checks {
 		c := &req.Checks[i]
-		idx := uint64(t.lookup(c.Rule))
-		if joined {
-			idx = joinedIndex(idx, c.Joined)
-		}
-		dst = binary.AppendUvarint(dst, idx)
+		dst = binary.AppendUvarint(dst, uint64(t.lookup(c.Rule))<<shift|bit(c.Joined)&uint64(shift))
 		dst = binary.LittleEndian.AppendUint64(dst, c.KeyHash)
 		dst = binary.AppendUvarint(dst, uint64(c.Partition))
 		dst = binary.AppendUvarint(dst, c.Cost)
@@ -367,14 +365,15 @@ func appendRequestHead(dst []byte, id uint64, deadline time.Duration, req *Batch
 	return append(dst, 0, 0, 0, 0)
 }
 
-// joinedIndex is a version-5 name index word: the index and the check's
-// Joined bit.
-func joinedIndex(idx uint64, joined bool) uint64 {
-	idx <<= 1
-	if joined {
-		idx |= 1
+// joinedShift is how far a name index is shifted to make room for the
+// Joined bit: 1 in a version-5 frame with the joined flag, else 0.
+func joinedShift(joined bool) uint64 { return bit(joined) }
+
+func bit(b bool) uint64 {
+	if b {
+		return 1
 	}
-	return idx
+	return 0
 }
 
 // appendInlineBatchRequest is AppendBatchRequest for a batch with inline
@@ -404,11 +403,7 @@ func appendInlineBatchRequest(dst []byte, id uint64, deadline time.Duration, req
 			index[e] = idx
 			entries = append(entries, e)
 		}
-		w := uint64(idx)
-		if joined {
-			w = joinedIndex(w, c.Joined)
-		}
-		dst = binary.AppendUvarint(dst, w)
+		dst = binary.AppendUvarint(dst, uint64(idx)<<joinedShift(joined)|bit(c.Joined && joined))
 		dst = binary.LittleEndian.AppendUint64(dst, c.KeyHash)
 		dst = binary.AppendUvarint(dst, uint64(c.Partition))
 		dst = binary.AppendUvarint(dst, c.Cost)
@@ -555,6 +550,7 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 	}
 	// The hot loop: position in a local, one-byte varints inline.
 	b, pos := frame[:off], r.pos // the checks end where the name table starts
+	shift := joinedShift(joined) // branch-free: 0 unless joined
 	for i := range checks {
 		var idx, keyHash, part, cost uint64
 		if pos < len(b) && b[pos] < 0x80 {
@@ -574,26 +570,24 @@ func (l Limits) DecodeBatchRequest(frame []byte, req *BatchRequest) (id uint64, 
 		} else if cost, pos, err = uvarintAt(b, pos); err != nil {
 			return h.ID, 0, err
 		}
-		var j bool
-		if joined {
-			j, idx = idx&1 == 1, idx>>1
-			if j && i == 0 {
-				return h.ID, 0, malformed("the first check is joined to no check before it")
-			}
-		}
+		j := idx & shift // the Joined bit, 0 unless joined
+		idx >>= shift
 		if idx >= uint64(len(names)) {
 			return h.ID, 0, malformed("rule name index out of range")
 		}
 		if part > math.MaxUint32 {
 			return h.ID, 0, malformed("partition overflows 32 bits")
 		}
-		checks[i] = Check{Rule: names[idx], KeyHash: keyHash, Partition: uint32(part), Cost: cost, Joined: j}
+		checks[i] = Check{Rule: names[idx], KeyHash: keyHash, Partition: uint32(part), Cost: cost, Joined: j != 0}
 		if inlines != nil {
 			checks[i].Inline = inlines[idx]
 		}
 	}
 	if pos != off {
 		return h.ID, 0, malformed("bytes between checks and name table")
+	}
+	if len(checks) > 0 && checks[0].Joined {
+		return h.ID, 0, malformed("the first check is joined to no check before it")
 	}
 	req.Epoch, req.RulesVersion = epoch, rulesVersion
 	req.Checks = checks

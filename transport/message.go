@@ -11,19 +11,20 @@ type Check struct {
 	Rule      string // rule name
 	KeyHash   uint64 // seeded hash of the client key
 	Partition uint32
-	Cost      uint64
+	// Joined says the check is decided all-or-nothing with the check
+	// before it: a run of checks whose first has Joined false and the
+	// others true is one group, which the owner either spends on every
+	// check of or on none (see the owner's handler). The first check of
+	// a batch is never Joined. (It sits in Partition's padding: a Check
+	// stays 72 bytes.)
+	Joined bool
+	Cost   uint64
 	// Inline, when its Algorithm is not 0, is the rule itself, carried
 	// with the check because it exists only in the sender's own
 	// configuration (Envoy RLS descriptors), not in the cluster's rules.
 	// The owner then decides under it instead of looking Rule up, after
 	// validating it: the sender is not trusted to send a sane rule.
 	Inline InlineRule
-	// Joined says the check is decided all-or-nothing with the check
-	// before it: a run of checks whose first has Joined false and the
-	// others true is one group, which the owner either spends on every
-	// check of or on none (see the owner's handler). The first check of
-	// a batch is never Joined.
-	Joined bool
 }
 
 // InlineRule is a rule definition carried with a check. This package does
