@@ -86,24 +86,38 @@ func (o *Owner) RefreshFull() {
 func (o *Owner) OverCapacity() int64 { return o.overCapacity.Load() }
 
 // versionedRules are a view's rules with Version set, as the table needs
-// them to carry states over a rule change (limiter.Table.SetRules).
+// them to carry states over a rule change (limiter.Table.SetRules), each
+// with its buckets' salt (view.Salt) under the view's seed.
 type versionedRules struct {
 	version uint64
-	byName  map[string]*limiter.Rule
+	seed    uint64
+	byName  map[string]saltedRule
 	older   *versionedRules // the set before, for checks still deciding under the previous view
 }
 
-// ruleFor returns the rule the table decides name with under view v.
-func (o *Owner) ruleFor(v *view.View, name string) *limiter.Rule {
-	if rs := o.rules.Load(); rs != nil {
+type saltedRule struct {
+	rule *limiter.Rule
+	salt uint64
+}
+
+// ruleFor returns the rule the table decides name with under view v, and
+// its buckets' salt: one map lookup on the hot path.
+func (o *Owner) ruleFor(v *view.View, name string) (*limiter.Rule, uint64) {
+	if rs := o.rules.Load(); rs != nil && rs.seed == v.Seed {
 		if rs.version == v.RulesVersion {
-			return rs.byName[name]
+			e := rs.byName[name]
+			return e.rule, e.salt
 		}
 		if rs.older != nil && rs.older.version == v.RulesVersion {
-			return rs.older.byName[name]
+			e := rs.older.byName[name]
+			return e.rule, e.salt
 		}
 	}
-	return v.Rules[name] // unversioned (no rules written yet)
+	r := v.Rules[name] // unversioned (no rules written yet)
+	if r == nil {
+		return nil, 0
+	}
+	return r, v.Salt(r)
 }
 
 // Publish makes next the owner's view, registering its rule set with the
@@ -127,14 +141,14 @@ func (o *Owner) useRules(next *view.View) {
 		o.log.Error("registering the rule set; its keys start fresh", "version", next.RulesVersion, "err", err)
 		return
 	}
-	rs := &versionedRules{version: next.RulesVersion, byName: make(map[string]*limiter.Rule, len(next.List))}
-	if prev := o.rules.Load(); prev != nil {
-		rs.older = &versionedRules{version: prev.version, byName: prev.byName}
+	rs := &versionedRules{version: next.RulesVersion, seed: next.Seed, byName: make(map[string]saltedRule, len(next.List))}
+	if prev := o.rules.Load(); prev != nil && prev.seed == next.Seed {
+		rs.older = &versionedRules{version: prev.version, seed: prev.seed, byName: prev.byName}
 	}
 	for i := range next.List {
 		r := next.List[i]
 		r.Version = next.RulesVersion
-		rs.byName[r.Name] = &r
+		rs.byName[r.Name] = saltedRule{&r, next.Salt(&r)}
 	}
 	o.rules.Store(rs)
 }
@@ -358,7 +372,7 @@ func (o *Owner) awaitLease(ctx context.Context) bool {
 
 // decide decides one check under view v, or says why not.
 func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Result {
-	rule, st := o.resolve(v, c)
+	rule, salt, st := o.resolve(v, c)
 	if st != transport.StatusOK {
 		return transport.Result{Status: st}
 	}
@@ -370,7 +384,7 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 		// has not been applied: SetView is running right now.
 		return transport.Result{Status: transport.StatusUnavailable}
 	}
-	bucket := limiter.BucketHash(c.KeyHash, v.Salt(rule))
+	bucket := limiter.BucketHash(c.KeyHash, salt)
 	if o.full.Load() && c.Cost > 0 && !o.table.Holds(c.Partition, bucket) {
 		o.overCapacity.Add(1)
 		return transport.Result{Status: transport.StatusOverCapacity}
@@ -392,28 +406,29 @@ func resultOf(d limiter.Decision) transport.Result {
 
 // resolve checks what a check's answer depends on besides its
 // partition's state (ownership, partition, rule, cost) and returns its
-// rule, or the status that refuses it.
-func (o *Owner) resolve(v *view.View, c *transport.Check) (*limiter.Rule, transport.Status) {
+// rule and its buckets' salt, or the status that refuses it.
+func (o *Owner) resolve(v *view.View, c *transport.Check) (*limiter.Rule, uint64, transport.Status) {
 	owner, ok := v.Ring.Owner(c.Partition)
 	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.gates) {
-		return nil, transport.StatusNotOwner
+		return nil, 0, transport.StatusNotOwner
 	}
 	if v.Ring.Partition(c.KeyHash) != c.Partition {
-		return nil, transport.StatusBadRequest
+		return nil, 0, transport.StatusBadRequest
 	}
-	rule := o.ruleFor(v, c.Rule)
+	var rule *limiter.Rule
+	var salt uint64
 	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
 		if rule = inlineRule(c); rule == nil {
-			return nil, transport.StatusBadRequest
+			return nil, 0, transport.StatusBadRequest
 		}
-	}
-	if rule == nil {
-		return nil, transport.StatusUnknownRule
+		salt = v.Salt(rule)
+	} else if rule, salt = o.ruleFor(v, c.Rule); rule == nil {
+		return nil, 0, transport.StatusUnknownRule
 	}
 	if c.Cost > uint64(rule.Capacity()) {
-		return nil, transport.StatusBadRequest
+		return nil, 0, transport.StatusBadRequest
 	}
-	return rule, transport.StatusOK
+	return rule, salt, transport.StatusOK
 }
 
 // groupBuf is the size of the stack buffers of decideGroup; larger
@@ -433,11 +448,11 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 	items, parts := ibuf[:0], pbuf[:0]
 	for i := range cs {
 		c := &cs[i]
-		rule, st := o.resolve(v, c)
+		rule, salt, st := o.resolve(v, c)
 		if st != transport.StatusOK {
 			return st
 		}
-		items = append(items, limiter.Item{Part: c.Partition, Bucket: limiter.BucketHash(c.KeyHash, v.Salt(rule)), Rule: rule, Cost: int64(c.Cost)})
+		items = append(items, limiter.Item{Part: c.Partition, Bucket: limiter.BucketHash(c.KeyHash, salt), Rule: rule, Cost: int64(c.Cost)})
 		parts = append(parts, c.Partition)
 	}
 	slices.Sort(parts)
