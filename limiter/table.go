@@ -41,6 +41,9 @@ var ErrPartition = errors.New("limiter: partition out of range")
 // a check under a newer set carries it over first (SetRules and
 // rulesets.go say what callers must do; convert.go what is carried).
 //
+// CheckGroup decides several checks at one instant all-or-nothing (a
+// request limited by several rules spends on all of them or on none).
+//
 // Table is safe for concurrent use; calls on different partitions do not
 // contend, and rule sets may be registered while checks run. Methods that
 // take a partition number panic if it is out of range, except Check and

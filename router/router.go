@@ -192,7 +192,8 @@ type ticket struct {
 }
 
 // Check decides every request and writes its result to out (len(out) ≥
-// len(reqs)). An invalid request fails the whole call with an *ItemError
+// len(reqs)); joined requests (Request.Joined) as groups, all-or-nothing
+// (see the package documentation for the one case that is not atomic). An invalid request fails the whole call with an *ItemError
 // before anything is spent; an error wrapping api.ErrUnavailable means
 // the router knows no cluster yet; otherwise the only error is ctx's.
 func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {

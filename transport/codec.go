@@ -45,6 +45,8 @@ import (
 //	ns, varint burst
 //
 // so two checks of one name with different inline rules get two entries.
+// Versions 3 and 4 are versions 1 and 2 with one more uvarint, the
+// sender's rules version, right after the epoch.
 //
 // Version 5 is used only for a FrameBatchRequest in which some check is
 // joined with the one before it (Check.Joined): a peer that predates
@@ -72,7 +74,8 @@ import (
 // FrameError body: u8 ErrorCode, uvarint length, message bytes.
 
 // ProtocolVersion is the version byte of every frame this package writes,
-// except requests carrying inline rules (InlineVersion).
+// except requests carrying inline rules, a rules version or joined checks
+// (versions 2 to 5 below).
 const ProtocolVersion uint8 = 1
 
 // InlineVersion is the version byte of a FrameBatchRequest whose name
