@@ -46,8 +46,8 @@ var ErrPartition = errors.New("limiter: partition out of range")
 //
 // Table is safe for concurrent use; calls on different partitions do not
 // contend, and rule sets may be registered while checks run. Methods that
-// take a partition number panic if it is out of range, except Check and
-// Import, which return an error wrapping ErrPartition.
+// take a partition number panic if it is out of range, except Check,
+// CheckGroup and Import, which return an error wrapping ErrPartition.
 type Table struct {
 	parts []partition
 	sets  atomic.Pointer[ruleSets] // replaced whole under regMu
