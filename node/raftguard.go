@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,14 @@ type raftGuard struct {
 	out    chan raft.RPC
 	stop   chan struct{}
 
+	// hbMu is held shared by every heartbeat in flight and exclusively by
+	// Close, which so waits for them: hashicorp/raft's heartbeat fast path
+	// runs on the transport's connection goroutines, may pass its
+	// shutdown check just before Raft shuts down, and then write the term
+	// to a store the caller closes next ("database not open", a panic).
+	hbMu     sync.RWMutex
+	hbClosed bool // guarded by hbMu
+
 	refused   atomic.Int64
 	lastLogNS atomic.Int64
 }
@@ -60,17 +69,34 @@ func (g *raftGuard) SetHeartbeatHandler(cb func(raft.RPC)) {
 		g.NetworkTransport.SetHeartbeatHandler(nil)
 		return
 	}
-	g.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+	g.NetworkTransport.SetHeartbeatHandler(g.heartbeats(cb))
+}
+
+// heartbeats wraps Raft's heartbeat handler cb: refused senders and
+// heartbeats after Close are answered with an error, and Close waits for
+// those in cb.
+func (g *raftGuard) heartbeats(cb func(raft.RPC)) func(raft.RPC) {
+	return func(rpc raft.RPC) {
+		g.hbMu.RLock()
+		defer g.hbMu.RUnlock()
+		if g.hbClosed {
+			rpc.Respond(nil, raft.ErrTransportShutdown)
+			return
+		}
 		if err := g.check(rpc); err != nil {
 			rpc.Respond(nil, err)
 			return
 		}
 		cb(rpc)
-	})
+	}
 }
 
-// Close stops the filter and closes the transport.
+// Close waits for the heartbeats in flight, refuses later ones, stops
+// the filter and closes the transport.
 func (g *raftGuard) Close() error {
+	g.hbMu.Lock()
+	g.hbClosed = true
+	g.hbMu.Unlock()
 	select {
 	case <-g.stop:
 	default:

@@ -2,11 +2,14 @@ package node
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
@@ -189,5 +192,32 @@ func TestValidateJoin(t *testing.T) {
 		if err := validateJoin(r); !errors.Is(err, api.ErrBadRequest) {
 			t.Errorf("validateJoin(%+v) = %v, want a bad request", r, err)
 		}
+	}
+}
+
+// After the guard closes, a heartbeat is answered with the transport's
+// shutdown error and never reaches Raft's handler, whose store the caller
+// closes next.
+func TestRaftGuardHeartbeatAfterClose(t *testing.T) {
+	nt, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newRaftGuard(nt, func() (raft.Configuration, bool) { return raft.Configuration{}, false }, slog.New(slog.DiscardHandler))
+	calls := 0
+	hb := g.heartbeats(func(rpc raft.RPC) { calls++; rpc.Respond(nil, nil) })
+	send := func() error {
+		resp := make(chan raft.RPCResponse, 1)
+		hb(raft.RPC{Command: &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("n2"), Addr: []byte("10.0.0.2:8081")}, Term: 1}, RespChan: resp})
+		return (<-resp).Error
+	}
+	if err := send(); err != nil || calls != 1 {
+		t.Fatalf("open guard: err %v, %d calls; want nil and 1", err, calls)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(); !errors.Is(err, raft.ErrTransportShutdown) || calls != 1 {
+		t.Fatalf("closed guard: err %v, %d calls; want ErrTransportShutdown and still 1", err, calls)
 	}
 }
