@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -369,7 +370,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		}
 		if t.b.err != nil {
 			r.m.forwardErrors.Inc()
-			r.cfg.Logger.Debug("forward failed", "owner", t.b.addr, "err", t.b.err)
+			r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
 		}
 		maxEpoch = max(maxEpoch, t.b.resp.Epoch)
 		for k, i := range t.idx {
@@ -379,6 +380,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			}
 			r.settle(out, s, i, &res)
 		}
+		t.b.release() // a caller that gave up above (ctx) keeps its reference: the batch is not reused
 	}
 	for _, run := range s.split {
 		r.decideSplit(ctx, v, s, run, out)
@@ -533,17 +535,55 @@ type batcher struct {
 	mu       sync.Mutex // guards cur and inflight
 	cur      *batch     // the batch filling up, nil when none
 	inflight int        // batches sent and not yet answered
+
+	free sync.Pool // *batch of this batcher, answered and read by all
 }
 
 // batch is one frame to an owner and, once done is closed, its answer.
+// Batches are reused: each caller holding a ticket for it, and its
+// sender, hold a reference (refs) and release it when done with it; the
+// last one puts it back in its batcher's pool, with its buffers and its
+// linger timer.
 type batch struct {
-	addr     string
+	b        *batcher
 	req      transport.BatchRequest
 	resp     transport.BatchResponse
 	deadline time.Time // the earliest of its callers'
 	timer    *time.Timer
 	done     chan struct{}
 	err      error
+	refs     atomic.Int32
+}
+
+// newBatch returns an empty batch, reused when one is free, holding the
+// sender's reference. The caller holds b.mu.
+func (b *batcher) newBatch(deadline time.Time, epoch, rulesVersion uint64) *batch {
+	bt, _ := b.free.Get().(*batch)
+	if bt == nil {
+		bt = &batch{b: b}
+	}
+	bt.deadline, bt.done, bt.err = deadline, make(chan struct{}), nil
+	bt.req.Epoch, bt.req.RulesVersion, bt.req.Checks = epoch, rulesVersion, bt.req.Checks[:0]
+	bt.resp = transport.BatchResponse{Results: bt.resp.Results[:0]}
+	bt.refs.Store(1)
+	return bt
+}
+
+// linger arms bt's linger timer: the batch goes when it ends, unless it
+// went earlier (full, or the batch in flight came back).
+func (bt *batch) linger() {
+	if bt.timer == nil {
+		bt.timer = time.AfterFunc(bt.b.r.cfg.Linger, func() { bt.b.flush(bt) })
+		return
+	}
+	bt.timer.Reset(bt.b.r.cfg.Linger) // stopped or fired and done: its last use is over
+}
+
+// release drops a reference to bt; the last puts it back for reuse.
+func (bt *batch) release() {
+	if bt.refs.Add(-1) == 0 {
+		bt.b.free.Put(bt)
+	}
 }
 
 // add appends the checks at idx to the owner's current batch and returns
@@ -565,24 +605,23 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 	if b.cur == nil && b.inflight == 0 {
 		// Nothing in flight to this owner: lingering would only add
 		// latency. Send at once; checks arriving meanwhile batch up.
-		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
-		bt.req.Epoch, bt.req.RulesVersion = epoch, rulesVersion
-		bt.req.Checks = make([]transport.Check, 0, len(idx)) // one allocation, not one per doubling
+		bt := b.newBatch(deadline, epoch, rulesVersion)
+		bt.req.Checks = slices.Grow(bt.req.Checks, len(idx))
 		for _, i := range idx {
 			bt.req.Checks = append(bt.req.Checks, checks[i])
 		}
+		bt.refs.Add(1) // the caller's ticket
 		b.inflight++
 		b.mu.Unlock()
 		go b.send(bt)
 		return bt, 0
 	}
 	if b.cur == nil {
-		bt := &batch{addr: b.addr, deadline: deadline, done: make(chan struct{})}
-		bt.req.Epoch, bt.req.RulesVersion = epoch, rulesVersion
-		bt.timer = time.AfterFunc(b.r.cfg.Linger, func() { b.flush(bt) })
-		b.cur = bt
+		b.cur = b.newBatch(deadline, epoch, rulesVersion)
+		b.cur.linger()
 	}
 	bt := b.cur
+	bt.refs.Add(1) // the caller's ticket
 	off := len(bt.req.Checks)
 	bt.req.Checks = slices.Grow(bt.req.Checks, len(idx))
 	for _, i := range idx {
@@ -633,6 +672,7 @@ func (b *batcher) send(bt *batch) {
 		if next != nil {
 			go b.send(next)
 		}
+		bt.release() // the sender's reference
 	}()
 	defer close(bt.done)
 	ctx, cancel := context.WithDeadline(b.r.ctx, bt.deadline)
