@@ -1,17 +1,19 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/ringlimit/ringlimit/internal/cputime"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/internal/cputime"
 	"github.com/ringlimit/ringlimit/limiter"
 )
 
@@ -21,6 +23,8 @@ import (
 // outside, here in one process so that -cpuprofile and -benchmem see it.
 // allocs/op counts both ends (net/http's client included); allocs per
 // check on the server side alone are in router/httpapi's benchmarks.
+// The client=raw rows use a minimal client instead (see benchRaw): their
+// allocs/op and cpu-ns/check are nearly all the server's.
 //
 //	go test -run=^$ -bench=HTTPCheck -benchmem ./server/
 func BenchmarkHTTPCheck(b *testing.B) {
@@ -39,6 +43,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	eventually(b, "the bench rule", func() bool { return s.Router.View().Rules["bench"] != nil })
+	benchRaw(b, s.cfg.HTTPAdvertise)
 	url := "http://" + s.cfg.HTTPAdvertise + "/v1/check"
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer hc.CloseIdleConnections()
@@ -88,5 +93,122 @@ func BenchmarkHTTPCheck(b *testing.B) {
 			// Client and server together (one process).
 			b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
 		})
+	}
+}
+
+// benchRaw is single checks from a minimal keep-alive client that writes
+// prebuilt requests and reads answers by their Content-Length: nearly
+// all of the process's CPU and allocations are then the server's, so
+// cpu-ns/check and -cpuprofile show the HTTP front door itself.
+func benchRaw(b *testing.B, addr string) {
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch=%d/client=raw", batch), func(b *testing.B) { rawChecks(b, addr, batch) })
+	}
+}
+
+func rawChecks(b *testing.B, addr string, batch int) {
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	cpu := cputime.Process()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReaderSize(c, 4096)
+		var req []byte
+		var body []byte
+		for pb.Next() {
+			base := next.Add(int64(batch))
+			body = body[:0]
+			if batch > 1 {
+				body = append(body, `{"checks":[`...)
+			}
+			for i := range batch {
+				if i > 0 {
+					body = append(body, ',')
+				}
+				body = append(body, `{"rule":"bench","key":"key-`...)
+				body = strconv.AppendInt(body, (base+int64(i))%100_000, 10)
+				body = append(body, `","cost":1}`...)
+			}
+			if batch > 1 {
+				body = append(body, "]}"...)
+			}
+			req = append(req[:0], "POST /v1/check HTTP/1.1\r\nHost: "...)
+			req = append(req, addr...)
+			req = append(req, "\r\nContent-Type: application/json\r\nContent-Length: "...)
+			req = strconv.AppendInt(req, int64(len(body)), 10)
+			req = append(req, "\r\n\r\n"...)
+			req = append(req, body...)
+			if _, err := c.Write(req); err != nil {
+				b.Error(err)
+				return
+			}
+			if err := readRawAnswer(br); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	checks := float64(b.N * batch)
+	b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
+	b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+}
+
+// readRawAnswer reads one 200 answer, with a Content-Length or chunked.
+func readRawAnswer(br *bufio.Reader) error {
+	n, chunked := -1, false
+	status := true
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if status {
+			if !bytes.HasPrefix(line, []byte("HTTP/1.1 200 ")) {
+				return fmt.Errorf("answer %q", line)
+			}
+			status = false
+			continue
+		}
+		if len(line) <= 2 {
+			break
+		}
+		k, v, _ := bytes.Cut(line, []byte(":"))
+		switch {
+		case bytes.EqualFold(k, []byte("Content-Length")):
+			n, _ = strconv.Atoi(string(bytes.TrimSpace(v)))
+		case bytes.EqualFold(k, []byte("Transfer-Encoding")):
+			chunked = true
+		}
+	}
+	if !chunked {
+		if n < 0 {
+			return fmt.Errorf("answer without Content-Length")
+		}
+		_, err := br.Discard(n)
+		return err
+	}
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		size, err := strconv.ParseInt(string(bytes.TrimSpace(line)), 16, 64)
+		if err != nil {
+			return fmt.Errorf("chunk size %q", line)
+		}
+		if _, err := br.Discard(int(size) + 2); err != nil { // the chunk and its CRLF
+			return err
+		}
+		if size == 0 {
+			return nil
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -450,4 +451,49 @@ func TestCheckBodyLimit(t *testing.T) {
 	w = httptest.NewRecorder()
 	e.h.ServeHTTP(w, req)
 	apiError(t, w, 400, api.CodeBadRequest)
+}
+
+// Answers carry their length, batches included (net/http would send an
+// answer over 2 KiB chunked without it), and the keys of a batch reach
+// the checker intact.
+func TestCheckAnswerLength(t *testing.T) {
+	e := newEnv(t, "")
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	for _, n := range []int{1, 100} {
+		var sb strings.Builder
+		sb.WriteString(`{"checks":[`)
+		for i := range n {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"rule":"default","key":"tenant-%d-%s"}`, i, strings.Repeat("k", i))
+		}
+		sb.WriteString(`]}`)
+		resp, err := srv.Client().Post(srv.URL+"/v1/check", "application/json", strings.NewReader(sb.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("batch of %d: %d %s %v", n, resp.StatusCode, body, err)
+		}
+		if resp.ContentLength != int64(len(body)) || len(resp.TransferEncoding) > 0 {
+			t.Errorf("batch of %d: Content-Length %d, Transfer-Encoding %q, body of %d bytes", n, resp.ContentLength, resp.TransferEncoding, len(body))
+		}
+		var got api.BatchResponse
+		if err := json.Unmarshal(body, &got); err != nil || len(got.Results) != n {
+			t.Fatalf("batch of %d: %s", n, body)
+		}
+	}
+	calls := e.c.Calls()
+	if len(calls) != 2 || len(calls[1]) != 100 {
+		t.Fatalf("%d calls", len(calls))
+	}
+	for i, q := range calls[1] {
+		if want := fmt.Sprintf("tenant-%d-%s", i, strings.Repeat("k", i)); q.Key != want || q.Rule != "default" || q.Cost != 1 {
+			t.Errorf("check %d = %+v, want key %q", i, q, want)
+		}
+	}
 }

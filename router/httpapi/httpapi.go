@@ -202,7 +202,9 @@ func endpointOf(path string) int {
 
 // ServeHTTP routes, recovers panics and records the metrics.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(api.HeaderForwarded) != "" {
+	// HeaderForwarded is in canonical form: index the map directly
+	// rather than canonicalizing the name on every request.
+	if v := r.Header[api.HeaderForwarded]; len(v) > 0 && v[0] != "" {
 		r = r.WithContext(api.WithForwarded(r.Context()))
 	}
 	ep := endpointOf(r.URL.Path)
@@ -333,9 +335,19 @@ func writeBody(w http.ResponseWriter, status int, body []byte) {
 	// header and answer.
 	hd["Content-Type"] = contentTypeJSON
 	hd["X-Content-Type-Options"] = noSniff
+	if len(body) > chunkingSize {
+		// net/http computes the length of a smaller answer itself; a
+		// larger one (a batch's) would go out chunked without it.
+		hd["Content-Length"] = []string{strconv.Itoa(len(body))}
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // a failed write means the client left
 }
+
+// chunkingSize is the most a net/http handler may write before the
+// server must choose between Content-Length and chunked encoding (its
+// bufferBeforeChunkingSize).
+const chunkingSize = 2048
 
 var (
 	contentTypeJSON = []string{"application/json"}
@@ -391,12 +403,19 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 // Content-Length is over it. It hands the limit to the server's own
 // writer, so that a body over it also closes the connection after the
 // answer.
+//
+// A body with a declared length within the limit is returned as it is:
+// the server's body reader ends at the declared length, so it cannot
+// exceed the limit, and the common request costs no wrapper.
 func limitBody(w http.ResponseWriter, r *http.Request) io.Reader {
 	if r.ContentLength > api.MaxBodySize {
 		return errReader{&http.MaxBytesError{Limit: api.MaxBodySize}}
 	}
 	if r.Body == nil { // a Request built by hand; servers always set one
 		return http.NoBody
+	}
+	if r.ContentLength > 0 { // 0 may be "unknown" on a Request built by hand
+		return r.Body
 	}
 	if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
 		w = u.Unwrap()

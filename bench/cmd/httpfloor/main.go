@@ -1,0 +1,323 @@
+// Command httpfloor measures what an HTTP server costs on this machine
+// before any rate limiting: the server CPU per POST /v1/check request of
+// a handler that reads the body and answers a fixed decision, served by
+// net/http and by github.com/valyala/fasthttp, next to ringlimit's own
+// single-check path (one or more `ringlimit serve` binaries, e.g. main's
+// and a branch's). Every system runs in its own process, all started up
+// front; the rows are interleaved (round 1: every system, round 2: every
+// system, ...) so that the machine's other load falls on all alike.
+//
+// The load is internal/loadgen with the side-by-side's HTTP client (one
+// keep-alive connection per caller, the body built by hand, the answer
+// decoded with encoding/json); server CPU is utime+stime of the server's
+// process from /proc/PID/stat over the row, divided by the requests.
+//
+//	go run ./cmd/httpfloor --ringlimit main=/tmp/rl-main --ringlimit branch=/tmp/rl-branch
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/loadgen"
+)
+
+// answer is the fixed decision the floor servers give.
+var answer = []byte(`{"allowed":true,"limit":1000,"remaining":999,"reset_after_ms":1,"retry_after_ms":0,"delay_ms":0,"degraded":false}` + "\n")
+
+const rulesYAML = "rules:\n  - {name: bench, algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}\n"
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func main() {
+	serve := flag.String("serve", "", "internal: serve the floor with nethttp or fasthttp on --addr")
+	addr := flag.String("addr", "127.0.0.1:0", "internal: listen address of -serve")
+	var rls multi
+	flag.Var(&rls, "ringlimit", "NAME=BINARY of a ringlimit to measure alongside (repeatable)")
+	dur := flag.Duration("duration", 3*time.Second, "length of each row")
+	rounds := flag.Int("rounds", 2, "rounds of interleaved rows")
+	concs := flag.String("concurrency", "32", "callers (comma-separated)")
+	batch := flag.Int("batch", 1, "checks per request")
+	floors := flag.Bool("floors", true, "measure the net/http and fasthttp floors")
+	flag.Parse()
+	if *serve != "" {
+		log.Fatal(serveFloor(*serve, *addr))
+	}
+	if err := run(rls, *floors, *dur, *rounds, *concs, *batch); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serveFloor serves the fixed answer with the named server.
+func serveFloor(kind, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println(ln.Addr().String()) // the parent reads the address
+	switch kind {
+	case "nethttp":
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/v1/check" || r.Method != http.MethodPost {
+				http.NotFound(w, r)
+				return
+			}
+			_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, api.MaxBodySize))
+			hd := w.Header()
+			hd["Content-Type"] = []string{"application/json"}
+			hd["X-Content-Type-Options"] = []string{"nosniff"}
+			_, _ = w.Write(answer)
+		})
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+		return srv.Serve(ln)
+	case "fasthttp":
+		srv := &fasthttp.Server{
+			Handler: func(ctx *fasthttp.RequestCtx) {
+				if string(ctx.Path()) != "/v1/check" || !ctx.IsPost() {
+					ctx.NotFound()
+					return
+				}
+				_ = ctx.PostBody()
+				ctx.SetContentType("application/json")
+				ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+				ctx.SetBody(answer)
+			},
+			ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+			MaxRequestBodySize: api.MaxBodySize, ReadBufferSize: 64 << 10,
+			NoDefaultServerHeader: true, NoDefaultDate: false,
+		}
+		return srv.Serve(ln)
+	}
+	return fmt.Errorf("-serve %q: want nethttp or fasthttp", kind)
+}
+
+type system struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+}
+
+func run(rls []string, floors bool, dur time.Duration, rounds int, concs string, batch int) error {
+	work, err := os.MkdirTemp("", "httpfloor")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var systems []*system
+	defer func() {
+		for _, s := range systems {
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+			_ = s.cmd.Wait()
+		}
+	}()
+	if floors {
+		for _, kind := range []string{"nethttp", "fasthttp"} {
+			cmd := exec.Command(self, "-serve", kind)
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				return err
+			}
+			if err := cmd.Start(); err != nil {
+				return err
+			}
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err != nil {
+				return fmt.Errorf("%s: %w", kind, err)
+			}
+			systems = append(systems, &system{name: kind + " floor", cmd: cmd, addr: strings.TrimSpace(line)})
+		}
+	}
+	rules := filepath.Join(work, "rules.yaml")
+	if err := os.WriteFile(rules, []byte(rulesYAML), 0o644); err != nil {
+		return err
+	}
+	for i, nb := range rls {
+		name, bin, ok := strings.Cut(nb, "=")
+		if !ok {
+			return fmt.Errorf("--ringlimit %q: want NAME=BINARY", nb)
+		}
+		base := 28500 + 10*i
+		a := fmt.Sprintf("127.0.0.1:%d", base)
+		cmd := exec.Command(bin, "serve", "--id", name, "--http", a,
+			"--raft", fmt.Sprintf("127.0.0.1:%d", base+1), "--peer", fmt.Sprintf("127.0.0.1:%d", base+2),
+			"--data-dir", filepath.Join(work, name), "--rules", rules, "--log-level", "warn")
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		systems = append(systems, &system{name: "ringlimit " + name, cmd: cmd, addr: a})
+		if err := waitReady(a); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	hc := &http.Client{Transport: client.NewTransport(64), Timeout: 30 * time.Second}
+	var cs []int
+	for _, f := range strings.Split(concs, ",") {
+		c, err := strconv.Atoi(f)
+		if err != nil {
+			return err
+		}
+		cs = append(cs, c)
+	}
+	for _, s := range systems { // warm-up: connections, buckets
+		loadgen.Run(context.Background(), loadgen.Config{Rule: "bench", Keys: 100_000, Seed: 99, Concurrency: 16,
+			Batch: batch, Duration: 500 * time.Millisecond, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
+	}
+	type agg struct{ reqs, cpu float64 }
+	sums := map[string]*agg{}
+	fmt.Printf("| round | system | c | requests/s | server CPU µs/request | p50 ms | errors |\n|--:|---|--:|--:|--:|--:|--:|\n")
+	for r := 1; r <= rounds; r++ {
+		for _, c := range cs {
+			for _, s := range systems {
+				c0, err := procCPU(s.cmd.Process.Pid)
+				if err != nil {
+					return err
+				}
+				res := loadgen.Run(context.Background(), loadgen.Config{Rule: "bench", Keys: 100_000, Seed: uint64(r),
+					Concurrency: c, Batch: batch, Duration: dur, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
+				c1, err := procCPU(s.cmd.Process.Pid)
+				if err != nil {
+					return err
+				}
+				cpu := (c1 - c0).Seconds()
+				fmt.Printf("| %d | %s | %d | %.0f | %.2f | %.3f | %d |\n", r, s.name, c,
+					float64(res.Requests)/res.Elapsed.Seconds(), cpu*1e6/float64(res.Requests),
+					float64(res.Latency.Quantile(0.5))/1e6, res.Errors)
+				k := fmt.Sprintf("%s c=%d", s.name, c)
+				if sums[k] == nil {
+					sums[k] = &agg{}
+				}
+				sums[k].reqs += float64(res.Requests)
+				sums[k].cpu += cpu
+			}
+		}
+	}
+	fmt.Printf("\n| system | server CPU µs/request (all rounds) |\n|---|--:|\n")
+	for _, c := range cs {
+		for _, s := range systems {
+			a := sums[fmt.Sprintf("%s c=%d", s.name, c)]
+			fmt.Printf("| %s c=%d | %.2f |\n", s.name, c, a.cpu*1e6/a.reqs)
+		}
+	}
+	return nil
+}
+
+// target is POST /v1/check in the side-by-side's client style.
+func target(hc *http.Client, addr string) loadgen.CheckFunc {
+	url := "http://" + addr + "/v1/check"
+	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+		b := make([]byte, 0, 64*len(checks)+16)
+		one := func(b []byte, c api.CheckRequest) []byte {
+			b = append(b, `{"rule":`...)
+			b = strconv.AppendQuote(b, c.Rule)
+			b = append(b, `,"key":`...)
+			b = strconv.AppendQuote(b, c.Key)
+			b = append(b, `,"cost":1}`...)
+			return b
+		}
+		if len(checks) == 1 {
+			var d api.Decision
+			if err := post(ctx, hc, url, one(b, checks[0]), &d); err != nil {
+				return nil, err
+			}
+			return []api.Decision{d}, nil
+		}
+		b = append(b, `{"checks":[`...)
+		for i, c := range checks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = one(b, c)
+		}
+		b = append(b, "]}"...)
+		var r api.BatchResponse
+		if err := post(ctx, hc, url, b, &r); err != nil {
+			return nil, err
+		}
+		if len(r.Results) == 0 { // a floor server answers one decision
+			r.Results = make([]api.Decision, len(checks))
+		}
+		return r.Results, nil
+	}
+}
+
+func post(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, b)
+	}
+	return json.Unmarshal(b, out)
+}
+
+func waitReady(addr string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("not ready at %s", addr)
+}
+
+// procCPU is utime+stime of process pid (/proc/PID/stat, clock ticks of
+// 1/100 s).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
