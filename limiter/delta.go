@@ -1,6 +1,9 @@
 package limiter
 
-import "slices"
+import (
+	"cmp"
+	"slices"
+)
 
 // Delta exports. An owner pushes its changed partitions to their backup
 // every few milliseconds; a whole export costs O(states of the partition)
@@ -58,24 +61,25 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 		p.changedAll, p.changed = false, p.changed[:0]
 		return appendStream(dst, part, p.liveRecords(now, g), g, now), true
 	}
-	keys := slices.Compact(slices.Sorted(slices.Values(p.changed)))
-	p.changed = p.changed[:0]
+	// Look the keys up first and sort only the live states: under churn
+	// (states that die between checks) most listed keys are dead by now.
 	var recs []exportRec
-	for _, k := range keys {
+	for _, k := range p.changed {
 		if e := p.tats.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
 			recs = append(recs, exportRec{kind: kindTAT, key: k, tag: e.tag(), tat: e.val})
 		}
-	}
-	for _, k := range keys {
 		if e := p.wins.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
 			recs = append(recs, exportRec{kind: kindWindow, key: k, tag: e.tag(), win: e.val})
 		}
-	}
-	for _, k := range keys {
 		if l, ok := p.logs[k]; ok && !droppableLog(l, now, g) {
 			recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
 		}
 	}
+	p.changed = p.changed[:0]
+	slices.SortFunc(recs, func(a, b exportRec) int {
+		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
+	})
+	recs = slices.CompactFunc(recs, func(a, b exportRec) bool { return a.kind == b.kind && a.key == b.key }) // a key listed twice
 	return appendStream(dst, part, recs, g, now), false
 }
 
