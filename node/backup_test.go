@@ -49,14 +49,7 @@ func partBackedBy(t *testing.T, v *view.View, owner, backup string) (uint64, uin
 // that reaches a member without a whole copy is refused, and the owner
 // then sends the whole partition.
 func TestBackupDeltas(t *testing.T) {
-	newOwner := func(id string) *Owner {
-		o, err := NewOwner(id, 64, func() int64 { return 1e18 }, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o
-	}
-	a, b := newOwner("a"), newOwner("b")
+	a, b := newOwner(t, "a"), newOwner(t, "b")
 	v1 := testView(t, 1, "a", "b")
 	alive := func(string) bool { return true }
 	a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
@@ -119,9 +112,9 @@ func TestBackupDeltas(t *testing.T) {
 
 	// A backup without a whole copy refuses a delta; the owner's next
 	// push is whole and taken.
-	c := newOwner("c")
+	c := newOwner(t, "c")
 	v3 := testView(t, 3, "a", "c")
-	a2 := newOwner("a")
+	a2 := newOwner(t, "a")
 	a2.Apply(v3, PlanMoves(nil, v3.Ring, "a", alive, false, false))
 	c.Apply(v3, PlanMoves(nil, v3.Ring, "c", alive, false, false))
 	a2.ExpireAwaiting(a2.AwaitingParts())

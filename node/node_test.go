@@ -25,6 +25,16 @@ func testOwner(t *testing.T, epoch uint64, members ...string) (*Owner, *view.Vie
 	return o, v
 }
 
+// newOwner returns an owner of 64 partitions whose clock stands still.
+func newOwner(t *testing.T, id string) *Owner {
+	t.Helper()
+	o, err := NewOwner(id, 64, func() int64 { return 1e18 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
 func testRing(t *testing.T, epoch uint64, members ...string) *ring.Ring {
 	t.Helper()
 	var ms []ring.Member
@@ -132,14 +142,7 @@ func TestHandleBatchWaitsForNewerEpoch(t *testing.T) {
 // spent budget is not reset.
 func TestHandoffMovesStateAndFences(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		newOwner := func(id string) *Owner {
-			o, err := NewOwner(id, 64, func() int64 { return 1e18 }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return o
-		}
-		a, b := newOwner("a"), newOwner("b")
+		a, b := newOwner(t, "a"), newOwner(t, "b")
 		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
 		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
 		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
