@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -500,6 +501,15 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 		err = fmt.Errorf("node: marking down: %w", err)
 	} else if werr := n.WaitHandoffs(ctx); werr != nil {
 		err = fmt.Errorf("node: handing off: %w (%d partitions left to their backup copies)", werr, n.h.Pending())
+	}
+	// What is still ours had nobody to go to (the last active member):
+	// keep it in the data dir for the next start.
+	if o := n.Owner(); o != nil {
+		if k, serr := o.saveBuckets(n.cfg.DataDir); serr != nil {
+			err = errors.Join(err, serr)
+		} else if k > 0 {
+			n.log.Info("bucket state saved for the next start", "partitions", k, "file", filepath.Join(n.cfg.DataDir, bucketFile))
+		}
 	}
 	n.TransferLeadership()
 	return err

@@ -66,6 +66,10 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 			// reached us with our own join in it): the partitions came
 			// from members that are handing them to us.
 			m.Gained[p] = GainAwait
+		case from == self && rejoined && len(next.Members()) == 1:
+			// kept: nobody else can have served it in between (awaiting a
+			// hand-off, then promoting an empty backup copy, dropped what
+			// this member held)
 		case from == self && rejoined:
 			m.Gained[p] = GainAwait
 		case from == self:

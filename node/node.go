@@ -347,6 +347,11 @@ func (n *Node) refresh() {
 			return
 		}
 		o.SetMaxKeys(n.cfg.MaxKeys)
+		if k, err := o.loadBuckets(n.cfg.DataDir); err != nil {
+			n.log.Error("bucket state of the last stop not loaded; those keys start fresh", "err", err)
+		} else if k > 0 {
+			n.log.Info("bucket state of the last stop loaded", "partitions", k)
+		}
 		n.owner.Store(o)
 	}
 	if prev == nil || prev.Ring != next.Ring {

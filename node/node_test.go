@@ -217,6 +217,12 @@ func TestPlanMoves(t *testing.T) {
 			t.Fatalf("%+v", m)
 		}
 	})
+	t.Run("the only member rejoining at new addresses keeps what it holds", func(t *testing.T) {
+		solo1, solo2 := testRing(t, 1, "a"), testRing(t, 2, "a")
+		if m := PlanMoves(solo1, solo2, "a", alive, false, true); len(m.Gained) != 0 || len(m.Lost) != 0 {
+			t.Fatalf("%d gained, %d lost: awaiting a hand-off nobody can send would drop its state", len(m.Gained), len(m.Lost))
+		}
+	})
 	t.Run("first ring after a restart awaits", func(t *testing.T) {
 		m := PlanMoves(nil, r1, "a", alive, true, false)
 		if !m.Restart || len(m.awaiting()) != len(r1.PartitionsOf("a")) {

@@ -1,0 +1,174 @@
+package node
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/ringlimit/ringlimit/limiter"
+)
+
+// A member's bucket state lives in memory, and in a cluster its backups
+// keep it over a restart. The last active member has nobody to hand its
+// partitions to, so when it stops gracefully it writes them to
+// bucketFile in its data dir, and when it starts again it reads them back
+// as its backup copies (which it promotes, as it would a backup's) and
+// removes the file. A crash leaves no file: a single member's state does
+// not survive a crash.
+//
+// The file: magic, u64 the bucket clock at export (Unix ns), uvarint n,
+// n × (uvarint partition, uvarint length, limiter export stream). Streams
+// hold times relative to the export; they are imported at the export's
+// instant, so the time the member was down counts as time passed.
+const (
+	bucketFile  = "buckets.rlsnap"
+	bucketMagic = "RLSNAP1\n"
+)
+
+// saveBuckets writes the partitions this member still serves under its
+// current view to dir/bucketFile (atomically: a temporary file renamed
+// over it) and returns how many it wrote; none writes no file. Each
+// partition stops serving as it is written (checks that come later are
+// answered by their rule's failure mode, as at an old owner after a
+// hand-off), so no spend is made after its state was saved.
+func (o *Owner) saveBuckets(dir string) (int, error) {
+	v := o.cell.Load()
+	if v == nil || dir == "" {
+		return 0, nil
+	}
+	now := o.now()
+	var parts []uint32
+	for _, p := range v.Ring.PartitionsOf(o.self) {
+		if o.getState(p) == partServing && o.table.PartitionLen(p) > 0 {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return 0, nil
+	}
+	b := append([]byte(bucketMagic), 0, 0, 0, 0, 0, 0, 0, 0)
+	binary.LittleEndian.PutUint64(b[len(bucketMagic):], uint64(now))
+	b = binary.AppendUvarint(b, uint64(len(parts)))
+	for _, p := range parts {
+		g := &o.gates[p]
+		g.Lock()
+		stream := o.table.Export(nil, p, now)
+		o.setState(p, partAway)
+		g.Unlock()
+		b = binary.AppendUvarint(b, uint64(p))
+		b = binary.AppendUvarint(b, uint64(len(stream)))
+		b = append(b, stream...)
+	}
+	tmp := filepath.Join(dir, bucketFile+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("node: saving bucket state: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, bucketFile))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return 0, fmt.Errorf("node: saving bucket state: %w", err)
+	}
+	return len(parts), nil
+}
+
+// loadBuckets reads dir/bucketFile, if there is one, into the backup
+// table, removes it, and returns how many partitions it held. A file that
+// does not decode is an error and is left in place (renamed with a
+// ".bad" suffix) for inspection; nothing of it is taken.
+func (o *Owner) loadBuckets(dir string) (int, error) {
+	if dir == "" {
+		return 0, nil
+	}
+	path := filepath.Join(dir, bucketFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("node: reading %s: %w", path, err)
+	}
+	n, err := o.takeBuckets(b)
+	if err != nil {
+		os.Rename(path, path+".bad")
+		return 0, fmt.Errorf("node: %s (kept as %s.bad, not loaded): %w", path, bucketFile, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return n, fmt.Errorf("node: removing %s after loading it: %w", path, err)
+	}
+	return n, nil
+}
+
+// takeBuckets decodes a bucket file whole, then imports its partitions
+// into the backup table: on error nothing is taken.
+func (o *Owner) takeBuckets(b []byte) (int, error) {
+	if !bytes.HasPrefix(b, []byte(bucketMagic)) || len(b) < len(bucketMagic)+8 {
+		return 0, errors.New("not a bucket state file")
+	}
+	at := int64(binary.LittleEndian.Uint64(b[len(bucketMagic):]))
+	r := b[len(bucketMagic)+8:]
+	next := func() (uint64, error) {
+		v, k := binary.Uvarint(r)
+		if k <= 0 {
+			return 0, errors.New("truncated")
+		}
+		r = r[k:]
+		return v, nil
+	}
+	n, err := next()
+	if err != nil {
+		return 0, err
+	}
+	type part struct {
+		p      uint32
+		stream []byte
+	}
+	var parts []part
+	for range n {
+		p, err := next()
+		if err != nil {
+			return 0, err
+		}
+		l, err := next()
+		if err != nil {
+			return 0, err
+		}
+		if p >= uint64(len(o.gates)) || l > uint64(len(r)) {
+			return 0, fmt.Errorf("partition %d of %d bytes: out of range", p, l)
+		}
+		parts = append(parts, part{uint32(p), r[:l]})
+		r = r[l:]
+	}
+	if len(r) != 0 {
+		return 0, errors.New("bytes after the last partition")
+	}
+	scratch, err := limiter.NewTable(len(o.gates))
+	if err != nil {
+		return 0, err
+	}
+	for _, pt := range parts { // all of them decode before any is taken
+		if _, err := scratch.Import(pt.p, pt.stream, at); err != nil {
+			return 0, fmt.Errorf("partition %d: %w", pt.p, err)
+		}
+	}
+	for _, pt := range parts {
+		o.dropBackup(pt.p)
+		if _, err := o.backup.Import(pt.p, pt.stream, at); err != nil {
+			return 0, fmt.Errorf("partition %d: %w", pt.p, err)
+		}
+	}
+	return len(parts), nil
+}
