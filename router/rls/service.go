@@ -139,8 +139,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		cost := hits(req, d)
 		if over := overCapacity(l, cost); over >= 0 {
 			// More hits than the limit can ever take: over the limit,
-			// without spending anything anywhere.
-			resp.Statuses[i] = s.status(l, over, router.Result{Decision: limiter.Decision{Limit: l.rules[over].Capacity()}}, d)
+			// without spending anything anywhere. Its reset is a whole
+			// period, not 0 ("now"): retrying at once cannot pass.
+			r := l.rules[over]
+			resp.Statuses[i] = s.status(l, over, router.Result{Decision: limiter.Decision{Limit: r.Capacity(), ResetAfter: r.Period}}, d)
 			continue
 		}
 		key := s.counterKey(sc, d.GetEntries())

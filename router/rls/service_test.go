@@ -75,8 +75,9 @@ func TestUntilTheLimitThenOverLimit(t *testing.T) {
 }
 
 // hits_addend is the cost; 0 means 1; a descriptor's own hits_addend
-// overrides the request's; more than the limit can ever take is
-// OVER_LIMIT and spends nothing.
+// overrides the request's (an explicit 0 there is a query); more than the
+// limit can ever take is OVER_LIMIT, resets after a period, and spends
+// nothing.
 func TestHitsAddend(t *testing.T) {
 	e := newEnv(t, basicConfig, Options{})
 	k := desc("tenant", "h")
@@ -86,6 +87,10 @@ func TestHitsAddend(t *testing.T) {
 		{"api", 2, k, over, 0, 3, false}, // denied: nothing spent either
 		{"api", 1, k, ok, 0, 3, false},
 	})
+	// A cost that can never pass does not tell Envoy to retry at once.
+	if st := e.call(t, "api", 4, k).Statuses[0]; st.Code != over || st.DurationUntilReset.AsDuration() <= 0 {
+		t.Fatalf("over the capacity: %v, reset in %v; want OVER_LIMIT with a reset after now", st.Code, st.DurationUntilReset.AsDuration())
+	}
 	k2 := desc("tenant", "h2")
 	k2.HitsAddend = wrapperspb.UInt64(3)
 	e.run(t, []step{{"api", 1, k2, ok, 0, 3, false}})
