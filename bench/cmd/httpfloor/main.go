@@ -17,9 +17,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -37,6 +35,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 )
@@ -230,64 +229,17 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	return nil
 }
 
-// target is POST /v1/check in the side-by-side's client style.
+// target is POST /v1/check in the side-by-side's client style; a floor
+// server answers a batch with one decision, counted for every check.
 func target(hc *http.Client, addr string) loadgen.CheckFunc {
-	url := "http://" + addr + "/v1/check"
+	check := httptarget.Ringlimit(hc, addr)
 	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
-		b := make([]byte, 0, 64*len(checks)+16)
-		one := func(b []byte, c api.CheckRequest) []byte {
-			b = append(b, `{"rule":`...)
-			b = strconv.AppendQuote(b, c.Rule)
-			b = append(b, `,"key":`...)
-			b = strconv.AppendQuote(b, c.Key)
-			b = append(b, `,"cost":1}`...)
-			return b
+		ds, err := check(ctx, checks)
+		if err == nil && len(ds) == 0 {
+			ds = make([]api.Decision, len(checks))
 		}
-		if len(checks) == 1 {
-			var d api.Decision
-			if err := post(ctx, hc, url, one(b, checks[0]), &d); err != nil {
-				return nil, err
-			}
-			return []api.Decision{d}, nil
-		}
-		b = append(b, `{"checks":[`...)
-		for i, c := range checks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = one(b, c)
-		}
-		b = append(b, "]}"...)
-		var r api.BatchResponse
-		if err := post(ctx, hc, url, b, &r); err != nil {
-			return nil, err
-		}
-		if len(r.Results) == 0 { // a floor server answers one decision
-			r.Results = make([]api.Decision, len(checks))
-		}
-		return r.Results, nil
+		return ds, err
 	}
-}
-
-func post(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, b)
-	}
-	return json.Unmarshal(b, out)
 }
 
 func waitReady(addr string) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/gubernator-io/gubernator/v2"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 	"github.com/ringlimit/ringlimit/router"
@@ -201,7 +202,7 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 	defer hc.CloseIdleConnections()
 	httpTargets := make([]loadgen.CheckFunc, len(addrs))
 	for i, a := range addrs {
-		httpTargets[i] = ringlimitHTTP(hc, a)
+		httpTargets[i] = httptarget.Ringlimit(hc, a)
 	}
 	rc, err := newRing(ctx, addrs, 0)
 	if err != nil {

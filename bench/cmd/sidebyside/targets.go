@@ -2,21 +2,19 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/gubernator-io/gubernator/v2"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 	"github.com/ringlimit/ringlimit/router"
@@ -27,88 +25,13 @@ import (
 // hand into a pooled buffer, the answer decoded with encoding/json into
 // a small struct, one keep-alive connection per worker and server.
 
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// appendString appends s as a JSON string; bench keys and rule names are
-// plain ASCII, which strconv quotes exactly as JSON does.
-func appendString(b []byte, s string) []byte { return strconv.AppendQuote(b, s) }
-
-// postJSON posts body to url and decodes a 200 answer into out.
-func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	buf := bufPool.Get().(*bytes.Buffer)
-	defer bufPool.Put(buf)
-	buf.Reset()
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, 4<<20)); err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: HTTP %d: %.200s", url, resp.StatusCode, buf.Bytes())
-	}
-	return json.Unmarshal(buf.Bytes(), out)
-}
-
-// ringlimitHTTP is POST /v1/check on one member: the single form for one
-// check, the batch form for more.
-func ringlimitHTTP(hc *http.Client, addr string) loadgen.CheckFunc {
-	url := "http://" + addr + "/v1/check"
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
-		b := make([]byte, 0, 64*len(checks)+16)
-		one := func(b []byte, c api.CheckRequest) []byte {
-			b = append(b, `{"rule":`...)
-			b = appendString(b, c.Rule)
-			b = append(b, `,"key":`...)
-			b = appendString(b, c.Key)
-			b = append(b, `,"cost":`...)
-			b = strconv.AppendInt(b, costOf(c), 10)
-			return append(b, '}')
-		}
-		if len(checks) == 1 {
-			var d api.Decision
-			if err := postJSON(ctx, hc, url, one(b, checks[0]), &d); err != nil {
-				return nil, err
-			}
-			return []api.Decision{d}, nil
-		}
-		b = append(b, `{"checks":[`...)
-		for i, c := range checks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = one(b, c)
-		}
-		b = append(b, "]}"...)
-		var r api.BatchResponse
-		if err := postJSON(ctx, hc, url, b, &r); err != nil {
-			return nil, err
-		}
-		return r.Results, nil
-	}
-}
-
-func costOf(c api.CheckRequest) int64 {
-	if c.Cost == nil {
-		return 1
-	}
-	return *c.Cost
-}
-
 // ringlimitRing is the Go client on the data plane: Ring.Check for one
 // check per call (concurrent calls share frames per owner), the Ring's
 // router for a batch per call.
 func ringlimitRing(rc *client.Ring) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
 		if len(checks) == 1 {
-			d, err := rc.Check(ctx, checks[0].Rule, checks[0].Key, costOf(checks[0]))
+			d, err := rc.Check(ctx, checks[0].Rule, checks[0].Key, httptarget.CostOf(checks[0]))
 			if err != nil {
 				return nil, err
 			}
@@ -116,7 +39,7 @@ func ringlimitRing(rc *client.Ring) loadgen.CheckFunc {
 		}
 		reqs := make([]router.Request, len(checks))
 		for i, c := range checks {
-			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: costOf(c)}
+			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: httptarget.CostOf(c)}
 		}
 		out := make([]router.Result, len(reqs))
 		if err := rc.Router().Check(ctx, reqs, out); err != nil {
@@ -156,11 +79,11 @@ func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 				b = append(b, ',')
 			}
 			b = append(b, `{"name":`...)
-			b = appendString(b, c.Rule)
+			b = httptarget.AppendString(b, c.Rule)
 			b = append(b, `,"unique_key":`...)
-			b = appendString(b, c.Key)
+			b = httptarget.AppendString(b, c.Key)
 			b = append(b, `,"hits":`...)
-			b = strconv.AppendInt(b, costOf(c), 10)
+			b = strconv.AppendInt(b, httptarget.CostOf(c), 10)
 			b = append(b, `,"limit":`...)
 			b = strconv.AppendInt(b, r.limit, 10)
 			b = append(b, `,"duration":`...)
@@ -169,7 +92,7 @@ func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 		}
 		b = append(b, "]}"...)
 		var resp gubResponse
-		if err := postJSON(ctx, hc, url, b, &resp); err != nil {
+		if err := httptarget.PostJSON(ctx, hc, url, b, &resp); err != nil {
 			return nil, err
 		}
 		ds := make([]api.Decision, len(resp.Responses))
@@ -188,7 +111,7 @@ func gubernatorGRPC(c gubernator.V1Client, r gubRule) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
 		req := &gubernator.GetRateLimitsReq{Requests: make([]*gubernator.RateLimitReq, len(checks))}
 		for i, ch := range checks {
-			req.Requests[i] = &gubernator.RateLimitReq{Name: ch.Rule, UniqueKey: ch.Key, Hits: costOf(ch),
+			req.Requests[i] = &gubernator.RateLimitReq{Name: ch.Rule, UniqueKey: ch.Key, Hits: httptarget.CostOf(ch),
 				Limit: r.limit, Duration: r.durationMs, Algorithm: gubernator.Algorithm_TOKEN_BUCKET}
 		}
 		resp, err := c.GetRateLimits(ctx, req)
