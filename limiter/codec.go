@@ -131,10 +131,13 @@ func (p *partition) liveRecords(now int64, g *ruleSets) []exportRec {
 			recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
 		}
 	}
-	slices.SortFunc(recs, func(a, b exportRec) int {
-		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
-	})
+	slices.SortFunc(recs, compareRecs)
 	return recs
+}
+
+// compareRecs orders records as a stream holds them: by kind, then key.
+func compareRecs(a, b exportRec) int {
+	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
 }
 
 // appendStream appends the stream of recs (sorted by kind, then key) of

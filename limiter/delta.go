@@ -1,9 +1,6 @@
 package limiter
 
-import (
-	"cmp"
-	"slices"
-)
+import "slices"
 
 // Delta exports. An owner pushes its changed partitions to their backup
 // every few milliseconds; a whole export costs O(states of the partition)
@@ -76,10 +73,8 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 		}
 	}
 	p.changed = p.changed[:0]
-	slices.SortFunc(recs, func(a, b exportRec) int {
-		return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
-	})
-	recs = slices.CompactFunc(recs, func(a, b exportRec) bool { return a.kind == b.kind && a.key == b.key }) // a key listed twice
+	slices.SortFunc(recs, compareRecs)
+	recs = slices.CompactFunc(recs, func(a, b exportRec) bool { return compareRecs(a, b) == 0 }) // a key listed twice
 	return appendStream(dst, part, recs, g, now), false
 }
 
