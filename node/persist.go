@@ -8,8 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-
-	"github.com/ringlimit/ringlimit/limiter"
 )
 
 // A member's bucket state lives in memory, and in a cluster its backups
@@ -112,8 +110,10 @@ func (o *Owner) loadBuckets(dir string) (int, error) {
 	return n, nil
 }
 
-// takeBuckets decodes a bucket file whole, then imports its partitions
-// into the backup table: on error nothing is taken.
+// takeBuckets decodes a bucket file and imports its partitions into the
+// backup table, which is empty at start-up: on error it is left empty
+// (Import takes a partition whole or not at all, and the partitions
+// taken before the error are dropped again).
 func (o *Owner) takeBuckets(b []byte) (int, error) {
 	if !bytes.HasPrefix(b, []byte(bucketMagic)) || len(b) < len(bucketMagic)+8 {
 		return 0, errors.New("not a bucket state file")
@@ -155,18 +155,12 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 	if len(r) != 0 {
 		return 0, errors.New("bytes after the last partition")
 	}
-	scratch, err := limiter.NewTable(len(o.gates))
-	if err != nil {
-		return 0, err
-	}
-	for _, pt := range parts { // all of them decode before any is taken
-		if _, err := scratch.Import(pt.p, pt.stream, at); err != nil {
-			return 0, fmt.Errorf("partition %d: %w", pt.p, err)
-		}
-	}
-	for _, pt := range parts {
+	for k, pt := range parts {
 		o.dropBackup(pt.p)
 		if _, err := o.backup.Import(pt.p, pt.stream, at); err != nil {
+			for _, taken := range parts[:k] { // nothing of a damaged file is kept
+				o.dropBackup(taken.p)
+			}
 			return 0, fmt.Errorf("partition %d: %w", pt.p, err)
 		}
 	}

@@ -69,4 +69,33 @@ func checkBucketFile(t *testing.T, dir string) {
 	if _, err := os.Stat(path + ".bad"); err != nil {
 		t.Fatalf("damaged file not set aside: %v", err)
 	}
+
+	// Two partitions, the second one's stream damaged (its framing
+	// intact): the first, already taken, is dropped again.
+	f, _ := testOwner(t, 1, "a")
+	handle(f, 1, c)
+	for h2 := h + 1; ; h2++ {
+		if p2 := v.Ring.Partition(h2); p2 != p {
+			if o, _ := v.Ring.Owner(p2); o.ID == "a" {
+				handle(f, 1, transport.Check{Rule: "r", KeyHash: h2, Partition: p2, Cost: 1})
+				break
+			}
+		}
+	}
+	if n, err := f.saveBuckets(dir); err != nil || n != 2 {
+		t.Fatalf("saved %d partitions (err %v), want 2", n, err)
+	}
+	two, _ := os.ReadFile(path)
+	last := strings.LastIndex(string(two), "RLP1")
+	two[last] = 'X'
+	if err := os.WriteFile(path, two, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := testOwner(t, 1, "a")
+	if n, err := g.loadBuckets(dir); err == nil || n != 0 {
+		t.Fatalf("second stream damaged: %d loaded, err %v; want an error", n, err)
+	}
+	if g.BackupTable().Len() != 0 {
+		t.Fatal("the first partition of a file whose second is damaged was kept")
+	}
 }
