@@ -58,22 +58,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 				var body []byte
 				sink := make([]byte, 64<<10)
 				for pb.Next() {
-					base := next.Add(int64(batch))
-					body = body[:0]
-					if batch > 1 {
-						body = append(body, `{"checks":[`...)
-					}
-					for i := range batch {
-						if i > 0 {
-							body = append(body, ',')
-						}
-						body = append(body, `{"rule":"bench","key":"key-`...)
-						body = strconv.AppendInt(body, (base+int64(i))%100_000, 10)
-						body = append(body, `","cost":1}`...)
-					}
-					if batch > 1 {
-						body = append(body, "]}"...)
-					}
+					body = appendCheckBody(body[:0], next.Add(int64(batch)), batch)
 					resp, err := hc.Post(url, "application/json", bytes.NewReader(body))
 					if err != nil {
 						b.Error(err)
@@ -87,11 +72,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 					}
 				}
 			})
-			b.StopTimer()
-			checks := float64(b.N * batch)
-			b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
-			// Client and server together (one process).
-			b.ReportMetric(float64((cputime.Process()-cpu).Nanoseconds())/checks, "cpu-ns/check")
+			reportChecks(b, batch, cpu) // client and server together (one process)
 		})
 	}
 }
@@ -123,22 +104,7 @@ func rawChecks(b *testing.B, addr string, batch int) {
 		var req []byte
 		var body []byte
 		for pb.Next() {
-			base := next.Add(int64(batch))
-			body = body[:0]
-			if batch > 1 {
-				body = append(body, `{"checks":[`...)
-			}
-			for i := range batch {
-				if i > 0 {
-					body = append(body, ',')
-				}
-				body = append(body, `{"rule":"bench","key":"key-`...)
-				body = strconv.AppendInt(body, (base+int64(i))%100_000, 10)
-				body = append(body, `","cost":1}`...)
-			}
-			if batch > 1 {
-				body = append(body, "]}"...)
-			}
+			body = appendCheckBody(body[:0], next.Add(int64(batch)), batch)
 			req = append(req[:0], "POST /v1/check HTTP/1.1\r\nHost: "...)
 			req = append(req, addr...)
 			req = append(req, "\r\nContent-Type: application/json\r\nContent-Length: "...)
@@ -155,6 +121,32 @@ func rawChecks(b *testing.B, addr string, batch int) {
 			}
 		}
 	})
+	reportChecks(b, batch, cpu)
+}
+
+// appendCheckBody appends the body of a POST /v1/check of batch checks of
+// rule "bench" on keys key-(base+i) mod 100,000: the single form for one.
+func appendCheckBody(body []byte, base int64, batch int) []byte {
+	if batch > 1 {
+		body = append(body, `{"checks":[`...)
+	}
+	for i := range batch {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, `{"rule":"bench","key":"key-`...)
+		body = strconv.AppendInt(body, (base+int64(i))%100_000, 10)
+		body = append(body, `","cost":1}`...)
+	}
+	if batch > 1 {
+		body = append(body, "]}"...)
+	}
+	return body
+}
+
+// reportChecks stops the timer and reports checks/s and the process's CPU
+// per check since cpu.
+func reportChecks(b *testing.B, batch int, cpu time.Duration) {
 	b.StopTimer()
 	checks := float64(b.N * batch)
 	b.ReportMetric(checks/b.Elapsed().Seconds(), "checks/s")
