@@ -25,27 +25,27 @@ func (down) Do(ctx context.Context, _ string, _ *transport.BatchRequest, _ *tran
 	return ctx.Err()
 }
 
-// When a key's owner does not answer within the router's timeout, each
-// limit's failure_mode answers: open is OK, closed is OVER_LIMIT; both
-// are counted as degraded. Fake time: the timeout passes instantly.
-func TestOwnerDownFailureMode(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
-		rt.SetView(&router.View{Ring: rg, Seed: 3})
-		m, err := newMetrics(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc := NewService(rt, false, m)
-		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+// serviceOwnerDown is a service whose every key's owner never answers
+// (the router's timeout is 250ms), with one open and one closed limit.
+// Call it inside a synctest bubble.
+func serviceOwnerDown(t *testing.T) (*Service, *metrics) {
+	t.Helper()
+	rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	rt.SetView(&router.View{Ring: rg, Seed: 3})
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := NewService(rt, false, m)
+	c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
 domain: d
 descriptors:
   - key: open
@@ -53,10 +53,19 @@ descriptors:
   - key: closed
     rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
 `)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc.SetConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetConfig(c)
+	return svc, m
+}
+
+// When a key's owner does not answer within the router's timeout, each
+// limit's failure_mode answers: open is OK, closed is OVER_LIMIT; both
+// are counted as degraded. Fake time: the timeout passes instantly.
+func TestOwnerDownFailureMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc, m := serviceOwnerDown(t)
 		start := time.Now()
 		resp, err := svc.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "d",
 			Descriptors: []*commonpb.RateLimitDescriptor{desc("open", "x"), desc("closed", "x")}})
@@ -129,33 +138,7 @@ func TestWatchReloads(t *testing.T) {
 // failing and Envoy deciding for every limit alike.
 func TestFailureModeBeforeTheCallersDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1, []ring.Member{{ID: "far", Peer: "far:1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, down{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
-		rt.SetView(&router.View{Ring: rg, Seed: 3})
-		m, err := newMetrics(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc := NewService(rt, false, m)
-		c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
-domain: d
-descriptors:
-  - key: open
-    rate_limit: {unit: second, requests_per_unit: 1}
-  - key: closed
-    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
-`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc.SetConfig(c)
+		svc, m := serviceOwnerDown(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
 		start := time.Now()
