@@ -417,6 +417,15 @@ func (n *Node) HandleBatch(ctx context.Context, req *transport.BatchRequest, res
 	o.HandleBatch(ctx, req, resp)
 }
 
+var _ transport.PromptHandler = (*Node)(nil)
+
+// Prompt is the owner's (transport.PromptHandler): whether HandleBatch
+// would decide req without waiting.
+func (n *Node) Prompt(req *transport.BatchRequest) bool {
+	o := n.owner.Load()
+	return o != nil && o.Prompt(req)
+}
+
 // HandlePush is the owner's: hand-offs and backup copies from other
 // members.
 func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {

@@ -316,3 +316,45 @@ func TestKeyCap(t *testing.T) {
 		t.Fatalf("after the sweep: %v, want OK", st)
 	}
 }
+
+// Prompt says "decides at once" exactly when HandleBatch would not wait:
+// not for a newer ring or rules, not for the lease, not for a hand-off.
+func TestPrompt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newOwner(t, "a"), newOwner(t, "b")
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
+		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
+		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		alive := func(string) bool { return true }
+		prompt := func(o *Owner, epoch, rules uint64, want bool) {
+			t.Helper()
+			if got := o.Prompt(&transport.BatchRequest{Epoch: epoch, RulesVersion: rules}); got != want {
+				t.Fatalf("%s: Prompt(epoch %d, rules %d) = %v, want %v", o.self, epoch, rules, got, want)
+			}
+		}
+		prompt(a, 0, 0, false) // no view yet: it would wait for one
+		a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false, false))
+		prompt(a, 1, 1, true)
+		prompt(a, 0, 0, true) // an older sender is answered at once (NOT_OWNER or decided)
+		prompt(a, 2, 1, false)
+		prompt(a, 1, 2, false)
+
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", alive, false, false))
+		prompt(b, 2, 1, false) // its hand-offs are on their way
+		out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false, false))
+		prompt(a, 2, 1, true) // a gave partitions up: it waits for nothing
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a"}
+		for _, og := range out {
+			push.Parts = append(push.Parts, og.Part)
+		}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+		b.HandlePush(context.Background(), push, &ack)
+		prompt(b, 2, 1, true)
+
+		a.EnableLease(true) // leased until the zero time: expired
+		prompt(a, 2, 1, false)
+		a.SetLeaseUntil(time.Now().Add(time.Second))
+		prompt(a, 2, 1, true)
+	})
+}

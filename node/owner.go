@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
@@ -45,7 +46,7 @@ type Owner struct {
 	table  *limiter.Table // partitions we own (or are handing off)
 	backup *limiter.Table // copies of the partitions we back up
 
-	gates []sync.RWMutex // per partition: shared by checks, exclusive for moves
+	gates []gate // per partition: shared by checks, exclusive for moves
 	state []atomic.Uint32
 	dirty []atomic.Bool // changed since the last backup push
 	whole []atomic.Bool // the next backup push sends the whole partition (see markWhole)
@@ -165,7 +166,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
-		gates: make([]sync.RWMutex, partitions), state: make([]atomic.Uint32, partitions),
+		gates: make([]gate, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
 		changed: make(chan struct{}), start: time.Now()}, nil
 }
@@ -212,6 +213,24 @@ func (o *Owner) Serving() bool { return o.leased() }
 
 func (o *Owner) leased() bool {
 	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
+}
+
+// gate is a partition's lock, alone on its cache line: taking it shared
+// writes to it, and the checks of neighbouring partitions on other cores
+// must not invalidate each other's.
+type gate struct {
+	sync.RWMutex
+	_ [64 - unsafe.Sizeof(sync.RWMutex{})%64]byte
+}
+
+// markDirty notes that partition p changed since its last backup push.
+// It writes only when the flag is clear (once per push): the flags of
+// many partitions share a cache line, and a store on every check would
+// bounce it between cores.
+func (o *Owner) markDirty(p uint32) {
+	if d := &o.dirty[p]; !d.Load() {
+		d.Store(true)
+	}
 }
 
 func (o *Owner) getState(p uint32) partState { return partState(o.state[p].Load()) }
@@ -333,6 +352,18 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 	}
 }
 
+// Prompt reports whether HandleBatch would decide req without waiting:
+// our ring and rules are as new as the sender's, we hold the lease, and no
+// partition of ours awaits its hand-off. It is the data plane's cue to
+// decide req on the connection's read goroutine (transport.PromptHandler).
+// It reads a few atomics and changes nothing; a view published right
+// after it may still make HandleBatch wait.
+func (o *Owner) Prompt(req *transport.BatchRequest) bool {
+	v := o.cell.Load()
+	return v != nil && req.Epoch <= v.Epoch() && req.RulesVersion <= v.RulesVersion &&
+		o.leased() && o.awaiting.Load() == 0
+}
+
 // decideRun decides one check, or a group of joined checks as a unit,
 // into rs, and reports false when the answer is StatusUnavailable (a
 // partition is on its way: the caller may wait and decide again).
@@ -394,7 +425,7 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 		return transport.Result{Status: transport.StatusBadRequest}
 	}
 	if c.Cost > 0 && d.Allowed {
-		o.dirty[c.Partition].Store(true)
+		o.markDirty(c.Partition)
 	}
 	return resultOf(d)
 }
@@ -488,7 +519,7 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 	for i := range ds {
 		rs[i] = resultOf(ds[i])
 		if spent && items[i].Cost > 0 {
-			o.dirty[items[i].Part].Store(true)
+			o.markDirty(items[i].Part)
 		}
 	}
 	return transport.StatusOK

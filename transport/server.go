@@ -20,17 +20,20 @@ import (
 // with its own request, response and encoding buffers, reused from batch to
 // batch) and a writer. The read loop decodes a frame into an idle worker;
 // while every worker is busy it stops reading, which pushes back on the
-// sender through TCP. Create one with NewServer; the zero value is not
-// usable.
+// sender through TCP. A PromptHandler's batch that would be decided at once
+// and has no frame waiting behind it is decided by the read loop itself,
+// in the worker's buffers, saving the hand-off. Create one with NewServer;
+// the zero value is not usable.
 //
 // The context a Handler gets ends when its batch's budget is spent or the
 // server closes; the worker reuses it for its next batch, so a handler
 // must not keep it after it returns.
 type Server struct {
-	cfg ServerConfig
-	h   Handler
-	err error            // from NewServer: bad config or nil handler
-	now func() time.Time // the clock frames' budgets are measured with
+	cfg    ServerConfig
+	h      Handler
+	prompt PromptHandler    // h, when it is one; else nil
+	err    error            // from NewServer: bad config or nil handler
+	now    func() time.Time // the clock frames' budgets are measured with
 
 	ctx    context.Context // parent of every handler context
 	cancel context.CancelFunc
@@ -59,6 +62,7 @@ func NewServer(cfg ServerConfig, h Handler) *Server {
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*serverConn]struct{}),
 	}
+	s.prompt, _ = h.(PromptHandler)
 	if s.err == nil && h == nil {
 		s.err = fmt.Errorf("%w: nil Handler", ErrInvalidConfig)
 	}
@@ -308,8 +312,15 @@ func (sc *serverConn) readLoop() error {
 			continue
 		}
 		w.id, w.deadline, w.received = id, deadline, received
-		sc.inflight.Add(1)
-		w.in <- struct{}{}
+		if sc.s.prompt != nil && br.Buffered() == 0 && sc.s.prompt.Prompt(&w.req) {
+			// Nothing waits behind this frame and it will not wait:
+			// decide it here rather than wake a worker for it.
+			sc.process(w)
+			sc.idle <- w
+		} else {
+			sc.inflight.Add(1)
+			w.in <- struct{}{}
+		}
 		if cap(buf) > 1<<20 { // do not keep a huge frame's buffer
 			buf = nil
 		}

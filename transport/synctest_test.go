@@ -223,3 +223,102 @@ func TestSilentPeerConnectionIsDropped(t *testing.T) {
 		<-served
 	})
 }
+
+// promptHandler is a PromptHandler whose batches named "prompt…" say
+// they decide at once; a batch named "…hold" waits for release.
+type promptHandler struct {
+	entered chan string
+	release chan struct{}
+}
+
+func (h *promptHandler) Prompt(req *BatchRequest) bool {
+	return len(req.Checks) > 0 && len(req.Checks[0].Rule) >= 6 && req.Checks[0].Rule[:6] == "prompt"
+}
+
+func (h *promptHandler) HandleBatch(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+	r := req.Checks[0].Rule
+	h.entered <- r
+	if len(r) >= 4 && r[len(r)-4:] == "hold" {
+		<-h.release
+	}
+	echo(ctx, req, resp)
+}
+
+// A PromptHandler's prompt batch is decided on the connection's read
+// loop: the frame behind it is not read until it is done. A batch that is
+// not prompt goes to a worker, and the frame behind it is decided
+// meanwhile.
+func TestPromptBatchDecidedOnReadLoop(t *testing.T) {
+	for _, tc := range []struct {
+		first       string
+		secondFirst bool // the second batch is decided while the first holds
+	}{
+		{"prompt-hold", false},
+		{"worker-hold", true},
+	} {
+		t.Run(tc.first, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := &promptHandler{entered: make(chan string, 2), release: make(chan struct{})}
+				ln := newPipeListener()
+				srv := NewServer(DefaultServerConfig(), h)
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(ln) }()
+				cfg := DefaultClientConfig()
+				cfg.Dial = ln.dial
+				c, err := Dial(t.Context(), "pipe", cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				do := func(rule string) chan error {
+					done := make(chan error, 1)
+					go func() {
+						req := batchOf(2, rule)
+						var resp BatchResponse
+						err := c.Do(t.Context(), req, &resp)
+						if err == nil {
+							checkEcho(t, req, &resp)
+						}
+						done <- err
+					}()
+					return done
+				}
+				first := do(tc.first)
+				if got := <-h.entered; got != tc.first {
+					t.Fatalf("handler got %q first, want %q", got, tc.first)
+				}
+				second := do("prompt-next")
+				synctest.Wait()
+				select {
+				case got := <-h.entered:
+					if !tc.secondFirst {
+						t.Fatalf("%q decided while the prompt batch before it held the read loop", got)
+					}
+					if err := <-second; err != nil {
+						t.Fatal(err)
+					}
+				default:
+					if tc.secondFirst {
+						t.Fatal("the batch behind a worker's batch was not decided while that one held")
+					}
+				}
+				close(h.release)
+				if err := <-first; err != nil {
+					t.Fatal(err)
+				}
+				if !tc.secondFirst {
+					if got := <-h.entered; got != "prompt-next" {
+						t.Fatalf("handler got %q, want prompt-next", got)
+					}
+					if err := <-second; err != nil {
+						t.Fatal(err)
+					}
+				}
+				_ = c.Close()
+				_ = srv.Close()
+				if err := <-served; !errors.Is(err, ErrServerClosed) {
+					t.Errorf("Serve = %v, want ErrServerClosed", err)
+				}
+			})
+		})
+	}
+}
