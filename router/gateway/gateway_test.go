@@ -38,6 +38,7 @@ import (
 type tableChecker struct {
 	view *router.View
 	tab  *limiter.Table
+	now  int64 // the checks' clock, which stands still: budgets never refill between two checks of a test
 
 	mu    sync.Mutex // guards calls
 	calls [][]router.Request
@@ -56,7 +57,7 @@ func newChecker(t *testing.T, rs ...limiter.Rule) *tableChecker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &tableChecker{view: &router.View{Seed: 1, Rules: byName}, tab: tab}
+	return &tableChecker{view: &router.View{Seed: 1, Rules: byName}, tab: tab, now: time.Now().UnixNano()}
 }
 
 func (c *tableChecker) View() *router.View { return c.view }
@@ -86,7 +87,7 @@ func (c *tableChecker) Check(_ context.Context, reqs []router.Request, out []rou
 			items = append(items, limiter.Item{Bucket: b, Rule: r, Cost: q.Cost})
 		}
 		ds := make([]limiter.Decision, len(items))
-		if _, err := c.tab.CheckGroup(items, time.Now().UnixNano(), ds); err != nil {
+		if _, err := c.tab.CheckGroup(items, c.now, ds); err != nil {
 			return err
 		}
 		for k, d := range ds {
