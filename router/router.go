@@ -57,6 +57,12 @@ type Remote interface {
 	Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error
 }
 
+// asyncRemote is a Remote that sends without a goroutine waiting for the
+// answer (transport.Pool): done gets the error Do would return, once.
+type asyncRemote interface {
+	Go(addr string, deadline time.Time, req *transport.BatchRequest, resp *transport.BatchResponse, done func(error))
+}
+
 // Config tunes a Router. The zero value of a field means its default.
 type Config struct {
 	// Self is the member id whose checks the local handler decides; ""
@@ -522,6 +528,7 @@ func (r *Router) batcherFor(addr string) *batcher {
 	b := r.batchers[addr]
 	if b == nil {
 		b = &batcher{r: r, addr: addr}
+		b.async, _ = r.remote.(asyncRemote)
 		r.batchers[addr] = b
 	}
 	return b
@@ -529,8 +536,9 @@ func (r *Router) batcherFor(addr string) *batcher {
 
 // batcher collects the checks bound for one owner into micro-batches.
 type batcher struct {
-	r    *Router
-	addr string
+	r     *Router
+	addr  string
+	async asyncRemote // r.remote, when it is one
 
 	mu       sync.Mutex // guards cur and inflight
 	cur      *batch     // the batch filling up, nil when none
@@ -553,6 +561,7 @@ type batch struct {
 	done     chan struct{}
 	err      error
 	refs     atomic.Int32
+	answered func(error) // b.finish for this batch, made once
 }
 
 // newBatch returns an empty batch, reused when one is free, holding the
@@ -561,6 +570,7 @@ func (b *batcher) newBatch(deadline time.Time, epoch, rulesVersion uint64) *batc
 	bt, _ := b.free.Get().(*batch)
 	if bt == nil {
 		bt = &batch{b: b}
+		bt.answered = func(err error) { b.finish(bt, err) }
 	}
 	bt.deadline, bt.done, bt.err = deadline, make(chan struct{}), nil
 	bt.req.Epoch, bt.req.RulesVersion, bt.req.Checks = epoch, rulesVersion, bt.req.Checks[:0]
@@ -593,14 +603,14 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
+	var full *batch // a batch to send once b.mu is released
 	b.mu.Lock()
 	if b.cur != nil && len(b.cur.req.Checks)+len(idx) > b.r.cfg.MaxBatch {
-		full := b.cur
-		b.cur = nil
-		if full.timer.Stop() {
+		if b.cur.timer.Stop() {
+			full = b.cur
 			b.inflight++
-			go b.send(full)
 		}
+		b.cur = nil
 	}
 	if b.cur == nil && b.inflight == 0 {
 		// Nothing in flight to this owner: lingering would only add
@@ -613,7 +623,7 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 		bt.refs.Add(1) // the caller's ticket
 		b.inflight++
 		b.mu.Unlock()
-		go b.send(bt)
+		b.start(bt)
 		return bt, 0
 	}
 	if b.cur == nil {
@@ -632,14 +642,21 @@ func (b *batcher) add(ctx context.Context, epoch, rulesVersion uint64, checks []
 	}
 	bt.req.Epoch = max(bt.req.Epoch, epoch)
 	bt.req.RulesVersion = max(bt.req.RulesVersion, rulesVersion)
+	var now *batch
 	if len(bt.req.Checks) >= b.r.cfg.MaxBatch {
 		b.cur = nil
 		if bt.timer.Stop() {
+			now = bt
 			b.inflight++
-			go b.send(bt)
 		}
 	}
 	b.mu.Unlock()
+	if full != nil {
+		b.start(full)
+	}
+	if now != nil {
+		b.start(now)
+	}
 	return bt, off
 }
 
@@ -651,32 +668,48 @@ func (b *batcher) flush(bt *batch) {
 	}
 	b.inflight++
 	b.mu.Unlock()
-	b.send(bt)
+	b.start(bt)
 }
 
-// send sends bt, publishes the answer, and — when it was the last batch
-// in flight — sends the batch that filled up meanwhile without waiting
-// for its linger.
-func (b *batcher) send(bt *batch) {
-	defer func() {
-		b.mu.Lock()
-		b.inflight--
-		next := b.cur
-		if b.inflight == 0 && next != nil && next.timer.Stop() {
-			b.cur = nil
-			b.inflight++
-		} else {
-			next = nil
-		}
-		b.mu.Unlock()
-		if next != nil {
-			go b.send(next)
-		}
-		bt.release() // the sender's reference
-	}()
-	defer close(bt.done)
-	ctx, cancel := context.WithDeadline(b.r.ctx, bt.deadline)
-	defer cancel()
+// start sends bt (counted in flight by the caller, who holds no lock):
+// with an asyncRemote, on the remote's goroutines; else on a goroutine of
+// its own that waits in Do. finish takes the answer.
+func (b *batcher) start(bt *batch) {
 	b.r.m.batchSize.Observe(float64(len(bt.req.Checks)))
-	bt.err = b.r.remote.Do(ctx, b.addr, &bt.req, &bt.resp)
+	if err := b.r.ctx.Err(); err != nil { // the router is closed
+		b.finish(bt, err)
+		return
+	}
+	if b.async != nil {
+		b.async.Go(b.addr, bt.deadline, &bt.req, &bt.resp, bt.answered)
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithDeadline(b.r.ctx, bt.deadline)
+		err := b.r.remote.Do(ctx, b.addr, &bt.req, &bt.resp)
+		cancel()
+		b.finish(bt, err)
+	}()
+}
+
+// finish publishes bt's answer and — when it was the last batch in
+// flight — sends the batch that filled up meanwhile without waiting for
+// its linger.
+func (b *batcher) finish(bt *batch, err error) {
+	bt.err = err
+	close(bt.done)
+	b.mu.Lock()
+	b.inflight--
+	next := b.cur
+	if b.inflight == 0 && next != nil && next.timer.Stop() {
+		b.cur = nil
+		b.inflight++
+	} else {
+		next = nil
+	}
+	b.mu.Unlock()
+	if next != nil {
+		b.start(next)
+	}
+	bt.release() // the sender's reference
 }

@@ -80,6 +80,60 @@ func (c *Client) Do(ctx context.Context, req *BatchRequest, resp *BatchResponse)
 	return c.call(ctx, func(cc *clientConn) (bool, error) { return cc.do(ctx, req, resp) })
 }
 
+// Go sends req as Do does, without a goroutine waiting for the answer:
+// done is called exactly once, with the error Do would return (nil when
+// *resp holds the answer), on the goroutine that reads the connection, on
+// a timer's when deadline passes first (context.DeadlineExceeded), or on
+// the caller's own before Go returns when nothing could be sent. done must
+// be quick and must not block on anything that waits for this client. req
+// is not retained after Go returns; resp belongs to the call until done.
+//
+// Go saves Do's waiting goroutine and its context per batch; the router
+// sends its batches with it. A dial, when the connection is down, happens
+// on the caller's goroutine (bounded by deadline and DialTimeout). Unlike
+// Do, Go does not wait for room behind MaxPendingWrite bytes of other
+// frames: it queues its frame at once.
+func (c *Client) Go(deadline time.Time, req *BatchRequest, resp *BatchResponse, done func(error)) {
+	if req == nil || resp == nil {
+		done(errors.New("transport: Go with nil request or response"))
+		return
+	}
+	if len(req.Checks) > c.cfg.Limits.maxChecks() {
+		done(&TooManyChecksError{Count: uint64(len(req.Checks)), Limit: c.cfg.Limits.maxChecks()})
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		cc, err := c.connBy(deadline)
+		if err != nil {
+			done(err)
+			return
+		}
+		sent, err := cc.start(deadline, req, resp, done)
+		if err == nil {
+			return // done is the call's now
+		}
+		if !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
+			continue // the connection broke before this frame left: redial once
+		}
+		done(err)
+		return
+	}
+}
+
+// connBy is conn for a caller with a deadline instead of a context: a
+// healthy connection is returned without making one.
+func (c *Client) connBy(deadline time.Time) (*clientConn, error) {
+	c.mu.Lock()
+	if cc := c.cc; cc != nil && !c.closed && !cc.broken.Load() {
+		c.mu.Unlock()
+		return cc, nil
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	return c.conn(ctx)
+}
+
 // call runs one round trip on a healthy connection; when the connection
 // broke before the frame left, it redials once and tries again.
 func (c *Client) call(ctx context.Context, rt func(*clientConn) (sent bool, err error)) error {
@@ -197,6 +251,11 @@ type call struct {
 	ack  *PushAck // for a push instead of a batch
 	want int      // number of results expected
 	buf  []byte   // the encoded request
+
+	// A call of Go: fn takes the answer instead of done, and timer ends
+	// the call at its deadline. Both are set before the call is pending.
+	fn    func(error)
+	timer *time.Timer
 }
 
 // clientConn is one connection of a Client.
@@ -306,6 +365,82 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 	}
 }
 
+// start sends one batch for Go. It returns a nil error once the call is
+// pending (its fn then gets the answer), or the error for Go to report
+// (fn not called); sent is false when the batch certainly did not leave
+// this process.
+func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchResponse, fn func(error)) (sent bool, err error) {
+	budget := time.Until(deadline)
+	if budget <= 0 {
+		return false, context.DeadlineExceeded
+	}
+	cl := cc.c.calls.Get().(*call)
+	id := cc.nextID.Add(1)
+	cl.buf = AppendBatchRequest(cl.buf[:0], id, budget, req)
+	if limit := cc.c.cfg.Limits.maxFrame(); len(cl.buf) > limit {
+		cc.c.calls.Put(cl)
+		return false, &FrameTooLargeError{Size: uint64(len(cl.buf)), Limit: limit}
+	}
+	cl.resp, cl.want, cl.fn = resp, len(req.Checks), fn
+	sentAt := time.Now().UnixNano()
+
+	cc.mu.Lock()
+	if cc.err != nil {
+		err := cc.err
+		cc.mu.Unlock()
+		cl.resp, cl.fn = nil, nil
+		cc.c.calls.Put(cl)
+		return false, err
+	}
+	cc.pending[id] = cl
+	// Armed under mu: whoever takes the call out of pending finds it set.
+	cl.timer = time.AfterFunc(budget, func() { cc.expire(id, sentAt) })
+	cc.mu.Unlock()
+
+	if err := cc.w.writeNow(cl.buf); err != nil {
+		if !cc.forget(id) {
+			cc.fail(err) // its timer or a failure answered it already
+			return true, nil
+		}
+		cl.timer.Stop()
+		cl.resp, cl.fn, cl.timer = nil, nil, nil
+		cc.c.calls.Put(cl)
+		cc.fail(err)
+		return false, cc.failure()
+	}
+	return true, nil
+}
+
+// expire ends a call of Go whose deadline passed before its answer.
+func (cc *clientConn) expire(id uint64, sentAt int64) {
+	cc.mu.Lock()
+	cl := cc.pending[id]
+	delete(cc.pending, id)
+	cc.mu.Unlock()
+	if cl == nil {
+		return // answered, or failed with the connection
+	}
+	if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
+		// As in roundTrip: nothing has come back since this call left.
+		cc.fail(fmt.Errorf("no answer from %s within the call's deadline: connection presumed dead", cc.c.addr))
+	}
+	cc.deliver(cl, context.DeadlineExceeded)
+}
+
+// deliver gives a call its answer. The caller has taken cl out of
+// pending, so it is the only one to deliver it.
+func (cc *clientConn) deliver(cl *call, err error) {
+	if cl.fn == nil {
+		cl.done <- err
+		return
+	}
+	fn := cl.fn
+	cl.timer.Stop()
+	cl.resp, cl.ack, cl.fn, cl.timer = nil, nil, nil, nil
+	cc.c.calls.Put(cl)
+	fn(err)
+}
+
 // forget removes a call from pending and reports whether it was there.
 func (cc *clientConn) forget(id uint64) bool {
 	cc.mu.Lock()
@@ -335,7 +470,7 @@ func (cc *clientConn) fail(cause error) {
 	cc.pending = nil
 	cc.mu.Unlock()
 	for _, cl := range pending {
-		cl.done <- err
+		cc.deliver(cl, err)
 	}
 	_ = cc.nc.Close()
 }
@@ -384,11 +519,11 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 		if err == nil {
 			err = rerr
 		}
-		cl.done <- err
+		cc.deliver(cl, err)
 		return nil
 	}
 	if (h.Type == FramePushResponse) != (cl.ack != nil) {
-		cl.done <- malformed(fmt.Sprintf("%v answer to the wrong kind of request", h.Type))
+		cc.deliver(cl, malformed(fmt.Sprintf("%v answer to the wrong kind of request", h.Type)))
 		return nil
 	}
 	if cl.ack != nil {
@@ -396,13 +531,13 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 		if err == nil && len(cl.ack.Status) != cl.want {
 			err = malformed(fmt.Sprintf("%d statuses for %d parts", len(cl.ack.Status), cl.want))
 		}
-		cl.done <- err
+		cc.deliver(cl, err)
 		return nil
 	}
 	_, err = lim.DecodeBatchResponse(frame, cl.resp)
 	if err == nil && len(cl.resp.Results) != cl.want {
 		err = malformed(fmt.Sprintf("%d results for %d checks", len(cl.resp.Results), cl.want))
 	}
-	cl.done <- err
+	cc.deliver(cl, err)
 	return nil
 }

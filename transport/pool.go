@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Pool keeps one Client, hence one long-lived pipelined connection, per
@@ -31,6 +32,16 @@ func (p *Pool) Do(ctx context.Context, addr string, req *BatchRequest, resp *Bat
 		return err
 	}
 	return c.Do(ctx, req, resp)
+}
+
+// Go is Client.Go on the Client for addr.
+func (p *Pool) Go(addr string, deadline time.Time, req *BatchRequest, resp *BatchResponse, done func(error)) {
+	c, err := p.Client(addr)
+	if err != nil {
+		done(err)
+		return
+	}
+	c.Go(deadline, req, resp, done)
 }
 
 // Client returns the Client for addr, creating it (without dialing yet) if

@@ -322,3 +322,128 @@ func TestPromptBatchDecidedOnReadLoop(t *testing.T) {
 		})
 	}
 }
+
+// Go delivers each call's outcome to its done exactly once: the answer,
+// the deadline (the late answer dropped), the connection's failure, or
+// the closed client's refusal.
+func TestGoDeliversOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			if req.Checks[0].Rule == "hold" {
+				<-release
+			}
+			echo(ctx, req, resp)
+		})
+		ln := newPipeListener()
+		srv := NewServer(DefaultServerConfig(), h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		cfg := DefaultClientConfig()
+		cfg.Dial = ln.dial
+		c, err := Dial(t.Context(), "pipe", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type outcome struct {
+			err   error
+			calls int
+		}
+		start := func(rule string, d time.Duration) (*BatchRequest, *BatchResponse, *outcome) {
+			req, resp, o := batchOf(3, rule), &BatchResponse{}, &outcome{}
+			c.Go(time.Now().Add(d), req, resp, func(err error) { o.err = err; o.calls++ })
+			return req, resp, o
+		}
+		once := func(name string, o *outcome, want error) {
+			t.Helper()
+			synctest.Wait()
+			if o.calls != 1 || !errors.Is(o.err, want) {
+				t.Fatalf("%s: done called %d times, last with %v; want once with %v", name, o.calls, o.err, want)
+			}
+		}
+
+		req, resp, o := start("now", time.Second)
+		once("answered", o, nil)
+		checkEcho(t, req, resp)
+
+		_, _, o = start("hold", 100*time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
+		once("deadline", o, context.DeadlineExceeded)
+		close(release) // the late answer comes back to nobody
+		synctest.Wait()
+		if o.calls != 1 {
+			t.Fatalf("the late answer reached done: %d calls", o.calls)
+		}
+
+		req, resp, o = start("now", time.Second) // the connection is still good
+		once("after a late answer", o, nil)
+		checkEcho(t, req, resp)
+
+		_, _, o = start("now", 0)
+		once("no budget", o, context.DeadlineExceeded)
+
+		release = make(chan struct{})
+		_, _, held := start("hold", time.Second)
+		synctest.Wait()
+		_ = c.Close()
+		once("client closed in flight", held, ErrClientClosed)
+		_, _, o = start("now", time.Second)
+		once("client closed", o, ErrClientClosed)
+		close(release)
+
+		_ = srv.Close()
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve = %v, want ErrServerClosed", err)
+		}
+	})
+}
+
+// A connection that breaks fails the calls of Go in flight on it, once
+// each, and the next Go dials afresh.
+func TestGoConnectionBreaks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			if req.Checks[0].Rule == "hold" {
+				<-ctx.Done()
+				return
+			}
+			echo(ctx, req, resp)
+		})
+		ln := newPipeListener()
+		srv := NewServer(DefaultServerConfig(), h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		var conns []net.Conn
+		cfg := DefaultClientConfig()
+		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			nc, err := ln.dial(ctx, addr)
+			if err == nil {
+				conns = append(conns, nc)
+			}
+			return nc, err
+		}
+		c, err := Dial(t.Context(), "pipe", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var calls []error
+		c.Go(time.Now().Add(time.Second), batchOf(1, "hold"), &BatchResponse{}, func(err error) { calls = append(calls, err) })
+		synctest.Wait()
+		_ = conns[0].Close()
+		synctest.Wait()
+		if len(calls) != 1 || !errors.Is(calls[0], ErrConnClosed) {
+			t.Fatalf("done got %v, want one error wrapping ErrConnClosed", calls)
+		}
+		req, resp := batchOf(2, "now"), &BatchResponse{}
+		c.Go(time.Now().Add(time.Second), req, resp, func(err error) { calls = append(calls, err) })
+		synctest.Wait()
+		if len(calls) != 2 || calls[1] != nil || len(conns) != 2 {
+			t.Fatalf("after the break: done got %v over %d connections, want nil over a second one", calls, len(conns))
+		}
+		checkEcho(t, req, resp)
+		_ = c.Close()
+		_ = srv.Close()
+		<-served
+	})
+}

@@ -66,9 +66,16 @@ func newFrameWriter(nc net.Conn, timeout time.Duration, maxPending int, direct b
 // writing. It blocks while more than maxPending bytes wait, and fails once
 // the writer has failed or is closing. A frame for which write returned an
 // error was not sent whole, so the peer never decodes it.
-func (w *frameWriter) write(frame []byte) error {
+func (w *frameWriter) write(frame []byte) error { return w.put(frame, true) }
+
+// writeNow is write without waiting for room: the frame is queued past
+// maxPending if need be. It is for goroutines that must not block on
+// the peer (Client.Go's callers include the connection's read loop).
+func (w *frameWriter) writeNow(frame []byte) error { return w.put(frame, false) }
+
+func (w *frameWriter) put(frame []byte, wait bool) error {
 	w.mu.Lock()
-	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(frame) > w.maxPending {
+	for wait && w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(frame) > w.maxPending {
 		w.cond.Wait()
 	}
 	if w.err != nil {
