@@ -92,7 +92,7 @@ func (c *Client) Do(ctx context.Context, req *BatchRequest, resp *BatchResponse)
 // sends its batches with it. A dial, when the connection is down, happens
 // on the caller's goroutine (bounded by deadline and DialTimeout). Unlike
 // Do, Go does not wait for room behind MaxPendingWrite bytes of other
-// frames: it queues its frame at once.
+// frames: past them it fails at once with ErrQueueFull (nothing sent).
 func (c *Client) Go(deadline time.Time, req *BatchRequest, resp *BatchResponse, done func(error)) {
 	if req == nil || resp == nil {
 		done(errors.New("transport: Go with nil request or response"))
@@ -398,13 +398,19 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	cc.mu.Unlock()
 
 	if err := cc.w.writeNow(cl.buf); err != nil {
+		full := errors.Is(err, ErrQueueFull) // the connection goes on
 		if !cc.forget(id) {
-			cc.fail(err) // its timer or a failure answered it already
+			if !full {
+				cc.fail(err) // its timer or a failure answered it already
+			}
 			return true, nil
 		}
 		cl.timer.Stop()
 		cl.resp, cl.fn, cl.timer = nil, nil, nil
 		cc.c.calls.Put(cl)
+		if full {
+			return false, err
+		}
 		cc.fail(err)
 		return false, cc.failure()
 	}

@@ -20,6 +20,11 @@ var (
 	// flight when Close was called.
 	ErrClientClosed = errors.New("transport: client closed")
 
+	// ErrQueueFull is returned by Client.Go when more than MaxPendingWrite
+	// bytes of other frames wait for the connection's writer (a peer
+	// that stopped reading): nothing was sent, the connection goes on.
+	ErrQueueFull = errors.New("transport: more than MaxPendingWrite bytes wait to be written")
+
 	// ErrMalformedFrame is wrapped by every error that reports bytes which
 	// do not form a valid frame, including the typed errors below.
 	ErrMalformedFrame = errors.New("transport: malformed frame")

@@ -68,14 +68,19 @@ func newFrameWriter(nc net.Conn, timeout time.Duration, maxPending int, direct b
 // error was not sent whole, so the peer never decodes it.
 func (w *frameWriter) write(frame []byte) error { return w.put(frame, true) }
 
-// writeNow is write without waiting for room: the frame is queued past
-// maxPending if need be. It is for goroutines that must not block on
-// the peer (Client.Go's callers include the connection's read loop).
+// writeNow is write without waiting for room: past maxPending it fails
+// with ErrQueueFull, and the connection goes on. It is for goroutines
+// that must not block on the peer (Client.Go's callers include the
+// connection's read loop).
 func (w *frameWriter) writeNow(frame []byte) error { return w.put(frame, false) }
 
 func (w *frameWriter) put(frame []byte, wait bool) error {
 	w.mu.Lock()
-	for wait && w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(frame) > w.maxPending {
+	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(frame) > w.maxPending {
+		if !wait {
+			w.mu.Unlock()
+			return ErrQueueFull
+		}
 		w.cond.Wait()
 	}
 	if w.err != nil {

@@ -141,6 +141,9 @@ func TestFrameWriterBackpressure(t *testing.T) {
 			t.Fatalf("write past maxPending returned %v at once, want it to wait", err)
 		default:
 		}
+		if err := w.writeNow([]byte("d")); !errors.Is(err, ErrQueueFull) {
+			t.Fatalf("writeNow past maxPending = %v, want ErrQueueFull", err)
+		}
 		nc.gate <- struct{}{} // "a"
 		nc.gate <- struct{}{} // "bbbb"
 		nc.gate <- struct{}{} // "c"
