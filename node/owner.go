@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
@@ -46,7 +45,7 @@ type Owner struct {
 	table  *limiter.Table // partitions we own (or are handing off)
 	backup *limiter.Table // copies of the partitions we back up
 
-	gates []gate // per partition: shared by checks, exclusive for moves
+	gates []sync.RWMutex // per partition: shared by checks, exclusive for moves
 	state []atomic.Uint32
 	dirty []atomic.Bool // changed since the last backup push
 	whole []atomic.Bool // the next backup push sends the whole partition (see markWhole)
@@ -166,7 +165,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
-		gates: make([]gate, partitions), state: make([]atomic.Uint32, partitions),
+		gates: make([]sync.RWMutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
 		changed: make(chan struct{}), start: time.Now()}, nil
 }
@@ -213,14 +212,6 @@ func (o *Owner) Serving() bool { return o.leased() }
 
 func (o *Owner) leased() bool {
 	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
-}
-
-// gate is a partition's lock, alone on its cache line: taking it shared
-// writes to it, and the checks of neighbouring partitions on other cores
-// must not invalidate each other's.
-type gate struct {
-	sync.RWMutex
-	_ [64 - unsafe.Sizeof(sync.RWMutex{})%64]byte
 }
 
 // markDirty notes that partition p changed since its last backup push.
