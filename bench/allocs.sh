@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/base"
 git -C "$root" archive "$base" | tar -x -C "$tmp/base"
-for f in server/http_bench_test.go server/cputime_unix_test.go server/cputime_other_test.go router/httpapi/check_test.go; do
+for f in server/http_bench_test.go server/cputime_unix_test.go server/cputime_other_test.go router/httpapi/check_test.go node/owner_bench_test.go; do
   cp "$root/$f" "$tmp/base/$f"
 done
 run() { # dir label
@@ -21,6 +21,8 @@ run() { # dir label
     go test -run '^$' -bench 'HTTPCheck' -benchmem -benchtime 3000x ./server/
     go test -run '^$' -bench 'RouterCheck' -benchmem -benchtime 3000x ./server/
     go test -run '^$' -bench 'RoundTrip' -benchmem -benchtime 3000x ./transport/
+    go test -run '^$' -bench 'RingCheck' -benchmem -benchtime 3000x ./client/
+    go test -run '^$' -bench 'OwnerHandleBatch' -benchmem -benchtime 300x ./node/
   } 2>&1 | grep -E '^Benchmark' | sed "s/^/$2 /")
 }
 { run "$tmp/base" before; run "$root" after; } > "$tmp/out.txt"
@@ -39,6 +41,8 @@ def checks(name):
     m = re.search(r'batch=(\d+)', name) or re.search(r'checks=(\d+)', name)
     if m:
         return int(m.group(1))
+    if 'OwnerHandleBatch' in name:
+        return 512
     return 100 if 'CheckBatch' in name else 1
 print(f"| benchmark | checks/op | before: allocs/op | after: allocs/op | before: B/op | after: B/op | allocs per check before → after | ns/op before → after |")
 print("|---|--:|--:|--:|--:|--:|---|---|")
