@@ -48,7 +48,11 @@
 // concurrently on distinct buffers. Every goroutine this package starts ends
 // when its Client, Pool or Server is closed: Client.Close and Server.Close
 // wait for them; Server.Close also cancels every handler context, so
-// handlers must honour ctx.
+// handlers must honour ctx. A [PromptHandler]'s batch that it says will
+// not wait is decided on the connection's read goroutine (no hand-off to a
+// worker) when no frame waits behind it. [Client.Go] sends a batch without
+// a goroutine waiting for its answer: its done function is called once,
+// from the read goroutine, a deadline timer or a failure.
 //
 // Errors are sentinels and typed errors meant for errors.Is and errors.As:
 // a broken connection fails every call in flight with an error wrapping
