@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,6 +83,8 @@ func TestAppendDecisionMatchesMarshal(t *testing.T) {
 	for _, res := range []router.Result{
 		{},
 		{Decision: limiter.Decision{Allowed: true, Limit: 1 << 40, Remaining: -3, ResetAfter: 7, RetryAfter: time.Hour, Delay: 3 * time.Millisecond}, Degraded: true},
+		{Decision: limiter.Decision{Allowed: true, Limit: 1000, Remaining: 999, ResetAfter: time.Millisecond}},
+		{Decision: limiter.Decision{Limit: math.MaxInt64, Remaining: math.MinInt64, RetryAfter: math.MaxInt64, Delay: 10 * time.Millisecond}},
 	} {
 		want, err := json.Marshal(api.Decision{
 			Allowed: res.Allowed, Limit: res.Limit, Remaining: res.Remaining,
@@ -92,6 +96,29 @@ func TestAppendDecisionMatchesMarshal(t *testing.T) {
 		if got := appendDecision(nil, &res); string(got) != string(want) {
 			t.Errorf("appendDecision = %s, want %s", got, want)
 		}
+	}
+}
+
+// appendInt writes what strconv.AppendInt writes, at every digit count
+// and sign.
+func TestAppendInt(t *testing.T) {
+	check := func(n int64) {
+		t.Helper()
+		if got, want := string(appendInt([]byte("x"), n)), "x"+strconv.FormatInt(n, 10); got != want {
+			t.Errorf("appendInt(%d) = %s, want %s", n, got, want)
+		}
+	}
+	for _, n := range []int64{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1001, -1, -10, math.MaxInt64, math.MinInt64, math.MaxInt64 - 1} {
+		check(n)
+	}
+	for p := int64(1); p > 0 && p <= math.MaxInt64/10; p *= 10 {
+		check(p - 1)
+		check(p)
+		check(p + 1)
+		check(-p)
+	}
+	for n := int64(0); n < 100_000; n += 7 {
+		check(n)
 	}
 }
 
