@@ -216,10 +216,22 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 	defer r.scratch.Put(s)
 	s.checks, s.rules, s.pending = s.checks[:0], s.rules[:0], s.pending[:0]
 	s.joined = false
+	// The checks of a batch mostly name one rule (the front doors share
+	// its string): look a name up once per run of it, not per check.
+	var lastName string
+	var lastRule *limiter.Rule
 	for i, q := range reqs {
-		rule, ok := v.Rules[q.Rule]
-		if q.Inline != nil { // the caller's own rule (Envoy RLS): no lookup
+		var rule *limiter.Rule
+		var ok bool
+		switch {
+		case q.Inline != nil: // the caller's own rule (Envoy RLS): no lookup
 			rule, ok = q.Inline, q.Inline.Name == q.Rule
+		case lastRule != nil && q.Rule == lastName:
+			rule, ok = lastRule, true
+		default:
+			if rule, ok = v.Rules[q.Rule]; ok {
+				lastName, lastRule = q.Rule, rule
+			}
 		}
 		switch {
 		case !ok:

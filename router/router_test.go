@@ -227,7 +227,7 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	out := make([]Result, 3)
+	out := make([]Result, 4)
 	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}}, out); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("check before any view: %v, want ErrUnavailable", err)
 	}
@@ -241,6 +241,10 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		{[]Request{{Rule: "log5", Key: "", Cost: 1}}, 0, api.ErrBadRequest},
 		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x", Cost: 6}}, 2, limiter.ErrCost},
 		{[]Request{{Rule: "log5", Key: "x", Cost: -1}}, 0, api.ErrBadRequest},
+		// Rules are looked up once per run of a name: a change of name is a lookup.
+		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "closed", Key: "x"}, {Rule: "log5", Key: "x"}, {Rule: "nope", Key: "x"}}, 3, ErrUnknownRule},
+		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "nope", Key: "x"}, {Rule: "nope", Key: "x"}}, 1, ErrUnknownRule},
+		{[]Request{{Rule: "closed", Key: "x"}, {Rule: "closed", Key: "x", Cost: 6}}, 1, limiter.ErrCost},
 	}
 	for i, tt := range tests {
 		err := rt.Check(context.Background(), tt.reqs, out)
