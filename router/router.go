@@ -343,10 +343,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 				r.m.degraded.Inc()
 			}
 		case owner.ID == r.cfg.Self && r.local != nil:
-			for _, i := range run {
-				s.local.Checks = append(s.local.Checks, s.checks[i])
-				s.localIdx = append(s.localIdx, i)
-			}
+			s.localIdx = append(s.localIdx, run...)
 		default:
 			g := slices.IndexFunc(groups, func(g group) bool { return g.addr == owner.Peer })
 			if g < 0 {
@@ -373,8 +370,20 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	localIdx := s.localIdx
 	if len(localIdx) > 0 {
 		s.local.Epoch, s.local.RulesVersion = v.Ring.Epoch(), v.RulesVersion
-		s.resp.Results = resize(s.resp.Results, len(s.local.Checks))
+		own := s.local.Checks[:0]
+		if inOrder(localIdx, len(s.checks)) {
+			// Every check is ours, in order (one member, or a batch of
+			// our keys): decide s.checks in place instead of copying it.
+			s.local.Checks = s.checks
+		} else {
+			for _, i := range localIdx {
+				own = append(own, s.checks[i])
+			}
+			s.local.Checks = own
+		}
+		s.resp.Results = resize(s.resp.Results, len(localIdx))
 		r.local.HandleBatch(ctx, &s.local, &s.resp)
+		s.local.Checks = own // never s.checks' array: the next dispatch appends to s.local.Checks
 		maxEpoch = max(maxEpoch, s.resp.Epoch)
 		for k, i := range localIdx {
 			r.settle(out, s, i, &s.resp.Results[k])
@@ -404,6 +413,19 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		r.decideSplit(ctx, v, s, run, out)
 	}
 	return maxEpoch
+}
+
+// inOrder reports whether idx is 0, 1, …, n-1.
+func inOrder(idx []int, n int) bool {
+	if len(idx) != n {
+		return false
+	}
+	for k, i := range idx {
+		if i != k {
+			return false
+		}
+	}
+	return true
 }
 
 // groupAt returns the group of s.pending that starts at p: the request

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -338,4 +339,76 @@ func TestRouterInlineRule(t *testing.T) {
 	if !errors.As(err, &ie) || ie.Index != 1 || !errors.Is(err, ErrUnknownRule) {
 		t.Fatalf("inline rule under another name: %v, want checks[1] unknown rule", err)
 	}
+}
+
+// recordingOwner is an owner that remembers the key hashes of the last
+// batch it was handed.
+type recordingOwner struct {
+	*owner
+	got []uint64
+}
+
+func (o *recordingOwner) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	o.got = o.got[:0]
+	for _, c := range req.Checks {
+		o.got = append(o.got, c.KeyHash)
+	}
+	o.owner.HandleBatch(ctx, req, resp)
+}
+
+// The local owner is handed exactly the checks it owns, in request order,
+// whether the call is all its own (decided in place, without a copy) or
+// mixed with another owner's, and each answer lands at its own index —
+// also in a mixed call after an all-local one.
+func TestRouterLocalChecksInOrder(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a", "b")
+	net := &network{owners: map[string]*owner{}}
+	for _, id := range []string{"a", "b"} {
+		net.owners[id+":1"] = newOwner(t, id, r1, rules)
+	}
+	local := &recordingOwner{owner: net.owners["a:1"]}
+	rt, err := New(Config{Self: "a", Linger: 50 * time.Microsecond, Timeout: 5 * time.Second}, local, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	v := view.New(r1, 7, ruleList(rules), 0)
+	rt.SetView(v)
+
+	var all, mine []Request
+	for i := range 40 {
+		q := Request{Rule: "log5", Key: "k" + string(rune('A'+i)), Cost: int64(i % 2)}
+		all = append(all, q)
+		if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(v.Seed, q.Key))); o.ID == "a" {
+			mine = append(mine, q)
+		}
+	}
+	if len(mine) == 0 || len(mine) == len(all) {
+		t.Fatalf("%d of %d keys are a's: want some", len(mine), len(all))
+	}
+	spent := map[string]int64{}
+	call := func(name string, reqs []Request) {
+		t.Helper()
+		out := make([]Result, len(reqs))
+		if err := rt.Check(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		var want []uint64
+		for i, q := range reqs {
+			spent[q.Key] += q.Cost
+			if got, w := out[i].Remaining, 5-spent[q.Key]; got != w || !out[i].Allowed || out[i].Degraded {
+				t.Errorf("%s: check %d (%s, cost %d) = %+v, want allowed with %d remaining", name, i, q.Key, q.Cost, out[i], w)
+			}
+			if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(v.Seed, q.Key))); o.ID == "a" {
+				want = append(want, limiter.KeyHash(v.Seed, q.Key))
+			}
+		}
+		if !slices.Equal(local.got, want) {
+			t.Errorf("%s: the local owner was handed %x, want %x", name, local.got, want)
+		}
+	}
+	call("mixed", all)
+	call("all local", mine)
+	call("mixed after all local", all)
 }
