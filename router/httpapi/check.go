@@ -197,14 +197,7 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 		s.out = out
 	}
 	if batch {
-		s.buf = append(s.buf, `{"results":[`...)
-		for i := range s.reqs {
-			if i > 0 {
-				s.buf = append(s.buf, ',')
-			}
-			s.buf = appendDecision(s.buf, &s.out[i])
-		}
-		s.buf = append(s.buf, "]}\n"...)
+		s.buf = appendResults(s.buf, s.out[:len(s.reqs)])
 	} else {
 		s.buf = appendDecision(s.buf, &s.out[0])
 		s.buf = append(s.buf, '\n')
@@ -373,6 +366,29 @@ func millis(d time.Duration) int64 {
 		return 0
 	}
 	return int64((d-1)/time.Millisecond) + 1
+}
+
+// appendResults appends the answer to a batch, {"results": [...]} and a
+// newline. A result equal to the one before it (fresh keys of one rule
+// mostly get the same answer) copies that one's bytes.
+func appendResults(b []byte, out []router.Result) []byte {
+	b = append(b, `{"results":[`...)
+	start, end := 0, 0 // the bytes of out[i-1]
+	for i := range out {
+		if i > 0 {
+			b = append(b, ',')
+			if out[i] == out[i-1] {
+				n := len(b)
+				b = append(b, b[start:end]...)
+				start, end = n, len(b)
+				continue
+			}
+		}
+		start = len(b)
+		b = appendDecision(b, &out[i])
+		end = len(b)
+	}
+	return append(b, "]}\n"...)
 }
 
 // appendDecision appends the api.Decision of res as JSON: the same bytes

@@ -99,6 +99,37 @@ func TestAppendDecisionMatchesMarshal(t *testing.T) {
 	}
 }
 
+// appendResults writes what json.Marshal writes for the
+// api.BatchResponse, and a newline, whether results repeat or not.
+func TestAppendResultsMatchesMarshal(t *testing.T) {
+	a := router.Result{Decision: limiter.Decision{Allowed: true, Limit: 1000, Remaining: 999, ResetAfter: time.Millisecond}}
+	b := router.Result{Decision: limiter.Decision{Limit: 1000, RetryAfter: 3 * time.Millisecond}}
+	c := router.Result{Decision: a.Decision, Degraded: true}
+	for _, out := range [][]router.Result{
+		{},
+		{a},
+		{a, a},
+		{a, a, a, b, b, a, c, c, a},
+		{b, a, a, c},
+	} {
+		var want api.BatchResponse
+		want.Results = []api.Decision{}
+		for _, r := range out {
+			want.Results = append(want.Results, api.Decision{
+				Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+				ResetAfterMs: millis(r.ResetAfter), RetryAfterMs: millis(r.RetryAfter), DelayMs: millis(r.Delay), Degraded: r.Degraded,
+			})
+		}
+		w, err := json.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendResults([]byte("x"), out); string(got) != "x"+string(w)+"\n" {
+			t.Errorf("appendResults(%v) = %s, want x%s", out, got, w)
+		}
+	}
+}
+
 // appendInt writes what strconv.AppendInt writes, at every digit count
 // and sign.
 func TestAppendInt(t *testing.T) {
