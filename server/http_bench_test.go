@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -43,6 +44,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	eventually(b, "the bench rule", func() bool { return s.Router.View().Rules["bench"] != nil })
+	b.Run("batch=100/client=none", func(b *testing.B) { inProcessChecks(b, s.Handler(), 100) })
 	benchRaw(b, s.cfg.HTTPAdvertise)
 	url := "http://" + s.cfg.HTTPAdvertise + "/v1/check"
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -122,6 +124,54 @@ func rawChecks(b *testing.B, addr string, batch int) {
 		}
 	})
 	reportChecks(b, batch, cpu)
+}
+
+// inProcessChecks calls the member's HTTP handler directly, with no
+// connection, client or net/http server: the CPU per check of the
+// handler's own path (decode, router, owner, table, answer), with less of
+// the noise of sockets and scheduling.
+func inProcessChecks(b *testing.B, h http.Handler, batch int) {
+	var next atomic.Int64
+	b.ReportAllocs()
+	cpu := cputime.Process()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var body []byte
+		var rd bytes.Reader
+		req := httptest.NewRequest("POST", "/v1/check", nil)
+		req.Header.Set("Content-Type", "application/json")
+		w := &discardWriter{h: http.Header{}}
+		for pb.Next() {
+			body = appendCheckBody(body[:0], next.Add(int64(batch)), batch)
+			rd.Reset(body)
+			req.Body, req.ContentLength = io.NopCloser(&rd), int64(len(body))
+			clear(w.h)
+			w.code = 0
+			h.ServeHTTP(w, req)
+			if w.code != http.StatusOK {
+				b.Errorf("status %d", w.code)
+				return
+			}
+		}
+	})
+	reportChecks(b, batch, cpu)
+}
+
+// discardWriter is an http.ResponseWriter that keeps only the status.
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *discardWriter) Header() http.Header { return w.h }
+func (w *discardWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+}
+func (w *discardWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(p), nil
 }
 
 // appendCheckBody appends the body of a POST /v1/check of batch checks of
