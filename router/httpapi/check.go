@@ -153,6 +153,7 @@ type checkScratch struct {
 	buf   []byte   // the answer
 	in    []byte   // the body read
 	rules []string // rule names seen, shared by the fast path
+	keys  []int    // the fast path's key offsets
 }
 
 // reset readies s for a request, dropping the last one's strings.
@@ -213,8 +214,10 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
 	in, err := readBody(s.in, body)
 	s.in = in
-	p := fastParser{b: in, rules: &s.rules}
-	if err != nil || !p.parse(&s.body, api.MaxBatch) {
+	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0]}
+	ok := err == nil && p.parse(&s.body, api.MaxBatch)
+	s.keys = p.keys
+	if !ok {
 		if e := s.decodeJSON(in, err); e != nil {
 			return false, e
 		}

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"io"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -43,15 +44,15 @@ func readBody(buf []byte, r io.Reader) ([]byte, error) {
 // else; encoding/json then decodes the body, so the two paths agree on
 // every body the fast one accepts (FuzzCheckFastPath holds them to it).
 //
-// Keys are substrings of one string copy of the whole body (s), made
-// once per body instead of one allocation per key: a batch of 100 checks
-// costs one allocation, not 100. A key kept after the request (none is:
-// the router keeps hashes) would keep the body's copy alive.
+// The keys of a batch are substrings of one string holding them all,
+// made once the array is read: one allocation of the keys' bytes per
+// batch, not one per key. A key kept after the request (none is: the
+// router keeps hashes) would keep its batch's keys alive.
 type fastParser struct {
 	b     []byte
-	s     string // b as a string, made lazily by the first key
 	i     int
 	rules *[]string // names seen before, to share their strings
+	keys  []int     // per item of the batch read so far: the start and end of its key in b
 }
 
 // parse decodes b into body; false means "use encoding/json".
@@ -119,6 +120,7 @@ func (p *fastParser) items(l *checkList, maxItems int) bool {
 		}
 		l.items = append(l.items, checkItem{})
 		it := &l.items[len(l.items)-1]
+		p.keys = append(p.keys, 0, 0) // no key: ""
 		if p.peek('}') {
 			p.i++
 		} else if !p.item(it) {
@@ -128,8 +130,29 @@ func (p *fastParser) items(l *checkList, maxItems int) bool {
 			return false
 		}
 		if p.b[p.i-1] == ']' {
+			p.setKeys(l.items)
 			return true
 		}
+	}
+}
+
+// setKeys gives the items their keys (p.keys) as substrings of one new
+// string.
+func (p *fastParser) setKeys(items []checkItem) {
+	n := 0
+	for k := 0; k < len(p.keys); k += 2 {
+		n += p.keys[k+1] - p.keys[k]
+	}
+	var sb strings.Builder
+	sb.Grow(n)
+	for k := 0; k < len(p.keys); k += 2 {
+		sb.Write(p.b[p.keys[k]:p.keys[k+1]])
+	}
+	all, off := sb.String(), 0
+	for i := range items {
+		end := off + p.keys[2*i+1] - p.keys[2*i]
+		items[i].Key = strictString(all[off:end])
+		off = end
 	}
 }
 
@@ -157,11 +180,11 @@ func (p *fastParser) item(it *checkItem) bool {
 				return false
 			}
 			key = true
-			var v string
-			if v, ok = p.str(false); !ok {
+			start, end, ok := p.raw()
+			if !ok {
 				return false
 			}
-			it.Key = strictString(v)
+			p.keys[len(p.keys)-2], p.keys[len(p.keys)-1] = start, end // set by setKeys
 		case "cost":
 			if it.Cost.present {
 				return false
@@ -252,8 +275,7 @@ func hasField(b []byte, q string) bool {
 }
 
 // str reads a string value. Rule names repeat within a batch and across
-// requests: a name seen before shares its string. Other strings are
-// substrings of the body's one copy (p.s).
+// requests: a name seen before shares its string.
 func (p *fastParser) str(rule bool) (string, bool) {
 	start, end, ok := p.raw()
 	if !ok {
@@ -272,10 +294,7 @@ func (p *fastParser) str(rule bool) (string, bool) {
 		}
 		return s, true
 	}
-	if p.s == "" {
-		p.s = string(p.b)
-	}
-	return p.s[start:end], true
+	return string(raw), true
 }
 
 // plain marks the bytes a string may hold as they are on the fast path:

@@ -107,6 +107,7 @@ func FuzzCheckFastPath(f *testing.F) {
 		`{"rule":"a\u0041","key":"b"}`,
 		"{\"rule\":\"a\",\"key\":\"\xff\"}",
 		`{"rule":"a","key":"b"}x`,
+		`{"checks":[{"rule":"a"},{"key":"é","rule":"a"},{"key":"","rule":"a","cost":0},{"rule":"a","key":"xyz"}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
