@@ -154,6 +154,7 @@ type checkScratch struct {
 	in    []byte   // the body read
 	rules []string // rule names seen, shared by the fast path
 	keys  []int    // the fast path's key offsets
+	kbuf  []byte   // the fast path's keys, gathered
 }
 
 // reset readies s for a request, dropping the last one's strings.
@@ -168,6 +169,9 @@ func (s *checkScratch) reset() {
 	s.reqs, s.buf = s.reqs[:0], s.buf[:0]
 	if cap(s.in) > maxKeptBody {
 		s.in = nil
+	}
+	if cap(s.kbuf) > maxKeptBody {
+		s.kbuf = nil
 	}
 }
 
@@ -214,9 +218,9 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
 	in, err := readBody(s.in, body)
 	s.in = in
-	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0]}
+	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0], kbuf: s.kbuf}
 	ok := err == nil && p.parse(&s.body, api.MaxBatch)
-	s.keys = p.keys
+	s.keys, s.kbuf = p.keys, p.kbuf
 	if !ok {
 		if e := s.decodeJSON(in, err); e != nil {
 			return false, e

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"io"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -53,6 +52,7 @@ type fastParser struct {
 	i     int
 	rules *[]string // names seen before, to share their strings
 	keys  []int     // per item of the batch read so far: the start and end of its key in b
+	kbuf  []byte    // the keys of a batch, gathered (setKeys)
 }
 
 // parse decodes b into body; false means "use encoding/json".
@@ -137,18 +137,14 @@ func (p *fastParser) items(l *checkList, maxItems int) bool {
 }
 
 // setKeys gives the items their keys (p.keys) as substrings of one new
-// string.
+// string: the keys are gathered in p.kbuf (reused), then copied once.
 func (p *fastParser) setKeys(items []checkItem) {
-	n := 0
+	buf := p.kbuf[:0]
 	for k := 0; k < len(p.keys); k += 2 {
-		n += p.keys[k+1] - p.keys[k]
+		buf = append(buf, p.b[p.keys[k]:p.keys[k+1]]...)
 	}
-	var sb strings.Builder
-	sb.Grow(n)
-	for k := 0; k < len(p.keys); k += 2 {
-		sb.Write(p.b[p.keys[k]:p.keys[k+1]])
-	}
-	all, off := sb.String(), 0
+	p.kbuf = buf
+	all, off := string(buf), 0
 	for i := range items {
 		end := off + p.keys[2*i+1] - p.keys[2*i]
 		items[i].Key = strictString(all[off:end])
