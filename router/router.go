@@ -43,6 +43,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -137,6 +138,8 @@ type Router struct {
 	batchers map[string]*batcher
 
 	scratch sync.Pool // *scratch
+
+	mine atomic.Pointer[ownedParts] // the partitions Self owns in the last ring seen
 
 	stale     chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
 	fetchMu   sync.Mutex    // guards fetchDone
@@ -324,6 +327,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	s.localIdx = s.localIdx[:0]
 	s.split = s.split[:0]
 	groups := s.groups[:0] // per owner address; a cluster has few owners
+	mine := r.ownedBySelf(v.Ring)
 	for p := 0; p < len(s.pending); {
 		i := s.pending[p]
 		run := s.pending[p : p+1]
@@ -331,6 +335,10 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			run = s.groupAt(p)
 		}
 		p += len(run)
+		if allOwned(mine, s.checks, run) {
+			s.localIdx = append(s.localIdx, run...)
+			continue
+		}
 		owner, ok := v.Ring.Owner(s.checks[i].Partition)
 		if len(run) > 1 && ok && !sameOwner(v, s.checks, run, owner.ID) {
 			s.split = append(s.split, run)
@@ -413,6 +421,43 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		r.decideSplit(ctx, v, s, run, out)
 	}
 	return maxEpoch
+}
+
+// ownedParts says which partitions of one ring the local member owns.
+type ownedParts struct {
+	ring *ring.Ring
+	mine []bool // by partition
+}
+
+// ownedBySelf returns which partitions of rg Self owns (decided in
+// place), or nil when this router decides nothing in place. It is
+// computed once per ring: dispatch then needs no owner lookup and no
+// comparison of member ids for a local check.
+func (r *Router) ownedBySelf(rg *ring.Ring) []bool {
+	if r.local == nil || r.cfg.Self == "" {
+		return nil
+	}
+	if op := r.mine.Load(); op != nil && op.ring == rg {
+		return op.mine
+	}
+	mine := make([]bool, rg.Config().Partitions)
+	for p := range mine {
+		o, ok := rg.Owner(uint32(p))
+		mine[p] = ok && o.ID == r.cfg.Self
+	}
+	r.mine.Store(&ownedParts{ring: rg, mine: mine})
+	return mine
+}
+
+// allOwned reports whether every check of run is in a partition of
+// mine.
+func allOwned(mine []bool, checks []transport.Check, run []int) bool {
+	for _, i := range run {
+		if p := checks[i].Partition; int(p) >= len(mine) || !mine[p] {
+			return false
+		}
+	}
+	return len(mine) > 0
 }
 
 // inOrder reports whether idx is 0, 1, …, n-1.

@@ -412,3 +412,37 @@ func TestRouterLocalChecksInOrder(t *testing.T) {
 	call("all local", mine)
 	call("mixed after all local", all)
 }
+
+// ownedBySelf follows the ring: it names exactly the partitions Self owns
+// in the ring asked about, and nothing for a router without a local
+// owner.
+func TestRouterOwnedBySelf(t *testing.T) {
+	rules := testRules(t)
+	r1, r2 := mustRing(t, 1, "a", "b"), mustRing(t, 2, "a", "b", "c")
+	o := newOwner(t, "a", r1, rules)
+	rt, err := New(Config{Self: "a"}, o, &network{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for _, rg := range []*ring.Ring{r1, r2, r1} {
+		mine := rt.ownedBySelf(rg)
+		if len(mine) != rg.Config().Partitions {
+			t.Fatalf("epoch %d: %d partitions, want %d", rg.Epoch(), len(mine), rg.Config().Partitions)
+		}
+		for p := range mine {
+			m, ok := rg.Owner(uint32(p))
+			if want := ok && m.ID == "a"; mine[p] != want {
+				t.Errorf("epoch %d: partition %d mine = %v, want %v", rg.Epoch(), p, mine[p], want)
+			}
+		}
+	}
+	pure, err := New(Config{}, nil, &network{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pure.Close()
+	if mine := pure.ownedBySelf(r1); mine != nil {
+		t.Errorf("a router without a local owner: %v, want nil", mine)
+	}
+}
