@@ -123,7 +123,7 @@ func (p *fastParser) items(l *checkList, maxItems int) bool {
 		p.keys = append(p.keys, 0, 0) // no key: ""
 		if p.peek('}') {
 			p.i++
-		} else if !p.item(it) {
+		} else if !p.compact(it) && !p.item(it) {
 			return false
 		}
 		if !p.next(']') {
@@ -150,6 +150,57 @@ func (p *fastParser) setKeys(items []checkItem) {
 		items[i].Key = strictString(all[off:end])
 		off = end
 	}
+}
+
+// compact reads one check in the shape clients send,
+// "rule":"…","key":"…" and an optional ,"cost":N, with no white space
+// and plain ASCII strings, after its '{' through its '}': without the
+// general path's white space skipping and name matching per token. On
+// any other shape it returns false with p.i and it unchanged, for item.
+func (p *fastParser) compact(it *checkItem) bool {
+	b, start := p.b, p.i
+	i := start
+	if !hasField(b[i:], `"rule":"`) {
+		return false
+	}
+	i += len(`"rule":"`)
+	rs := i
+	for i < len(b) && plain[b[i]] {
+		i++
+	}
+	re := i
+	if !hasField(b[i:], `","key":"`) {
+		return false
+	}
+	i += len(`","key":"`)
+	ks := i
+	for i < len(b) && plain[b[i]] {
+		i++
+	}
+	ke := i
+	if !hasField(b[i:], `"`) {
+		return false
+	}
+	i++
+	var cost optCost
+	if hasField(b[i:], `,"cost":`) {
+		p.i = i + len(`,"cost":`)
+		n, ok := p.int()
+		if !ok {
+			p.i = start
+			return false
+		}
+		i = p.i
+		cost = optCost{present: true, set: true, v: n}
+	}
+	if !hasField(b[i:], "}") {
+		p.i = start
+		return false
+	}
+	p.i = i + 1
+	it.Rule, it.Cost = strictString(p.ruleName(b[rs:re])), cost
+	p.keys[len(p.keys)-2], p.keys[len(p.keys)-1] = ks, ke // set by setKeys
+	return true
 }
 
 // item reads the fields of one check, after its '{', through its '}'.
@@ -277,20 +328,28 @@ func (p *fastParser) str(rule bool) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	raw := p.b[start:end]
-	if rule && p.rules != nil {
-		for _, r := range *p.rules {
-			if r == string(raw) {
-				return r, true
-			}
-		}
-		s := string(raw)
-		if len(*p.rules) < 8 {
-			*p.rules = append(*p.rules, s)
-		}
-		return s, true
+	if rule {
+		return p.ruleName(p.b[start:end]), true
 	}
-	return string(raw), true
+	return string(p.b[start:end]), true
+}
+
+// ruleName returns raw as a string, shared with an earlier name equal to
+// it when there is one.
+func (p *fastParser) ruleName(raw []byte) string {
+	if p.rules == nil {
+		return string(raw)
+	}
+	for _, r := range *p.rules {
+		if r == string(raw) {
+			return r
+		}
+	}
+	s := string(raw)
+	if len(*p.rules) < 8 {
+		*p.rules = append(*p.rules, s)
+	}
+	return s
 }
 
 // plain marks the bytes a string may hold as they are on the fast path:

@@ -108,6 +108,9 @@ func FuzzCheckFastPath(f *testing.F) {
 		"{\"rule\":\"a\",\"key\":\"\xff\"}",
 		`{"rule":"a","key":"b"}x`,
 		`{"checks":[{"rule":"a"},{"key":"é","rule":"a"},{"key":"","rule":"a","cost":0},{"rule":"a","key":"xyz"}]}`,
+		`{"checks":[{"rule":"a","key":"k1","cost":3},{"rule":"a","key":"k2"},{"rule":"","key":""},{"rule":"b","key":"k3","cost": -7}]}`,
+		`{"checks":[{"rule":"a","key":"k1","cost":01},{"rule":"a","key":"k2","cost":1 },{"rule":"a","key":"é"},{"rule":"a","key":"k","cost":1,"cost":2}]}`,
+		`{"checks":[{"rule":"a","key":"k\"x"},{"rule":"a\u0041","key":"k"},{"rule":"a","key":"k","rule":"b"},{"rule":"a","key":"k","cost":null}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -133,4 +136,46 @@ func FuzzCheckFastPath(f *testing.F) {
 			t.Fatalf("body %q: fast %+v, encoding/json %+v", body, *a, *b)
 		}
 	})
+}
+
+// compact takes the shape clients send and leaves anything else, as it
+// found it, to item.
+func TestCompactItem(t *testing.T) {
+	tests := []struct {
+		in   string // after the item's '{'
+		ok   bool
+		rule string
+		key  string
+		cost optCost
+	}{
+		{`"rule":"r","key":"k"}`, true, "r", "k", optCost{}},
+		{`"rule":"r","key":"k","cost":12}`, true, "r", "k", optCost{present: true, set: true, v: 12}},
+		{`"rule":"","key":"","cost":-3}`, true, "", "", optCost{present: true, set: true, v: -3}},
+		{`"rule":"r","key":"k","cost":1 }`, false, "", "", optCost{}},
+		{`"rule":"r","key":"k","cost":01}`, false, "", "", optCost{}},
+		{`"rule":"r","key":"k","cost":null}`, false, "", "", optCost{}},
+		{`"rule":"r","key":"é"}`, false, "", "", optCost{}},
+		{`"rule":"r","key":"k\""}`, false, "", "", optCost{}},
+		{`"key":"k","rule":"r"}`, false, "", "", optCost{}},
+		{` "rule":"r","key":"k"}`, false, "", "", optCost{}},
+		{`"rule":"r","key":"k"`, false, "", "", optCost{}},
+	}
+	for _, tt := range tests {
+		p := fastParser{b: []byte(tt.in), keys: []int{0, 0}}
+		var it checkItem
+		ok := p.compact(&it)
+		if ok != tt.ok {
+			t.Errorf("compact(%s) = %v, want %v", tt.in, ok, tt.ok)
+			continue
+		}
+		if !ok {
+			if p.i != 0 || it != (checkItem{}) || p.keys[0] != 0 || p.keys[1] != 0 {
+				t.Errorf("compact(%s) failed but moved to %d, item %+v, key at %v", tt.in, p.i, it, p.keys)
+			}
+			continue
+		}
+		if key := tt.in[p.keys[0]:p.keys[1]]; string(it.Rule) != tt.rule || key != tt.key || it.Cost != tt.cost || p.i != len(tt.in) {
+			t.Errorf("compact(%s) = rule %q key %q cost %+v at %d, want %q %q %+v at the end", tt.in, it.Rule, key, it.Cost, p.i, tt.rule, tt.key, tt.cost)
+		}
+	}
 }
