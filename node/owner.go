@@ -360,7 +360,7 @@ func (o *Owner) Prompt(req *transport.BatchRequest) bool {
 // partition is on its way: the caller may wait and decide again).
 func (o *Owner) decideRun(v *view.View, cs []transport.Check, rs []transport.Result, now int64) bool {
 	if len(cs) == 1 {
-		rs[0] = o.decide(v, &cs[0], now)
+		o.decide(v, &cs[0], now, &rs[0])
 		return rs[0].Status != transport.StatusUnavailable
 	}
 	st := o.decideGroup(v, cs, rs, now)
@@ -392,11 +392,14 @@ func (o *Owner) awaitLease(ctx context.Context) bool {
 	}
 }
 
-// decide decides one check under view v, or says why not.
-func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Result {
+// decide decides one check under view v into *res, or says why not. It
+// writes its answer in place rather than returning it: on a batch's hot
+// path the copies of a returned Result were ~5% of a check.
+func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transport.Result) {
 	rule, salt, st := o.resolve(v, c)
 	if st != transport.StatusOK {
-		return transport.Result{Status: st}
+		*res = transport.Result{Status: st}
+		return
 	}
 	g := &o.gates[c.Partition]
 	g.RLock()
@@ -404,21 +407,25 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64) transport.Re
 	if o.getState(c.Partition) != partServing {
 		// Awaiting its state, or our view says we own it but the move in
 		// has not been applied: SetView is running right now.
-		return transport.Result{Status: transport.StatusUnavailable}
+		*res = transport.Result{Status: transport.StatusUnavailable}
+		return
 	}
 	bucket := limiter.BucketHash(c.KeyHash, salt)
 	if o.full.Load() && c.Cost > 0 && !o.table.Holds(c.Partition, bucket) {
 		o.overCapacity.Add(1)
-		return transport.Result{Status: transport.StatusOverCapacity}
+		*res = transport.Result{Status: transport.StatusOverCapacity}
+		return
 	}
 	d, err := o.table.Check(c.Partition, bucket, rule, now, int64(c.Cost))
 	if err != nil {
-		return transport.Result{Status: transport.StatusBadRequest}
+		*res = transport.Result{Status: transport.StatusBadRequest}
+		return
 	}
 	if c.Cost > 0 && d.Allowed {
 		o.markDirty(c.Partition)
 	}
-	return resultOf(d)
+	*res = transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
 }
 
 func resultOf(d limiter.Decision) transport.Result {
