@@ -111,7 +111,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	// GC defaults for a heap of bucket tables (unless GOGC/GOMEMLIMIT say
 	// otherwise): RSS per active key near the tables' own size.
-	if gs := gctune.Tune(ctx, getenv, "", time.Second); gs.TuneGOGC || gs.MemoryLimit > 0 {
+	if gs := gctune.Tune(ctx, getenv, "", 500*time.Millisecond); gs.TuneGOGC || gs.MemoryLimit > 0 {
 		log.Debug("gc tuned", "gogc_follows_live_heap", gs.TuneGOGC, "soft_memory_limit", gs.MemoryLimit)
 	}
 	srv, err := server.Start(server.Config{
