@@ -137,15 +137,20 @@ func TestHandleBatchWaitsForNewerEpoch(t *testing.T) {
 	})
 }
 
+// joinSetup returns owners a and b of rule r (2 per minute, fixed
+// window) and two views: a alone (epoch 1), then b joining (epoch 2).
+func joinSetup(t *testing.T) (a, b *Owner, v1, v2 *view.View) {
+	t.Helper()
+	rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
+	return newOwner(t, "a"), newOwner(t, "b"), view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+}
+
 // A partition handed over gracefully is served by nobody between the old
 // owner's freeze and the new owner's import, and the state moves whole:
 // spent budget is not reset.
 func TestHandoffMovesStateAndFences(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		a, b := newOwner(t, "a"), newOwner(t, "b")
-		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
-		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
-		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		a, b, v1, v2 := joinSetup(t)
 		alive := func(string) bool { return true }
 		a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
 		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", alive, false, false))
@@ -321,10 +326,7 @@ func TestKeyCap(t *testing.T) {
 // not for a newer ring or rules, not for the lease, not for a hand-off.
 func TestPrompt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		a, b := newOwner(t, "a"), newOwner(t, "b")
-		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}}
-		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
-		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		a, b, v1, v2 := joinSetup(t)
 		alive := func(string) bool { return true }
 		prompt := func(o *Owner, epoch, rules uint64, want bool) {
 			t.Helper()

@@ -80,16 +80,7 @@ func TestHandlerContextEndsAtBudget(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		ln := newPipeListener()
-		srv := NewServer(DefaultServerConfig(), h)
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		cfg := DefaultClientConfig()
-		cfg.Dial = ln.dial
-		c, err := Dial(t.Context(), "pipe", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
 		for range 2 { // the second batch reuses the worker and its context
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 			start := time.Now()
@@ -102,8 +93,6 @@ func TestHandlerContextEndsAtBudget(t *testing.T) {
 				t.Fatalf("handler released after %v, want 20ms", waited)
 			}
 		}
-		_ = c.Close()
-		_ = srv.Close()
-		<-served
+		stop()
 	})
 }

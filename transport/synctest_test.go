@@ -53,6 +53,37 @@ func (l *pipeListener) dial(ctx context.Context, _ string) (net.Conn, error) {
 	}
 }
 
+// pipeServe serves h (with scfg) on an in-memory listener and dials it
+// with ccfg, whose Dial it sets unless set. stop closes the client and
+// the server and checks that Serve ended with ErrServerClosed.
+func pipeServe(t *testing.T, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, ln *pipeListener, stop func()) {
+	t.Helper()
+	return pipeServeOn(t, newPipeListener(), h, scfg, ccfg)
+}
+
+// pipeServeOn is pipeServe on a listener of the caller's.
+func pipeServeOn(t *testing.T, ln *pipeListener, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, _ *pipeListener, stop func()) {
+	t.Helper()
+	srv := NewServer(scfg, h)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	if ccfg.Dial == nil {
+		ccfg.Dial = ln.dial
+	}
+	c, err := Dial(t.Context(), "pipe", ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ln, func() {
+		t.Helper()
+		_ = c.Close()
+		_ = srv.Close()
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve = %v, want ErrServerClosed", err)
+		}
+	}
+}
+
 type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
@@ -72,16 +103,7 @@ func TestDeadlineTravelsWithBatch(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		ln := newPipeListener()
-		srv := NewServer(DefaultServerConfig(), h)
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		cfg := DefaultClientConfig()
-		cfg.Dial = ln.dial
-		c, err := Dial(t.Context(), "pipe", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
 
 		const budget = 100 * time.Millisecond
 		ctx, cancel := context.WithTimeout(t.Context(), budget)
@@ -108,11 +130,7 @@ func TestDeadlineTravelsWithBatch(t *testing.T) {
 		<-left
 		close(release)
 
-		_ = c.Close()
-		_ = srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve = %v, want ErrServerClosed", err)
-		}
+		stop()
 	})
 }
 
@@ -131,16 +149,7 @@ func TestBudgetSpentInQueue(t *testing.T) {
 		})
 		cfg := DefaultServerConfig()
 		cfg.MaxConcurrentBatches = 1
-		ln := newPipeListener()
-		srv := NewServer(cfg, h)
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		ccfg := DefaultClientConfig()
-		ccfg.Dial = ln.dial
-		c, err := Dial(t.Context(), "pipe", ccfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, _, stop := pipeServe(t, h, cfg, DefaultClientConfig())
 
 		held := make(chan error, 1)
 		go func() { held <- c.Do(t.Context(), batchOf(1, "hold"), new(BatchResponse)) }()
@@ -166,10 +175,7 @@ func TestBudgetSpentInQueue(t *testing.T) {
 		if n := calls.Load(); n != 2 {
 			t.Errorf("handler called %d times, want 2 (the spent batch skipped)", n)
 		}
-
-		_ = c.Close()
-		_ = srv.Close()
-		<-served
+		stop()
 	})
 }
 
@@ -259,16 +265,7 @@ func TestPromptBatchDecidedOnReadLoop(t *testing.T) {
 		t.Run(tc.first, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				h := &promptHandler{entered: make(chan string, 2), release: make(chan struct{})}
-				ln := newPipeListener()
-				srv := NewServer(DefaultServerConfig(), h)
-				served := make(chan error, 1)
-				go func() { served <- srv.Serve(ln) }()
-				cfg := DefaultClientConfig()
-				cfg.Dial = ln.dial
-				c, err := Dial(t.Context(), "pipe", cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
+				c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
 				do := func(rule string) chan error {
 					done := make(chan error, 1)
 					go func() {
@@ -313,11 +310,7 @@ func TestPromptBatchDecidedOnReadLoop(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				_ = c.Close()
-				_ = srv.Close()
-				if err := <-served; !errors.Is(err, ErrServerClosed) {
-					t.Errorf("Serve = %v, want ErrServerClosed", err)
-				}
+				stop()
 			})
 		})
 	}
@@ -335,16 +328,7 @@ func TestGoDeliversOnce(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		ln := newPipeListener()
-		srv := NewServer(DefaultServerConfig(), h)
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
-		cfg := DefaultClientConfig()
-		cfg.Dial = ln.dial
-		c, err := Dial(t.Context(), "pipe", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
 		type outcome struct {
 			err   error
 			calls int
@@ -390,11 +374,7 @@ func TestGoDeliversOnce(t *testing.T) {
 		_, _, o = start("now", time.Second)
 		once("client closed", o, ErrClientClosed)
 		close(release)
-
-		_ = srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve = %v, want ErrServerClosed", err)
-		}
+		stop() // closes the client again: a no-op
 	})
 }
 
@@ -409,11 +389,8 @@ func TestGoConnectionBreaks(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		ln := newPipeListener()
-		srv := NewServer(DefaultServerConfig(), h)
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(ln) }()
 		var conns []net.Conn
+		var ln *pipeListener
 		cfg := DefaultClientConfig()
 		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
 			nc, err := ln.dial(ctx, addr)
@@ -422,11 +399,8 @@ func TestGoConnectionBreaks(t *testing.T) {
 			}
 			return nc, err
 		}
-		c, err := Dial(t.Context(), "pipe", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		ln = newPipeListener() // before Dial: pipeServe serves this one
+		c, _, stop := pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
 		var calls []error
 		c.Go(time.Now().Add(time.Second), batchOf(1, "hold"), &BatchResponse{}, func(err error) { calls = append(calls, err) })
 		synctest.Wait()
@@ -442,8 +416,6 @@ func TestGoConnectionBreaks(t *testing.T) {
 			t.Fatalf("after the break: done got %v over %d connections, want nil over a second one", calls, len(conns))
 		}
 		checkEcho(t, req, resp)
-		_ = c.Close()
-		_ = srv.Close()
-		<-served
+		stop()
 	})
 }
