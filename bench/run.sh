@@ -12,6 +12,11 @@
 # whole run is bounded (--budget, default 10m).
 #
 #   bench/run.sh [sidebyside flags]     e.g. --only 'redis|memory' --duration 1s
+#
+# This machine's speed drifts by tens of percent over minutes, and the
+# systems run one after another: for ratios, measure the systems in turn
+# several times and take medians, e.g.
+#   TIMEOUT=40m bench/run.sh --rounds 3 --budget 38m --only '^(ringlimit-1|ringlimit-3|redis)$' --concurrency 32
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/results}"
@@ -23,5 +28,5 @@ trap 'rm -rf "$bin"' EXIT
 (cd "$here/.." && go build -o "$bin/ringlimit" ./cmd/ringlimit)
 (cd "$here" && go build -o "$bin/" ./cmd/gubernatord ./cmd/sidebyside)
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-timeout 11m "$bin/sidebyside" --ringlimit "$bin/ringlimit" --gubernatord "$bin/gubernatord" \
+timeout "${TIMEOUT:-11m}" "$bin/sidebyside" --ringlimit "$bin/ringlimit" --gubernatord "$bin/gubernatord" \
   --redis-server "$(command -v redis-server)" --out "$out" "$@"

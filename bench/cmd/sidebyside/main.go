@@ -47,6 +47,8 @@ type options struct {
 	redisVersion                        string
 	memGOGC                             []string
 	starts                              int // ringlimit clusters started, for unique data dirs
+	rounds                              int // times every selected system is measured, in turn
+	round                               int // the round being measured, from 1
 }
 
 func main() {
@@ -64,6 +66,7 @@ func main() {
 	flag.DurationVar(&o.budget, "budget", 10*time.Minute, "the whole run stops after this")
 	flag.IntVar(&o.batch, "batch", 100, "checks per call in the batched rows")
 	flag.IntVar(&o.pipeline, "pipeline", 16, "Redis pipeline depth of the pipelined rows")
+	flag.IntVar(&o.rounds, "rounds", 1, "measure the selected systems this many times, in turn (A, B, A, B, …); each row and ratio is then the median of its rounds")
 	memGOGC := flag.String("mem-gogc", "", "also measure ringlimit's memory with each of these GOGC values (comma-separated)")
 	replot := flag.String("replot", "", "only rewrite results.md and sidebyside.png in --out from this results.json")
 	flag.Parse()
@@ -92,6 +95,9 @@ func main() {
 		if g = strings.TrimSpace(g); g != "" {
 			o.memGOGC = append(o.memGOGC, g)
 		}
+	}
+	if o.rounds < 1 || o.rounds > 20 {
+		log.Fatalf("--rounds %d: must be in 1…20", o.rounds)
 	}
 	if o.only, err = regexp.Compile(*only); err != nil {
 		log.Fatalf("--only: %v", err)
@@ -155,20 +161,30 @@ func run(ctx context.Context, o *options) (*report, error) {
 		{"redis", runRedis},
 		{"memory", runMemory},
 	}
-	for _, s := range steps {
-		if !o.only.MatchString(s.name) {
-			continue
+	// finish folds the rounds: rows become the medians of their rounds.
+	finish := func() {
+		rep.Finished = time.Now().UTC()
+		rep.LoadAfter = loadAvg()
+		if o.rounds > 1 {
+			rep.Rounds, rep.RoundRows = o.rounds, rep.Rows
+			rep.Rows = medianRows(rep.RoundRows)
 		}
-		log.Printf("== %s (load %s)", s.name, loadAvg())
-		t0 := time.Now()
-		if err := s.f(ctx, o, rep); err != nil {
-			rep.Finished = time.Now().UTC()
-			return rep, fmt.Errorf("%s: %w", s.name, err)
-		}
-		log.Printf("== %s done in %v", s.name, time.Since(t0).Round(time.Millisecond))
 	}
-	rep.Finished = time.Now().UTC()
-	rep.LoadAfter = loadAvg()
+	for o.round = 1; o.round <= o.rounds; o.round++ {
+		for _, s := range steps {
+			if !o.only.MatchString(s.name) || (s.name == "memory" && o.round > 1) {
+				continue // memory does not drift with the machine's speed: once
+			}
+			log.Printf("== %s, round %d of %d (load %s)", s.name, o.round, o.rounds, loadAvg())
+			t0 := time.Now()
+			if err := s.f(ctx, o, rep); err != nil {
+				finish()
+				return rep, fmt.Errorf("%s: %w", s.name, err)
+			}
+			log.Printf("== %s done in %v", s.name, time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	finish()
 	return rep, nil
 }
 

@@ -38,6 +38,7 @@ type row struct {
 	AllowedRatio     float64          `json:"allowed_ratio"`
 	ErrorKinds       map[string]int64 `json:"error_kinds,omitempty"`
 	Load             string           `json:"loadavg_after"`
+	Round            int              `json:"round,omitempty"` // with --rounds: which round; 0 in a median row
 
 	rule string
 }
@@ -71,6 +72,76 @@ type report struct {
 	Pipeline     int       `json:"pipeline"`
 	Rows         []row     `json:"rows"`
 	Memory       []memRow  `json:"memory"`
+	Rounds       int       `json:"rounds,omitempty"`     // > 1: each of Rows is the median of its rounds
+	RoundRows    []row     `json:"round_rows,omitempty"` // with Rounds: every round's rows
+}
+
+// rowKey is what a row measures, whatever the round.
+type rowKey struct {
+	system, path, group string
+	inst, conc, batch   int
+}
+
+func keyOf(x row) rowKey {
+	return rowKey{x.System, x.Path, x.Group, x.Instances, x.Concurrency, x.Batch}
+}
+
+// median returns the median of xs (the mean of the middle two for an
+// even count), 0 for none. It sorts xs.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
+}
+
+// medianRows folds the rows of several rounds into one row per load, in
+// the order of first appearance: each rate, latency and CPU figure is the
+// median of its rounds (separately: the p99 of the median row need not
+// come from the round of the median throughput); counts are summed.
+func medianRows(rows []row) []row {
+	var order []rowKey
+	groups := map[rowKey][]row{}
+	for _, x := range rows {
+		k := keyOf(x)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], x)
+	}
+	out := make([]row, 0, len(order))
+	for _, k := range order {
+		g := groups[k]
+		m := g[len(g)-1]
+		m.Round, m.ErrorKinds = 0, nil
+		pick := func(f func(row) float64) float64 {
+			xs := make([]float64, len(g))
+			for i, x := range g {
+				xs[i] = f(x)
+			}
+			return median(xs)
+		}
+		m.ChecksPerSec = pick(func(x row) float64 { return x.ChecksPerSec })
+		m.P50ms = pick(func(x row) float64 { return x.P50ms })
+		m.P99ms = pick(func(x row) float64 { return x.P99ms })
+		m.CPUusPerCheck = pick(func(x row) float64 { return x.CPUusPerCheck })
+		m.ServerCPUSeconds = pick(func(x row) float64 { return x.ServerCPUSeconds })
+		m.AllowedRatio = pick(func(x row) float64 { return x.AllowedRatio })
+		m.Rate = pick(func(x row) float64 { return x.Rate })
+		m.Checks, m.Errors, m.Degraded = 0, 0, 0
+		for _, x := range g {
+			m.Checks += x.Checks
+			m.Errors += x.Errors
+			m.Degraded += x.Degraded
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func (r *report) name(x row) string {
@@ -84,6 +155,42 @@ func (r *report) find(system string, inst int, path string, conc int) (row, bool
 		}
 	}
 	return row{}, false
+}
+
+// ratio is a's checks/s over b's at concurrency c: with rounds, the
+// median of each round's ratio (a and b measured minutes apart, not a
+// round apart), and each round's, formatted; 0 when a row is missing.
+func (r *report) ratio(aSys string, aInst int, aPath, bSys string, bInst int, bPath string, c int) (float64, []string) {
+	if r.Rounds <= 1 {
+		x, f1 := r.find(aSys, aInst, aPath, c)
+		y, f2 := r.find(bSys, bInst, bPath, c)
+		if !f1 || !f2 || y.ChecksPerSec == 0 {
+			return 0, nil
+		}
+		return x.ChecksPerSec / y.ChecksPerSec, nil
+	}
+	var qs []float64
+	var each []string
+	for round := 1; round <= r.Rounds; round++ {
+		var x, y row
+		for _, z := range r.RoundRows {
+			if z.Round != round || z.Concurrency != c || z.Rate != 0 {
+				continue
+			}
+			if z.System == aSys && z.Instances == aInst && z.Path == aPath {
+				x = z
+			}
+			if z.System == bSys && z.Instances == bInst && z.Path == bPath {
+				y = z
+			}
+		}
+		if x.ChecksPerSec > 0 && y.ChecksPerSec > 0 {
+			q := x.ChecksPerSec / y.ChecksPerSec
+			qs = append(qs, q)
+			each = append(each, fmt.Sprintf("%.1f", q))
+		}
+	}
+	return median(qs), each
 }
 
 func num(f float64) string {
@@ -109,8 +216,12 @@ func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s → %s (UTC), %d CPUs, %s, load average before %s, after %s; Redis %s.\n",
 		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.CPUs, r.GoVersion, r.LoadBefore, r.LoadAfter, r.RedisVersion)
-	fmt.Fprintf(&b, "%d uniform keys, %s; %.0fs per row; batched rows carry %d checks per call (Redis: pipeline %d).\n\n",
+	fmt.Fprintf(&b, "%d uniform keys, %s; %.0fs per row; batched rows carry %d checks per call (Redis: pipeline %d).\n",
 		r.Keys, r.Rule, r.RowSeconds, r.Batch, r.Pipeline)
+	if r.Rounds > 1 {
+		fmt.Fprintf(&b, "%d rounds, the systems in turn: each figure below is the median of its rounds (every round's rows are in results.json), each ratio the median of the rounds' ratios.\n", r.Rounds)
+	}
+	b.WriteString("\n")
 	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | errors | degraded |\n")
 	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, x := range r.Rows {
@@ -188,14 +299,16 @@ func (r *report) targets() string {
 			if only > 0 && c != only {
 				continue
 			}
-			x, f1 := r.find("ringlimit", aInst, aPath, c)
-			y, f2 := r.find(bSys, bInst, bPath, c)
-			if !f1 || !f2 || y.ChecksPerSec == 0 {
+			q, rounds := r.ratio("ringlimit", aInst, aPath, bSys, bInst, bPath, c)
+			if q == 0 {
 				continue
 			}
 			any = true
-			q := x.ChecksPerSec / y.ChecksPerSec
-			parts = append(parts, fmt.Sprintf("c=%d %.1f×", c, q))
+			part := fmt.Sprintf("c=%d %.1f×", c, q)
+			if len(rounds) > 1 {
+				part += " (rounds " + strings.Join(rounds, ", ") + ")"
+			}
+			parts = append(parts, part)
 			ok = ok && q >= want
 		}
 		if any {

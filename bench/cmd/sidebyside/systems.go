@@ -78,6 +78,9 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc,
 		r.ErrorKinds = res.ErrorKinds
 	}
 	r.Load = loadAvg()
+	if o.rounds > 1 {
+		r.Round = o.round
+	}
 	rep.Rows = append(rep.Rows, r)
 	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  errors %d degraded %d",
 		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.Errors, r.Degraded)
