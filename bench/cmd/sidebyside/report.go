@@ -214,8 +214,12 @@ func num(f float64) string {
 
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s → %s (UTC), %d CPUs, %s, load average before %s, after %s; Redis %s.\n",
-		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.CPUs, r.GoVersion, r.LoadBefore, r.LoadAfter, r.RedisVersion)
+	redis := ""
+	if r.RedisVersion != "" {
+		redis = "; Redis " + r.RedisVersion
+	}
+	fmt.Fprintf(&b, "Run %s → %s (UTC), %d CPUs, %s, load average before %s, after %s%s.\n",
+		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.CPUs, r.GoVersion, r.LoadBefore, r.LoadAfter, redis)
 	fmt.Fprintf(&b, "%d uniform keys, %s; %.0fs per row; batched rows carry %d checks per call (Redis: pipeline %d).\n",
 		r.Keys, r.Rule, r.RowSeconds, r.Batch, r.Pipeline)
 	if r.Rounds > 1 {
