@@ -208,15 +208,7 @@ func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Dec
 	if c.rt.View() != nil {
 		var out [1]router.Result
 		req := []router.Request{{Rule: rule, Key: key, Cost: cost}}
-		err := c.rt.Check(ctx, req, out[:])
-		if errors.Is(err, router.ErrUnknownRule) {
-			// The rule may be younger than the view: read it again, once.
-			rctx, cancel := context.WithTimeout(ctx, time.Second)
-			if c.rt.Refresh(rctx) == nil {
-				err = c.rt.Check(ctx, req, out[:])
-			}
-			cancel()
-		}
+		err := c.rt.Check(ctx, req, out[:]) // a rule younger than the view: the router reads it again, once
 		if err == nil {
 			return DecisionOf(out[0]), nil
 		}

@@ -28,6 +28,8 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 	if every <= 0 {
 		every = time.Second
 	}
+	r.following.Store(true)
+	defer r.following.Store(false)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -113,6 +115,7 @@ func (r *Router) Refresh(ctx context.Context) error {
 
 // fetched wakes the callers of Refresh waiting for this fetch.
 func (r *Router) fetched() {
+	r.lastFetch.Store(time.Now().UnixNano())
 	r.fetchMu.Lock()
 	if r.fetchDone != nil {
 		close(r.fetchDone)

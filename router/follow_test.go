@@ -190,3 +190,59 @@ func TestRefreshFetchesNowAndWaits(t *testing.T) {
 		}
 	})
 }
+
+// A following router that meets a rule its view lacks reads the view
+// again before answering: a rule younger than its view is decided, not
+// refused for up to a Follow period. A rule that does not exist costs at
+// most one view read per refetchGap.
+func TestUnknownRuleRefetchesTheView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := testRules(t)
+		r1 := mustRing(t, 1, "a")
+		net := &network{owners: map[string]*owner{}}
+		rt, err := New(Config{}, nil, net)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		out := make([]Result, 1)
+		check := func(rule string) error {
+			return rt.Check(t.Context(), []Request{{Rule: rule, Key: "k", Cost: 1}}, out)
+		}
+		src := &source{v: view.New(r1, 7, ruleList(rules), 1)}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = rt.Follow(ctx, src, time.Hour) }()
+		synctest.Wait()
+
+		rules["new"] = &limiter.Rule{Name: "new", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
+		net.owners["a:1"] = newOwner(t, "a", r1, rules)
+		src.set(view.New(r1, 7, ruleList(rules), 2), nil)
+		time.Sleep(refetchGap)
+		if err := check("new"); err != nil || !out[0].Allowed {
+			t.Fatalf("a rule younger than the view: %v %+v, want allowed", err, out[0])
+		}
+		if n := src.count(); n != 2 {
+			t.Fatalf("%d view reads, want 2 (start, the unknown rule)", n)
+		}
+
+		time.Sleep(refetchGap)
+		if err := check("typo"); !errors.Is(err, ErrUnknownRule) {
+			t.Fatalf("a rule that does not exist: %v, want ErrUnknownRule", err)
+		}
+		if err := check("typo"); !errors.Is(err, ErrUnknownRule) {
+			t.Fatalf("again: %v, want ErrUnknownRule", err)
+		}
+		if n := src.count(); n != 3 {
+			t.Fatalf("%d view reads, want 3: one for two unknown rules within refetchGap", n)
+		}
+
+		cancel() // no Follow: nothing would answer a refresh, so none is asked
+		synctest.Wait()
+		start := time.Now()
+		time.Sleep(refetchGap)
+		if err := check("typo"); !errors.Is(err, ErrUnknownRule) || time.Since(start) != refetchGap {
+			t.Fatalf("without Follow: %v after %v, want ErrUnknownRule at once", err, time.Since(start)-refetchGap)
+		}
+	})
+}

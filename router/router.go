@@ -144,6 +144,8 @@ type Router struct {
 	stale     chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
 	fetchMu   sync.Mutex    // guards fetchDone
 	fetchDone chan struct{} // closed when Follow's next fetch is done (Refresh)
+	following atomic.Bool   // Follow is running: Refresh is answered
+	lastFetch atomic.Int64  // when Follow's last fetch ended (Unix ns)
 }
 
 // New returns a router. local decides the partitions this node owns (may
@@ -206,7 +208,31 @@ type ticket struct {
 // (see the package documentation for the one case that is not atomic). An invalid request fails the whole call with an *ItemError
 // before anything is spent; an error wrapping api.ErrUnavailable means
 // the router knows no cluster yet; otherwise the only error is ctx's.
+//
+// When a router that follows the cluster (Follow) meets a rule its view
+// does not know, it fetches the view once (bounded by RefreshWait; at most once
+// per refetchGap) and decides again: the rule may be younger than its
+// view, which it otherwise reads once per Follow period.
 func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {
+	err := r.check(ctx, reqs, out)
+	if err != nil && errors.Is(err, ErrUnknownRule) && r.following.Load() &&
+		time.Since(time.Unix(0, r.lastFetch.Load())) >= refetchGap {
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.RefreshWait)
+		ferr := r.Refresh(rctx)
+		cancel()
+		if ferr == nil {
+			err = r.check(ctx, reqs, out) // nothing was spent: validation comes first
+		}
+	}
+	return err
+}
+
+// refetchGap is the least time between two fetches made for unknown
+// rules: a client that keeps naming a rule that does not exist costs the
+// members at most 1/refetchGap view reads per router.
+const refetchGap = 100 * time.Millisecond
+
+func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error {
 	start := time.Now()
 	v := r.cell.Load()
 	if v == nil || v.Ring == nil {
