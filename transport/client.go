@@ -112,8 +112,8 @@ func (c *Client) Go(deadline time.Time, req *BatchRequest, resp *BatchResponse, 
 		if err == nil {
 			return // done is the call's now
 		}
-		if !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
-			continue // the connection broke before this frame left: redial once
+		if redialOnce(attempt, sent, err) {
+			continue
 		}
 		done(err)
 		return
@@ -143,11 +143,18 @@ func (c *Client) call(ctx context.Context, rt func(*clientConn) (sent bool, err 
 			return err
 		}
 		sent, err := rt(cc)
-		if err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed) {
-			continue // the connection broke before this frame left: redial once
+		if redialOnce(attempt, sent, err) {
+			continue
 		}
 		return err
 	}
+}
+
+// redialOnce reports whether a call should be tried again on a new
+// connection: its first attempt failed because the connection broke
+// before the frame left (not because the client was closed).
+func redialOnce(attempt int, sent bool, err error) bool {
+	return err != nil && !sent && attempt == 0 && errors.Is(err, ErrConnClosed) && !errors.Is(err, ErrClientClosed)
 }
 
 // conn returns a healthy connection, dialing one if needed.
@@ -349,14 +356,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 		return true, err
 	case <-ctx.Done():
 		if cc.forget(id) {
-			if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
-				// Not one frame has come back since this call left, and
-				// none for deadConnSilence: the peer or the path is gone
-				// (a network cut leaves TCP silent, not closed). Drop the
-				// connection so the next call dials afresh instead of
-				// waiting on a dead one.
-				cc.fail(fmt.Errorf("no answer from %s within the call's deadline: connection presumed dead", cc.c.addr))
-			}
+			cc.failIfSilent(sentAt)
 			return true, ctx.Err()
 		}
 		// The reader is delivering the answer right now (it has the whole
@@ -378,7 +378,7 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	id := cc.nextID.Add(1)
 	cl.buf = AppendBatchRequest(cl.buf[:0], id, budget, req)
 	if limit := cc.c.cfg.Limits.maxFrame(); len(cl.buf) > limit {
-		cc.c.calls.Put(cl)
+		cc.recycle(cl)
 		return false, &FrameTooLargeError{Size: uint64(len(cl.buf)), Limit: limit}
 	}
 	cl.resp, cl.want, cl.fn = resp, len(req.Checks), fn
@@ -388,8 +388,7 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	if cc.err != nil {
 		err := cc.err
 		cc.mu.Unlock()
-		cl.resp, cl.fn = nil, nil
-		cc.c.calls.Put(cl)
+		cc.recycle(cl)
 		return false, err
 	}
 	cc.pending[id] = cl
@@ -405,9 +404,7 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 			}
 			return true, nil
 		}
-		cl.timer.Stop()
-		cl.resp, cl.fn, cl.timer = nil, nil, nil
-		cc.c.calls.Put(cl)
+		cc.recycle(cl)
 		if full {
 			return false, err
 		}
@@ -426,11 +423,19 @@ func (cc *clientConn) expire(id uint64, sentAt int64) {
 	if cl == nil {
 		return // answered, or failed with the connection
 	}
+	cc.failIfSilent(sentAt)
+	cc.deliver(cl, context.DeadlineExceeded)
+}
+
+// failIfSilent is for a call sent at sentAt (Unix ns) whose deadline
+// passed: when not one frame has come back since it left, and none for
+// deadConnSilence, the peer or the path is gone (a network cut leaves TCP
+// silent, not closed), so the connection is dropped and the next call
+// dials afresh instead of waiting on a dead one.
+func (cc *clientConn) failIfSilent(sentAt int64) {
 	if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
-		// As in roundTrip: nothing has come back since this call left.
 		cc.fail(fmt.Errorf("no answer from %s within the call's deadline: connection presumed dead", cc.c.addr))
 	}
-	cc.deliver(cl, context.DeadlineExceeded)
 }
 
 // deliver gives a call its answer. The caller has taken cl out of
@@ -441,10 +446,18 @@ func (cc *clientConn) deliver(cl *call, err error) {
 		return
 	}
 	fn := cl.fn
-	cl.timer.Stop()
+	cc.recycle(cl)
+	fn(err)
+}
+
+// recycle stops a call of Go's timer, if armed, and puts the call back
+// for reuse. The caller is the only holder of cl.
+func (cc *clientConn) recycle(cl *call) {
+	if cl.timer != nil {
+		cl.timer.Stop()
+	}
 	cl.resp, cl.ack, cl.fn, cl.timer = nil, nil, nil, nil
 	cc.c.calls.Put(cl)
-	fn(err)
 }
 
 // forget removes a call from pending and reports whether it was there.
