@@ -424,12 +424,13 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transpo
 	if c.Cost > 0 && d.Allowed {
 		o.markDirty(c.Partition)
 	}
-	*res = transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
+	setResult(res, d)
 }
 
-func resultOf(d limiter.Decision) transport.Result {
-	return transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+// setResult writes decision d as an OK result into *res, in place (see
+// decide).
+func setResult(res *transport.Result, d limiter.Decision) {
+	*res = transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
 }
 
@@ -515,7 +516,7 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 		return transport.StatusBadRequest // ErrGroup: one bucket twice
 	}
 	for i := range ds {
-		rs[i] = resultOf(ds[i])
+		setResult(&rs[i], ds[i])
 		if spent && items[i].Cost > 0 {
 			o.markDirty(items[i].Part)
 		}
