@@ -43,7 +43,8 @@ const linearGroup = 16
 // Items are validated as Check validates one (ErrPartition, ErrCost,
 // ErrRule, ErrVersion, each wrapped with the item's index); two items on
 // one bucket (same partition and slot key, see slotKey) are refused with
-// an error wrapping ErrGroup. On any error nothing is spent and out is
+// an error wrapping ErrGroup; an item in a fenced partition (Fence) with
+// ErrFenced itself. On any error nothing is spent and out is
 // unspecified. An empty group passes.
 func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error) {
 	if len(out) < len(items) {
@@ -73,6 +74,11 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 			t.parts[p].mu.Unlock()
 		}
 	}()
+	for _, p := range parts {
+		if t.parts[p].fenced {
+			return false, ErrFenced
+		}
+	}
 	g := t.sets.Load() // under the locks: see freeTag
 	pass := true
 	for i := range items {

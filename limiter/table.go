@@ -13,6 +13,11 @@ const MaxPartitions = 1 << 20
 // ErrPartition: a partition number outside [0, Partitions()).
 var ErrPartition = errors.New("limiter: partition out of range")
 
+// ErrFenced: the partition is fenced (see Table.Fence); nothing was
+// decided or spent. Check and CheckGroup return it unwrapped, so callers
+// on the hot path may compare with ==.
+var ErrFenced = errors.New("limiter: partition fenced")
+
 // Table holds the bucket states of many keys, in memory, for one node.
 //
 // A bucket is found by its 64-bit BucketHash; the key itself is never
@@ -44,6 +49,12 @@ var ErrPartition = errors.New("limiter: partition out of range")
 // CheckGroup decides several checks at one instant all-or-nothing (a
 // request limited by several rules spends on all of them or on none).
 //
+// A partition may be fenced (Fence, Unfence): it then decides no checks,
+// while Export, Import, Drop and Sweep work as always. An owner fences a
+// partition it is moving, so a check is either decided before the move
+// (and its state is in the export) or refused; the fence is read under
+// the partition's lock, so it costs a check nothing beyond that lock.
+//
 // Table is safe for concurrent use; calls on different partitions do not
 // contend, and rule sets may be registered while checks run. Methods that
 // take a partition number panic if it is out of range, except Check,
@@ -64,6 +75,7 @@ type partition struct {
 	changed    []uint64 // guarded by mu; slot keys written since ExportChanges (delta.go)
 	changedAll bool     // guarded by mu; too many to list: export the whole partition
 	track      bool     // set before use: checks note what they write (TrackChanges)
+	fenced     bool     // guarded by mu; checks are refused with ErrFenced (Fence)
 }
 
 // NewTable returns an empty table of the given number of partitions,
@@ -108,8 +120,8 @@ func (t *Table) checkPart(part uint32) error {
 // The rule must be valid (Rule.Validate); Check itself only rejects an
 // unknown algorithm and a limit or period ≤ 0, wrapping ErrRule. A cost
 // out of [0, r.Capacity()] returns an error wrapping ErrCost, a version
-// never registered with SetRules one wrapping ErrVersion; on any error
-// nothing is spent.
+// never registered with SetRules one wrapping ErrVersion, a fenced
+// partition ErrFenced itself; on any error nothing is spent.
 func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Decision, error) {
 	// checkItem, written out: one call less on the hot path.
 	if err := t.checkPart(part); err != nil {
@@ -127,6 +139,10 @@ func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Dec
 	// Lock and Unlock can panic once Limit and Period are positive, which
 	// is all the steps divide by.
 	p.mu.Lock()
+	if p.fenced {
+		p.mu.Unlock()
+		return Decision{}, ErrFenced
+	}
 	g, set := setOf(&t.sets, r.Version)
 	if set == nil {
 		p.mu.Unlock()
@@ -355,6 +371,31 @@ func (p *partition) len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.tats.len() + p.wins.len() + len(p.logs)
+}
+
+// Fence makes partition part refuse checks (Check and CheckGroup return
+// ErrFenced) until Unfence. Once Fence returns, every check of the
+// partition that was decided is in its states: nothing decided before
+// the fence is missed by an Export after it, and nothing is decided
+// after it. Fencing a fenced partition does nothing.
+func (t *Table) Fence(part uint32) { t.setFenced(part, true) }
+
+// Unfence lets partition part decide checks again (see Fence).
+func (t *Table) Unfence(part uint32) { t.setFenced(part, false) }
+
+// Fenced reports whether partition part is fenced.
+func (t *Table) Fenced(part uint32) bool {
+	p := t.part(part)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fenced
+}
+
+func (t *Table) setFenced(part uint32, on bool) {
+	p := t.part(part)
+	p.mu.Lock()
+	p.fenced = on
+	p.mu.Unlock()
 }
 
 // Drop forgets every state of partition part and frees its memory, as

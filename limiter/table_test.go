@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -581,5 +582,82 @@ func TestHoldsTellsTrackedKeysFromNewOnes(t *testing.T) {
 	}
 	if tab.Holds(99, 1000) {
 		t.Fatal("a partition out of range holds something")
+	}
+}
+
+// A fenced partition decides nothing, alone or in a group, while its
+// states can still be exported, imported, swept and dropped; unfenced,
+// it decides again.
+func TestFenceRefusesChecks(t *testing.T) {
+	tb := mustTable(t, 4)
+	r := &Rule{Name: "tb", Algorithm: TokenBucket, Limit: 10, Period: time.Second}
+	if _, err := tb.Check(1, 7, r, 1e9, 1); err != nil {
+		t.Fatal(err)
+	}
+	tb.Fence(1)
+	tb.Fence(1) // twice is once
+	if !tb.Fenced(1) || tb.Fenced(2) {
+		t.Fatalf("Fenced(1) %v, Fenced(2) %v after fencing 1", tb.Fenced(1), tb.Fenced(2))
+	}
+	if _, err := tb.Check(1, 8, r, 1e9, 1); err != ErrFenced {
+		t.Fatalf("Check on a fenced partition: %v, want ErrFenced itself", err)
+	}
+	items := []Item{{Part: 2, Bucket: 9, Rule: r, Cost: 1}, {Part: 1, Bucket: 10, Rule: r, Cost: 1}}
+	if _, err := tb.CheckGroup(items, 1e9, make([]Decision, 2)); err != ErrFenced {
+		t.Fatalf("CheckGroup over a fenced partition: %v, want ErrFenced itself", err)
+	}
+	if tb.Len() != 1 {
+		t.Fatalf("refused checks stored states: %d held, want 1", tb.Len())
+	}
+	other := mustTable(t, 4)
+	if n, err := other.Import(1, tb.Export(nil, 1, 1e9), 1e9); err != nil || n != 1 {
+		t.Fatalf("export of a fenced partition: %d states, %v; want 1", n, err)
+	}
+	tb.Drop(1)
+	tb.Unfence(1)
+	if d, err := tb.Check(1, 7, r, 1e9, 1); err != nil || d.Remaining != 9 {
+		t.Fatalf("unfenced, dropped: %+v %v, want a fresh bucket's answer", d, err)
+	}
+}
+
+// Checks racing a fence: every check admitted before the fence is in the
+// export taken after it, and none is admitted after it.
+func TestFenceLosesNoDecision(t *testing.T) {
+	const workers, tries = 4, 300
+	tb := mustTable(t, 2)
+	r := &Rule{Name: "tb", Algorithm: TokenBucket, Limit: 1, Burst: workers * tries, Period: time.Hour}
+	const now = int64(1 << 50)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range tries {
+				d, err := tb.Check(0, 42, r, now, 1)
+				if err == ErrFenced {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	tb.Fence(0)
+	stream := tb.Export(nil, 0, now)
+	wg.Wait()
+	other := mustTable(t, 2)
+	if _, err := other.Import(0, stream, now); err != nil {
+		t.Fatal(err)
+	}
+	d, err := other.Check(0, 42, r, now, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := int64(workers*tries) - d.Remaining; spent != admitted.Load() {
+		t.Fatalf("export holds %d spent, %d were admitted", spent, admitted.Load())
 	}
 }

@@ -116,7 +116,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 	now := o.now()
 	var out []Outgoing
 	for p, to := range m.Lost {
-		g := &o.gates[p]
+		g := &o.moving[p]
 		g.Lock()
 		st := o.getState(p)
 		o.setState(p, partAway)
@@ -147,7 +147,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 	for p, how := range m.Gained {
 		switch how {
 		case GainAwait:
-			g := &o.gates[p]
+			g := &o.moving[p]
 			g.Lock()
 			o.setState(p, partAwaiting)
 			g.Unlock()
@@ -169,7 +169,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 func (o *Owner) promote(p uint32, now int64) {
 	data := o.backup.Export(nil, p, now)
 	o.dropBackup(p)
-	g := &o.gates[p]
+	g := &o.moving[p]
 	g.Lock()
 	o.table.Drop(p)
 	if _, err := o.table.Import(p, data, now); err != nil {
@@ -228,7 +228,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 	now := o.now()
 	for i := range push.Parts {
 		pt := &push.Parts[i]
-		if int(pt.Partition) >= len(o.gates) {
+		if int(pt.Partition) >= len(o.moving) {
 			ack.Status[i] = transport.PushRejected
 			continue
 		}
@@ -253,7 +253,7 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 		o.promote(p, now)
 		return transport.PushOK
 	}
-	g := &o.gates[p]
+	g := &o.moving[p]
 	g.Lock()
 	defer g.Unlock()
 	if o.getState(p) != partAwaiting {

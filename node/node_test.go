@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -197,6 +199,61 @@ func TestHandoffMovesStateAndFences(t *testing.T) {
 			t.Fatalf("third check at b allowed: the budget was reset by the move")
 		}
 	})
+}
+
+// Checks racing the move of their partition out: every check the old
+// owner admitted is spent in the state the new owner receives, whatever
+// the interleaving (the table's fence is set before the export).
+func TestMoveOutLosesNoDecision(t *testing.T) {
+	const workers, burst = 4, 100_000
+	rule := []limiter.Rule{{Name: "r", Algorithm: limiter.TokenBucket, Limit: 1, Burst: burst, Period: time.Hour}}
+	a, b := newOwner(t, "a"), newOwner(t, "b")
+	v1, v2 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+	alive := func(string) bool { return true }
+	a.Apply(v1, PlanMoves(nil, v1.Ring, "a", alive, false, false))
+	a.ExpireAwaiting(a.AwaitingParts())
+	b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", alive, false, false))
+	h, p := partOf(v2, "b")
+	c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+	var admitted atomic.Int64
+	started := make(chan struct{}, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				r := handle(a, 1, c).Results[0]
+				if i == 0 {
+					started <- struct{}{}
+				}
+				if r.Status != transport.StatusOK {
+					return // NOT_OWNER or UNAVAILABLE: the move has begun
+				}
+				if r.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	for range workers {
+		<-started
+	}
+	out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false, false))
+	wg.Wait()
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a"}
+	for _, og := range out {
+		push.Parts = append(push.Parts, og.Part)
+	}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+	b.HandlePush(context.Background(), push, &ack)
+	q := c
+	q.Cost = 0
+	r := handle(b, 2, q).Results[0]
+	if r.Status != transport.StatusOK {
+		t.Fatalf("query at b: %v", r.Status)
+	}
+	if spent := burst - r.Remaining; spent != admitted.Load() || spent == 0 {
+		t.Fatalf("a admitted %d, b received %d spent", admitted.Load(), spent)
+	}
 }
 
 func TestPlanMoves(t *testing.T) {

@@ -32,9 +32,12 @@ const (
 // of the partition, the partition's state has arrived (hand-off or backup
 // promotion), and its lease is current (the member heard from a Raft
 // quorum recently, see SetLease), so one member at most answers for a
-// partition at any moment. Each partition has a gate: checks hold it
-// shared, moving a partition in or out holds it alone, so no decision is
-// lost between an export and the drop that follows it.
+// partition at any moment. A partition that is not servable is fenced
+// in the table (limiter.Table.Fence), which checks read under the
+// partition's own lock: moving a partition out fences it before its
+// export, so no decision is lost between the export and the drop that
+// follows it, and a check costs one lock. Moves of one partition are
+// serialised by its moving lock, which checks never take.
 //
 // An Owner is safe for concurrent use.
 type Owner struct {
@@ -45,11 +48,11 @@ type Owner struct {
 	table  *limiter.Table // partitions we own (or are handing off)
 	backup *limiter.Table // copies of the partitions we back up
 
-	gates []sync.RWMutex // per partition: shared by checks, exclusive for moves
-	state []atomic.Uint32
-	dirty []atomic.Bool // changed since the last backup push
-	whole []atomic.Bool // the next backup push sends the whole partition (see markWhole)
-	based []atomic.Bool // backup copies: a whole copy arrived, so deltas may follow
+	moving []sync.Mutex    // per partition: held while moving it in or out (never by checks)
+	state  []atomic.Uint32 // partState; the table is fenced in every state but partServing
+	dirty  []atomic.Bool   // changed since the last backup push
+	whole  []atomic.Bool   // the next backup push sends the whole partition (see markWhole)
+	based  []atomic.Bool   // backup copies: a whole copy arrived, so deltas may follow
 
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
@@ -164,14 +167,17 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	for p := range partitions {
+		t.Fence(uint32(p)) // partAway until a move makes it servable
+	}
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
-		gates: make([]sync.RWMutex, partitions), state: make([]atomic.Uint32, partitions),
+		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
 		changed: make(chan struct{}), start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.
-func (o *Owner) Partitions() int { return len(o.gates) }
+func (o *Owner) Partitions() int { return len(o.moving) }
 
 // Table is the owner's bucket table (tests, metrics).
 func (o *Owner) Table() *limiter.Table { return o.table }
@@ -226,7 +232,15 @@ func (o *Owner) markDirty(p uint32) {
 
 func (o *Owner) getState(p uint32) partState { return partState(o.state[p].Load()) }
 
+// setState moves partition p to state s, fencing its table partition
+// first when s is not partServing and unfencing it when it is; callers
+// hold o.moving[p].
 func (o *Owner) setState(p uint32, s partState) {
+	if s == partServing {
+		o.table.Unfence(p)
+	} else {
+		o.table.Fence(p)
+	}
 	old := partState(o.state[p].Swap(uint32(s)))
 	if old == partAwaiting && s != partAwaiting {
 		o.awaiting.Add(-1)
@@ -401,23 +415,20 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transpo
 		*res = transport.Result{Status: st}
 		return
 	}
-	g := &o.gates[c.Partition]
-	g.RLock()
-	defer g.RUnlock()
-	if o.getState(c.Partition) != partServing {
-		// Awaiting its state, or our view says we own it but the move in
-		// has not been applied: SetView is running right now.
-		*res = transport.Result{Status: transport.StatusUnavailable}
-		return
-	}
 	bucket := limiter.BucketHash(c.KeyHash, salt)
-	if o.full.Load() && c.Cost > 0 && !o.table.Holds(c.Partition, bucket) {
+	if o.full.Load() && c.Cost > 0 && o.getState(c.Partition) == partServing && !o.table.Holds(c.Partition, bucket) {
 		o.overCapacity.Add(1)
 		*res = transport.Result{Status: transport.StatusOverCapacity}
 		return
 	}
 	d, err := o.table.Check(c.Partition, bucket, rule, now, int64(c.Cost))
-	if err != nil {
+	switch {
+	case err == limiter.ErrFenced:
+		// Awaiting its state, or our view says we own it but the move in
+		// has not been applied: SetView is running right now.
+		*res = transport.Result{Status: transport.StatusUnavailable}
+		return
+	case err != nil:
 		*res = transport.Result{Status: transport.StatusBadRequest}
 		return
 	}
@@ -439,7 +450,7 @@ func setResult(res *transport.Result, d limiter.Decision) {
 // rule and its buckets' salt, or the status that refuses it.
 func (o *Owner) resolve(v *view.View, c *transport.Check) (*limiter.Rule, uint64, transport.Status) {
 	owner, ok := v.Ring.Owner(c.Partition)
-	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.gates) {
+	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.moving) {
 		return nil, 0, transport.StatusNotOwner
 	}
 	if v.Ring.Partition(c.KeyHash) != c.Partition {
@@ -469,13 +480,11 @@ const groupBuf = 8
 // (limiter.Table.CheckGroup) into rs, or returns the status every one of
 // them gets instead, spending nothing: the first refusal in check order
 // (NOT_OWNER, BAD_REQUEST, UNKNOWN_RULE), else UNAVAILABLE when a
-// partition's state has not arrived, else OVER_CAPACITY at the key cap.
-// The gates of the group's partitions are held shared, in ascending
-// order, across the decision.
+// partition's state has not arrived (or is fenced by the time the group
+// is decided), else OVER_CAPACITY at the key cap.
 func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.Result, now int64) transport.Status {
 	var ibuf [groupBuf]limiter.Item
-	var pbuf [groupBuf]uint32
-	items, parts := ibuf[:0], pbuf[:0]
+	items := ibuf[:0]
 	for i := range cs {
 		c := &cs[i]
 		rule, salt, st := o.resolve(v, c)
@@ -483,20 +492,9 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 			return st
 		}
 		items = append(items, limiter.Item{Part: c.Partition, Bucket: limiter.BucketHash(c.KeyHash, salt), Rule: rule, Cost: int64(c.Cost)})
-		parts = append(parts, c.Partition)
 	}
-	slices.Sort(parts)
-	parts = slices.Compact(parts)
-	for _, p := range parts {
-		o.gates[p].RLock()
-	}
-	defer func() {
-		for _, p := range parts {
-			o.gates[p].RUnlock()
-		}
-	}()
-	for _, p := range parts {
-		if o.getState(p) != partServing {
+	for i := range items {
+		if o.getState(items[i].Part) != partServing {
 			return transport.StatusUnavailable
 		}
 	}
@@ -512,7 +510,10 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 	ds := dbuf[:0]
 	ds = slices.Grow(ds, len(items))[:len(items)]
 	spent, err := o.table.CheckGroup(items, now, ds)
-	if err != nil {
+	switch {
+	case err == limiter.ErrFenced: // moved out since the state was read
+		return transport.StatusUnavailable
+	case err != nil:
 		return transport.StatusBadRequest // ErrGroup: one bucket twice
 	}
 	for i := range ds {

@@ -19,7 +19,8 @@ import (
 // side-by-side's rule (token bucket 1000/s, burst 1000, so most checks
 // find their state idle and make a fresh one), frames of 512 checks
 // decided by two goroutines at once, as two workers of the data plane
-// on 2 cores. No transport: only the gates, the table and the results.
+// on 2 cores. No transport: only the table (its fences and locks) and
+// the results.
 //
 //	go test -run '^$' -bench OwnerHandleBatch ./node/
 func BenchmarkOwnerHandleBatch(b *testing.B) {

@@ -52,10 +52,10 @@ func (o *Owner) saveBuckets(dir string) (int, error) {
 	binary.LittleEndian.PutUint64(b[len(bucketMagic):], uint64(now))
 	b = binary.AppendUvarint(b, uint64(len(parts)))
 	for _, p := range parts {
-		g := &o.gates[p]
+		g := &o.moving[p]
 		g.Lock()
+		o.setState(p, partAway) // fenced first: no check is decided after its export
 		stream := o.table.Export(nil, p, now)
-		o.setState(p, partAway)
 		g.Unlock()
 		b = binary.AppendUvarint(b, uint64(p))
 		b = binary.AppendUvarint(b, uint64(len(stream)))
@@ -146,7 +146,7 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		if p >= uint64(len(o.gates)) || l > uint64(len(r)) {
+		if p >= uint64(len(o.moving)) || l > uint64(len(r)) {
 			return 0, fmt.Errorf("partition %d of %d bytes: out of range", p, l)
 		}
 		parts = append(parts, part{uint32(p), r[:l]})
