@@ -87,7 +87,7 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 		if set == nil {
 			return false, fmt.Errorf("items[%d]: %w", i, versionError(it.Rule))
 		}
-		out[i] = t.parts[it.Part].decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, false)
+		t.parts[it.Part].decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, false, &out[i])
 		pass = pass && out[i].Allowed
 	}
 	for i := range items {
@@ -95,10 +95,10 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 		p, set := &t.parts[it.Part], g.lookup(it.Rule.Version)
 		switch {
 		case pass:
-			out[i] = p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, true)
+			p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, true, &out[i])
 		case out[i].Allowed:
 			if it.Cost > 0 { // what it would have spent is not spent
-				out[i] = p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, 0, false)
+				p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, 0, false, &out[i])
 			}
 			out[i].Allowed, out[i].RetryAfter, out[i].Delay = false, 0, 0
 		}

@@ -123,15 +123,25 @@ func (t *Table) checkPart(part uint32) error {
 // never registered with SetRules one wrapping ErrVersion, a fenced
 // partition ErrFenced itself; on any error nothing is spent.
 func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Decision, error) {
+	var d Decision
+	err := t.CheckInto(part, bucket, r, now, cost, &d)
+	return d, err
+}
+
+// CheckInto is Check writing its decision into *d (left unspecified on
+// an error) instead of returning it: a Decision is too large to be
+// returned in registers, and copying it back up costs a hot path
+// several percent.
+func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, d *Decision) error {
 	// checkItem, written out: one call less on the hot path.
 	if err := t.checkPart(part); err != nil {
-		return Decision{}, err
+		return err
 	}
 	if err := r.CheckCost(cost); err != nil {
-		return Decision{}, err
+		return err
 	}
 	if r.Limit <= 0 || r.Period <= 0 { // what the steps divide by
-		return Decision{}, fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
+		return fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
 	}
 	p := &t.parts[part]
 	k := slotKey(bucket)
@@ -141,27 +151,26 @@ func (t *Table) Check(part uint32, bucket uint64, r *Rule, now, cost int64) (Dec
 	p.mu.Lock()
 	if p.fenced {
 		p.mu.Unlock()
-		return Decision{}, ErrFenced
+		return ErrFenced
 	}
 	g, set := setOf(&t.sets, r.Version)
 	if set == nil {
 		p.mu.Unlock()
-		return Decision{}, versionError(r)
+		return versionError(r)
 	}
-	var d Decision
 	switch { // decideLocked's switch, one call less on the hot path
 	case r.Algorithm.tat():
-		d = p.tatLocked(g, set, k, r, now, cost, true)
+		p.tatLocked(g, set, k, r, now, cost, true, d)
 	case r.Algorithm.window():
-		d = p.windowLocked(g, set, k, r, now, cost, true)
+		p.windowLocked(g, set, k, r, now, cost, true, d)
 	case r.Algorithm == SlidingLog:
-		d = p.logLocked(g, set, k, r, now, cost, true)
+		p.logLocked(g, set, k, r, now, cost, true, d)
 	default:
 		p.mu.Unlock()
-		return Decision{}, fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
+		return fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
 	}
 	p.mu.Unlock()
-	return d, nil
+	return nil
 }
 
 // checkItem validates what Check and CheckGroup validate before locking.
@@ -196,24 +205,25 @@ func setOf(sets *atomic.Pointer[ruleSets], v uint64) (*ruleSets, *ruleSet) {
 }
 
 // decideLocked is the one core of Check and CheckGroup: it decides a
-// check of cost on slot key k under r, whose set is set, at now. With
+// check of cost on slot key k under r, whose set is set, at now, into
+// *d. With
 // commit it keeps the new state as Check documents; without, it only
 // decides and stores nothing a decision depends on (a sliding log may
 // still be carried over and expired in place, which changes no decision,
 // and an empty one is dropped). p.mu must be held; the algorithm is
 // known (checkItem).
-func (p *partition) decideLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
+func (p *partition) decideLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	switch {
 	case r.Algorithm.tat():
-		return p.tatLocked(g, set, k, r, now, cost, commit)
+		p.tatLocked(g, set, k, r, now, cost, commit, d)
 	case r.Algorithm.window():
-		return p.windowLocked(g, set, k, r, now, cost, commit)
+		p.windowLocked(g, set, k, r, now, cost, commit, d)
 	default:
-		return p.logLocked(g, set, k, r, now, cost, commit)
+		p.logLocked(g, set, k, r, now, cost, commit, d)
 	}
 }
 
-func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
+func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	var s TAT
 	e := p.tats.find(k)
 	if e != nil {
@@ -222,7 +232,7 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertTAT, AdoptTAT)
 		}
 	}
-	s, d := StepTAT(s, r, now, cost)
+	s = stepTAT(s, r, now, cost, d)
 	switch {
 	case !commit:
 	case droppable(s, set.tag, now, g):
@@ -240,10 +250,9 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 			p.noteChanged(k)
 		}
 	}
-	return d
 }
 
-func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
+func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	var s Window
 	e := p.wins.find(k)
 	if e != nil {
@@ -252,7 +261,7 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, n
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertWindow, AdoptWindow)
 		}
 	}
-	s, d := StepWindow(s, r, now, cost)
+	s, *d = StepWindow(s, r, now, cost)
 	switch {
 	case !commit:
 	case droppable(s, set.tag, now, g):
@@ -270,10 +279,9 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, n
 			p.noteChanged(k)
 		}
 	}
-	return d
 }
 
-func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool) Decision {
+func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	l, ok := p.logs[k]
 	if !ok {
 		l = p.spare
@@ -287,9 +295,9 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
 	}
 	l.tag = set.tag
-	d := l.decide(r, now, cost)
+	*d = l.decide(r, now, cost)
 	if commit && d.Allowed && cost > 0 {
-		d = l.admit(r, now, cost, d)
+		*d = l.admit(r, now, cost, *d)
 	}
 	switch {
 	case l.n == 0:
@@ -304,7 +312,6 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 		p.logs[k] = l
 		p.spare = nil
 	}
-	return d
 }
 
 // convertLog and adoptLog are Log.Convert and Log.Adopt in the shape

@@ -421,7 +421,8 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transpo
 		*res = transport.Result{Status: transport.StatusOverCapacity}
 		return
 	}
-	d, err := o.table.Check(c.Partition, bucket, rule, now, int64(c.Cost))
+	var d limiter.Decision
+	err := o.table.CheckInto(c.Partition, bucket, rule, now, int64(c.Cost), &d)
 	switch {
 	case err == limiter.ErrFenced:
 		// Awaiting its state, or our view says we own it but the move in
@@ -435,14 +436,16 @@ func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transpo
 	if c.Cost > 0 && d.Allowed {
 		o.markDirty(c.Partition)
 	}
-	setResult(res, d)
+	setResult(res, &d)
 }
 
 // setResult writes decision d as an OK result into *res, in place (see
-// decide).
-func setResult(res *transport.Result, d limiter.Decision) {
-	*res = transport.Result{Status: transport.StatusOK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Delay: d.Delay}
+// decide), a field at a time: a composite literal is built on the stack
+// and copied in 16-byte moves, which stall reading back the 8-byte
+// stores that just wrote d.
+func setResult(res *transport.Result, d *limiter.Decision) {
+	res.Status, res.Allowed, res.Limit, res.Remaining = transport.StatusOK, d.Allowed, d.Limit, d.Remaining
+	res.ResetAfter, res.RetryAfter, res.Delay = d.ResetAfter, d.RetryAfter, d.Delay
 }
 
 // resolve checks what a check's answer depends on besides its
@@ -517,7 +520,7 @@ func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.R
 		return transport.StatusBadRequest // ErrGroup: one bucket twice
 	}
 	for i := range ds {
-		setResult(&rs[i], ds[i])
+		setResult(&rs[i], &ds[i])
 		if spent && items[i].Cost > 0 {
 			o.markDirty(items[i].Part)
 		}
