@@ -63,8 +63,8 @@ func startRLSCluster(t testing.TB, n int, config string) ([]*Server, []rlspb.Rat
 		s, err := Start(Config{
 			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
 			DataDir: filepath.Join(dir, "data"), Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
-			RaftTimeout: 300 * time.Millisecond,
-			Router:      router.Config{Timeout: 5 * time.Second, RefreshWait: 2 * time.Second},
+			RaftTimeout: testRaftTimeout,
+			Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
 			RLS:         rls.Options{ConfigPath: path},
 		}, ls)
 		if err != nil {
@@ -80,6 +80,7 @@ func startRLSCluster(t testing.TB, n int, config string) ([]*Server, []rlspb.Rat
 		clients = append(clients, rlspb.NewRateLimitServiceClient(cc))
 	}
 	waitSettled(t, ss, n)
+	waitPromoted(t, ss)
 	return ss, clients
 }
 
