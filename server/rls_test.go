@@ -125,11 +125,22 @@ func TestRLSExactAcrossThreeMembers(t *testing.T) {
 		var mu sync.Mutex
 		perKey := map[string]int{}
 		var wg sync.WaitGroup
+		// At most maxInFlight calls at once, in key order: a key's 10
+		// calls still race each other on three members. With all 2000 at
+		// once (thousands of goroutines runnable under -race on a loaded
+		// 2-core machine) an owner's data-plane connection once brought
+		// nothing back for a second, which the transport takes for a
+		// dead peer: it dropped the connection, and every check in
+		// flight on it was answered by the limit's failure mode (open:
+		// over-admitted), though the router would have waited 5s.
+		const maxInFlight = 100
+		slots := make(chan struct{}, maxInFlight)
 		for k := range 200 {
 			for i := range 10 {
 				wg.Add(1)
+				slots <- struct{}{}
 				go func() {
-					defer wg.Done()
+					defer func() { <-slots; wg.Done() }()
 					v := fmt.Sprintf("tenant-%d", k)
 					if rlsCall(t, clients[(k+i)%3], rlsDesc("tenant", v)).GetOverallCode() == rlspb.RateLimitResponse_OK {
 						mu.Lock()
