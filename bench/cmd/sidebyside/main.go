@@ -4,10 +4,11 @@
 // concurrency levels, driven by the same load loop (internal/loadgen)
 // that `ringlimit bench` uses.
 //
-// It starts every server itself, on loopback ports 28000-28999, and
-// stops each by its PID: ringlimit (1 and 3 members), gubernator v2 (the
-// gubernatord daemon of this module, static peers, 1 and 3 instances) and
-// redis-server. For every row it reports checks/s, p50/p99 per call and
+// It starts every server itself, on loopback ports the kernel reports
+// free at the start of each system's step (so two runs at once do not
+// meet), and stops each by its PID: ringlimit (1 and 3 members),
+// gubernator v2 (the gubernatord daemon of this module, static peers, 1
+// and 3 instances) and redis-server. For every row it reports checks/s, p50/p99 per call and
 // the servers' CPU per check (utime+stime of the server processes from
 // /proc/PID/stat, the delta over the row divided by the checks). Then it
 // measures bytes per active key (RSS delta / keys; Redis's used_memory)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +22,7 @@ const clockTicks = 100
 // proc is a server process this run started; it is stopped by its PID.
 type proc struct {
 	name string
+	log  string // the file its output goes to
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 	err  error         // of Wait, once done is closed
@@ -40,7 +43,7 @@ func startProc(dir, name, bin string, args, env []string) (*proc, error) {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, log: logf.Name(), cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logf.Close()
@@ -58,6 +61,53 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// waitUp polls ok as waitFor does, but fails at once when p has exited
+// (a server whose port was taken meanwhile exits): ok would otherwise be
+// answered by whatever else listens on that port.
+func waitUp(ctx context.Context, p *proc, what string, limit time.Duration, ok func() bool) error {
+	var exited error
+	err := waitFor(ctx, what, limit, func() bool {
+		if p.exited() {
+			exited = p.exitError()
+			return true
+		}
+		return ok()
+	})
+	return errors.Join(err, exited)
+}
+
+// exitError says that p exited, how, and what its log ends with.
+func (p *proc) exitError() error {
+	b, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	lines = lines[max(0, len(lines)-5):]
+	return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.log, strings.Join(lines, "\n"))
+}
+
+// freePorts returns n distinct loopback TCP ports the kernel says are
+// free now: it listens on 127.0.0.1:0 n times (all open at once, so the
+// ports differ) and closes the listeners. Runs at the same time get
+// different ports. A port taken by another process before our server
+// binds it makes that server exit, which waitUp reports.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("choosing a free port: %w", err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // stop sends SIGTERM, and SIGKILL after grace.

@@ -100,12 +100,16 @@ func httpClient(conc int) *http.Client {
 	return &http.Client{Transport: client.NewTransport(max(64, conc)), Timeout: 30 * time.Second}
 }
 
-// startRinglimit starts n members (HTTP port base+10·i, Raft +1, data
-// plane +2), the first with the rules file, and waits until every member
+// startRinglimit starts n members on free ports (HTTP, Raft and data
+// plane each), the first with the rules file, and waits until every member
 // is active and has the rules in force.
-func startRinglimit(ctx context.Context, o *options, n, base int, env []string) ([]*proc, []string, error) {
+func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*proc, []string, error) {
 	rules := filepath.Join(o.work, "rules.yaml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o644); err != nil {
+		return nil, nil, err
+	}
+	ports, err := freePorts(3 * n)
+	if err != nil {
 		return nil, nil, err
 	}
 	var procs []*proc
@@ -124,12 +128,12 @@ func startRinglimit(ctx context.Context, o *options, n, base int, env []string) 
 		}
 		return out == nil || json.NewDecoder(resp.Body).Decode(out) == nil
 	}
+	prefix := fmt.Sprintf("rl%d-", ports[0]) // member ids of this run
 	for i := range n {
-		h := base + 10*i
-		addr := fmt.Sprintf("127.0.0.1:%d", h)
-		id := fmt.Sprintf("rl%d-%d", base, i+1)
+		addr := fmt.Sprintf("127.0.0.1:%d", ports[3*i])
+		id := fmt.Sprintf("%s%d", prefix, i+1)
 		args := []string{"serve", "--id", id, "--http", addr,
-			"--raft", fmt.Sprintf("127.0.0.1:%d", h+1), "--peer", fmt.Sprintf("127.0.0.1:%d", h+2),
+			"--raft", fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]), "--peer", fmt.Sprintf("127.0.0.1:%d", ports[3*i+2]),
 			"--data-dir", filepath.Join(o.work, fmt.Sprintf("%s.%d", id, o.starts)), "--log-level", "warn"}
 		if i == 0 {
 			args = append(args, "--rules", rules)
@@ -143,18 +147,18 @@ func startRinglimit(ctx context.Context, o *options, n, base int, env []string) 
 		}
 		procs = append(procs, p)
 		addrs = append(addrs, addr)
-		if err := waitFor(ctx, id+" ready", 60*time.Second, func() bool { return !p.exited() && get("http://"+addr+"/readyz", nil) }); err != nil {
+		if err := waitUp(ctx, p, id+" ready", 60*time.Second, func() bool { return get("http://"+addr+"/readyz", nil) }); err != nil {
 			stopAll(procs)
 			return nil, nil, err
 		}
 	}
-	err := waitFor(ctx, "members active with the rules", 60*time.Second, func() bool {
+	err = waitFor(ctx, "members active with the rules", 60*time.Second, func() bool {
 		var c api.Cluster
 		if !get("http://"+addrs[0]+"/v1/cluster", &c) || len(c.Members) != n {
 			return false
 		}
 		for _, m := range c.Members {
-			if m.State != "active" {
+			if m.State != "active" || !strings.HasPrefix(m.ID, prefix) {
 				return false
 			}
 		}
@@ -192,11 +196,7 @@ func newRing(ctx context.Context, addrs []string, timeout time.Duration) (*clien
 }
 
 func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
-	base := 28010
-	if n > 1 {
-		base = 28020
-	}
-	procs, addrs, err := startRinglimit(ctx, o, n, base, nil)
+	procs, addrs, err := startRinglimit(ctx, o, n, nil)
 	if err != nil {
 		return err
 	}
@@ -265,20 +265,24 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 	return err
 }
 
-// startGubernator starts n gubernatord instances (gRPC grpcBase+i, HTTP
-// httpBase+i) with static peers and waits until each is healthy with all
+// startGubernator starts n gubernatord instances on free ports (gRPC and
+// HTTP each) with static peers and waits until each is healthy with all
 // peers.
-func startGubernator(ctx context.Context, o *options, n, grpcBase, httpBase int, cache int) ([]*proc, []string, []string, error) {
+func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc, []string, []string, error) {
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	var grpcAddrs, httpAddrs []string
 	for i := range n {
-		grpcAddrs = append(grpcAddrs, fmt.Sprintf("127.0.0.1:%d", grpcBase+i))
-		httpAddrs = append(httpAddrs, fmt.Sprintf("127.0.0.1:%d", httpBase+i))
+		grpcAddrs = append(grpcAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i]))
+		httpAddrs = append(httpAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]))
 	}
 	var procs []*proc
 	hc := httpClient(4)
 	defer hc.CloseIdleConnections()
 	for i := range n {
-		name := fmt.Sprintf("gub%d-%d", grpcBase, i+1)
+		name := fmt.Sprintf("gub%d-%d", ports[0], i+1)
 		env := []string{"GUBER_GRPC_ADDRESS=" + grpcAddrs[i], "GUBER_HTTP_ADDRESS=" + httpAddrs[i],
 			"GUBER_ADVERTISE_ADDRESS=" + grpcAddrs[i], "GUBER_CACHE_SIZE=" + strconv.Itoa(cache),
 			"GUBER_LOG_LEVEL=warn", "GUBER_INSTANCE_ID=" + name}
@@ -290,10 +294,7 @@ func startGubernator(ctx context.Context, o *options, n, grpcBase, httpBase int,
 		procs = append(procs, p)
 	}
 	for i, a := range httpAddrs {
-		err := waitFor(ctx, procs[i].name+" healthy", 60*time.Second, func() bool {
-			if procs[i].exited() {
-				return false
-			}
+		err := waitUp(ctx, procs[i], procs[i].name+" healthy", 60*time.Second, func() bool {
 			resp, err := hc.Get("http://" + a + "/v1/HealthCheck")
 			if err != nil {
 				return false
@@ -315,11 +316,7 @@ func startGubernator(ctx context.Context, o *options, n, grpcBase, httpBase int,
 }
 
 func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
-	grpcBase, httpBase := 28201, 28211
-	if n > 1 {
-		grpcBase, httpBase = 28221, 28231
-	}
-	procs, grpcAddrs, httpAddrs, err := startGubernator(ctx, o, n, grpcBase, httpBase, 2*o.keys)
+	procs, grpcAddrs, httpAddrs, err := startGubernator(ctx, o, n, 2*o.keys)
 	if err != nil {
 		return err
 	}
@@ -358,9 +355,14 @@ func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
 	return nil
 }
 
-// startRedis starts redis-server without persistence on port and loads
-// the token bucket script.
-func startRedis(ctx context.Context, o *options, port int) (*proc, string, string, error) {
+// startRedis starts redis-server without persistence on a free port and
+// loads the token bucket script.
+func startRedis(ctx context.Context, o *options) (*proc, string, string, error) {
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, "", "", err
+	}
+	port := ports[0]
 	name := fmt.Sprintf("redis-%d", port)
 	dir := filepath.Join(o.work, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -373,7 +375,7 @@ func startRedis(ctx context.Context, o *options, port int) (*proc, string, strin
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var rc *redisConn
-	err = waitFor(ctx, "redis up", 30*time.Second, func() bool {
+	err = waitUp(ctx, p, "redis up", 30*time.Second, func() bool {
 		c, err := dialRedis(ctx, addr)
 		if err != nil {
 			return false
@@ -407,7 +409,7 @@ func startRedis(ctx context.Context, o *options, port int) (*proc, string, strin
 }
 
 func runRedis(ctx context.Context, o *options, rep *report) error {
-	p, addr, sha, err := startRedis(ctx, o, 28379)
+	p, addr, sha, err := startRedis(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -511,7 +513,7 @@ func runMemory(ctx context.Context, o *options, rep *report) error {
 }
 
 func memRinglimit(ctx context.Context, o *options, rep *report, note string, env []string) error {
-	procs, addrs, err := startRinglimit(ctx, o, 1, 28060, env)
+	procs, addrs, err := startRinglimit(ctx, o, 1, env)
 	if err != nil {
 		return err
 	}
@@ -572,7 +574,7 @@ func memRinglimit(ctx context.Context, o *options, rep *report, note string, env
 
 func memGubernator(ctx context.Context, o *options, rep *report) error {
 	n := o.memKeys[0]
-	procs, grpcAddrs, _, err := startGubernator(ctx, o, 1, 28241, 28251, n+n/10)
+	procs, grpcAddrs, _, err := startGubernator(ctx, o, 1, n+n/10)
 	if err != nil {
 		return err
 	}
@@ -615,7 +617,7 @@ func memGubernator(ctx context.Context, o *options, rep *report) error {
 
 func memRedis(ctx context.Context, o *options, rep *report) error {
 	n := o.memKeys[0]
-	p, addr, sha, err := startRedis(ctx, o, 28380)
+	p, addr, sha, err := startRedis(ctx, o)
 	if err != nil {
 		return err
 	}
