@@ -74,14 +74,20 @@ func (n *Node) forwardTo(ctx context.Context) (string, error) {
 	return n.leaderHTTP()
 }
 
-// leaderLoop initialises the cluster the first time this node leads it.
+// leaderLoop initialises the cluster the first time this node leads it,
+// and each time it gains the lead takes over the promotions of members
+// that joined as non-voters (promoteNonvoters).
 func (n *Node) leaderLoop() {
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case isLeader := <-n.raft.raft.LeaderCh():
-			if !isLeader || n.fsm.State().Initialized {
+			if !isLeader {
+				continue
+			}
+			if n.fsm.State().Initialized {
+				n.promoteNonvoters()
 				continue
 			}
 			cfg := fsm.Config{Partitions: n.cfg.Ring.Partitions, ReplicationFactor: n.cfg.Ring.ReplicationFactor, Load: n.cfg.Ring.Load, Seed: randomSeed()}

@@ -152,8 +152,40 @@ func (n *Node) checkJoin(ctx context.Context, req api.JoinRequest) error {
 	return nil
 }
 
+// promoteNonvoters runs promoteLater for every non-voter of the Raft
+// configuration that the cluster lists as an active member at the same
+// Raft address: a leader that lost the lead while a member was catching
+// up took that member's promotion with it, and the new one takes it on.
+// A member left a non-voter because the cluster had MaxVoters voters is
+// looked at again too, and stays one (promote checks the room).
+func (n *Node) promoteNonvoters() {
+	if !n.promotesLater() {
+		return
+	}
+	cf := n.raft.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	st := n.fsm.State()
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage != raft.Nonvoter {
+			continue
+		}
+		if m, ok := st.Member(string(s.ID)); ok && m.State == fsm.Active && m.Raft == string(s.Address) {
+			n.promoteLater(api.JoinRequest{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
+		}
+	}
+}
+
+// errReaddressed: the member to promote joined again at another Raft
+// address since its promotion was planned; that join plans its own.
+var errReaddressed = errors.New("re-addressed since it joined")
+
 // promoteLater makes a member that joined as a non-voter a voter once it
 // has caught up (its /readyz answers), if there is still room for a voter.
+// It keeps trying, every promotionPoll for at most promotionTimeout, while
+// this node leads; when the lead moves, the new leader takes it over
+// (promoteNonvoters).
 func (n *Node) promoteLater(req api.JoinRequest) {
 	n.promotingMu.Lock()
 	if n.promoting == nil {
@@ -180,10 +212,14 @@ func (n *Node) promoteLater(req api.JoinRequest) {
 			err := n.prober().Ready(rctx, req.HTTP)
 			rcancel()
 			if err == nil {
-				if err := n.promote(req); err != nil {
-					n.log.Warn("promoting a caught-up member to voter", "id", req.ID, "err", err)
+				err = n.promote(req)
+				if err == nil {
+					return
 				}
-				return
+				n.log.Warn("promoting a caught-up member to voter", "id", req.ID, "err", err)
+				if errors.Is(err, errReaddressed) || !n.isLeader() {
+					return // its new join, or the new leader, takes it on
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -215,7 +251,7 @@ func (n *Node) promote(req api.JoinRequest) error {
 				return nil
 			}
 			if s.Address != raft.ServerAddress(req.Raft) {
-				return errors.New("re-addressed since it joined")
+				return errReaddressed
 			}
 			found = true
 		}

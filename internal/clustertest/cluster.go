@@ -46,6 +46,10 @@ type Options struct {
 	DeadAfter   time.Duration // 2s
 	// RouterTimeout is how long a member's router waits for an owner (250ms).
 	RouterTimeout time.Duration
+	// Prober, when set, is every member's node.Prober: joining members
+	// then start as non-voters and are promoted once it says they caught
+	// up, as over real TCP. Without one they join as voters at once.
+	Prober node.Prober
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -151,9 +155,9 @@ func (c *Cluster) add(id string, join bool) *Member {
 }
 
 // Addresses of a member: its id and its generation (RestartAt moves it).
-func (m *Member) peerAddr() string { return fmt.Sprintf("peer-%s.%d", m.ID, m.gen) }
-func (m *Member) httpAddr() string { return fmt.Sprintf("http-%s.%d", m.ID, m.gen) }
-func (m *Member) raftAddr() string { return fmt.Sprintf("raft-%s.%d", m.ID, m.gen) }
+func (m *Member) peerAddr() string { return fmt.Sprintf("peer-%s.%d:1", m.ID, m.gen) }
+func (m *Member) httpAddr() string { return fmt.Sprintf("http-%s.%d:1", m.ID, m.gen) }
+func (m *Member) raftAddr() string { return fmt.Sprintf("raft-%s.%d:1", m.ID, m.gen) }
 
 // start runs m's process: a node over its stores and a router.
 func (c *Cluster) start(m *Member) {
@@ -176,6 +180,7 @@ func (c *Cluster) start(m *Member) {
 		RaftTransport: trans, LogStore: m.logs, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
 		Forward:   forwarder{c, m.ID},
+		Prober:    c.opts.Prober,
 		LogOutput: io.Discard,
 		Logger:    c.logger(),
 		OnView: func(v *router.View) {

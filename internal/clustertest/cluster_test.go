@@ -2,7 +2,9 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -178,6 +180,56 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 		if n := len(c.Member("n1").Node().View().Ring.PartitionsOf(nonVoter)); n == 0 {
 			t.Fatalf("the non-voter %s owns no partitions", nonVoter)
 		}
+	})
+}
+
+// gatedProber reaches every address, and reports a member caught up
+// unless the test holds it back (by HTTP address).
+type gatedProber struct{ held sync.Map }
+
+func (p *gatedProber) Reach(context.Context, string) error { return nil }
+
+func (p *gatedProber) Ready(_ context.Context, httpAddr string) error {
+	if _, held := p.held.Load(httpAddr); held {
+		return errors.New("still catching up")
+	}
+	return nil
+}
+
+// A member that joins as a non-voter and is still catching up when the
+// leader crashes is promoted by the next leader once it has caught up:
+// the promotion does not die with the leader that planned it.
+func TestPromotionSurvivesALeaderCrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &gatedProber{}
+		c := New(t, 3, Options{Prober: p})
+		isVoter := func(id string) bool {
+			l := c.Leader()
+			if l == nil {
+				return false
+			}
+			cf := l.Node().Raft().GetConfiguration()
+			if cf.Error() != nil {
+				return false
+			}
+			for _, s := range cf.Configuration().Servers {
+				if string(s.ID) == id {
+					return s.Suffrage == raft.Voter
+				}
+			}
+			return false
+		}
+		c.WaitFor("n2 and n3 promoted", 10*time.Second, func() bool { return isVoter("n2") && isVoter("n3") })
+		p.held.Store((&Member{ID: "n4"}).httpAddr(), true)
+		c.Join("n4")
+		old := c.Leader().ID
+		c.Crash(old)
+		c.WaitFor("a new leader", 10*time.Second, func() bool { l := c.Leader(); return l != nil && l.ID != old })
+		if isVoter("n4") {
+			t.Fatal("n4 promoted before it caught up")
+		}
+		p.held.Clear()
+		c.WaitFor("n4 promoted by the new leader", 10*time.Second, func() bool { return isVoter("n4") })
 	})
 }
 
