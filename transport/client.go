@@ -27,11 +27,12 @@ type Client struct {
 	wg    sync.WaitGroup // goroutines of every connection
 
 	mu        sync.Mutex
-	cc        *clientConn   // guarded by mu: current connection, may be broken
-	dialing   chan struct{} // guarded by mu: closed when the dial in progress ends
-	dialErr   error         // guarded by mu: the last dial's error
-	dialErrAt time.Time     // guarded by mu
-	closed    bool          // guarded by mu
+	cc        *clientConn              // guarded by mu: current connection, may be broken
+	retired   map[*clientConn]struct{} // guarded by mu: presumed dead, still finishing their calls (retire)
+	dialing   chan struct{}            // guarded by mu: closed when the dial in progress ends
+	dialErr   error                    // guarded by mu: the last dial's error
+	dialErrAt time.Time                // guarded by mu
+	closed    bool                     // guarded by mu
 }
 
 // Dial connects to addr and returns a Client for it. ctx bounds the dial
@@ -124,7 +125,7 @@ func (c *Client) Go(deadline time.Time, req *BatchRequest, resp *BatchResponse, 
 // healthy connection is returned without making one.
 func (c *Client) connBy(deadline time.Time) (*clientConn, error) {
 	c.mu.Lock()
-	if cc := c.cc; cc != nil && !c.closed && !cc.broken.Load() {
+	if cc := c.cc; cc != nil && !c.closed && cc.healthy() {
 		c.mu.Unlock()
 		return cc, nil
 	}
@@ -165,7 +166,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 			c.mu.Unlock()
 			return nil, ErrClientClosed
 		}
-		if c.cc != nil && !c.cc.broken.Load() {
+		if c.cc != nil && c.cc.healthy() {
 			cc := c.cc
 			c.mu.Unlock()
 			return cc, nil
@@ -240,10 +241,15 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	cc := c.cc
+	ccs := []*clientConn{c.cc}
+	for cc := range c.retired {
+		ccs = append(ccs, cc)
+	}
 	c.mu.Unlock()
-	if cc != nil {
-		cc.fail(ErrClientClosed)
+	for _, cc := range ccs {
+		if cc != nil {
+			cc.fail(ErrClientClosed)
+		}
 	}
 	c.wg.Wait()
 	return nil
@@ -272,6 +278,9 @@ type clientConn struct {
 	w      *frameWriter
 	nextID atomic.Uint64
 	broken atomic.Bool // set once err is set
+	// retired is set once the connection is presumed dead (retire): new
+	// calls go to a new one, the calls in flight finish here.
+	retired atomic.Bool
 	// lastRead is when the last frame was read (Unix ns): a call that
 	// times out with nothing read since it was sent condemns the
 	// connection.
@@ -280,6 +289,7 @@ type clientConn struct {
 	mu      sync.Mutex
 	pending map[uint64]*call // guarded by mu; nil once broken
 	err     error            // guarded by mu: why the connection broke
+	lifeEnd *time.Timer      // guarded by mu: ends a retired connection after retiredLife
 }
 
 func newClientConn(c *Client, nc net.Conn) *clientConn {
@@ -303,8 +313,15 @@ func newClientConn(c *Client, nc net.Conn) *clientConn {
 }
 
 // deadConnSilence is how long a connection may return nothing while a
-// call on it times out before it is presumed dead and dropped.
+// call on it times out before it is presumed dead and retired.
 const deadConnSilence = time.Second
+
+// retiredLife bounds how long a retired connection stays open for the
+// calls still in flight on it (those with no deadline, in particular).
+const retiredLife = time.Minute
+
+// healthy reports whether new calls may use the connection.
+func (cc *clientConn) healthy() bool { return !cc.broken.Load() && !cc.retired.Load() }
 
 // do sends one batch and waits for its answer. sent is false when the batch
 // certainly did not leave this process.
@@ -357,6 +374,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 	case <-ctx.Done():
 		if cc.forget(id) {
 			cc.failIfSilent(sentAt)
+			cc.closeIfDrained()
 			return true, ctx.Err()
 		}
 		// The reader is delivering the answer right now (it has the whole
@@ -416,26 +434,85 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 
 // expire ends a call of Go whose deadline passed before its answer.
 func (cc *clientConn) expire(id uint64, sentAt int64) {
-	cc.mu.Lock()
-	cl := cc.pending[id]
-	delete(cc.pending, id)
-	cc.mu.Unlock()
+	cl := cc.take(id)
 	if cl == nil {
 		return // answered, or failed with the connection
 	}
 	cc.failIfSilent(sentAt)
 	cc.deliver(cl, context.DeadlineExceeded)
+	cc.closeIfDrained()
 }
 
 // failIfSilent is for a call sent at sentAt (Unix ns) whose deadline
 // passed: when not one frame has come back since it left, and none for
-// deadConnSilence, the peer or the path is gone (a network cut leaves TCP
-// silent, not closed), so the connection is dropped and the next call
+// deadConnSilence, the peer or the path may be gone (a network cut leaves
+// TCP silent, not closed), so the connection is retired: the next call
 // dials afresh instead of waiting on a dead one.
+//
+// The calls still in flight on it are not failed: a peer that is only
+// slow (starved of CPU, say) answers them within their own deadlines,
+// which may be far longer than the call that expired - a 250 ms lease
+// probe sharing the connection with 5 s forwards. Failing them all at
+// once had a fail-open rule admit every one of them.
 func (cc *clientConn) failIfSilent(sentAt int64) {
 	if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
-		cc.fail(fmt.Errorf("no answer from %s within the call's deadline: connection presumed dead", cc.c.addr))
+		cc.retire()
 	}
+}
+
+// retire takes the connection out of use for new calls and closes it once
+// its calls in flight are answered or expire, or after retiredLife.
+func (cc *clientConn) retire() {
+	if cc.retired.Swap(true) {
+		return
+	}
+	c := cc.c
+	c.mu.Lock()
+	if c.cc == cc {
+		c.cc = nil
+	}
+	if !c.closed {
+		if c.retired == nil {
+			c.retired = make(map[*clientConn]struct{})
+		}
+		c.retired[cc] = struct{}{}
+		if cc.broken.Load() { // failed meanwhile: fail may have looked already
+			delete(c.retired, cc)
+		}
+	}
+	c.mu.Unlock()
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.lifeEnd = time.AfterFunc(retiredLife, func() { cc.fail(errRetired(cc)) })
+	}
+	cc.mu.Unlock()
+	cc.closeIfDrained()
+}
+
+func errRetired(cc *clientConn) error {
+	return fmt.Errorf("no answer from %s within a call's deadline: connection presumed dead", cc.c.addr)
+}
+
+// closeIfDrained closes a retired connection that has no call in flight.
+func (cc *clientConn) closeIfDrained() {
+	if !cc.retired.Load() {
+		return
+	}
+	cc.mu.Lock()
+	drained := cc.pending != nil && len(cc.pending) == 0
+	cc.mu.Unlock()
+	if drained {
+		cc.fail(errRetired(cc))
+	}
+}
+
+// take removes call id from pending and returns it, or nil.
+func (cc *clientConn) take(id uint64) *call {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cl := cc.pending[id]
+	delete(cc.pending, id)
+	return cl
 }
 
 // deliver gives a call its answer. The caller has taken cl out of
@@ -487,11 +564,19 @@ func (cc *clientConn) fail(cause error) {
 	}
 	err, pending := cc.err, cc.pending
 	cc.pending = nil
+	if cc.lifeEnd != nil {
+		cc.lifeEnd.Stop()
+	}
 	cc.mu.Unlock()
 	for _, cl := range pending {
 		cc.deliver(cl, err)
 	}
 	_ = cc.nc.Close()
+	if cc.retired.Load() {
+		cc.c.mu.Lock()
+		delete(cc.c.retired, cc)
+		cc.c.mu.Unlock()
+	}
 }
 
 func (cc *clientConn) readLoop() {
@@ -526,13 +611,11 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 	if h.Type != FrameBatchResponse && h.Type != FrameError && h.Type != FramePushResponse {
 		return &UnknownFrameTypeError{Type: h.Type}
 	}
-	cc.mu.Lock()
-	cl := cc.pending[h.ID]
-	delete(cc.pending, h.ID)
-	cc.mu.Unlock()
+	cl := cc.take(h.ID)
 	if cl == nil {
 		return nil // its caller gave up: drop the late answer
 	}
+	defer cc.closeIfDrained()
 	if h.Type == FrameError {
 		_, rerr, err := lim.DecodeError(frame)
 		if err == nil {

@@ -54,6 +54,11 @@
 // a goroutine waiting for its answer: its done function is called once,
 // from the read goroutine, a deadline timer or a failure.
 //
+// A connection that has returned nothing for a second while a call on it
+// timed out is presumed dead and retired: new calls dial a new one, and
+// the calls in flight on it keep their own deadlines (a slow peer still
+// answers them); it closes when they are done.
+//
 // Errors are sentinels and typed errors meant for errors.Is and errors.As:
 // a broken connection fails every call in flight with an error wrapping
 // [ErrConnClosed]; every decoding failure wraps [ErrMalformedFrame].

@@ -419,3 +419,64 @@ func TestGoConnectionBreaks(t *testing.T) {
 		stop()
 	})
 }
+
+// A connection presumed dead because a short call timed out in silence is
+// retired, not failed: a longer call in flight on it still gets its answer
+// from a peer that was only slow, new calls go to a new connection, and
+// the retired one closes once its last call is done.
+func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			switch req.Checks[0].Rule {
+			case "slow":
+				<-release
+			case "lost":
+				<-ctx.Done()
+				return
+			}
+			echo(ctx, req, resp)
+		})
+		var conns []net.Conn
+		var ln *pipeListener
+		cfg := DefaultClientConfig()
+		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			nc, err := ln.dial(ctx, addr)
+			if err == nil {
+				conns = append(conns, nc)
+			}
+			return nc, err
+		}
+		ln = newPipeListener()
+		c, _, stop := pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
+		var slow []error
+		slowReq, slowResp := batchOf(1, "slow"), &BatchResponse{}
+		c.Go(time.Now().Add(10*deadConnSilence), slowReq, slowResp, func(err error) { slow = append(slow, err) })
+		time.Sleep(deadConnSilence) // the fake clock: the connection has been silent this long
+		var lost []error
+		c.Go(time.Now().Add(deadConnSilence/4), batchOf(1, "lost"), &BatchResponse{}, func(err error) { lost = append(lost, err) })
+		time.Sleep(deadConnSilence / 2)
+		synctest.Wait()
+		if len(lost) != 1 || !errors.Is(lost[0], context.DeadlineExceeded) || len(slow) != 0 {
+			t.Fatalf("after the short call's deadline: short %v, long %v; want the short one expired, the long one waiting", lost, slow)
+		}
+		req, resp := batchOf(2, "now"), &BatchResponse{}
+		var now []error
+		c.Go(time.Now().Add(time.Second), req, resp, func(err error) { now = append(now, err) })
+		synctest.Wait()
+		if len(now) != 1 || now[0] != nil || len(conns) != 2 {
+			t.Fatalf("a new call: %v over %d connections, want an answer over a second one", now, len(conns))
+		}
+		checkEcho(t, req, resp)
+		close(release)
+		synctest.Wait()
+		if len(slow) != 1 || slow[0] != nil {
+			t.Fatalf("the long call on the retired connection: %v, want its answer", slow)
+		}
+		checkEcho(t, slowReq, slowResp)
+		if _, err := conns[0].Write([]byte{0}); err == nil {
+			t.Fatal("the retired connection is still open after its last call")
+		}
+		stop()
+	})
+}
