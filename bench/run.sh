@@ -8,7 +8,7 @@
 #
 # Redis is a benchmark baseline only, never a runtime dependency: it is
 # installed from Debian's packages when missing. Every server is started
-# by the run on loopback ports 28000-28999 and stopped by its PID; the
+# by the run on loopback ports the kernel reports free and stopped by its PID; the
 # whole run is bounded (--budget, default 10m).
 #
 #   bench/run.sh [sidebyside flags]     e.g. --only 'redis|memory' --duration 1s
