@@ -90,7 +90,7 @@ type Server struct {
 	pool     *transport.Pool
 	fwd      forwarder
 	peer     *transport.Server
-	http     *http.Server
+	http     *httpapi.Server
 	rls      *rls.Server // nil without Listeners.GRPC
 
 	ctx      context.Context

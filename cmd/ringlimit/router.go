@@ -114,7 +114,7 @@ func newRegistry() *prometheus.Registry {
 type routerProc struct {
 	reg  *prometheus.Registry
 	ring *client.Ring
-	srv  *http.Server
+	srv  *httpapi.Server
 	done chan error
 	rls  *rls.Server // the Envoy RLS on --grpc; nil without it
 }

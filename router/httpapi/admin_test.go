@@ -439,7 +439,7 @@ func TestNilRegistry(t *testing.T) {
 func TestNewServer(t *testing.T) {
 	h := http.NotFoundHandler()
 	s := NewServer("127.0.0.1:0", h)
-	if s.Addr != "127.0.0.1:0" || s.Handler == nil || s.ReadHeaderTimeout != 5*time.Second || s.ReadTimeout != 10*time.Second ||
+	if s.ConnContext == nil || s.Addr != "127.0.0.1:0" || s.Handler == nil || s.ReadHeaderTimeout != 5*time.Second || s.ReadTimeout != 10*time.Second ||
 		s.WriteTimeout != 10*time.Second || s.IdleTimeout != 120*time.Second || s.MaxHeaderBytes != 64<<10 {
 		t.Errorf("server = %+v", s)
 	}

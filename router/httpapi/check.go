@@ -207,7 +207,7 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 		s.buf = appendDecision(s.buf, &s.out[0])
 		s.buf = append(s.buf, '\n')
 	}
-	writeBody(w, http.StatusOK, s.buf)
+	writeBodyOnce(w, corkOf(r.Context()), http.StatusOK, s.buf)
 }
 
 // decode reads a check body into s.body and s.reqs and validates what
