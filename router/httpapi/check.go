@@ -26,7 +26,8 @@ type checkBody struct {
 	Checks checkList `json:"checks"`
 }
 
-// checkItem is one entry of a batch.
+// checkItem is one entry of a batch, as encoding/json decodes it (the
+// fast path reads entries straight into router requests).
 type checkItem struct {
 	Rule strictString `json:"rule"`
 	Key  strictString `json:"key"`
@@ -106,6 +107,11 @@ func (c *optCost) value() int64 {
 	return c.v
 }
 
+// request is the router request of c.
+func (c *checkItem) request() router.Request {
+	return router.Request{Rule: string(c.Rule), Key: string(c.Key), Cost: c.Cost.value()}
+}
+
 // checkList is the checks field of a batch. Its entries are decoded one
 // by one, so that an error names its index and a batch over api.MaxBatch
 // stops at entry api.MaxBatch+1.
@@ -149,6 +155,7 @@ func (e *bodyError) Error() string { return e.msg }
 type checkScratch struct {
 	body  checkBody
 	reqs  []router.Request
+	used  int // elements of reqs's array that may hold the last requests' strings
 	out   []router.Result
 	buf   []byte   // the answer
 	in    []byte   // the body read
@@ -157,10 +164,12 @@ type checkScratch struct {
 	kbuf  []byte   // the fast path's keys, gathered
 }
 
-// reset readies s for a request, dropping the last one's strings.
+// reset readies s for a request. The last one's requests stay in s.reqs's
+// array until decode writes over them, and drops those it did not
+// (trim): clearing them here would write every element twice.
 func (s *checkScratch) reset() {
 	clear(s.body.Checks.items)
-	clear(s.reqs)
+	s.used = max(s.used, len(s.reqs))
 	s.body = checkBody{
 		Rule:   optString{name: "rule"},
 		Key:    optString{name: "key"},
@@ -216,17 +225,29 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 // checks rules and costs against them. batch says which shape the body
 // had.
 func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
+	defer s.trim()
 	in, err := readBody(s.in, body)
 	s.in = in
-	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0], kbuf: s.kbuf}
+	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0], kbuf: s.kbuf, reqs: s.reqs[:0]}
 	ok := err == nil && p.parse(&s.body, api.MaxBatch)
-	s.keys, s.kbuf = p.keys, p.kbuf
+	s.keys, s.kbuf, s.reqs = p.keys, p.kbuf, p.reqs
 	if !ok {
+		s.reqs = s.reqs[:0]
 		if e := s.decodeJSON(in, err); e != nil {
 			return false, e
 		}
 	}
 	return s.shape()
+}
+
+// trim drops the strings of the last requests that this one's did not
+// replace, so that a pooled scratch keeps no more than its last
+// request's.
+func (s *checkScratch) trim() {
+	if s.used > len(s.reqs) {
+		clear(s.reqs[len(s.reqs):s.used])
+	}
+	s.used = len(s.reqs)
 }
 
 // decodeJSON decodes the body with encoding/json into a fresh s.body:
@@ -249,7 +270,8 @@ func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
 }
 
 // shape tells the two shapes of a decoded body apart and validates its
-// checks into s.reqs.
+// checks, which it leaves in s.reqs. The fast path has read a batch's
+// checks into s.reqs already; encoding/json's are in s.body.
 func (s *checkScratch) shape() (batch bool, e *api.Error) {
 	b := &s.body
 	single := b.Rule.present || b.Key.present || b.Cost.present
@@ -258,12 +280,12 @@ func (s *checkScratch) shape() (batch bool, e *api.Error) {
 		return false, badRequest(`body has both "checks" and a single check's fields; send one or the other`)
 	case b.Checks.present:
 		for i := range b.Checks.items {
-			c := &b.Checks.items[i]
-			q := router.Request{Rule: string(c.Rule), Key: string(c.Key), Cost: c.Cost.value()}
-			if msg := validate(&q); msg != "" {
+			s.reqs = append(s.reqs, b.Checks.items[i].request())
+		}
+		for i := range s.reqs {
+			if msg := validate(&s.reqs[i]); msg != "" {
 				return true, badRequest(fmt.Sprintf("checks[%d]: %s", i, msg))
 			}
-			s.reqs = append(s.reqs, q)
 		}
 		return true, nil
 	case single:

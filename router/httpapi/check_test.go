@@ -583,3 +583,31 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		}
 	}
 }
+
+// A pooled scratch keeps no more of an earlier request's strings than
+// the last request wrote over: decode drops the rest.
+func TestCheckScratchDropsOldRequests(t *testing.T) {
+	var s checkScratch
+	for _, tt := range []struct {
+		body string
+		n    int
+	}{
+		{batchBody(5, -1, ""), 5},
+		{`{"checks":[{"rule":"default","key":"a"},{"rule":"default","key":"b"}]}`, 2},
+		{`{"rule":"default","key":"k"}`, 1},
+		{batchBody(3, 1, `{"rule":"default","key":"é\u0041"}`), 3}, // the fast path gives up half-way
+		{`{"checks":[{"rule":"default","key":""}]}`, 1},            // invalid: refused
+		{`{`, 0},
+	} {
+		s.reset()
+		_, _ = s.decode(strings.NewReader(tt.body))
+		if len(s.reqs) != tt.n {
+			t.Errorf("%s: %d requests, want %d", tt.body, len(s.reqs), tt.n)
+		}
+		for i, q := range s.reqs[len(s.reqs):cap(s.reqs)] {
+			if q != (router.Request{}) {
+				t.Errorf("%s: after the %d requests, element %d of the array still holds %+v", tt.body, len(s.reqs), len(s.reqs)+i, q)
+			}
+		}
+	}
+}

@@ -3,6 +3,8 @@ package httpapi
 import (
 	"io"
 	"unicode/utf8"
+
+	"github.com/ringlimit/ringlimit/router"
 )
 
 // The fast path of POST /v1/check: a body in the common shape is decoded
@@ -43,6 +45,9 @@ func readBody(buf []byte, r io.Reader) ([]byte, error) {
 // else; encoding/json then decodes the body, so the two paths agree on
 // every body the fast one accepts (FuzzCheckFastPath holds them to it).
 //
+// The checks of a batch are read straight into router requests (reqs),
+// with no struct of their own in between.
+//
 // The keys of a batch are substrings of one string holding them all,
 // made once the array is read: one allocation of the keys' bytes per
 // batch, not one per key. A key kept after the request (none is: the
@@ -50,9 +55,10 @@ func readBody(buf []byte, r io.Reader) ([]byte, error) {
 type fastParser struct {
 	b     []byte
 	i     int
-	rules *[]string // names seen before, to share their strings
-	keys  []int     // per item of the batch read so far: the start and end of its key in b
-	kbuf  []byte    // the keys of a batch, gathered (setKeys)
+	rules *[]string        // names seen before, to share their strings
+	keys  []int            // per item of the batch read so far: the start and end of its key in b
+	kbuf  []byte           // the keys of a batch, gathered (setKeys)
+	reqs  []router.Request // the checks of the batch read so far
 }
 
 // parse decodes b into body; false means "use encoding/json".
@@ -87,9 +93,10 @@ func (p *fastParser) parse(body *checkBody, maxItems int) bool {
 			}
 			body.Cost.present, body.Cost.set = true, true
 		case "checks":
-			if body.Checks.present || !p.items(&body.Checks, maxItems) {
+			if body.Checks.present || !p.items(maxItems) {
 				return false
 			}
+			body.Checks.present = true
 		default:
 			return false
 		}
@@ -104,9 +111,8 @@ func (p *fastParser) parse(body *checkBody, maxItems int) bool {
 	return p.i == len(p.b)
 }
 
-// items reads the checks array.
-func (p *fastParser) items(l *checkList, maxItems int) bool {
-	l.present = true
+// items reads the checks array into p.reqs.
+func (p *fastParser) items(maxItems int) bool {
 	if !p.open('[') {
 		return false
 	}
@@ -115,39 +121,39 @@ func (p *fastParser) items(l *checkList, maxItems int) bool {
 		return true
 	}
 	for {
-		if len(l.items) == maxItems || !p.open('{') {
+		if len(p.reqs) == maxItems || !p.open('{') {
 			return false
 		}
-		l.items = append(l.items, checkItem{})
-		it := &l.items[len(l.items)-1]
+		p.reqs = append(p.reqs, router.Request{Cost: 1})
+		q := &p.reqs[len(p.reqs)-1]
 		p.keys = append(p.keys, 0, 0) // no key: ""
 		if p.peek('}') {
 			p.i++
-		} else if !p.compact(it) && !p.item(it) {
+		} else if !p.compact(q) && !p.item(q) {
 			return false
 		}
 		if !p.next(']') {
 			return false
 		}
 		if p.b[p.i-1] == ']' {
-			p.setKeys(l.items)
+			p.setKeys()
 			return true
 		}
 	}
 }
 
-// setKeys gives the items their keys (p.keys) as substrings of one new
-// string: the keys are gathered in p.kbuf (reused), then copied once.
-func (p *fastParser) setKeys(items []checkItem) {
+// setKeys gives the requests their keys (p.keys) as substrings of one
+// new string: the keys are gathered in p.kbuf (reused), then copied once.
+func (p *fastParser) setKeys() {
 	buf := p.kbuf[:0]
 	for k := 0; k < len(p.keys); k += 2 {
 		buf = append(buf, p.b[p.keys[k]:p.keys[k+1]]...)
 	}
 	p.kbuf = buf
 	all, off := string(buf), 0
-	for i := range items {
+	for i := range p.reqs {
 		end := off + p.keys[2*i+1] - p.keys[2*i]
-		items[i].Key = strictString(all[off:end])
+		p.reqs[i].Key = all[off:end]
 		off = end
 	}
 }
@@ -156,8 +162,8 @@ func (p *fastParser) setKeys(items []checkItem) {
 // "rule":"…","key":"…" and an optional ,"cost":N, with no white space
 // and plain ASCII strings, after its '{' through its '}': without the
 // general path's white space skipping and name matching per token. On
-// any other shape it returns false with p.i and it unchanged, for item.
-func (p *fastParser) compact(it *checkItem) bool {
+// any other shape it returns false with p.i and q unchanged, for item.
+func (p *fastParser) compact(q *router.Request) bool {
 	b, start := p.b, p.i
 	i := start
 	if !hasField(b[i:], `"rule":"`) {
@@ -182,7 +188,7 @@ func (p *fastParser) compact(it *checkItem) bool {
 		return false
 	}
 	i++
-	var cost optCost
+	cost := q.Cost
 	if hasField(b[i:], `,"cost":`) {
 		p.i = i + len(`,"cost":`)
 		n, ok := p.int()
@@ -190,22 +196,21 @@ func (p *fastParser) compact(it *checkItem) bool {
 			p.i = start
 			return false
 		}
-		i = p.i
-		cost = optCost{present: true, set: true, v: n}
+		i, cost = p.i, n
 	}
 	if !hasField(b[i:], "}") {
 		p.i = start
 		return false
 	}
 	p.i = i + 1
-	it.Rule, it.Cost = strictString(p.ruleName(b[rs:re])), cost
+	q.Rule, q.Cost = p.ruleName(b[rs:re]), cost
 	p.keys[len(p.keys)-2], p.keys[len(p.keys)-1] = ks, ke // set by setKeys
 	return true
 }
 
 // item reads the fields of one check, after its '{', through its '}'.
-func (p *fastParser) item(it *checkItem) bool {
-	var rule, key bool
+func (p *fastParser) item(q *router.Request) bool {
+	var rule, key, cost bool
 	for {
 		name, ok := p.name()
 		if !ok {
@@ -217,11 +222,9 @@ func (p *fastParser) item(it *checkItem) bool {
 				return false
 			}
 			rule = true
-			var v string
-			if v, ok = p.str(true); !ok {
+			if q.Rule, ok = p.str(true); !ok {
 				return false
 			}
-			it.Rule = strictString(v)
 		case "key":
 			if key {
 				return false
@@ -233,13 +236,13 @@ func (p *fastParser) item(it *checkItem) bool {
 			}
 			p.keys[len(p.keys)-2], p.keys[len(p.keys)-1] = start, end // set by setKeys
 		case "cost":
-			if it.Cost.present {
+			if cost {
 				return false
 			}
-			if it.Cost.v, ok = p.int(); !ok {
+			cost = true
+			if q.Cost, ok = p.int(); !ok {
 				return false
 			}
-			it.Cost.present, it.Cost.set = true, true
 		default:
 			return false
 		}

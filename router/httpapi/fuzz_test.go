@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/router"
 )
 
 // FuzzCheckHandler sends arbitrary bodies to POST /v1/check. The handler
@@ -128,12 +129,13 @@ func FuzzCheckFastPath(f *testing.F) {
 		a, b := &fast.body, &slow.body
 		same := a.Rule.present == b.Rule.present && a.Rule.v == b.Rule.v &&
 			a.Key.present == b.Key.present && a.Key.v == b.Key.v && a.Cost == b.Cost &&
-			a.Checks.present == b.Checks.present && len(a.Checks.items) == len(b.Checks.items)
-		for i := 0; same && i < len(a.Checks.items); i++ {
-			same = a.Checks.items[i] == b.Checks.items[i]
+			a.Checks.present == b.Checks.present && len(p.reqs) == len(b.Checks.items) &&
+			len(a.Checks.items) == 0 // the fast path reads a batch into p.reqs
+		for i := 0; same && i < len(p.reqs); i++ {
+			same = p.reqs[i] == b.Checks.items[i].request()
 		}
 		if !same {
-			t.Fatalf("body %q: fast %+v, encoding/json %+v", body, *a, *b)
+			t.Fatalf("body %q: fast %+v %+v, encoding/json %+v", body, *a, p.reqs, *b)
 		}
 	})
 }
@@ -146,36 +148,37 @@ func TestCompactItem(t *testing.T) {
 		ok   bool
 		rule string
 		key  string
-		cost optCost
+		cost int64
 	}{
-		{`"rule":"r","key":"k"}`, true, "r", "k", optCost{}},
-		{`"rule":"r","key":"k","cost":12}`, true, "r", "k", optCost{present: true, set: true, v: 12}},
-		{`"rule":"","key":"","cost":-3}`, true, "", "", optCost{present: true, set: true, v: -3}},
-		{`"rule":"r","key":"k","cost":1 }`, false, "", "", optCost{}},
-		{`"rule":"r","key":"k","cost":01}`, false, "", "", optCost{}},
-		{`"rule":"r","key":"k","cost":null}`, false, "", "", optCost{}},
-		{`"rule":"r","key":"é"}`, false, "", "", optCost{}},
-		{`"rule":"r","key":"k\""}`, false, "", "", optCost{}},
-		{`"key":"k","rule":"r"}`, false, "", "", optCost{}},
-		{` "rule":"r","key":"k"}`, false, "", "", optCost{}},
-		{`"rule":"r","key":"k"`, false, "", "", optCost{}},
+		{`"rule":"r","key":"k"}`, true, "r", "k", 1},
+		{`"rule":"r","key":"k","cost":12}`, true, "r", "k", 12},
+		{`"rule":"","key":"","cost":-3}`, true, "", "", -3},
+		{`"rule":"r","key":"k","cost":0}`, true, "r", "k", 0},
+		{`"rule":"r","key":"k","cost":1 }`, false, "", "", 1},
+		{`"rule":"r","key":"k","cost":01}`, false, "", "", 1},
+		{`"rule":"r","key":"k","cost":null}`, false, "", "", 1},
+		{`"rule":"r","key":"é"}`, false, "", "", 1},
+		{`"rule":"r","key":"k\""}`, false, "", "", 1},
+		{`"key":"k","rule":"r"}`, false, "", "", 1},
+		{` "rule":"r","key":"k"}`, false, "", "", 1},
+		{`"rule":"r","key":"k"`, false, "", "", 1},
 	}
 	for _, tt := range tests {
 		p := fastParser{b: []byte(tt.in), keys: []int{0, 0}}
-		var it checkItem
-		ok := p.compact(&it)
+		q := router.Request{Cost: 1} // as items starts it
+		ok := p.compact(&q)
 		if ok != tt.ok {
 			t.Errorf("compact(%s) = %v, want %v", tt.in, ok, tt.ok)
 			continue
 		}
 		if !ok {
-			if p.i != 0 || it != (checkItem{}) || p.keys[0] != 0 || p.keys[1] != 0 {
-				t.Errorf("compact(%s) failed but moved to %d, item %+v, key at %v", tt.in, p.i, it, p.keys)
+			if p.i != 0 || q != (router.Request{Cost: 1}) || p.keys[0] != 0 || p.keys[1] != 0 {
+				t.Errorf("compact(%s) failed but moved to %d, request %+v, key at %v", tt.in, p.i, q, p.keys)
 			}
 			continue
 		}
-		if key := tt.in[p.keys[0]:p.keys[1]]; string(it.Rule) != tt.rule || key != tt.key || it.Cost != tt.cost || p.i != len(tt.in) {
-			t.Errorf("compact(%s) = rule %q key %q cost %+v at %d, want %q %q %+v at the end", tt.in, it.Rule, key, it.Cost, p.i, tt.rule, tt.key, tt.cost)
+		if key := tt.in[p.keys[0]:p.keys[1]]; q.Rule != tt.rule || key != tt.key || q.Cost != tt.cost || p.i != len(tt.in) {
+			t.Errorf("compact(%s) = rule %q key %q cost %d at %d, want %q %q %d at the end", tt.in, q.Rule, key, q.Cost, p.i, tt.rule, tt.key, tt.cost)
 		}
 	}
 }
