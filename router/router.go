@@ -269,7 +269,7 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 			return &ItemError{i, fmt.Errorf("%w: key is empty", api.ErrBadRequest)}
 		case len(q.Key) > api.MaxKeyLen:
 			return &ItemError{i, fmt.Errorf("%w: key is %d bytes, at most %d", api.ErrBadRequest, len(q.Key), api.MaxKeyLen)}
-		case !utf8.ValidString(q.Key):
+		case !q.KeyValid && !utf8.ValidString(q.Key):
 			return &ItemError{i, fmt.Errorf("%w: key is not valid UTF-8", api.ErrBadRequest)}
 		case q.Joined && i == 0:
 			return &ItemError{i, fmt.Errorf("%w: joined to no check before it", api.ErrBadRequest)}

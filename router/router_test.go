@@ -246,6 +246,9 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "closed", Key: "x"}, {Rule: "log5", Key: "x"}, {Rule: "nope", Key: "x"}}, 3, ErrUnknownRule},
 		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "nope", Key: "x"}, {Rule: "nope", Key: "x"}}, 1, ErrUnknownRule},
 		{[]Request{{Rule: "closed", Key: "x"}, {Rule: "closed", Key: "x", Cost: 6}}, 1, limiter.ErrCost},
+		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x\xff"}}, 1, api.ErrBadRequest},
+		// A caller that vouches for its keys' UTF-8 is not checked again.
+		{[]Request{{Rule: "log5", Key: "x\xff", KeyValid: true}, {Rule: "nope", Key: "x"}}, 1, ErrUnknownRule},
 	}
 	for i, tt := range tests {
 		err := rt.Check(context.Background(), tt.reqs, out)

@@ -32,6 +32,11 @@ type Request struct {
 	// there atomically; see Router.Check for the others. The first
 	// request of a call must not be Joined.
 	Joined bool
+	// KeyValid says the caller has checked that Key is valid UTF-8 (the
+	// HTTP API checks the bytes it decodes a key from), so that the
+	// router does not read the key again to check it. Without it, the
+	// router refuses a key that is not.
+	KeyValid bool
 }
 
 // InlineOf returns the wire form of an inline rule; nil gives the zero

@@ -107,9 +107,10 @@ func (c *optCost) value() int64 {
 	return c.v
 }
 
-// request is the router request of c.
+// request is the router request of c. Its key is valid UTF-8:
+// strictString refuses anything else.
 func (c *checkItem) request() router.Request {
-	return router.Request{Rule: string(c.Rule), Key: string(c.Key), Cost: c.Cost.value()}
+	return router.Request{Rule: string(c.Rule), Key: string(c.Key), Cost: c.Cost.value(), KeyValid: true}
 }
 
 // checkList is the checks field of a batch. Its entries are decoded one
@@ -289,7 +290,7 @@ func (s *checkScratch) shape() (batch bool, e *api.Error) {
 		}
 		return true, nil
 	case single:
-		q := router.Request{Rule: b.Rule.v, Key: b.Key.v, Cost: b.Cost.value()}
+		q := router.Request{Rule: b.Rule.v, Key: b.Key.v, Cost: b.Cost.value(), KeyValid: true} // optString refuses invalid UTF-8
 		if msg := validate(&q); msg != "" {
 			return false, badRequest(msg)
 		}

@@ -31,7 +31,7 @@ func TestCheckSingle(t *testing.T) {
 	if d != want {
 		t.Errorf("decision = %+v, want %+v", d, want)
 	}
-	if got := e.c.Calls(); len(got) != 1 || !reflect.DeepEqual(got[0], []router.Request{{Rule: "default", Key: "tenant-42", Cost: 1}}) {
+	if got := e.c.Calls(); len(got) != 1 || !reflect.DeepEqual(got[0], []router.Request{{Rule: "default", Key: "tenant-42", Cost: 1, KeyValid: true}}) {
 		t.Errorf("checker calls = %+v", got)
 	}
 }
@@ -551,7 +551,7 @@ func TestCheckAnswerLength(t *testing.T) {
 		t.Fatalf("%d calls", len(calls))
 	}
 	for i, q := range calls[1] {
-		if want := fmt.Sprintf("tenant-%d-%s", i, strings.Repeat("k", i)); q.Key != want || q.Rule != "default" || q.Cost != 1 {
+		if want := fmt.Sprintf("tenant-%d-%s", i, strings.Repeat("k", i)); q.Key != want || q.Rule != "default" || q.Cost != 1 || !q.KeyValid {
 			t.Errorf("check %d = %+v, want key %q", i, q, want)
 		}
 	}

@@ -124,7 +124,9 @@ func (p *fastParser) items(maxItems int) bool {
 		if len(p.reqs) == maxItems || !p.open('{') {
 			return false
 		}
-		p.reqs = append(p.reqs, router.Request{Cost: 1})
+		// The key will be valid UTF-8: compact takes ASCII, raw checks
+		// the rest.
+		p.reqs = append(p.reqs, router.Request{Cost: 1, KeyValid: true})
 		q := &p.reqs[len(p.reqs)-1]
 		p.keys = append(p.keys, 0, 0) // no key: ""
 		if p.peek('}') {
