@@ -220,6 +220,10 @@ type serverConn struct {
 	workerWG sync.WaitGroup // worker goroutines
 
 	workers []*worker // owned by the read loop
+	// deciding counts the batches handed to workers and not yet decided:
+	// a worker that finishes while others are deciding lets their answers
+	// join its write (writeAfterOthers).
+	deciding atomic.Int32
 }
 
 // worker handles one batch at a time; its buffers are reused.
@@ -315,10 +319,11 @@ func (sc *serverConn) readLoop() error {
 		if sc.s.prompt != nil && br.Buffered() == 0 && sc.s.prompt.Prompt(&w.req) {
 			// Nothing waits behind this frame and it will not wait:
 			// decide it here rather than wake a worker for it.
-			sc.process(w)
+			sc.process(w, false)
 			sc.idle <- w
 		} else {
 			sc.inflight.Add(1)
+			sc.deciding.Add(1)
 			w.in <- struct{}{}
 		}
 		if cap(buf) > 1<<20 { // do not keep a huge frame's buffer
@@ -385,13 +390,15 @@ func (sc *serverConn) idleWorker() *worker {
 func (sc *serverConn) runWorker(w *worker) {
 	defer sc.workerWG.Done()
 	for range w.in {
-		sc.process(w)
+		sc.process(w, true)
 		sc.idle <- w
 		sc.inflight.Done()
 	}
 }
 
-func (sc *serverConn) process(w *worker) {
+// process decides w's batch and writes its answer; onWorker says it runs
+// on w's own goroutine (a batch counted in deciding), not the read loop.
+func (sc *serverConn) process(w *worker, onWorker bool) {
 	n := len(w.req.Checks)
 	w.resp.Epoch = 0
 	if w.deadline > 0 && sc.s.now().Sub(w.received) >= w.deadline {
@@ -407,6 +414,10 @@ func (sc *serverConn) process(w *worker) {
 			fmt.Sprintf("answer of %d bytes exceeds the frame limit of %d", len(w.out), sc.lim.maxFrame()))
 	}
 	// An error means the connection is failing; the read loop will see it.
+	if onWorker && sc.deciding.Add(-1) > 0 {
+		_ = sc.w.writeAfterOthers(w.out)
+		return
+	}
 	_ = sc.w.write(w.out)
 }
 

@@ -66,15 +66,21 @@ func newFrameWriter(nc net.Conn, timeout time.Duration, maxPending int, direct b
 // writing. It blocks while more than maxPending bytes wait, and fails once
 // the writer has failed or is closing. A frame for which write returned an
 // error was not sent whole, so the peer never decodes it.
-func (w *frameWriter) write(frame []byte) error { return w.put(frame, true) }
+func (w *frameWriter) write(frame []byte) error { return w.put(frame, true, false) }
+
+// writeAfterOthers is write for a goroutine that knows other frames are
+// about to be handed over (a server's workers deciding other batches of
+// the connection): finding the writer idle, it first yields so that their
+// frames can leave with its own in one syscall.
+func (w *frameWriter) writeAfterOthers(frame []byte) error { return w.put(frame, true, true) }
 
 // writeNow is write without waiting for room: past maxPending it fails
 // with ErrQueueFull, and the connection goes on. It is for goroutines
 // that must not block on the peer (Client.Go's callers include the
 // connection's read loop).
-func (w *frameWriter) writeNow(frame []byte) error { return w.put(frame, false) }
+func (w *frameWriter) writeNow(frame []byte) error { return w.put(frame, false, false) }
 
-func (w *frameWriter) put(frame []byte, wait bool) error {
+func (w *frameWriter) put(frame []byte, wait, yield bool) error {
 	w.mu.Lock()
 	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(frame) > w.maxPending {
 		if !wait {
@@ -98,12 +104,12 @@ func (w *frameWriter) put(frame []byte, wait bool) error {
 		return nil
 	}
 	// Nothing is queued (pending is empty unless writing): this goroutine
-	// writes, at once. (It used to yield first, runtime.Gosched, so that
-	// goroutines about to hand over frames could join this write; with
-	// nothing else runnable on its P the yield parked the thread and woke
-	// another - a member spent ~25% of its CPU on single-check frames in
-	// those switches. Frames handed over during the write still leave
-	// together in the next one.)
+	// writes. Only when the caller knows other frames are on their way
+	// (yield) does it let them go first, so that they leave with this one
+	// in one syscall: a yield with nothing else runnable on its P parks
+	// the thread and wakes another, which cost a member ~25% of its CPU
+	// when every frame yielded. Frames handed over during the write still
+	// leave together in the next one.
 	w.writing = true
 	w.pending = append(w.pending, frame...)
 	if !w.direct {
@@ -113,6 +119,9 @@ func (w *frameWriter) put(frame []byte, wait bool) error {
 		return nil
 	}
 	w.mu.Unlock()
+	if yield {
+		runtime.Gosched()
+	}
 	w.drain(drainRounds + 1)
 	return nil
 }
