@@ -86,6 +86,23 @@ func pipeServeOn(t *testing.T, ln *pipeListener, h Handler, scfg ServerConfig, c
 
 type pipeAddr struct{}
 
+// pipeServeRecorded is pipeServe with default configs whose client
+// records each connection it dials, in order, in *conns.
+func pipeServeRecorded(t *testing.T, h Handler) (c *Client, conns *[]net.Conn, stop func()) {
+	conns = new([]net.Conn)
+	ln := newPipeListener()
+	cfg := DefaultClientConfig()
+	cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+		nc, err := ln.dial(ctx, addr)
+		if err == nil {
+			*conns = append(*conns, nc)
+		}
+		return nc, err
+	}
+	c, _, stop = pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
+	return c, conns, stop
+}
+
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "pipe" }
 
@@ -389,22 +406,11 @@ func TestGoConnectionBreaks(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		var conns []net.Conn
-		var ln *pipeListener
-		cfg := DefaultClientConfig()
-		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			nc, err := ln.dial(ctx, addr)
-			if err == nil {
-				conns = append(conns, nc)
-			}
-			return nc, err
-		}
-		ln = newPipeListener() // before Dial: pipeServe serves this one
-		c, _, stop := pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
+		c, conns, stop := pipeServeRecorded(t, h)
 		var calls []error
 		c.Go(time.Now().Add(time.Second), batchOf(1, "hold"), &BatchResponse{}, func(err error) { calls = append(calls, err) })
 		synctest.Wait()
-		_ = conns[0].Close()
+		_ = (*conns)[0].Close()
 		synctest.Wait()
 		if len(calls) != 1 || !errors.Is(calls[0], ErrConnClosed) {
 			t.Fatalf("done got %v, want one error wrapping ErrConnClosed", calls)
@@ -412,8 +418,8 @@ func TestGoConnectionBreaks(t *testing.T) {
 		req, resp := batchOf(2, "now"), &BatchResponse{}
 		c.Go(time.Now().Add(time.Second), req, resp, func(err error) { calls = append(calls, err) })
 		synctest.Wait()
-		if len(calls) != 2 || calls[1] != nil || len(conns) != 2 {
-			t.Fatalf("after the break: done got %v over %d connections, want nil over a second one", calls, len(conns))
+		if len(calls) != 2 || calls[1] != nil || len(*conns) != 2 {
+			t.Fatalf("after the break: done got %v over %d connections, want nil over a second one", calls, len(*conns))
 		}
 		checkEcho(t, req, resp)
 		stop()
@@ -437,18 +443,7 @@ func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		var conns []net.Conn
-		var ln *pipeListener
-		cfg := DefaultClientConfig()
-		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			nc, err := ln.dial(ctx, addr)
-			if err == nil {
-				conns = append(conns, nc)
-			}
-			return nc, err
-		}
-		ln = newPipeListener()
-		c, _, stop := pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
+		c, conns, stop := pipeServeRecorded(t, h)
 		var slow []error
 		slowReq, slowResp := batchOf(1, "slow"), &BatchResponse{}
 		c.Go(time.Now().Add(10*deadConnSilence), slowReq, slowResp, func(err error) { slow = append(slow, err) })
@@ -464,8 +459,8 @@ func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 		var now []error
 		c.Go(time.Now().Add(time.Second), req, resp, func(err error) { now = append(now, err) })
 		synctest.Wait()
-		if len(now) != 1 || now[0] != nil || len(conns) != 2 {
-			t.Fatalf("a new call: %v over %d connections, want an answer over a second one", now, len(conns))
+		if len(now) != 1 || now[0] != nil || len(*conns) != 2 {
+			t.Fatalf("a new call: %v over %d connections, want an answer over a second one", now, len(*conns))
 		}
 		checkEcho(t, req, resp)
 		close(release)
@@ -474,7 +469,7 @@ func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 			t.Fatalf("the long call on the retired connection: %v, want its answer", slow)
 		}
 		checkEcho(t, slowReq, slowResp)
-		if _, err := conns[0].Write([]byte{0}); err == nil {
+		if _, err := (*conns)[0].Write([]byte{0}); err == nil {
 			t.Fatal("the retired connection is still open after its last call")
 		}
 		stop()
