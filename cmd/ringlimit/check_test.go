@@ -29,6 +29,10 @@ type fakeAPI struct {
 	cluster   api.Cluster
 	token     string // admin token required by leave, if not empty
 	onRequest func() // called at the start of every check request
+	// leaveAnswers, when not empty, answers the leave requests in turn
+	// with these statuses (503 unavailable, 404 not found, 200) before
+	// the usual 200s.
+	leaveAnswers []int
 
 	checks             atomic.Int64 // checks decided
 	requests           atomic.Int64 // check requests received
@@ -86,8 +90,19 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		json.NewDecoder(r.Body).Decode(&req)
 		f.mu.Lock()
 		f.leaveIDs = append(f.leaveIDs, req.ID)
+		status := http.StatusOK
+		if len(f.leaveAnswers) > 0 {
+			status, f.leaveAnswers = f.leaveAnswers[0], f.leaveAnswers[1:]
+		}
 		f.mu.Unlock()
-		w.WriteHeader(http.StatusOK)
+		switch status {
+		case http.StatusServiceUnavailable:
+			f.writeErr(w, status, api.CodeUnavailable, "unavailable: no leader")
+		case http.StatusNotFound:
+			f.writeErr(w, status, api.CodeNotFound, `not found: no member "`+req.ID+`"`)
+		default:
+			w.WriteHeader(status)
+		}
 	default:
 		f.writeErr(w, 404, api.CodeNotFound, r.URL.Path)
 	}

@@ -16,6 +16,11 @@ import (
 // cluster for good. --addr names any member; --id the one to remove, by
 // default the member whose HTTP address is --addr. It exits 0, or 2 on
 // error.
+//
+// A 503 (no leader: an election is under way, say) is asked again, with
+// a growing pause, until --timeout. When a later answer is 404 (no such
+// member), an earlier attempt removed it - its answer was lost - and the
+// leave has succeeded.
 func runLeave(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("leave", stderr)
 	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
@@ -40,11 +45,44 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 			return fail(stderr, "leave", err)
 		}
 	}
-	if err := c.Leave(ctx, target); err != nil {
+	if err := leaveRetrying(ctx, c, target, stderr); err != nil {
 		return fail(stderr, "leave", fmt.Errorf("member %q: %w", target, err))
 	}
 	fmt.Fprintf(stdout, "member %s left the cluster\n", target)
 	return exitOK
+}
+
+// leaveRetry is the first pause before asking again after a 503; each
+// pause doubles, up to leaveRetryMax.
+var leaveRetry, leaveRetryMax = 250 * time.Millisecond, 4 * time.Second
+
+// leaveRetrying asks for id's removal until it is done, the answer is an
+// error other than 503, or ctx ends (see runLeave).
+func leaveRetrying(ctx context.Context, c *client.Client, id string, stderr io.Writer) error {
+	wait := leaveRetry
+	var unavailable error // the last 503, once there was one
+	for {
+		err := c.Leave(ctx, id)
+		var ae *api.Error
+		switch {
+		case err == nil:
+			return nil
+		case unavailable != nil && errors.As(err, &ae) && ae.Code == api.CodeNotFound:
+			return nil // an earlier attempt removed it; its answer was lost
+		case unavailable != nil && ctx.Err() != nil:
+			return fmt.Errorf("%w (gave up: %w)", unavailable, ctx.Err())
+		case !errors.As(err, &ae) || ae.Code != api.CodeUnavailable:
+			return err
+		}
+		unavailable = err
+		fmt.Fprintf(stderr, "ringlimit leave: %v; asking again in %v\n", err, wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, leaveRetryMax)
+	}
 }
 
 // memberAt returns the id of the one member whose HTTP address is addr.

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ringlimit/ringlimit/api"
 )
@@ -43,6 +45,43 @@ func TestLeaveExplicitIDAndToken(t *testing.T) {
 	code, _, errs = runCmd(context.Background(), runLeave, env, "--id", "n1", "--admin-token", "wrong")
 	if code != 2 || !strings.Contains(errs, "unauthorized (401)") || !strings.Contains(errs, `member "n1"`) {
 		t.Errorf("wrong token: exit %d, stderr %q", code, errs)
+	}
+}
+
+// A leave answered 503 (no leader) is asked again until it is answered;
+// a 404 after a 503 means an earlier attempt removed the member. A 404
+// on the first attempt, and a 503 that lasts past --timeout, are errors.
+func TestLeaveRetriesWhileNoLeader(t *testing.T) {
+	leaveRetry, leaveRetryMax = time.Millisecond, 4*time.Millisecond
+	t.Cleanup(func() { leaveRetry, leaveRetryMax = 250*time.Millisecond, 4*time.Second })
+	for _, tc := range []struct {
+		name    string
+		answers []int
+		code    int
+		sent    int
+		stderr  string
+	}{
+		{"answered after two 503s", []int{503, 503, 200}, 0, 3, "asking again"},
+		{"gone after a 503", []int{503, 404}, 0, 2, "asking again"},
+		{"unknown at once", []int{404}, 2, 1, "not_found (404)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAPI(t)
+			f.leaveAnswers = tc.answers
+			code, out, errs := runCmd(context.Background(), runLeave, nil, "--addr", f.addr, "--id", "n1")
+			if code != tc.code || len(f.left()) != tc.sent || !strings.Contains(errs, tc.stderr) {
+				t.Fatalf("exit %d after %d requests, stderr %q; want exit %d after %d, stderr with %q", code, len(f.left()), errs, tc.code, tc.sent, tc.stderr)
+			}
+			if tc.code == 0 && !strings.Contains(out, "member n1 left") {
+				t.Errorf("stdout %q", out)
+			}
+		})
+	}
+	f := newFakeAPI(t)
+	f.leaveAnswers = slices.Repeat([]int{503}, 1000)
+	code, _, errs := runCmd(context.Background(), runLeave, nil, "--addr", f.addr, "--id", "n1", "--timeout", "30ms")
+	if code != 2 || !strings.Contains(errs, "gave up") || !strings.Contains(errs, "no leader") {
+		t.Fatalf("503 past --timeout: exit %d, stderr %q", code, errs)
 	}
 }
 
