@@ -355,6 +355,16 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	defer n.membership.unlock()
 	st := n.fsm.State()
 	if _, ok := st.Member(id); !ok {
+		if n.inRaft(id) {
+			// A leave that was cut short (the lead moved between the
+			// removal from the cluster and from Raft): finish it, or a
+			// voter that is gone for good would count against the quorum.
+			if err := n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
+				return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
+			}
+			n.log.Info("member left (finishing an earlier leave)", "id", id)
+			return nil
+		}
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
 	}
 	if len(st.Members) == 1 {
@@ -372,6 +382,20 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	}
 	n.log.Info("member left", "id", id)
 	return nil
+}
+
+// inRaft reports whether id is a server of the Raft configuration.
+func (n *Node) inRaft(id string) bool {
+	cf := n.raft.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if s.ID == raft.ServerID(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // SetState marks a member "down" (stopped gracefully: still a member,

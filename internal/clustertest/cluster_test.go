@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
@@ -460,5 +461,51 @@ func TestLeaderCrashMembershipWritesResume(t *testing.T) {
 			return m.State == fsm.Dead
 		})
 		c.WaitSettled(2)
+	})
+}
+
+// A leave cut short after the member was removed from the cluster but
+// before it was removed from Raft (the lead moved between the two) is
+// finished by asking again: the member leaves Raft too, rather than the
+// second leave answering "no such member" and leaving a voter that
+// counts against the quorum for good.
+func TestLeaveCutShortIsFinishedByAskingAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 4, Options{})
+		inRaft := func(id string) bool {
+			cf := c.Leader().Node().Raft().GetConfiguration()
+			if err := cf.Error(); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range cf.Configuration().Servers {
+				if string(s.ID) == id {
+					return true
+				}
+			}
+			return false
+		}
+		cmd, err := fsm.RemoveMember("n4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Leader().Node().Raft().Apply(cmd, 5*time.Second).Error(); err != nil {
+			t.Fatal(err)
+		}
+		c.WaitFor("n4 gone from the cluster", 10*time.Second, func() bool {
+			_, ok := c.Leader().Node().State().Member("n4")
+			return !ok
+		})
+		if !inRaft("n4") {
+			t.Fatal("n4 left Raft with the cluster: nothing to finish")
+		}
+		if err := c.Member("n2").Node().Leave(context.Background(), "n4"); err != nil {
+			t.Fatalf("leave again: %v", err)
+		}
+		if inRaft("n4") {
+			t.Fatal("n4 still in Raft after the second leave")
+		}
+		if err := c.Member("n2").Node().Leave(context.Background(), "n4"); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("a third leave: %v, want not found", err)
+		}
 	})
 }
