@@ -423,6 +423,9 @@ func (n *Node) detectLoop() {
 		n.leaderLease(snap.st, answered, now, lease)
 		for _, m := range snap.st.Members {
 			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
+				// Not expected to answer: its silence counts afresh from
+				// when it is active again, not from before it stopped.
+				delete(lastSeen, m.ID)
 				continue
 			}
 			if _, ok := lastSeen[m.ID]; !ok {

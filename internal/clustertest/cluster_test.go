@@ -509,3 +509,31 @@ func TestLeaveCutShortIsFinishedByAskingAgain(t *testing.T) {
 		}
 	})
 }
+
+// A member that stopped gracefully and comes back after longer than
+// dead-after is active again and stays so: the leader counts its silence
+// from its return, not from before it stopped (it used to mark it dead
+// at once and flip the ring away and back).
+func TestReturnAfterGracefulStopIsNotMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		victim := "n3"
+		if c.Leader().ID == victim {
+			victim = "n2"
+		}
+		c.Stop(victim, 5*time.Second)
+		c.WaitFor(victim+" down", 10*time.Second, func() bool {
+			m, _ := c.Leader().Node().State().Member(victim)
+			return m.State == fsm.Down
+		})
+		time.Sleep(3 * time.Second) // longer than dead-after
+		c.Restart(victim)
+		c.WaitSettled(3)
+		leader := c.Leader()
+		epoch := leader.Node().View().Epoch()
+		time.Sleep(3 * time.Second)
+		if m, _ := leader.Node().State().Member(victim); m.State != fsm.Active || leader.Node().View().Epoch() != epoch {
+			t.Fatalf("%s is %s and the ring moved from epoch %d to %d after its return", victim, m.State, epoch, leader.Node().View().Epoch())
+		}
+	})
+}
