@@ -261,10 +261,16 @@ func (r *benchReport) writeText(w io.Writer) error {
 		c.Rule, c.Keys, c.Dist, c.Concurrency, c.Batch, c.Cost)
 	fmt.Fprintf(tw, "elapsed\t%.3fs\n", r.ElapsedSeconds)
 	fmt.Fprintf(tw, "checks\t%d\t%.1f/s\n", r.Checks, r.ChecksPerSecond)
-	fmt.Fprintf(tw, "requests\t%d\t%.1f/s\n", r.Requests, r.RequestsPerSecond)
+	// Over --protocol peer there are no HTTP requests: a request is one
+	// call of the router (its checks go to their owners in frames).
+	reqs, per := "requests", "per HTTP request"
+	if len(c.Targets) > 0 && strings.HasPrefix(c.Targets[0], "peer:") {
+		reqs, per = "calls", "per router call"
+	}
+	fmt.Fprintf(tw, "%s\t%d\t%.1f/s\n", reqs, r.Requests, r.RequestsPerSecond)
 	fmt.Fprintf(tw, "errors\t%d\n", r.Errors)
-	fmt.Fprintf(tw, "latency\tp50=%v p90=%v p99=%v p99.9=%v max=%v\t(per HTTP request)\n",
-		roundLatency(r.lat[0]), roundLatency(r.lat[1]), roundLatency(r.lat[2]), roundLatency(r.lat[3]), roundLatency(r.lat[4]))
+	fmt.Fprintf(tw, "latency\tp50=%v p90=%v p99=%v p99.9=%v max=%v\t(%s)\n",
+		roundLatency(r.lat[0]), roundLatency(r.lat[1]), roundLatency(r.lat[2]), roundLatency(r.lat[3]), roundLatency(r.lat[4]), per)
 	fmt.Fprintf(tw, "decisions\tallowed=%d (%.1f%%) denied=%d (%.1f%%) degraded=%d (%.1f%%)\n",
 		r.Allowed, 100*r.AllowedRatio, r.Denied, 100*r.DeniedRatio, r.Degraded, 100*r.DegradedRatio)
 	if err := tw.Flush(); err != nil {

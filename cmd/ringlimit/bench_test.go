@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/loadgen"
 )
 
 // alternate allows every other check the server sees and marks every
@@ -176,6 +177,26 @@ func TestBenchFlagErrors(t *testing.T) {
 		code, out, errs := runCmd(context.Background(), runBench, nil, args...)
 		if code != 2 || out != "" || errs == "" {
 			t.Errorf("bench %q: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+}
+
+// The text report names what was timed: HTTP requests, or calls of the
+// router when --protocol peer sent frames instead.
+func TestBenchTextNamesTheUnit(t *testing.T) {
+	for _, tc := range []struct {
+		target, rows, unit string
+	}{
+		{"http://127.0.0.1:8080", "requests", "(per HTTP request)"},
+		{"peer:http://127.0.0.1:8080", "calls", "(per router call)"},
+	} {
+		r := newBenchReport(loadgen.Config{Rule: "r", Keys: 1, Concurrency: 1, Batch: 1}, "uniform", []string{tc.target}, loadgen.Result{})
+		var b strings.Builder
+		if err := r.writeText(&b); err != nil {
+			t.Fatal(err)
+		}
+		if out := b.String(); !strings.Contains(out, "\n"+tc.rows+" ") || !strings.Contains(out, tc.unit) {
+			t.Errorf("target %s: report\n%s\nwant a %q row and %q", tc.target, out, tc.rows, tc.unit)
 		}
 	}
 }
