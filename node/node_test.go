@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -416,4 +417,33 @@ func TestPrompt(t *testing.T) {
 		a.SetLeaseUntil(time.Now().Add(time.Second))
 		prompt(a, 2, 1, true)
 	})
+}
+
+// The leader's lease counts from its freshest quorum's last answer: a
+// voter that died a moment ago (an old answer, still within the lease)
+// does not pull it back while the living voters make a quorum.
+func TestLeaseBase(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ago := func(ms int) time.Time { return now.Add(-time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		name   string
+		others []time.Time
+		voters int
+		want   time.Time
+		ok     bool
+	}{
+		{"alone", nil, 1, now, true},
+		{"no voters listed", nil, 0, now, true},
+		{"3 voters, both answered", []time.Time{ago(2000), ago(100)}, 3, ago(100), true},
+		{"3 voters, one silent", []time.Time{ago(100)}, 3, ago(100), true},
+		{"3 voters, none answered", nil, 3, time.Time{}, false},
+		{"5 voters, four answered", []time.Time{ago(2400), ago(50), ago(300), ago(10)}, 5, ago(50), true},
+		{"5 voters, two answered", []time.Time{ago(50), ago(10)}, 5, ago(50), true},
+		{"5 voters, one answered", []time.Time{ago(10)}, 5, time.Time{}, false},
+	} {
+		got, ok := leaseBase(now, slices.Clone(tc.others), tc.voters)
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("%s: %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
 }
