@@ -79,7 +79,7 @@ func TestLeaveRetriesWhileNoLeader(t *testing.T) {
 	}
 	f := newFakeAPI(t)
 	f.leaveAnswers = slices.Repeat([]int{503}, 1000)
-	code, _, errs := runCmd(context.Background(), runLeave, nil, "--addr", f.addr, "--id", "n1", "--timeout", "30ms")
+	code, _, errs := runCmd(context.Background(), runLeave, nil, "--addr", f.addr, "--id", "n1", "--timeout", "500ms")
 	if code != 2 || !strings.Contains(errs, "gave up") || !strings.Contains(errs, "no leader") {
 		t.Fatalf("503 past --timeout: exit %d, stderr %q", code, errs)
 	}
