@@ -374,7 +374,6 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 	case <-ctx.Done():
 		if cc.forget(id) {
 			cc.failIfSilent(sentAt)
-			cc.closeIfDrained()
 			return true, ctx.Err()
 		}
 		// The reader is delivering the answer right now (it has the whole
@@ -440,7 +439,6 @@ func (cc *clientConn) expire(id uint64, sentAt int64) {
 	}
 	cc.failIfSilent(sentAt)
 	cc.deliver(cl, context.DeadlineExceeded)
-	cc.closeIfDrained()
 }
 
 // failIfSilent is for a call sent at sentAt (Unix ns) whose deadline
@@ -471,14 +469,14 @@ func (cc *clientConn) retire() {
 	if c.cc == cc {
 		c.cc = nil
 	}
-	if !c.closed {
+	// A connection that failed already is not kept: fail, which sets
+	// broken before it takes c.mu to forget a retired connection, then
+	// finds it either here or not at all.
+	if !c.closed && !cc.broken.Load() {
 		if c.retired == nil {
 			c.retired = make(map[*clientConn]struct{})
 		}
 		c.retired[cc] = struct{}{}
-		if cc.broken.Load() { // failed meanwhile: fail may have looked already
-			delete(c.retired, cc)
-		}
 	}
 	c.mu.Unlock()
 	cc.mu.Lock()
@@ -493,7 +491,8 @@ func errRetired(cc *clientConn) error {
 	return fmt.Errorf("no answer from %s within a call's deadline: connection presumed dead", cc.c.addr)
 }
 
-// closeIfDrained closes a retired connection that has no call in flight.
+// closeIfDrained closes a retired connection that has no call in flight
+// (when it is retired; take closes it when its last call leaves).
 func (cc *clientConn) closeIfDrained() {
 	if !cc.retired.Load() {
 		return
@@ -506,12 +505,18 @@ func (cc *clientConn) closeIfDrained() {
 	}
 }
 
-// take removes call id from pending and returns it, or nil.
+// take removes call id from pending and returns it, or nil. A retired
+// connection whose last call this was is closed (see retire): every way
+// a call leaves pending goes through here.
 func (cc *clientConn) take(id uint64) *call {
 	cc.mu.Lock()
-	defer cc.mu.Unlock()
 	cl := cc.pending[id]
 	delete(cc.pending, id)
+	drained := cl != nil && len(cc.pending) == 0 && cc.retired.Load()
+	cc.mu.Unlock()
+	if drained {
+		cc.fail(errRetired(cc))
+	}
 	return cl
 }
 
@@ -538,15 +543,7 @@ func (cc *clientConn) recycle(cl *call) {
 }
 
 // forget removes a call from pending and reports whether it was there.
-func (cc *clientConn) forget(id uint64) bool {
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	if _, ok := cc.pending[id]; ok {
-		delete(cc.pending, id)
-		return true
-	}
-	return false
-}
+func (cc *clientConn) forget(id uint64) bool { return cc.take(id) != nil }
 
 func (cc *clientConn) failure() error {
 	cc.mu.Lock()
@@ -615,7 +612,6 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 	if cl == nil {
 		return nil // its caller gave up: drop the late answer
 	}
-	defer cc.closeIfDrained()
 	if h.Type == FrameError {
 		_, rerr, err := lim.DecodeError(frame)
 		if err == nil {
