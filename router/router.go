@@ -382,9 +382,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 				out[i] = failureAnswer(s.rules[i])
 				r.m.degraded.Inc()
 			}
-		case owner.ID == r.cfg.Self && r.local != nil:
-			s.localIdx = append(s.localIdx, run...)
-		default:
+		default: // not ours: every run of Self's partitions was taken above (allOwned)
 			g := slices.IndexFunc(groups, func(g group) bool { return g.addr == owner.Peer })
 			if g < 0 {
 				g = len(groups)
