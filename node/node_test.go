@@ -116,6 +116,44 @@ func TestHandleBatchStatuses(t *testing.T) {
 	}
 }
 
+// The checks of a frame that name several rules, interleaved, are each
+// decided under their own rule (decide remembers the rule looked up last).
+func TestHandleBatchInterleavedRules(t *testing.T) {
+	o, err := NewOwner("a", 64, func() int64 { return 1e18 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := []limiter.Rule{
+		{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute},
+		{Name: "s", Algorithm: limiter.FixedWindow, Limit: 1, Period: time.Minute},
+	}
+	v := view.New(testRing(t, 5, "a"), 9, rules, 1)
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	o.ExpireAwaiting(o.AwaitingParts())
+	kh, p := partOf(v, "a")
+	c := func(rule string) transport.Check { return transport.Check{Rule: rule, KeyHash: kh, Partition: p, Cost: 1} }
+	resp := handle(o, 5, c("r"), c("s"), c("r"), c("s"), c("nope"), c("r"), c("s"))
+	want := []struct {
+		status  transport.Status
+		allowed bool
+	}{
+		{transport.StatusOK, true}, {transport.StatusOK, true}, {transport.StatusOK, true},
+		{transport.StatusOK, false}, {transport.StatusUnknownRule, false},
+		{transport.StatusOK, false}, {transport.StatusOK, false},
+	}
+	for i, w := range want {
+		if r := resp.Results[i]; r.Status != w.status || r.Allowed != w.allowed {
+			t.Errorf("check %d: %v allowed=%v, want %v allowed=%v", i, r.Status, r.Allowed, w.status, w.allowed)
+		}
+	}
+	if got := resp.Results[0].Limit; got != 2 {
+		t.Errorf("r's limit %d, want 2", got)
+	}
+	if got := resp.Results[1].Limit; got != 1 {
+		t.Errorf("s's limit %d, want 1", got)
+	}
+}
+
 // A sender with a newer ring waits for ours to catch up instead of being
 // answered from the stale one; if it never comes, the stale answer stands
 // after epochWait.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -67,6 +68,7 @@ type Owner struct {
 	awaiting atomic.Int64 // partitions in partAwaiting
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
+	owned atomic.Pointer[ownedParts]     // the partitions of the latest ring asked about that are ours
 
 	maxKeys      int         // the most bucket states tracked; 0 = no cap
 	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep)
@@ -314,6 +316,8 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 	}()
 	gaveUp := false
 	now := o.now()
+	var cx checkCtx
+	cx.use(o, v)
 	for i, n := 0, len(req.Checks); i < n; {
 		end := i + 1 // a group: the check at i and the joined ones after it
 		for end < n && req.Checks[end].Joined {
@@ -321,7 +325,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 		}
 		cs, rs := req.Checks[i:end], resp.Results[i:end]
 		i = end
-		ok := o.decideRun(v, cs, rs, now)
+		ok := o.decideRun(&cx, cs, rs, now)
 		for !ok && !gaveUp {
 			// A partition's state is on its way (hand-off), or it is
 			// moving out right now (its new view is being published):
@@ -329,9 +333,10 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			ch, vch := o.servable(), o.cell.Changed()
 			if nv := o.cell.Load(); nv.Epoch() > v.Epoch() { // published before we subscribed
 				v = nv
+				cx.use(o, v)
 				resp.Epoch = v.Epoch()
 			}
-			if ok = o.decideRun(v, cs, rs, now); ok {
+			if ok = o.decideRun(&cx, cs, rs, now); ok {
 				break
 			}
 			if deadline == nil {
@@ -348,10 +353,11 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			if !gaveUp {
 				if nv := o.cell.Load(); nv.Epoch() > v.Epoch() {
 					v = nv
+					cx.use(o, v)
 					resp.Epoch = v.Epoch()
 				}
 				now = o.now()
-				ok = o.decideRun(v, cs, rs, now)
+				ok = o.decideRun(&cx, cs, rs, now)
 			}
 		}
 	}
@@ -372,12 +378,12 @@ func (o *Owner) Prompt(req *transport.BatchRequest) bool {
 // decideRun decides one check, or a group of joined checks as a unit,
 // into rs, and reports false when the answer is StatusUnavailable (a
 // partition is on its way: the caller may wait and decide again).
-func (o *Owner) decideRun(v *view.View, cs []transport.Check, rs []transport.Result, now int64) bool {
+func (o *Owner) decideRun(cx *checkCtx, cs []transport.Check, rs []transport.Result, now int64) bool {
 	if len(cs) == 1 {
-		o.decide(v, &cs[0], now, &rs[0])
+		o.decide(cx, &cs[0], now, &rs[0])
 		return rs[0].Status != transport.StatusUnavailable
 	}
-	st := o.decideGroup(v, cs, rs, now)
+	st := o.decideGroup(cx, cs, rs, now)
 	if st != transport.StatusOK {
 		for i := range rs {
 			rs[i] = transport.Result{Status: st}
@@ -406,11 +412,11 @@ func (o *Owner) awaitLease(ctx context.Context) bool {
 	}
 }
 
-// decide decides one check under view v into *res, or says why not. It
-// writes its answer in place rather than returning it: on a batch's hot
-// path the copies of a returned Result were ~5% of a check.
-func (o *Owner) decide(v *view.View, c *transport.Check, now int64, res *transport.Result) {
-	rule, salt, st := o.resolve(v, c)
+// decide decides one check under cx's view into *res, or says why not.
+// It writes its answer in place rather than returning it: on a batch's
+// hot path the copies of a returned Result were ~5% of a check.
+func (o *Owner) decide(cx *checkCtx, c *transport.Check, now int64, res *transport.Result) {
+	rule, salt, st := o.resolve(cx, c)
 	if st != transport.StatusOK {
 		*res = transport.Result{Status: st}
 		return
@@ -448,26 +454,76 @@ func setResult(res *transport.Result, d *limiter.Decision) {
 	res.ResetAfter, res.RetryAfter, res.Delay = d.ResetAfter, d.RetryAfter, d.Delay
 }
 
+// checkCtx is what the checks of one batch share under one view: which
+// partitions the view gives this member, and the rule looked up last.
+// The checks of a frame mostly name one rule: a comparison with the
+// name before (the same string, mostly) replaces a map lookup, and an
+// index into mine replaces an owner lookup and a comparison of member
+// ids, per check.
+type checkCtx struct {
+	v    *view.View
+	mine []bool // by partition: the view's ring makes this member owner
+
+	name string // the rule looked up last ("" none), and its answer
+	rule *limiter.Rule
+	salt uint64
+}
+
+// use makes cx decide under v.
+func (cx *checkCtx) use(o *Owner, v *view.View) {
+	*cx = checkCtx{v: v, mine: o.ownedIn(v.Ring)}
+}
+
+// ownedParts says which partitions of one ring this member owns.
+type ownedParts struct {
+	ring *ring.Ring
+	mine []bool
+}
+
+// ownedIn returns which partitions of rg this member owns, computed once
+// per ring.
+func (o *Owner) ownedIn(rg *ring.Ring) []bool {
+	if rg == nil {
+		return nil
+	}
+	if op := o.owned.Load(); op != nil && op.ring == rg {
+		return op.mine
+	}
+	mine := make([]bool, min(rg.Config().Partitions, len(o.moving)))
+	for p := range mine {
+		m, ok := rg.Owner(uint32(p))
+		mine[p] = ok && m.ID == o.self
+	}
+	o.owned.Store(&ownedParts{ring: rg, mine: mine})
+	return mine
+}
+
 // resolve checks what a check's answer depends on besides its
 // partition's state (ownership, partition, rule, cost) and returns its
 // rule and its buckets' salt, or the status that refuses it.
-func (o *Owner) resolve(v *view.View, c *transport.Check) (*limiter.Rule, uint64, transport.Status) {
-	owner, ok := v.Ring.Owner(c.Partition)
-	if !ok || owner.ID != o.self || int(c.Partition) >= len(o.moving) {
+func (o *Owner) resolve(cx *checkCtx, c *transport.Check) (*limiter.Rule, uint64, transport.Status) {
+	if int(c.Partition) >= len(cx.mine) || !cx.mine[c.Partition] {
 		return nil, 0, transport.StatusNotOwner
 	}
+	v := cx.v
 	if v.Ring.Partition(c.KeyHash) != c.Partition {
 		return nil, 0, transport.StatusBadRequest
 	}
 	var rule *limiter.Rule
 	var salt uint64
-	if c.Inline.Algorithm != 0 { // a rule of the sender's own (Envoy RLS)
+	switch {
+	case c.Inline.Algorithm != 0: // a rule of the sender's own (Envoy RLS)
 		if rule = inlineRule(c); rule == nil {
 			return nil, 0, transport.StatusBadRequest
 		}
 		salt = v.Salt(rule)
-	} else if rule, salt = o.ruleFor(v, c.Rule); rule == nil {
-		return nil, 0, transport.StatusUnknownRule
+	case cx.rule != nil && c.Rule == cx.name:
+		rule, salt = cx.rule, cx.salt
+	default:
+		if rule, salt = o.ruleFor(v, c.Rule); rule == nil {
+			return nil, 0, transport.StatusUnknownRule
+		}
+		cx.name, cx.rule, cx.salt = c.Rule, rule, salt
 	}
 	if c.Cost > uint64(rule.Capacity()) {
 		return nil, 0, transport.StatusBadRequest
@@ -485,12 +541,12 @@ const groupBuf = 8
 // (NOT_OWNER, BAD_REQUEST, UNKNOWN_RULE), else UNAVAILABLE when a
 // partition's state has not arrived (or is fenced by the time the group
 // is decided), else OVER_CAPACITY at the key cap.
-func (o *Owner) decideGroup(v *view.View, cs []transport.Check, rs []transport.Result, now int64) transport.Status {
+func (o *Owner) decideGroup(cx *checkCtx, cs []transport.Check, rs []transport.Result, now int64) transport.Status {
 	var ibuf [groupBuf]limiter.Item
 	items := ibuf[:0]
 	for i := range cs {
 		c := &cs[i]
-		rule, salt, st := o.resolve(v, c)
+		rule, salt, st := o.resolve(cx, c)
 		if st != transport.StatusOK {
 			return st
 		}
