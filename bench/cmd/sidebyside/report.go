@@ -27,18 +27,19 @@ type row struct {
 	Batch       int     `json:"batch"`
 	Rate        float64 `json:"rate_per_s,omitempty"` // paced calls per second; 0 = as fast as answered
 
-	ChecksPerSec     float64          `json:"checks_per_s"`
-	P50ms            float64          `json:"p50_ms"`
-	P99ms            float64          `json:"p99_ms"`
-	ServerCPUSeconds float64          `json:"server_cpu_s"`
-	CPUusPerCheck    float64          `json:"server_cpu_us_per_check"`
-	Checks           int64            `json:"checks"`
-	Errors           int64            `json:"errors"`
-	Degraded         int64            `json:"degraded"`
-	AllowedRatio     float64          `json:"allowed_ratio"`
-	ErrorKinds       map[string]int64 `json:"error_kinds,omitempty"`
-	Load             string           `json:"loadavg_after"`
-	Round            int              `json:"round,omitempty"` // with --rounds: which round; 0 in a median row
+	ChecksPerSec      float64          `json:"checks_per_s"`
+	P50ms             float64          `json:"p50_ms"`
+	P99ms             float64          `json:"p99_ms"`
+	ServerCPUSeconds  float64          `json:"server_cpu_s"`
+	CPUusPerCheck     float64          `json:"server_cpu_us_per_check"`
+	LoadCPUusPerCheck float64          `json:"loadgen_cpu_us_per_check"` // the load generator's own CPU (this process)
+	Checks            int64            `json:"checks"`
+	Errors            int64            `json:"errors"`
+	Degraded          int64            `json:"degraded"`
+	AllowedRatio      float64          `json:"allowed_ratio"`
+	ErrorKinds        map[string]int64 `json:"error_kinds,omitempty"`
+	Load              string           `json:"loadavg_after"`
+	Round             int              `json:"round,omitempty"` // with --rounds: which round; 0 in a median row
 
 	rule string
 }
@@ -130,6 +131,7 @@ func medianRows(rows []row) []row {
 		m.P50ms = pick(func(x row) float64 { return x.P50ms })
 		m.P99ms = pick(func(x row) float64 { return x.P99ms })
 		m.CPUusPerCheck = pick(func(x row) float64 { return x.CPUusPerCheck })
+		m.LoadCPUusPerCheck = pick(func(x row) float64 { return x.LoadCPUusPerCheck })
 		m.ServerCPUSeconds = pick(func(x row) float64 { return x.ServerCPUSeconds })
 		m.AllowedRatio = pick(func(x row) float64 { return x.AllowedRatio })
 		m.Rate = pick(func(x row) float64 { return x.Rate })
@@ -226,15 +228,15 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "%d rounds, the systems in turn: each figure below is the median of its rounds (every round's rows are in results.json), each ratio the median of the rounds' ratios.\n", r.Rounds)
 	}
 	b.WriteString("\n")
-	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | errors | degraded |\n")
-	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | load generator CPU µs/check | errors | degraded |\n")
+	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, x := range r.Rows {
 		path := x.Path
 		if x.Rate > 0 {
 			path += fmt.Sprintf(" (paced %s calls/s)", num(x.Rate))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s | %.3f | %.3f | %.2f | %d | %d |\n",
-			x.System, x.Instances, path, x.Concurrency, x.Batch, num(x.ChecksPerSec), x.P50ms, x.P99ms, x.CPUusPerCheck, x.Errors, x.Degraded)
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s | %.3f | %.3f | %.2f | %.2f | %d | %d |\n",
+			x.System, x.Instances, path, x.Concurrency, x.Batch, num(x.ChecksPerSec), x.P50ms, x.P99ms, x.CPUusPerCheck, x.LoadCPUusPerCheck, x.Errors, x.Degraded)
 	}
 	if len(r.Memory) > 0 {
 		b.WriteString("\n| memory | active keys | bytes per key | measured as | Go heap bytes per key | note |\n|---|--:|--:|---|--:|---|\n")

@@ -21,6 +21,7 @@ import (
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/cputime"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 	"github.com/ringlimit/ringlimit/router"
 )
@@ -56,7 +57,9 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc,
 	if err != nil {
 		return r, err
 	}
+	l0 := cputime.Process()
 	res := loadgen.Run(ctx, cfg, targets)
+	l1 := cputime.Process()
 	c1, err := cpuOf(procs)
 	if err != nil {
 		return r, err
@@ -72,6 +75,7 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc,
 	r.ServerCPUSeconds = (c1 - c0).Seconds()
 	if res.Checks > 0 {
 		r.CPUusPerCheck = r.ServerCPUSeconds * 1e6 / float64(res.Checks)
+		r.LoadCPUusPerCheck = (l1 - l0).Seconds() * 1e6 / float64(res.Checks)
 		r.AllowedRatio = float64(res.Allowed) / float64(res.Checks)
 	}
 	if len(res.ErrorKinds) > 0 {
@@ -82,8 +86,8 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc,
 		r.Round = o.round
 	}
 	rep.Rows = append(rep.Rows, r)
-	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  errors %d degraded %d",
-		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.Errors, r.Degraded)
+	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  load generator %7.3fµs/check  errors %d degraded %d",
+		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.LoadCPUusPerCheck, r.Errors, r.Degraded)
 	return r, nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -91,16 +92,28 @@ func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 			b = append(b, `,"algorithm":"TOKEN_BUCKET"}`...)
 		}
 		b = append(b, "]}"...)
-		var resp gubResponse
-		if err := httptarget.PostJSON(ctx, hc, url, b, &resp); err != nil {
-			return nil, err
-		}
-		ds := make([]api.Decision, len(resp.Responses))
-		for i, x := range resp.Responses {
-			if x.Error != "" {
-				return nil, errors.New("gubernator: " + x.Error)
+		ds := make([]api.Decision, len(checks))
+		err := httptarget.Post(ctx, hc, url, b, func(answer []byte) error {
+			if httptarget.ScanGubernator(answer, ds) {
+				return nil
 			}
-			ds[i].Allowed = x.Status != "OVER_LIMIT"
+			var resp gubResponse
+			if err := json.Unmarshal(answer, &resp); err != nil {
+				return err
+			}
+			if len(resp.Responses) != len(ds) {
+				return fmt.Errorf("gubernator: %d responses for %d requests", len(resp.Responses), len(ds))
+			}
+			for i, x := range resp.Responses {
+				if x.Error != "" {
+					return errors.New("gubernator: " + x.Error)
+				}
+				ds[i].Allowed = x.Status != "OVER_LIMIT"
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 		return ds, nil
 	}
