@@ -72,6 +72,12 @@ type Member struct {
 	Raft       string `json:"raft"`
 	Peer       string `json:"peer"`
 	Partitions int    `json:"partitions"`
+	// Voter says whether the member votes in Raft, as the answering
+	// node's latest Raft configuration has it. A member joins as a
+	// non-voter and is promoted once it has caught up; members beyond
+	// the fifth voter stay non-voters. GET /v1/cluster always sets it;
+	// nil (omitted) where it is not reported: GET /v1/cluster/view.
+	Voter *bool `json:"voter,omitempty"`
 }
 
 // Cluster is the body of GET /v1/cluster.

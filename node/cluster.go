@@ -527,18 +527,32 @@ func sameRules(a, b []limiter.Rule) bool {
 }
 
 // Cluster describes the cluster as this node sees it: every member with
-// its state and the partitions it owns in this node's ring.
+// its state, the partitions it owns in this node's ring, and whether it
+// votes in this node's latest Raft configuration (the source of truth for
+// a promotion; a member missing from it does not vote).
 func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 	leaderID, _ := n.leader()
 	snap := n.snap.Load()
 	if snap == nil {
 		return view.Cluster{Leader: leaderID}, nil
 	}
+	var voters map[string]bool
+	if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
+		voters = make(map[string]bool)
+		for _, s := range cf.Configuration().Servers {
+			voters[string(s.ID)] = s.Suffrage == raft.Voter
+		}
+	}
 	counts := snap.v.Ring.Counts()
 	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions}
 	for _, m := range snap.st.Members {
-		out.Members = append(out.Members, view.Member{ID: m.ID, State: string(m.State),
-			HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]})
+		vm := view.Member{ID: m.ID, State: string(m.State),
+			HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]}
+		if voters != nil {
+			v := voters[m.ID]
+			vm.Voter = &v
+		}
+		out.Members = append(out.Members, vm)
 	}
 	return out, nil
 }

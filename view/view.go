@@ -137,12 +137,13 @@ func (c *Cell) wait(ctx context.Context, timeout <-chan time.Time, ok func(*View
 }
 
 // Member is a cluster member as a node reports it: its state (active,
-// draining, down, dead), its addresses and how many partitions it owns in
-// the node's ring.
+// draining, down, dead), its addresses, how many partitions it owns in
+// the node's ring, and whether it votes in Raft (nil: not known).
 type Member struct {
 	ID, State        string
 	HTTP, Raft, Peer string
 	Partitions       int
+	Voter            *bool
 }
 
 // Cluster is the membership as a node reports it: the Raft leader's id

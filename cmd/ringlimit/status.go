@@ -47,8 +47,11 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 //	epoch       42
 //	partitions  1024
 //
-//	ID  STATE   HTTP            RAFT            PEER            PARTITIONS
-//	n1  active  127.0.0.1:8080  127.0.0.1:8081  127.0.0.1:8082  341
+//	ID  STATE   HTTP            RAFT            PEER            PARTITIONS  VOTER
+//	n1  active  127.0.0.1:8080  127.0.0.1:8081  127.0.0.1:8082  341         yes
+//
+// VOTER is last, so the columns before it stay where scripts find them;
+// it is "-" when the member's node does not report it (an older version).
 func writeStatus(w io.Writer, cl api.Cluster) error {
 	leader := cl.Leader
 	if leader == "" {
@@ -64,13 +67,24 @@ func writeStatus(w io.Writer, cl api.Cluster) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tHTTP\tRAFT\tPEER\tPARTITIONS")
+	fmt.Fprintln(tw, "ID\tSTATE\tHTTP\tRAFT\tPEER\tPARTITIONS\tVOTER")
 	for _, m := range cl.Members {
 		id := m.ID
 		if m.ID == cl.Leader {
 			id += " *"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", id, m.State, m.HTTP, m.Raft, m.Peer, m.Partitions)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, m.State, m.HTTP, m.Raft, m.Peer, m.Partitions, voterText(m.Voter))
 	}
 	return tw.Flush()
+}
+
+// voterText is the VOTER column: yes, no, or - when not reported.
+func voterText(v *bool) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v:
+		return "yes"
+	}
+	return "no"
 }

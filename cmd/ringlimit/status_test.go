@@ -24,9 +24,9 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("table:\n%s\nwant it to start with:\n%s", out, head)
 	}
 	for i, want := range []string{
-		"ID STATE HTTP RAFT PEER PARTITIONS",
-		"n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512",
-		"n2 draining " + f.addr + " 127.0.0.1:9 127.0.0.1:10 512",
+		"ID STATE HTTP RAFT PEER PARTITIONS VOTER",
+		"n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512 yes",
+		"n2 draining " + f.addr + " 127.0.0.1:9 127.0.0.1:10 512 no",
 	} {
 		if got := strings.Join(strings.Fields(lines[5+i]), " "); got != want {
 			t.Errorf("table line %d = %q, want %q", 5+i, lines[5+i], want)
@@ -51,8 +51,26 @@ func TestStatusCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil || !reflect.DeepEqual(got, f.cluster) {
 		t.Errorf("--json printed %s (%v), want %+v", out, err, f.cluster)
 	}
-	if !strings.Contains(out, `"leader":"n1","epoch":42,"partitions":1024,"members":[{"id":"n1","state":"active","http":"10.0.0.1:8080"`) {
+	if !strings.Contains(out, `"leader":"n1","epoch":42,"partitions":1024,"members":[{"id":"n1","state":"active","http":"10.0.0.1:8080"`) ||
+		!strings.Contains(out, `"partitions":512,"voter":false}`) {
 		t.Errorf("--json printed %s, not the wire form", out)
+	}
+}
+
+// A node that does not report voters (an older version) leaves the
+// VOTER column at "-", and the columns before it where they were.
+func TestStatusVoterNotReported(t *testing.T) {
+	f := newFakeAPI(t)
+	for i := range f.cluster.Members {
+		f.cluster.Members[i].Voter = nil
+	}
+	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr: %s", code, errs)
+	}
+	lines := strings.Split(out, "\n")
+	if got, want := strings.Join(strings.Fields(lines[6]), " "), "n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512 -"; got != want {
+		t.Errorf("row = %q, want %q", got, want)
 	}
 }
 

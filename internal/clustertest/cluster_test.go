@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -231,6 +232,61 @@ func TestPromotionSurvivesALeaderCrash(t *testing.T) {
 		}
 		p.held.Clear()
 		c.WaitFor("n4 promoted by the new leader", 10*time.Second, func() bool { return isVoter("n4") })
+	})
+}
+
+// GET /v1/cluster shows on every member whether each member votes: a
+// member that joined and has not caught up is an active non-voter, and
+// shows as a voter once the leader has promoted it.
+func TestClusterShowsVoters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &gatedProber{}
+		c := New(t, 3, Options{Prober: p})
+		// voters is what node id's Cluster says about each member's vote
+		// ("?" when it does not say).
+		voters := func(id string) map[string]string {
+			cl, err := c.Member(id).Node().Cluster(t.Context())
+			if err != nil {
+				t.Fatalf("%s: Cluster: %v", id, err)
+			}
+			out := map[string]string{}
+			for _, m := range cl.Members {
+				switch {
+				case m.Voter == nil:
+					out[m.ID] = "?"
+				case *m.Voter:
+					out[m.ID] = "voter"
+				default:
+					out[m.ID] = "non-voter"
+				}
+			}
+			return out
+		}
+		everywhere := func(want map[string]string) func() bool {
+			return func() bool {
+				for _, m := range c.Members() {
+					if !maps.Equal(voters(m.ID), want) {
+						return false
+					}
+				}
+				return true
+			}
+		}
+		c.WaitFor("n2 and n3 shown as voters", 10*time.Second, everywhere(map[string]string{"n1": "voter", "n2": "voter", "n3": "voter"}))
+
+		p.held.Store((&Member{ID: "n4"}).httpAddr(), true)
+		c.Join("n4") // active in every ring, still catching up
+		before := map[string]string{"n1": "voter", "n2": "voter", "n3": "voter", "n4": "non-voter"}
+		c.WaitFor("n4 shown as a non-voter", 10*time.Second, everywhere(before))
+		time.Sleep(2 * time.Second) // virtual: ten promotion polls that find n4 behind
+		for _, m := range c.Members() {
+			if got := voters(m.ID); !maps.Equal(got, before) {
+				t.Fatalf("%s shows %v while n4 is still catching up, want %v", m.ID, got, before)
+			}
+		}
+
+		p.held.Clear()
+		c.WaitFor("n4 shown as a voter", 10*time.Second, everywhere(map[string]string{"n1": "voter", "n2": "voter", "n3": "voter", "n4": "voter"}))
 	})
 }
 

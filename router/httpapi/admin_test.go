@@ -199,12 +199,25 @@ func TestCluster(t *testing.T) {
 		t.Errorf("no members = %v, want []", got["members"])
 	}
 	e.a.cluster = api.Cluster{Leader: "n1", Epoch: 42, Partitions: 1024, Members: []api.Member{
-		{ID: "n1", State: "active", HTTP: "127.0.0.1:8080", Raft: "127.0.0.1:8081", Peer: "127.0.0.1:8082", Partitions: 341},
+		{ID: "n1", State: "active", HTTP: "127.0.0.1:8080", Raft: "127.0.0.1:8081", Peer: "127.0.0.1:8082", Partitions: 341, Voter: new(true)},
+		{ID: "n2", State: "active", HTTP: "127.0.0.1:9080", Raft: "127.0.0.1:9081", Peer: "127.0.0.1:9082", Partitions: 341, Voter: new(false)},
+		{ID: "n3", State: "down", HTTP: "127.0.0.1:7080", Raft: "127.0.0.1:7081", Peer: "127.0.0.1:7082"},
 	}}
+	w := e.do("GET", "/v1/cluster", "")
 	var c api.Cluster
-	decodeOK(t, e.do("GET", "/v1/cluster", ""), &c)
+	decodeOK(t, w, &c)
 	if !reflect.DeepEqual(c, e.a.cluster) {
 		t.Errorf("cluster = %+v, want %+v", c, e.a.cluster)
+	}
+	// voter follows the existing fields, and is left out where unknown.
+	for _, want := range []string{`"partitions":341,"voter":true}`, `"partitions":341,"voter":false}`, `"peer":"127.0.0.1:7082","partitions":0}`} {
+		if !strings.Contains(w.Body.String(), want) {
+			t.Errorf("body %s lacks %s", w.Body, want)
+		}
+	}
+	// The router view does not report voters.
+	if w := e.do("GET", "/v1/cluster/view", ""); w.Code != 200 || strings.Contains(w.Body.String(), "voter") {
+		t.Errorf("GET /v1/cluster/view: %d %s; want 200 without voter", w.Code, w.Body)
 	}
 }
 
