@@ -4,8 +4,10 @@
 // net/http and by github.com/valyala/fasthttp, next to ringlimit's own
 // single-check path (one or more `ringlimit serve` binaries, e.g. main's
 // and a branch's). Every system runs in its own process, all started up
-// front; the rows are interleaved (round 1: every system, round 2: every
-// system, ...) so that the machine's other load falls on all alike.
+// front on loopback ports the kernel reports free (so two runs at once
+// do not meet); the rows are interleaved (round 1: every system, round
+// 2: every system, ...) so that the machine's other load falls on all
+// alike.
 //
 // The load is internal/loadgen with the side-by-side's HTTP client (one
 // keep-alive connection per caller, the body built by hand, the answer
@@ -16,7 +18,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -25,17 +26,16 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
+	"github.com/ringlimit/ringlimit/bench/internal/proc"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 )
@@ -75,7 +75,7 @@ func serveFloor(kind, addr string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println(ln.Addr().String()) // the parent reads the address
+	log.Printf("%s floor listening on %s", kind, ln.Addr())
 	switch kind {
 	case "nethttp":
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -115,11 +115,12 @@ func serveFloor(kind, addr string) error {
 
 type system struct {
 	name string
-	cmd  *exec.Cmd
+	p    *proc.Proc
 	addr string
 }
 
 func run(rls []string, floors bool, dur time.Duration, rounds int, concs string, batch int) error {
+	ctx := context.Background()
 	work, err := os.MkdirTemp("", "httpfloor")
 	if err != nil {
 		return err
@@ -131,29 +132,44 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	}
 	var systems []*system
 	defer func() {
-		for _, s := range systems {
-			_ = s.cmd.Process.Signal(syscall.SIGTERM)
-			_ = s.cmd.Wait()
+		for i := len(systems) - 1; i >= 0; i-- {
+			systems[i].p.Stop(5 * time.Second)
 		}
 	}()
+	// Every server listens on loopback ports the kernel reports free, so
+	// two runs at once do not meet; one whose port was taken meanwhile
+	// exits, and WaitUp says so with the end of its log.
+	var kinds []string
 	if floors {
-		for _, kind := range []string{"nethttp", "fasthttp"} {
-			cmd := exec.Command(self, "-serve", kind)
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
+		kinds = []string{"nethttp", "fasthttp"}
+	}
+	ports, err := proc.FreePorts(len(kinds) + 3*len(rls))
+	if err != nil {
+		return err
+	}
+	probe := &http.Client{Timeout: time.Second}
+	answers := func(url string, want int) func() bool {
+		return func() bool {
+			resp, err := probe.Get(url)
 			if err != nil {
-				return err
+				return false
 			}
-			if err := cmd.Start(); err != nil {
-				return err
-			}
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil {
-				return fmt.Errorf("%s: %w", kind, err)
-			}
-			systems = append(systems, &system{name: kind + " floor", cmd: cmd, addr: strings.TrimSpace(line)})
+			resp.Body.Close()
+			return want == 0 || resp.StatusCode == want
 		}
 	}
+	for i, kind := range kinds {
+		a := fmt.Sprintf("127.0.0.1:%d", ports[i])
+		p, err := proc.Start(work, kind, self, []string{"-serve", kind, "-addr", a}, nil)
+		if err != nil {
+			return err
+		}
+		systems = append(systems, &system{name: kind + " floor", p: p, addr: a})
+		if err := proc.WaitUp(ctx, p, kind+" up", 30*time.Second, answers("http://"+a+"/", 0)); err != nil {
+			return err
+		}
+	}
+	ports = ports[len(kinds):]
 	rules := filepath.Join(work, "rules.yaml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o644); err != nil {
 		return err
@@ -163,18 +179,16 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 		if !ok {
 			return fmt.Errorf("--ringlimit %q: want NAME=BINARY", nb)
 		}
-		base := 28500 + 10*i
-		a := fmt.Sprintf("127.0.0.1:%d", base)
-		cmd := exec.Command(bin, "serve", "--id", name, "--http", a,
-			"--raft", fmt.Sprintf("127.0.0.1:%d", base+1), "--peer", fmt.Sprintf("127.0.0.1:%d", base+2),
-			"--data-dir", filepath.Join(work, name), "--rules", rules, "--log-level", "warn")
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
+		a := fmt.Sprintf("127.0.0.1:%d", ports[3*i])
+		p, err := proc.Start(work, "ringlimit-"+name, bin, []string{"serve", "--id", name, "--http", a,
+			"--raft", fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]), "--peer", fmt.Sprintf("127.0.0.1:%d", ports[3*i+2]),
+			"--data-dir", filepath.Join(work, name), "--rules", rules, "--log-level", "warn"}, nil)
+		if err != nil {
 			return err
 		}
-		systems = append(systems, &system{name: "ringlimit " + name, cmd: cmd, addr: a})
-		if err := waitReady(a); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+		systems = append(systems, &system{name: "ringlimit " + name, p: p, addr: a})
+		if err := proc.WaitUp(ctx, p, name+" ready", 60*time.Second, answers("http://"+a+"/readyz", http.StatusOK)); err != nil {
+			return err
 		}
 	}
 	hc := &http.Client{Transport: client.NewTransport(64), Timeout: 30 * time.Second}
@@ -187,7 +201,7 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 		cs = append(cs, c)
 	}
 	for _, s := range systems { // warm-up: connections, buckets
-		loadgen.Run(context.Background(), loadgen.Config{Rule: "bench", Keys: 100_000, Seed: 99, Concurrency: 16,
+		loadgen.Run(ctx, loadgen.Config{Rule: "bench", Keys: 100_000, Seed: 99, Concurrency: 16,
 			Batch: batch, Duration: 500 * time.Millisecond, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
 	}
 	type agg struct{ reqs, cpu float64 }
@@ -196,13 +210,13 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	for r := 1; r <= rounds; r++ {
 		for _, c := range cs {
 			for _, s := range systems {
-				c0, err := procCPU(s.cmd.Process.Pid)
+				c0, err := s.p.CPU()
 				if err != nil {
 					return err
 				}
-				res := loadgen.Run(context.Background(), loadgen.Config{Rule: "bench", Keys: 100_000, Seed: uint64(r),
+				res := loadgen.Run(ctx, loadgen.Config{Rule: "bench", Keys: 100_000, Seed: uint64(r),
 					Concurrency: c, Batch: batch, Duration: dur, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
-				c1, err := procCPU(s.cmd.Process.Pid)
+				c1, err := s.p.CPU()
 				if err != nil {
 					return err
 				}
@@ -240,36 +254,4 @@ func target(hc *http.Client, addr string) loadgen.CheckFunc {
 		}
 		return ds, err
 	}
-}
-
-func waitReady(addr string) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("not ready at %s", addr)
-}
-
-// procCPU is utime+stime of process pid (/proc/PID/stat, clock ticks of
-// 1/100 s).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }

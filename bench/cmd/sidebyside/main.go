@@ -189,29 +189,17 @@ func run(ctx context.Context, o *options) (*report, error) {
 	return rep, nil
 }
 
-// stopAll stops procs by PID, in reverse order of start.
-func stopAll(procs []*proc) {
-	for i := len(procs) - 1; i >= 0; i-- {
-		procs[i].stop(5 * time.Second)
+// loadAvg is the first field of /proc/loadavg (the 1-minute load).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
 	}
-}
-
-// waitFor polls ok every 50ms until it holds, ctx ends or limit passes.
-func waitFor(ctx context.Context, what string, limit time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(limit)
-	for {
-		if ok() {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not within %v", what, limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
 	}
+	return strings.Join(f[:3], " ")
 }
 
 func (r *report) write(dir string) error {

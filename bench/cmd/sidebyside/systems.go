@@ -20,6 +20,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
+	"github.com/ringlimit/ringlimit/bench/internal/proc"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/cputime"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
@@ -47,20 +48,20 @@ var (
 
 // measure runs one row against targets and records it with the CPU the
 // procs spent meanwhile.
-func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc, targets []loadgen.CheckFunc) (row, error) {
+func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.Proc, targets []loadgen.CheckFunc) (row, error) {
 	cfg := loadgen.Config{Rule: r.rule, Keys: o.keys, Seed: uint64(len(rep.Rows) + 1), Concurrency: r.Concurrency,
 		Batch: r.Batch, Duration: o.duration, Cost: 1, Rate: r.Rate}
 	if cfg.Rule == "" {
 		cfg.Rule = benchRule
 	}
-	c0, err := cpuOf(procs)
+	c0, err := proc.CPUOf(procs)
 	if err != nil {
 		return r, err
 	}
 	l0 := cputime.Process()
 	res := loadgen.Run(ctx, cfg, targets)
 	l1 := cputime.Process()
-	c1, err := cpuOf(procs)
+	c1, err := proc.CPUOf(procs)
 	if err != nil {
 		return r, err
 	}
@@ -107,16 +108,16 @@ func httpClient(conc int) *http.Client {
 // startRinglimit starts n members on free ports (HTTP, Raft and data
 // plane each), the first with the rules file, and waits until every member
 // is active and has the rules in force.
-func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*proc, []string, error) {
+func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*proc.Proc, []string, error) {
 	rules := filepath.Join(o.work, "rules.yaml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o644); err != nil {
 		return nil, nil, err
 	}
-	ports, err := freePorts(3 * n)
+	ports, err := proc.FreePorts(3 * n)
 	if err != nil {
 		return nil, nil, err
 	}
-	var procs []*proc
+	var procs []*proc.Proc
 	var addrs []string
 	o.starts++
 	hc := httpClient(4)
@@ -144,19 +145,19 @@ func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*pr
 		} else {
 			args = append(args, "--join", addrs[0])
 		}
-		p, err := startProc(o.work, fmt.Sprintf("%s.%d", id, o.starts), o.ringlimit, args, env)
+		p, err := proc.Start(o.work, fmt.Sprintf("%s.%d", id, o.starts), o.ringlimit, args, env)
 		if err != nil {
-			stopAll(procs)
+			proc.StopAll(procs)
 			return nil, nil, err
 		}
 		procs = append(procs, p)
 		addrs = append(addrs, addr)
-		if err := waitUp(ctx, p, id+" ready", 60*time.Second, func() bool { return get("http://"+addr+"/readyz", nil) }); err != nil {
-			stopAll(procs)
+		if err := proc.WaitUp(ctx, p, id+" ready", 60*time.Second, func() bool { return get("http://"+addr+"/readyz", nil) }); err != nil {
+			proc.StopAll(procs)
 			return nil, nil, err
 		}
 	}
-	err = waitFor(ctx, "members active with the rules", 60*time.Second, func() bool {
+	err = proc.WaitFor(ctx, "members active with the rules", 60*time.Second, func() bool {
 		var c api.Cluster
 		if !get("http://"+addrs[0]+"/v1/cluster", &c) || len(c.Members) != n {
 			return false
@@ -175,7 +176,7 @@ func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*pr
 		return true
 	})
 	if err != nil {
-		stopAll(procs)
+		proc.StopAll(procs)
 		return nil, nil, err
 	}
 	return procs, addrs, nil
@@ -188,7 +189,7 @@ func newRing(ctx context.Context, addrs []string, timeout time.Duration) (*clien
 	if err != nil {
 		return nil, err
 	}
-	err = waitFor(ctx, "Go client view", 30*time.Second, func() bool {
+	err = proc.WaitFor(ctx, "Go client view", 30*time.Second, func() bool {
 		v := rc.Router().View()
 		return v != nil && v.Rules[benchRule] != nil && v.Rules[memRule] != nil
 	})
@@ -204,7 +205,7 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 	if err != nil {
 		return err
 	}
-	defer stopAll(procs)
+	defer proc.StopAll(procs)
 	hc := httpClient(slices.Max(o.conc))
 	defer hc.CloseIdleConnections()
 	httpTargets := make([]loadgen.CheckFunc, len(addrs))
@@ -272,8 +273,8 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 // startGubernator starts n gubernatord instances on free ports (gRPC and
 // HTTP each) with static peers and waits until each is healthy with all
 // peers.
-func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc, []string, []string, error) {
-	ports, err := freePorts(2 * n)
+func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc.Proc, []string, []string, error) {
+	ports, err := proc.FreePorts(2 * n)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -282,7 +283,7 @@ func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc
 		grpcAddrs = append(grpcAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i]))
 		httpAddrs = append(httpAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]))
 	}
-	var procs []*proc
+	var procs []*proc.Proc
 	hc := httpClient(4)
 	defer hc.CloseIdleConnections()
 	for i := range n {
@@ -290,15 +291,15 @@ func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc
 		env := []string{"GUBER_GRPC_ADDRESS=" + grpcAddrs[i], "GUBER_HTTP_ADDRESS=" + httpAddrs[i],
 			"GUBER_ADVERTISE_ADDRESS=" + grpcAddrs[i], "GUBER_CACHE_SIZE=" + strconv.Itoa(cache),
 			"GUBER_LOG_LEVEL=warn", "GUBER_INSTANCE_ID=" + name}
-		p, err := startProc(o.work, name, o.gubernatord, []string{"--peers", strings.Join(grpcAddrs, ",")}, env)
+		p, err := proc.Start(o.work, name, o.gubernatord, []string{"--peers", strings.Join(grpcAddrs, ",")}, env)
 		if err != nil {
-			stopAll(procs)
+			proc.StopAll(procs)
 			return nil, nil, nil, err
 		}
 		procs = append(procs, p)
 	}
 	for i, a := range httpAddrs {
-		err := waitUp(ctx, procs[i], procs[i].name+" healthy", 60*time.Second, func() bool {
+		err := proc.WaitUp(ctx, procs[i], procs[i].Name+" healthy", 60*time.Second, func() bool {
 			resp, err := hc.Get("http://" + a + "/v1/HealthCheck")
 			if err != nil {
 				return false
@@ -312,7 +313,7 @@ func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc
 				h.Status == "healthy" && h.PeerCount == n
 		})
 		if err != nil {
-			stopAll(procs)
+			proc.StopAll(procs)
 			return nil, nil, nil, err
 		}
 	}
@@ -324,7 +325,7 @@ func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
 	if err != nil {
 		return err
 	}
-	defer stopAll(procs)
+	defer proc.StopAll(procs)
 	hc := httpClient(slices.Max(o.conc))
 	defer hc.CloseIdleConnections()
 	var httpTargets, grpcTargets []loadgen.CheckFunc
@@ -361,8 +362,8 @@ func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
 
 // startRedis starts redis-server without persistence on a free port and
 // loads the token bucket script.
-func startRedis(ctx context.Context, o *options) (*proc, string, string, error) {
-	ports, err := freePorts(1)
+func startRedis(ctx context.Context, o *options) (*proc.Proc, string, string, error) {
+	ports, err := proc.FreePorts(1)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -372,14 +373,14 @@ func startRedis(ctx context.Context, o *options) (*proc, string, string, error) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, "", "", err
 	}
-	p, err := startProc(o.work, name, o.redisServer, []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	p, err := proc.Start(o.work, name, o.redisServer, []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"}, nil)
 	if err != nil {
 		return nil, "", "", err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var rc *redisConn
-	err = waitUp(ctx, p, "redis up", 30*time.Second, func() bool {
+	err = proc.WaitUp(ctx, p, "redis up", 30*time.Second, func() bool {
 		c, err := dialRedis(ctx, addr)
 		if err != nil {
 			return false
@@ -392,13 +393,13 @@ func startRedis(ctx context.Context, o *options) (*proc, string, string, error) 
 		return true
 	})
 	if err != nil {
-		p.stop(5 * time.Second)
+		p.Stop(5 * time.Second)
 		return nil, "", "", err
 	}
 	defer rc.c.Close()
 	_, sha, err := rc.do(ctx, "SCRIPT", "LOAD", tokenBucketLua)
 	if err != nil {
-		p.stop(5 * time.Second)
+		p.Stop(5 * time.Second)
 		return nil, "", "", err
 	}
 	_, info, err := rc.do(ctx, "INFO", "server")
@@ -417,7 +418,7 @@ func runRedis(ctx context.Context, o *options, rep *report) error {
 	if err != nil {
 		return err
 	}
-	defer p.stop(5 * time.Second)
+	defer p.Stop(5 * time.Second)
 	rep.RedisVersion = o.redisVersion
 	pool := newRedisPool(addr, 2*slices.Max(o.conc))
 	defer pool.close()
@@ -428,7 +429,7 @@ func runRedis(ctx context.Context, o *options, rep *report) error {
 			{System: "redis", Instances: 1, Path: "EVALSHA, pipeline 1", Group: "single", Concurrency: c, Batch: 1},
 			{System: "redis", Instances: 1, Path: fmt.Sprintf("EVALSHA, pipeline %d", o.pipeline), Group: "batched", Concurrency: c, Batch: o.pipeline},
 		} {
-			if _, err := measure(ctx, o, rep, x, []*proc{p}, targets); err != nil {
+			if _, err := measure(ctx, o, rep, x, []*proc.Proc{p}, targets); err != nil {
 				return err
 			}
 		}
@@ -472,13 +473,13 @@ func fill(ctx context.Context, from, to, batch int, send func(ctx context.Contex
 
 // settledRSS waits for the process to settle after a fill and reads its
 // RSS.
-func settledRSS(ctx context.Context, p *proc) (int64, error) {
+func settledRSS(ctx context.Context, p *proc.Proc) (int64, error) {
 	select {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	case <-time.After(2 * time.Second):
 	}
-	return p.rss()
+	return p.RSS()
 }
 
 // heapAlloc reads go_memstats_heap_alloc_bytes from a member's /metrics.
@@ -521,7 +522,7 @@ func memRinglimit(ctx context.Context, o *options, rep *report, note string, env
 	if err != nil {
 		return err
 	}
-	defer stopAll(procs)
+	defer proc.StopAll(procs)
 	// A fill must store every key: an owner slower than the default
 	// 250ms (a table growing on a loaded machine) is waited for, not
 	// answered by the failure mode.
@@ -582,7 +583,7 @@ func memGubernator(ctx context.Context, o *options, rep *report) error {
 	if err != nil {
 		return err
 	}
-	defer stopAll(procs)
+	defer proc.StopAll(procs)
 	c, err := gubernator.DialV1Server(grpcAddrs[0], nil)
 	if err != nil {
 		return err
@@ -625,7 +626,7 @@ func memRedis(ctx context.Context, o *options, rep *report) error {
 	if err != nil {
 		return err
 	}
-	defer p.stop(5 * time.Second)
+	defer p.Stop(5 * time.Second)
 	pool := newRedisPool(addr, 8)
 	defer pool.close()
 	used := func() (int64, error) {
@@ -658,7 +659,7 @@ func memRedis(ctx context.Context, o *options, rep *report) error {
 	if err != nil {
 		return err
 	}
-	rss0, err := p.rss()
+	rss0, err := p.RSS()
 	if err != nil {
 		return err
 	}
@@ -671,7 +672,7 @@ func memRedis(ctx context.Context, o *options, rep *report) error {
 	if err != nil {
 		return err
 	}
-	rss, err := p.rss()
+	rss, err := p.RSS()
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,12 @@
-package main
+// Package proc starts and watches the server processes a benchmark
+// command runs (ringlimit, gubernatord, redis-server, ...): each on
+// loopback ports the kernel reports free (FreePorts), so two runs at once
+// do not meet; each waited for by WaitUp, which fails at once when the
+// process has exited instead of asking whatever else listens on its port;
+// each stopped by its PID, and measured (CPU time, RSS) from /proc.
+//
+// A Proc is safe for concurrent use; its fields are read-only.
+package proc
 
 import (
 	"bytes"
@@ -19,18 +27,18 @@ import (
 // (100 on every Linux architecture Go supports).
 const clockTicks = 100
 
-// proc is a server process this run started; it is stopped by its PID.
-type proc struct {
-	name string
-	log  string // the file its output goes to
+// Proc is a server process this run started; it is stopped by its PID.
+type Proc struct {
+	Name string
+	Log  string // the file its output goes to
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
 	err  error         // of Wait, once done is closed
 }
 
-// startProc starts bin with args and extra environment, its output going
-// to dir/name.log. The child gets SIGKILL if this process dies first.
-func startProc(dir, name, bin string, args, env []string) (*proc, error) {
+// Start starts bin with args and extra environment, its output going to
+// dir/name.log. The child gets SIGKILL if this process dies first.
+func Start(dir, name, bin string, args, env []string) (*Proc, error) {
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
@@ -43,7 +51,7 @@ func startProc(dir, name, bin string, args, env []string) (*proc, error) {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &proc{name: name, log: logf.Name(), cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Name: name, Log: logf.Name(), cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logf.Close()
@@ -52,9 +60,14 @@ func startProc(dir, name, bin string, args, env []string) (*proc, error) {
 	return p, nil
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
+// PID is the process id.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
 
-func (p *proc) exited() bool {
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -63,13 +76,31 @@ func (p *proc) exited() bool {
 	}
 }
 
-// waitUp polls ok as waitFor does, but fails at once when p has exited
+// WaitFor polls ok every 50ms until it holds, ctx ends or limit passes.
+func WaitFor(ctx context.Context, what string, limit time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(limit)
+	for {
+		if ok() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %v", what, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// WaitUp polls ok as WaitFor does, but fails at once when p has exited
 // (a server whose port was taken meanwhile exits): ok would otherwise be
 // answered by whatever else listens on that port.
-func waitUp(ctx context.Context, p *proc, what string, limit time.Duration, ok func() bool) error {
+func WaitUp(ctx context.Context, p *Proc, what string, limit time.Duration, ok func() bool) error {
 	var exited error
-	err := waitFor(ctx, what, limit, func() bool {
-		if p.exited() {
+	err := WaitFor(ctx, what, limit, func() bool {
+		if p.Exited() {
 			exited = p.exitError()
 			return true
 		}
@@ -79,19 +110,19 @@ func waitUp(ctx context.Context, p *proc, what string, limit time.Duration, ok f
 }
 
 // exitError says that p exited, how, and what its log ends with.
-func (p *proc) exitError() error {
-	b, _ := os.ReadFile(p.log)
+func (p *Proc) exitError() error {
+	b, _ := os.ReadFile(p.Log)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	lines = lines[max(0, len(lines)-5):]
-	return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.log, strings.Join(lines, "\n"))
+	return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.Name, p.err, p.Log, strings.Join(lines, "\n"))
 }
 
-// freePorts returns n distinct loopback TCP ports the kernel says are
+// FreePorts returns n distinct loopback TCP ports the kernel says are
 // free now: it listens on 127.0.0.1:0 n times (all open at once, so the
 // ports differ) and closes the listeners. Runs at the same time get
 // different ports. A port taken by another process before our server
-// binds it makes that server exit, which waitUp reports.
-func freePorts(n int) ([]int, error) {
+// binds it makes that server exit, which WaitUp reports.
+func FreePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	var lns []net.Listener
 	defer func() {
@@ -110,9 +141,9 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// stop sends SIGTERM, and SIGKILL after grace.
-func (p *proc) stop(grace time.Duration) {
-	if p.exited() {
+// Stop sends SIGTERM, and SIGKILL after grace.
+func (p *Proc) Stop(grace time.Duration) {
+	if p.Exited() {
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -124,9 +155,16 @@ func (p *proc) stop(grace time.Duration) {
 	}
 }
 
-// cpu is the process's user + system CPU time so far, from /proc/PID/stat.
-func (p *proc) cpu() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
+// StopAll stops procs by PID, in reverse order of start.
+func StopAll(procs []*Proc) {
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].Stop(5 * time.Second)
+	}
+}
+
+// CPU is the process's user + system CPU time so far, from /proc/PID/stat.
+func (p *Proc) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
 	if err != nil {
 		return 0, err
 	}
@@ -148,9 +186,9 @@ func (p *proc) cpu() (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
 }
 
-// rss is the process's resident set size in bytes, from /proc/PID/statm.
-func (p *proc) rss() (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.pid()))
+// RSS is the process's resident set size in bytes, from /proc/PID/statm.
+func (p *Proc) RSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.PID()))
 	if err != nil {
 		return 0, err
 	}
@@ -162,28 +200,15 @@ func (p *proc) rss() (int64, error) {
 	return pages * int64(os.Getpagesize()), err
 }
 
-// cpuOf sums the CPU time of procs.
-func cpuOf(procs []*proc) (time.Duration, error) {
+// CPUOf sums the CPU time of procs.
+func CPUOf(procs []*Proc) (time.Duration, error) {
 	var sum time.Duration
 	for _, p := range procs {
-		c, err := p.cpu()
+		c, err := p.CPU()
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", p.name, err)
+			return 0, fmt.Errorf("%s: %w", p.Name, err)
 		}
 		sum += c
 	}
 	return sum, nil
-}
-
-// loadAvg is the first field of /proc/loadavg (the 1-minute load).
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
