@@ -239,7 +239,10 @@ func (n *Node) register(ctx context.Context) error {
 	}
 	// No leader in sight: we are new, or back at other addresses the
 	// leader does not know yet. Ask the member we were told about, then
-	// every member we know of; any of them forwards to the leader.
+	// every member we know of; any of them forwards to the leader (which
+	// is why the request is not marked forwarded: a new member whose
+	// --join names a follower would otherwise be refused until that
+	// follower happened to lead).
 	var tried []string
 	if n.cfg.Join != "" {
 		tried = append(tried, n.cfg.Join)
@@ -256,7 +259,7 @@ func (n *Node) register(ctx context.Context) error {
 	}
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
 	for _, addr := range tried {
-		if err = n.cfg.Forward.Join(ctx, addr, req); err == nil {
+		if err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {
 			return nil
 		}
 	}

@@ -39,8 +39,16 @@ import (
 
 // Forwarder carries writes to the leader's HTTP API when this node is not
 // the leader. The HTTP client that implements it lives above this package.
+//
+// Writes to leaderHTTP are marked as forwarded (api.HeaderForwarded): a
+// receiver that does not lead refuses them rather than forward them
+// again, so two nodes that disagree about the leader cannot bounce one.
+// JoinVia is the exception: it is how a member with no leader in sight
+// registers through a member it merely knows of (its --join), and is not
+// marked, so that member forwards it to its leader (once, marked).
 type Forwarder interface {
 	Join(ctx context.Context, leaderHTTP string, req api.JoinRequest) error
+	JoinVia(ctx context.Context, memberHTTP string, req api.JoinRequest) error
 	Leave(ctx context.Context, leaderHTTP, id string) error
 	SetState(ctx context.Context, leaderHTTP, id, state string) error
 	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)

@@ -419,6 +419,27 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 	}
 }
 
+// Over HTTP, a new member whose --join names a follower joins: its
+// registration reaches the follower unmarked (no X-Ringlimit-Forwarded),
+// and the follower forwards it to the leader.
+func TestJoinThroughAFollower(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three members")
+	}
+	ss := startCluster(t, 2)
+	l, follower := ss[0], ss[1]
+	if l.Node.Raft().State() != raft.Leader {
+		l, follower = follower, l
+	}
+	if err := l.Node.Raft().LeadershipTransferToServer(raft.ServerID(follower.cfg.ID), raft.ServerAddress(follower.cfg.RaftAdvertise)).Error(); err != nil {
+		t.Fatal(err)
+	}
+	follower, l = l, follower
+	eventually(t, l.cfg.ID+" leads", func() bool { return l.Node.Raft().State() == raft.Leader })
+	n3 := startMember(t, "n3", t.TempDir(), follower.cfg.HTTPAdvertise)
+	waitSettled(t, append(ss, n3), 3)
+}
+
 // A router that is not a member, built from GET /v1/cluster/view, routes
 // each check straight to its owner over the data plane: same ring as the
 // members, and the limit still holds across it and the members.

@@ -286,15 +286,20 @@ func (f forwarder) client(addr string) *client.Client {
 }
 
 func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
-	return wrapRemote(f.client(leader).Join(ctx, req))
+	return wrapRemote("leader", f.client(leader).Join(ctx, req))
+}
+
+// JoinVia is not marked forwarded: the member forwards it to its leader.
+func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) error {
+	return wrapRemote("member "+member, client.New(member, client.WithAdminToken(f.token), client.WithHTTPClient(f.hc)).Join(ctx, req))
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {
-	return wrapRemote(f.client(leader).Leave(ctx, id))
+	return wrapRemote("leader", f.client(leader).Leave(ctx, id))
 }
 
 func (f forwarder) SetState(ctx context.Context, leader, id, state string) error {
-	return wrapRemote(f.client(leader).SetState(ctx, id, state))
+	return wrapRemote("leader", f.client(leader).SetState(ctx, id, state))
 }
 
 func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
@@ -304,7 +309,7 @@ func (f forwarder) PutRules(ctx context.Context, leader string, written []limite
 	}
 	got, err := f.client(leader).PutRules(ctx, doc, "application/json")
 	if err != nil {
-		return nil, wrapRemote(err)
+		return nil, wrapRemote("leader", err)
 	}
 	back, err := json.Marshal(api.Rules{Rules: got})
 	if err != nil {
@@ -313,12 +318,13 @@ func (f forwarder) PutRules(ctx context.Context, leader string, written []limite
 	return rules.Parse(back)
 }
 
-// wrapRemote maps the leader's HTTP answer back onto this side's sentinels.
-func wrapRemote(err error) error {
+// wrapRemote maps the HTTP answer of who (the leader, or the member a
+// join went through) back onto this side's sentinels.
+func wrapRemote(who string, err error) error {
 	var e *api.Error
 	if !errors.As(err, &e) {
 		if err != nil {
-			return fmt.Errorf("%w: leader unreachable: %w", api.ErrUnavailable, err)
+			return fmt.Errorf("%w: %s unreachable: %w", api.ErrUnavailable, who, err)
 		}
 		return nil
 	}
@@ -333,7 +339,7 @@ func wrapRemote(err error) error {
 	case http.StatusConflict:
 		return fmt.Errorf("%w: %s", api.ErrConflict, e.Message)
 	}
-	return fmt.Errorf("%w: leader answered %w", api.ErrUnavailable, e)
+	return fmt.Errorf("%w: %s answered %w", api.ErrUnavailable, who, e)
 }
 
 // prober reaches joining members for the leader: their Raft and data-plane

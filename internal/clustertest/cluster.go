@@ -548,22 +548,41 @@ type forwarder struct {
 	from string
 }
 
+// target is the node at HTTP address addr, and ctx marked forwarded.
 func (f forwarder) target(ctx context.Context, addr string) (*node.Node, context.Context, error) {
+	n, err := f.reach(ctx, addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return n, api.WithForwarded(ctx), nil
+}
+
+// reach is the node at HTTP address addr, through the network's links.
+func (f forwarder) reach(ctx context.Context, addr string) (*node.Node, error) {
 	f.c.net.mu.Lock()
 	id, ok := f.c.net.byHTTP[addr]
 	f.c.net.mu.Unlock()
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: no member at %s", api.ErrUnavailable, addr)
+		return nil, fmt.Errorf("%w: no member at %s", api.ErrUnavailable, addr)
 	}
 	m, err := f.c.net.route(ctx, f.from, f.c.Member(id).peerAddr())
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 	}
-	return m.Node(), api.WithForwarded(ctx), nil
+	return m.Node(), nil
 }
 
 func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
 	n, ctx, err := f.target(ctx, leader)
+	if err != nil {
+		return err
+	}
+	return n.Join(ctx, req)
+}
+
+// JoinVia is not marked forwarded, as over HTTP.
+func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) error {
+	n, err := f.reach(ctx, member)
 	if err != nil {
 		return err
 	}

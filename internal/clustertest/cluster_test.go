@@ -185,6 +185,30 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 	})
 }
 
+// A new member whose --join names a follower joins: the follower
+// forwards its registration to the leader. (The registration used to be
+// marked as forwarded already, so the follower refused it, and the member
+// waited until that follower happened to lead: TestRouterFollowsTheCluster
+// timed out waiting for 3 members when a loaded machine had moved the
+// lead from n1, the member n3 joins through, to n2.)
+func TestJoinThroughAFollower(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 2, Options{Prober: &gatedProber{}})
+		if err := c.Member("n1").Node().Raft().LeadershipTransferToServer("n2", "raft-n2.0:1").Error(); err != nil {
+			t.Fatal(err)
+		}
+		c.WaitFor("n2 leads", 10*time.Second, func() bool { l := c.Leader(); return l != nil && l.ID == "n2" })
+		c.Join("n3") // through n1, now a follower
+		if l := c.Leader(); l == nil || l.ID != "n2" {
+			t.Fatal("the lead moved during the join; want n2 still (a join through the leader proves nothing)")
+		}
+		m, ok := c.Member("n2").Node().State().Member("n3")
+		if !ok || m.State != fsm.Active {
+			t.Fatalf("n3 in the leader's state: %+v, %v; want active", m, ok)
+		}
+	})
+}
+
 // gatedProber reaches every address, and reports a member caught up
 // unless the test holds it back (by HTTP address).
 type gatedProber struct{ held sync.Map }
