@@ -119,28 +119,54 @@ func startTestMember(t testing.TB, id, join string) *testMember {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
+	eventuallyWhy(t, what, func() string {
+		if cond() {
+			return ""
+		}
+		return "not yet"
+	})
+}
+
+// eventuallyWhy waits until cond returns "", failing with cond's last
+// answer (why it does not hold yet) when the budget runs out.
+func eventuallyWhy(t *testing.T, what string, cond func() string) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
+	for {
+		why := cond()
+		if why == "" {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s: %s", what, why)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-func settled(ms []*testMember) bool {
+func settled(ms []*testMember) bool { return unsettled(ms) == "" }
+
+// unsettled says why ms are not a settled cluster of len(ms) members
+// (every one ready, with a ring of them all at one epoch), or "".
+func unsettled(ms []*testMember) string {
 	var epoch uint64
 	for i, m := range ms {
 		v := m.s.Node.View()
-		if v == nil || m.s.Node.Ready() != nil || len(v.Ring.Members()) != len(ms) {
-			return false
+		if v == nil {
+			return m.s.Node.ID() + ": no view"
+		}
+		if err := m.s.Node.Ready(); err != nil {
+			return m.s.Node.ID() + ": " + err.Error()
+		}
+		if n := len(v.Ring.Members()); n != len(ms) {
+			return fmt.Sprintf("%s: %d members in its ring at epoch %d", m.s.Node.ID(), n, v.Ring.Epoch())
 		}
 		if i > 0 && v.Ring.Epoch() != epoch {
-			return false
+			return fmt.Sprintf("%s: epoch %d, %s: epoch %d", ms[0].s.Node.ID(), epoch, m.s.Node.ID(), v.Ring.Epoch())
 		}
 		epoch = v.Ring.Epoch()
 	}
-	return true
+	return ""
 }
 
 // checkBatch sends one batch through the router's HTTP front door.
@@ -175,7 +201,7 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	}
 	n1 := startTestMember(t, "n1", "")
 	n2 := startTestMember(t, "n2", n1.http)
-	eventually(t, "2 members", func() bool { return settled([]*testMember{n1, n2}) })
+	eventuallyWhy(t, "2 members", func() string { return unsettled([]*testMember{n1, n2}) })
 	if _, err := n1.s.Node.PutRules(context.Background(), []limiter.Rule{
 		{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour},
 		{Name: "shut", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
@@ -255,10 +281,15 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	duringAdmitted := map[string]int{} // non-degraded admissions
 	duringDegraded := map[string]int{}
 	during.Go(func() {
-		for {
+		// At least 8 rounds, as for the "a" keys, so every key reaches its
+		// limit however few rounds fit in the join (a join can settle in
+		// 4 rounds, and then a key admitted 4 times was exact, not lost).
+		for rounds := 0; ; rounds++ {
 			select {
 			case <-stop:
-				return
+				if rounds >= 8 {
+					return
+				}
 			default:
 			}
 			cs := keys("c", 20, 1)
@@ -277,7 +308,7 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	})
 	n3 := startTestMember(t, "n3", n1.http)
 	all := []*testMember{n1, n2, n3}
-	eventually(t, "3 members", func() bool { return settled(all) })
+	eventuallyWhy(t, "3 members", func() string { return unsettled(all) })
 	eventually(t, "the router follows to 3 members", func() bool {
 		v := rp.ring.Router().View()
 		return v != nil && len(v.Ring.Members()) == 3 && v.Ring.Epoch() == n1.s.Node.View().Ring.Epoch()
