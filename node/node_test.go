@@ -131,7 +131,9 @@ func TestHandleBatchInterleavedRules(t *testing.T) {
 	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
 	o.ExpireAwaiting(o.AwaitingParts())
 	kh, p := partOf(v, "a")
-	c := func(rule string) transport.Check { return transport.Check{Rule: rule, KeyHash: kh, Partition: p, Cost: 1} }
+	c := func(rule string) transport.Check {
+		return transport.Check{Rule: rule, KeyHash: kh, Partition: p, Cost: 1}
+	}
 	resp := handle(o, 5, c("r"), c("s"), c("r"), c("s"), c("nope"), c("r"), c("s"))
 	want := []struct {
 		status  transport.Status
