@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -116,9 +118,14 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 // httpChecks is the checkFunc of one node's HTTP API: the single form of
 // POST /v1/check for one check, the batch form for more.
 func httpChecks(c *client.Client) loadgen.CheckFunc {
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		if len(checks) != 1 {
-			return c.CheckBatch(ctx, checks)
+			got, err := c.CheckBatch(ctx, checks)
+			if err != nil {
+				return 0, err
+			}
+			copy(ds, got)
+			return len(got), nil
 		}
 		cost := int64(1)
 		if checks[0].Cost != nil {
@@ -126,9 +133,10 @@ func httpChecks(c *client.Client) loadgen.CheckFunc {
 		}
 		d, err := c.Check(ctx, checks[0].Rule, checks[0].Key, cost)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		return []api.Decision{d}, nil
+		ds[0] = d
+		return 1, nil
 	}
 }
 
@@ -156,24 +164,32 @@ func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*r
 
 // peerChecks is the checkFunc of a stateless router: each call's checks go
 // to their owners over the data plane, batched with other workers' checks.
+// A call's requests and results are reused from a pool.
 func peerChecks(rt *router.Router) loadgen.CheckFunc {
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
-		reqs := make([]router.Request, len(checks))
+	type buffers struct {
+		reqs []router.Request
+		out  []router.Result
+	}
+	pool := sync.Pool{New: func() any { return new(buffers) }}
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
+		buf := pool.Get().(*buffers)
+		defer pool.Put(buf)
+		reqs := slices.Grow(buf.reqs[:0], len(checks))[:len(checks)]
 		for i, c := range checks {
 			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: 1}
 			if c.Cost != nil {
 				reqs[i].Cost = *c.Cost
 			}
 		}
-		out := make([]router.Result, len(reqs))
+		out := slices.Grow(buf.out[:0], len(reqs))[:len(reqs)]
+		buf.reqs, buf.out = reqs, out
 		if err := rt.Check(ctx, reqs, out); err != nil {
-			return nil, err
+			return 0, err
 		}
-		ds := make([]api.Decision, len(out))
 		for i, r := range out {
 			ds[i] = api.Decision{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, Degraded: r.Degraded}
 		}
-		return ds, nil
+		return len(out), nil
 	}
 }
 

@@ -23,7 +23,7 @@ type recorder struct {
 	reqs int            // guarded by mu
 }
 
-func (r *recorder) check(_ context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+func (r *recorder) check(_ context.Context, checks []api.CheckRequest, _ []api.Decision) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reqs++
@@ -33,7 +33,7 @@ func (r *recorder) check(_ context.Context, checks []api.CheckRequest) ([]api.De
 	for _, c := range checks {
 		r.keys[c.Key]++
 	}
-	return make([]api.Decision, len(checks)), nil
+	return len(checks), nil
 }
 
 func loadCfg(keys int, zipf bool, requests int64) Config {
@@ -77,11 +77,11 @@ func TestLoadSeedIsDeterministic(t *testing.T) {
 		var keys []string
 		cfg := loadCfg(1000, true, 20)
 		cfg.Concurrency, cfg.Seed = 1, seed
-		Run(context.Background(), cfg, []CheckFunc{func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+		Run(context.Background(), cfg, []CheckFunc{func(_ context.Context, cs []api.CheckRequest, _ []api.Decision) (int, error) {
 			for _, c := range cs {
 				keys = append(keys, c.Key)
 			}
-			return make([]api.Decision, len(cs)), nil
+			return len(cs), nil
 		}})
 		return keys
 	}
@@ -109,17 +109,17 @@ func TestLoadManyKeysAndBadAnswers(t *testing.T) {
 	// failing target is retried, not fatal.
 	calls := 0
 	var mu sync.Mutex
-	res := Run(context.Background(), loadCfg(10, false, 40), []CheckFunc{func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+	res := Run(context.Background(), loadCfg(10, false, 40), []CheckFunc{func(_ context.Context, cs []api.CheckRequest, _ []api.Decision) (int, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
 		switch calls % 4 {
 		case 0:
-			return nil, errors.New("boom")
+			return 0, errors.New("boom")
 		case 1:
-			return make([]api.Decision, len(cs)-1), nil
+			return len(cs) - 1, nil
 		}
-		return []api.Decision{}, nil
+		return 0, nil
 	}})
 	if res.Requests != 0 || res.Errors != 40 || res.ErrorKinds["boom"] != 10 || res.ErrorKinds["0 decisions for 10 checks"] != 20 {
 		t.Errorf("requests %d errors %d kinds %v", res.Requests, res.Errors, res.ErrorKinds)
@@ -178,14 +178,38 @@ func TestHistogramQuantiles(t *testing.T) {
 // and that an unpaced one makes more.
 func TestRatePaces(t *testing.T) {
 	var n atomic.Int64
-	f := func(_ context.Context, cs []api.CheckRequest) ([]api.Decision, error) {
+	f := func(_ context.Context, cs []api.CheckRequest, _ []api.Decision) (int, error) {
 		n.Add(1)
-		return make([]api.Decision, len(cs)), nil
+		return len(cs), nil
 	}
 	cfg := Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 4, Batch: 1, Duration: 300 * time.Millisecond, Cost: 1, Rate: 200}
 	res := Run(context.Background(), cfg, []CheckFunc{f})
 	// 200/s for 0.3s: 60 calls, on a schedule; a loaded machine may lag.
 	if res.Requests < 20 || res.Requests > 64 {
 		t.Errorf("paced at 200/s for 300ms: %d calls, want about 60", res.Requests)
+	}
+}
+
+// TestDecisionsInWorkerBuffer checks the CheckFunc contract: ds has one
+// zeroed slot per check at every call, and what the target writes there
+// is what is counted.
+func TestDecisionsInWorkerBuffer(t *testing.T) {
+	f := func(_ context.Context, cs []api.CheckRequest, ds []api.Decision) (int, error) {
+		if len(ds) != len(cs) {
+			return 0, errors.New("ds and checks differ in length")
+		}
+		for i := range ds {
+			if ds[i] != (api.Decision{}) {
+				return 0, errors.New("ds not zeroed")
+			}
+			ds[i] = api.Decision{Allowed: i%2 == 0, Remaining: 7, Degraded: i == 0}
+		}
+		return len(cs), nil
+	}
+	cfg := loadCfg(10, false, 50) // 4 workers, 10 checks per call
+	res := Run(context.Background(), cfg, []CheckFunc{f})
+	if res.Errors != 0 || res.Requests != 50 || res.Checks != 500 || res.Allowed != 250 || res.Denied != 250 || res.Degraded != 50 {
+		t.Errorf("errors %d (%v) requests %d checks %d allowed %d denied %d degraded %d, want 0 50 500 250 250 50",
+			res.Errors, res.ErrorKinds, res.Requests, res.Checks, res.Allowed, res.Denied, res.Degraded)
 	}
 }

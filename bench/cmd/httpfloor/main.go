@@ -247,11 +247,11 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 // server answers a batch with one decision, counted for every check.
 func target(hc *http.Client, addr string) loadgen.CheckFunc {
 	check := httptarget.Ringlimit(hc, addr)
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
-		ds, err := check(ctx, checks)
-		if err == nil && len(ds) == 0 {
-			ds = make([]api.Decision, len(checks))
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
+		n, err := check(ctx, checks, ds)
+		if err == nil && n == 0 {
+			n = len(checks)
 		}
-		return ds, err
+		return n, err
 	}
 }

@@ -594,7 +594,7 @@ func memGubernator(ctx context.Context, o *options, rep *report) error {
 		for i, k := range keys {
 			checks[i] = api.CheckRequest{Rule: memRule, Key: k}
 		}
-		_, err := check(ctx, checks)
+		_, err := check(ctx, checks, make([]api.Decision, len(checks)))
 		return err
 	}
 	if err := send(ctx, []string{"warm"}); err != nil {
@@ -652,7 +652,7 @@ func memRedis(ctx context.Context, o *options, rep *report) error {
 		for i, k := range keys {
 			checks[i] = api.CheckRequest{Rule: memRule, Key: k}
 		}
-		_, err := check(ctx, checks)
+		_, err := check(ctx, checks, make([]api.Decision, len(checks)))
 		return err
 	}
 	u0, err := used()

@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gubernator-io/gubernator/v2"
@@ -28,29 +30,39 @@ import (
 
 // ringlimitRing is the Go client on the data plane: Ring.Check for one
 // check per call (concurrent calls share frames per owner), the Ring's
-// router for a batch per call.
+// router for a batch per call. The router's requests and results of a
+// call are reused from a pool (per worker, in effect), as a caller
+// deciding batches in a loop would keep them.
 func ringlimitRing(rc *client.Ring) loadgen.CheckFunc {
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	type buffers struct {
+		reqs []router.Request
+		out  []router.Result
+	}
+	pool := sync.Pool{New: func() any { return new(buffers) }}
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		if len(checks) == 1 {
 			d, err := rc.Check(ctx, checks[0].Rule, checks[0].Key, httptarget.CostOf(checks[0]))
 			if err != nil {
-				return nil, err
+				return 0, err
 			}
-			return []api.Decision{d}, nil
+			ds[0] = d
+			return 1, nil
 		}
-		reqs := make([]router.Request, len(checks))
+		buf := pool.Get().(*buffers)
+		defer pool.Put(buf)
+		reqs := slices.Grow(buf.reqs[:0], len(checks))[:len(checks)]
 		for i, c := range checks {
 			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: httptarget.CostOf(c)}
 		}
-		out := make([]router.Result, len(reqs))
+		out := slices.Grow(buf.out[:0], len(reqs))[:len(reqs)]
+		buf.reqs, buf.out = reqs, out
 		if err := rc.Router().Check(ctx, reqs, out); err != nil {
-			return nil, err
+			return 0, err
 		}
-		ds := make([]api.Decision, len(out))
 		for i, r := range out {
 			ds[i] = api.Decision{Allowed: r.Allowed, Remaining: r.Remaining, Degraded: r.Degraded}
 		}
-		return ds, nil
+		return len(out), nil
 	}
 }
 
@@ -72,7 +84,7 @@ type gubResponse struct {
 // gubernatorHTTP is POST /v1/GetRateLimits on one instance's HTTP gateway.
 func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 	url := "http://" + addr + "/v1/GetRateLimits"
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		b := make([]byte, 0, 120*len(checks)+16)
 		b = append(b, `{"requests":[`...)
 		for i, c := range checks {
@@ -92,7 +104,6 @@ func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 			b = append(b, `,"algorithm":"TOKEN_BUCKET"}`...)
 		}
 		b = append(b, "]}"...)
-		ds := make([]api.Decision, len(checks))
 		err := httptarget.Post(ctx, hc, url, b, func(answer []byte) error {
 			if httptarget.ScanGubernator(answer, ds) {
 				return nil
@@ -113,15 +124,15 @@ func gubernatorHTTP(hc *http.Client, addr string, r gubRule) loadgen.CheckFunc {
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		return ds, nil
+		return len(ds), nil
 	}
 }
 
 // gubernatorGRPC is V1.GetRateLimits over gRPC on one instance.
 func gubernatorGRPC(c gubernator.V1Client, r gubRule) loadgen.CheckFunc {
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		req := &gubernator.GetRateLimitsReq{Requests: make([]*gubernator.RateLimitReq, len(checks))}
 		for i, ch := range checks {
 			req.Requests[i] = &gubernator.RateLimitReq{Name: ch.Rule, UniqueKey: ch.Key, Hits: httptarget.CostOf(ch),
@@ -129,16 +140,18 @@ func gubernatorGRPC(c gubernator.V1Client, r gubRule) loadgen.CheckFunc {
 		}
 		resp, err := c.GetRateLimits(ctx, req)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		ds := make([]api.Decision, len(resp.Responses))
+		if len(resp.Responses) != len(ds) {
+			return len(resp.Responses), nil
+		}
 		for i, x := range resp.Responses {
 			if x.Error != "" {
-				return nil, errors.New("gubernator: " + x.Error)
+				return 0, errors.New("gubernator: " + x.Error)
 			}
 			ds[i] = api.Decision{Allowed: x.Status == gubernator.Status_UNDER_LIMIT, Limit: x.Limit, Remaining: x.Remaining}
 		}
-		return ds, nil
+		return len(ds), nil
 	}
 }
 
@@ -295,10 +308,10 @@ func (p *redisPool) close() {
 // checks are pipelined (written together, then every reply read), so a
 // call of one check is unpipelined and a call of 16 is pipeline 16.
 func redisEvalsha(p *redisPool, sha, perMs, burst string) loadgen.CheckFunc {
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		rc, err := p.get(ctx)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
 		for _, c := range checks {
 			rc.appendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
@@ -309,18 +322,17 @@ func redisEvalsha(p *redisPool, sha, perMs, burst string) loadgen.CheckFunc {
 		}
 		if err := rc.flush(dl); err != nil {
 			rc.c.Close()
-			return nil, ctxErr(ctx, err)
+			return 0, ctxErr(ctx, err)
 		}
-		ds := make([]api.Decision, len(checks))
 		for i := range checks {
 			n, _, err := rc.reply()
 			if err != nil {
 				rc.c.Close()
-				return nil, ctxErr(ctx, err)
+				return 0, ctxErr(ctx, err)
 			}
 			ds[i].Allowed = n == 1
 		}
 		p.put(rc)
-		return ds, nil
+		return len(checks), nil
 	}
 }

@@ -66,10 +66,10 @@ func Post(ctx context.Context, hc *http.Client, url string, body []byte, read fu
 }
 
 // Ringlimit is POST /v1/check on one member: the single form for one
-// check, the batch form for more.
+// check, the batch form for more. The answer is read into ds.
 func Ringlimit(hc *http.Client, addr string) loadgen.CheckFunc {
 	url := "http://" + addr + "/v1/check"
-	return func(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
 		b := make([]byte, 0, 64*len(checks)+16)
 		one := func(b []byte, c api.CheckRequest) []byte {
 			b = append(b, `{"rule":`...)
@@ -92,7 +92,6 @@ func Ringlimit(hc *http.Client, addr string) loadgen.CheckFunc {
 			}
 			b = append(b, "]}"...)
 		}
-		ds := make([]api.Decision, len(checks))
 		err := Post(ctx, hc, url, b, func(answer []byte) error {
 			if ScanRinglimit(answer, ds) {
 				return nil
@@ -100,9 +99,9 @@ func Ringlimit(hc *http.Client, addr string) loadgen.CheckFunc {
 			return decodeRinglimit(answer, ds)
 		})
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		return ds, nil
+		return len(ds), nil
 	}
 }
 
@@ -123,6 +122,7 @@ func decodeRinglimit(answer []byte, ds []api.Decision) error {
 	return nil
 }
 
+// CostOf is a check's cost, 1 when it names none.
 func CostOf(c api.CheckRequest) int64 {
 	if c.Cost == nil {
 		return 1
