@@ -102,12 +102,9 @@ type Result struct {
 func Run(ctx context.Context, cfg Config, targets []CheckFunc) Result {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
-	var names []string
+	var names *keyTable
 	if cfg.Keys <= KeyTable {
-		names = make([]string, cfg.Keys)
-		for i := range names {
-			names[i] = KeyName(i)
-		}
+		names = newKeyTable(cfg.Keys)
 	}
 	var issued atomic.Int64
 	workers := make([]worker, cfg.Concurrency)
@@ -139,6 +136,51 @@ func Run(ctx context.Context, cfg Config, targets []CheckFunc) Result {
 // KeyName is the name of key i.
 func KeyName(i int) string { return "key-" + strconv.Itoa(i) }
 
+// keyTable is KeyName(0) … KeyName(n-1) back to back in one string; the
+// name of key i is found by arithmetic (the names of d digits are 4+d
+// bytes each, in order), so a random pick reads one place in memory,
+// the name's bytes, about 7 to a cache line. Names built one by one
+// put a string header in a table and the bytes elsewhere on the heap: a
+// pick missed the cache twice, in the load generator and in the system's
+// client, and the GC scanned the table.
+type keyTable struct {
+	names string
+	start [20]int // start[d]: offset of the first name of d digits
+}
+
+func newKeyTable(n int) *keyTable {
+	t := &keyTable{}
+	b := make([]byte, 0, n*(4+len(strconv.Itoa(max(n-1, 0)))))
+	for i := range n {
+		if d := digits(i); i == 0 || d != digits(i-1) {
+			t.start[d] = len(b)
+		}
+		b = append(b, "key-"...)
+		b = strconv.AppendInt(b, int64(i), 10)
+	}
+	t.names = string(b)
+	return t
+}
+
+// name is KeyName(i), a substring of t.names.
+func (t *keyTable) name(i int) string {
+	d, first := 1, 0 // digits of i, and the first number of that many
+	for p := 10; i >= p; p *= 10 {
+		d, first = d+1, p
+	}
+	off := t.start[d] + (i-first)*(4+d)
+	return t.names[off : off+4+d]
+}
+
+// digits is how many decimal digits i ≥ 0 has.
+func digits(i int) int {
+	d := 1
+	for ; i >= 10; i /= 10 {
+		d++
+	}
+	return d
+}
+
 // worker is one worker's state; only its goroutine touches it until Run
 // has waited for it.
 type worker struct {
@@ -149,7 +191,7 @@ type worker struct {
 	errKinds                          map[string]int64
 }
 
-func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names []string, issued *atomic.Int64, start time.Time) {
+func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names *keyTable, issued *atomic.Int64, start time.Time) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w.id)))
 	pick := func() int { return rng.IntN(cfg.Keys) }
 	if cfg.Zipf && cfg.Keys > 1 {
@@ -174,7 +216,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 		for i := range checks {
 			var key string
 			if k := pick(); names != nil {
-				key = names[k]
+				key = names.name(k)
 			} else {
 				key = KeyName(k)
 			}

@@ -213,3 +213,21 @@ func TestDecisionsInWorkerBuffer(t *testing.T) {
 			res.Errors, res.ErrorKinds, res.Requests, res.Checks, res.Allowed, res.Denied, res.Degraded)
 	}
 }
+
+// TestKeyTable checks every name of the packed table against KeyName,
+// across each change in the number of digits.
+func TestKeyTable(t *testing.T) {
+	for _, n := range []int{1, 9, 10, 11, 101, KeyTable} {
+		kt := newKeyTable(n)
+		total := 0
+		for i := range n {
+			if got, want := kt.name(i), KeyName(i); got != want {
+				t.Fatalf("n=%d: name(%d) = %q, want %q", n, i, got, want)
+			}
+			total += len(KeyName(i))
+		}
+		if len(kt.names) != total {
+			t.Fatalf("n=%d: %d bytes of names, want %d back to back", n, len(kt.names), total)
+		}
+	}
+}
