@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,6 +250,15 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		{[]Request{{Rule: "log5", Key: "x"}, {Rule: "log5", Key: "x\xff"}}, 1, api.ErrBadRequest},
 		// A caller that vouches for its keys' UTF-8 is not checked again.
 		{[]Request{{Rule: "log5", Key: "x\xff", KeyValid: true}, {Rule: "nope", Key: "x"}}, 1, ErrUnknownRule},
+		// The keys' UTF-8 is read ahead of the other checks, yet the
+		// first invalid request, in order, is the one refused, for its
+		// first reason.
+		{[]Request{{Rule: "nope", Key: "x"}, {Rule: "log5", Key: "x\xff"}}, 0, ErrUnknownRule},
+		{[]Request{{Rule: "log5", Key: "x\xff"}, {Rule: "nope", Key: "x"}}, 0, api.ErrBadRequest},
+		{[]Request{{Rule: "log5", Key: "x", Cost: 6}, {Rule: "log5", Key: "\xff"}}, 0, limiter.ErrCost},
+		{[]Request{{Rule: "nope", Key: "x\xff"}}, 0, ErrUnknownRule},
+		{[]Request{{Rule: "log5", Key: "x\xff", KeyValid: true}, {Rule: "log5", Key: "\xffy"}}, 1, api.ErrBadRequest},
+		{[]Request{{Rule: "log5", Key: strings.Repeat("\xff", api.MaxKeyLen+1)}}, 0, api.ErrBadRequest},
 	}
 	for i, tt := range tests {
 		err := rt.Check(context.Background(), tt.reqs, out)
