@@ -139,7 +139,7 @@ type Router struct {
 
 	scratch sync.Pool // *scratch
 
-	mine atomic.Pointer[ownedParts] // the partitions Self owns in the last ring seen
+	routes atomic.Pointer[routes] // dispatch's tables of the last ring seen
 
 	stale     chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
 	fetchMu   sync.Mutex    // guards fetchDone
@@ -185,6 +185,7 @@ type scratch struct {
 	resp     transport.BatchResponse
 	localIdx []int   // indexes decided in place, in s.local order
 	groups   []group // indexes per remote owner
+	groupOf  []int32 // by slot of routes.peers: 1 + index in groups, 0 for none yet
 	waits    []ticket
 	joined   bool    // some request is joined: look for groups
 	split    [][]int // groups whose keys have different owners, by index runs of pending
@@ -376,7 +377,9 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	s.localIdx = s.localIdx[:0]
 	s.split = s.split[:0]
 	groups := s.groups[:0] // per owner address; a cluster has few owners
-	mine := r.ownedBySelf(v.Ring)
+	rs := r.routesFor(v.Ring)
+	s.groupOf = resize(s.groupOf, len(rs.peers))
+	clear(s.groupOf)
 	for p := 0; p < len(s.pending); {
 		i := s.pending[p]
 		run := s.pending[p : p+1]
@@ -384,34 +387,41 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			run = s.groupAt(p)
 		}
 		p += len(run)
-		if allOwned(mine, s.checks, run) {
+		if allOwned(rs.mine, s.checks, run) {
 			s.localIdx = append(s.localIdx, run...)
 			continue
 		}
-		owner, ok := v.Ring.Owner(s.checks[i].Partition)
-		if len(run) > 1 && ok && !sameOwner(v, s.checks, run, owner.ID) {
-			s.split = append(s.split, run)
-			continue
+		slot := int32(-1) // of the owner's address in rs.peers; -1: no owner
+		if part := s.checks[i].Partition; int(part) < len(rs.peer) {
+			slot = rs.peer[part]
 		}
-		switch {
-		case !ok:
+		if len(run) > 1 && slot >= 0 {
+			if owner, _ := v.Ring.Owner(s.checks[i].Partition); !sameOwner(v, s.checks, run, owner.ID) {
+				s.split = append(s.split, run)
+				continue
+			}
+		}
+		if slot < 0 {
 			for _, i := range run {
 				out[i] = failureAnswer(s.rules[i])
 				r.m.degraded.Inc()
 			}
-		default: // not ours: every run of Self's partitions was taken above (allOwned)
-			g := slices.IndexFunc(groups, func(g group) bool { return g.addr == owner.Peer })
-			if g < 0 {
-				g = len(groups)
-				if g < cap(groups) {
-					groups = groups[:g+1] // reuse the idx slice of a previous call
-					groups[g].addr, groups[g].idx = owner.Peer, groups[g].idx[:0]
-				} else {
-					groups = append(groups, group{addr: owner.Peer})
-				}
-			}
-			groups[g].idx = append(groups[g].idx, run...)
+			continue
 		}
+		// Not ours: every run of Self's partitions was taken above (allOwned).
+		g := s.groupOf[slot] - 1
+		if g < 0 {
+			g = int32(len(groups))
+			s.groupOf[slot] = g + 1
+			addr := rs.peers[slot]
+			if int(g) < cap(groups) {
+				groups = groups[:g+1] // reuse the idx slice of a previous call
+				groups[g].addr, groups[g].idx = addr, groups[g].idx[:0]
+			} else {
+				groups = append(groups, group{addr: addr})
+			}
+		}
+		groups[g].idx = append(groups[g].idx, run...)
 	}
 	s.groups = groups
 	// Remote groups first, so their batches fly while we decide locally.
@@ -470,31 +480,52 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 	return maxEpoch
 }
 
-// ownedParts says which partitions of one ring the local member owns.
-type ownedParts struct {
-	ring *ring.Ring
-	mine []bool // by partition
+// routes is what dispatch needs of one ring, computed once per ring:
+// then a check needs no owner lookup (a Member copied out of the ring),
+// no comparison of member ids for a local check and no search by
+// address for a remote one.
+type routes struct {
+	ring  *ring.Ring
+	mine  []bool   // by partition: Self owns it; nil when this router decides nothing in place
+	peer  []int32  // by partition: its owner's data-plane address in peers; -1 when it has no owner
+	peers []string // the owners' distinct data-plane addresses
+}
+
+// routesFor returns the routes of rg, computing them when rg is not the
+// ring of the last call.
+func (r *Router) routesFor(rg *ring.Ring) *routes {
+	if rs := r.routes.Load(); rs != nil && rs.ring == rg {
+		return rs
+	}
+	n := rg.Config().Partitions
+	rs := &routes{ring: rg, peer: make([]int32, n)}
+	local := r.local != nil && r.cfg.Self != ""
+	if local {
+		rs.mine = make([]bool, n)
+	}
+	for p := range n {
+		o, ok := rg.Owner(uint32(p))
+		if local {
+			rs.mine[p] = ok && o.ID == r.cfg.Self
+		}
+		rs.peer[p] = -1
+		if !ok {
+			continue
+		}
+		k := slices.Index(rs.peers, o.Peer)
+		if k < 0 {
+			k = len(rs.peers)
+			rs.peers = append(rs.peers, o.Peer)
+		}
+		rs.peer[p] = int32(k)
+	}
+	r.routes.Store(rs)
+	return rs
 }
 
 // ownedBySelf returns which partitions of rg Self owns (decided in
-// place), or nil when this router decides nothing in place. It is
-// computed once per ring: dispatch then needs no owner lookup and no
-// comparison of member ids for a local check.
-func (r *Router) ownedBySelf(rg *ring.Ring) []bool {
-	if r.local == nil || r.cfg.Self == "" {
-		return nil
-	}
-	if op := r.mine.Load(); op != nil && op.ring == rg {
-		return op.mine
-	}
-	mine := make([]bool, rg.Config().Partitions)
-	for p := range mine {
-		o, ok := rg.Owner(uint32(p))
-		mine[p] = ok && o.ID == r.cfg.Self
-	}
-	r.mine.Store(&ownedParts{ring: rg, mine: mine})
-	return mine
-}
+// place), or nil when this router decides nothing in place.
+func (r *Router) ownedBySelf(rg *ring.Ring) []bool { return r.routesFor(rg).mine }
 
 // allOwned reports whether every check of run is in a partition of
 // mine.

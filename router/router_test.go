@@ -459,3 +459,37 @@ func TestRouterOwnedBySelf(t *testing.T) {
 		t.Errorf("a router without a local owner: %v, want nil", mine)
 	}
 }
+
+// TestRouterRoutesFollowRing checks dispatch's per-ring table: for every
+// partition of the ring asked about, the address it gives is its
+// owner's, and a partition of no owner (an empty ring) has none.
+func TestRouterRoutesFollowRing(t *testing.T) {
+	r1, r2 := mustRing(t, 1, "a", "b"), mustRing(t, 2, "a", "b", "c")
+	empty, err := ring.New(r1.Config(), 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := New(Config{}, nil, &network{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for _, rg := range []*ring.Ring{r1, r2, r1, empty} {
+		rs := rt.routesFor(rg)
+		if len(rs.peer) != rg.Config().Partitions || rs.mine != nil {
+			t.Fatalf("epoch %d: %d partitions (want %d), mine %v", rg.Epoch(), len(rs.peer), rg.Config().Partitions, rs.mine)
+		}
+		for p, k := range rs.peer {
+			m, ok := rg.Owner(uint32(p))
+			switch {
+			case !ok && k != -1:
+				t.Errorf("epoch %d: partition %d has no owner, routed to slot %d", rg.Epoch(), p, k)
+			case ok && (k < 0 || rs.peers[k] != m.Peer):
+				t.Errorf("epoch %d: partition %d routed to slot %d of %v, want %s", rg.Epoch(), p, k, rs.peers, m.Peer)
+			}
+		}
+		if rt.routesFor(rg) != rs {
+			t.Errorf("epoch %d: routes computed again for the same ring", rg.Epoch())
+		}
+	}
+}
