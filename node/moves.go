@@ -43,8 +43,20 @@ type Moves struct {
 // two ends): what it kept owning may have been served by others in
 // between, so it awaits those partitions again instead of trusting its
 // own, possibly stale, state.
+//
+// A partition whose owner in prev is gone (dead, or nobody: prev was
+// empty) is promoted only when prev is the ring just before next. When
+// prev and next differ in more than one member, this process did not see
+// the rings in between (a membership command changes one member): a new
+// member catching up with the log, whose first view was the empty ring
+// of the cluster's Init, sees next name three members at once. prev's
+// owner is then not necessarily the partition's last one: the last one
+// may be alive and handing it off, and promoting would serve the
+// partition from empty and drop that hand-off. So it is awaited, and if
+// nothing comes, handoffTimeout promotes the backup copy all the same.
 func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted, rejoined bool) Moves {
 	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}}
+	gap := prev != nil && membersChanged(prev, next) > 1
 	for _, p := range next.PartitionsOf(self) {
 		var from string
 		if prev != nil {
@@ -74,12 +86,10 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 			m.Gained[p] = GainAwait
 		case from == self:
 			// kept
-		case from == "":
-			m.Gained[p] = GainPromote
-		case alive(from):
+		case from != "" && alive(from), gap:
 			m.Gained[p] = GainAwait
 		default:
-			m.Gained[p] = GainPromote
+			m.Gained[p] = GainPromote // nobody will hand it off
 		}
 	}
 	if prev != nil {
@@ -99,6 +109,23 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 		}
 	}
 	return m
+}
+
+// membersChanged counts the members that are in one of a and b and not
+// the same (id and addresses) in the other.
+func membersChanged(a, b *ring.Ring) int {
+	n := 0
+	for _, m := range a.Members() {
+		if o, ok := b.Member(m.ID); !ok || o != m {
+			n++
+		}
+	}
+	for _, m := range b.Members() {
+		if _, ok := a.Member(m.ID); !ok {
+			n++
+		}
+	}
+	return n
 }
 
 // Outgoing is a partition to push to its new owner after a ring change.

@@ -161,8 +161,8 @@ func TestHandleBatchInterleavedRules(t *testing.T) {
 // after epochWait.
 func TestHandleBatchWaitsForNewerEpoch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		o, old := testOwner(t, 5, "b") // we own nothing at epoch 5
-		next := testView(t, 6, "a")    // at epoch 6 we own everything
+		o, old := testOwner(t, 5)   // nobody owns anything at epoch 5
+		next := testView(t, 6, "a") // at epoch 6 we own everything
 		h, p := partOf(next, "a")
 		done := make(chan *transport.BatchResponse)
 		go func() { done <- handle(o, 6, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }()
@@ -238,6 +238,64 @@ func TestHandoffMovesStateAndFences(t *testing.T) {
 		}
 		if r := handle(b, 2, c).Results[0]; r.Allowed {
 			t.Fatalf("third check at b allowed: the budget was reset by the move")
+		}
+	})
+}
+
+// A member that joins while catching up with the log may first see the
+// empty ring of the cluster's Init, and next a ring naming itself and
+// the others at once. What it gains is handed off by living owners: it
+// must wait for that, not serve it from empty and then take the hand-off
+// for a duplicate (which reset every moved key's budget at a join, about
+// one run in ten of cmd/ringlimit's TestRouterFollowsTheCluster).
+func TestJoinerWhoseFirstRingWasEmptyAwaitsHandoffs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour}}
+		a, c := newOwner(t, "a"), newOwner(t, "c")
+		v0 := view.New(testRing(t, 3), 9, rule, 2) // Init: no member yet
+		v1 := view.New(testRing(t, 4, "a"), 9, rule, 2)
+		v2 := view.New(testRing(t, 6, "a", "c"), 9, rule, 2)
+		alive := func(string) bool { return true }
+		a.Apply(v0, PlanMoves(nil, v0.Ring, "a", alive, false, false))
+		a.Apply(v1, PlanMoves(v0.Ring, v1.Ring, "a", alive, false, true))
+		h, p := partOf(v2, "c")
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+		for i := range 3 {
+			if r := handle(a, 4, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+				t.Fatalf("check %d at a: %+v, want allowed", i+1, r)
+			}
+		}
+		// c's log reached Init and then its own join, in two views.
+		c.Apply(v0, PlanMoves(nil, v0.Ring, "c", alive, false, false))
+		c.Apply(v2, PlanMoves(v0.Ring, v2.Ring, "c", alive, false, true))
+		got := make(chan transport.Result)
+		go func() { got <- handle(c, 6, ck).Results[0] }()
+		synctest.Wait()
+		select {
+		case r := <-got:
+			t.Fatalf("c answered %+v before the hand-off of partition %d", r, p)
+		default:
+		}
+		out := a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", alive, false, false))
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 6, From: "a"}
+		for _, og := range out {
+			push.Parts = append(push.Parts, og.Part)
+		}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+		c.HandlePush(context.Background(), push, &ack)
+		for i, st := range ack.Status {
+			if st != transport.PushOK {
+				t.Fatalf("part %d: %v", push.Parts[i].Partition, st)
+			}
+		}
+		if r := <-got; r.Status != transport.StatusOK || !r.Allowed || r.Remaining != 1 {
+			t.Fatalf("4th check, at c: %+v, want allowed with 1 left", r)
+		}
+		if r := handle(c, 6, ck).Results[0]; !r.Allowed || r.Remaining != 0 {
+			t.Fatalf("5th check, at c: %+v, want allowed with 0 left", r)
+		}
+		if r := handle(c, 6, ck).Results[0]; r.Allowed {
+			t.Fatalf("6th check, at c: allowed; the join reset the key's budget of 5")
 		}
 	})
 }
@@ -358,6 +416,37 @@ func TestPlanMoves(t *testing.T) {
 		m := PlanMoves(r1, r1, "a", alive, false, true)
 		if len(m.awaiting()) != len(r1.PartitionsOf("a")) || len(m.Lost) != 0 {
 			t.Fatalf("%d awaiting, %d lost; want all %d of a's partitions awaited", len(m.awaiting()), len(m.Lost), len(r1.PartitionsOf("a")))
+		}
+	})
+	t.Run("a newcomer whose first ring was the empty one of Init awaits all it gains", func(t *testing.T) {
+		// It caught up with the log after Init: next names a, b and c at
+		// once, so prev's "nobody" is not who held the partitions last.
+		m := PlanMoves(testRing(t, 0), r2, "c", alive, false, true)
+		if len(m.Gained) == 0 || len(m.awaiting()) != len(m.Gained) {
+			t.Fatalf("%d of %d gained partitions awaited, want all", len(m.awaiting()), len(m.Gained))
+		}
+	})
+	t.Run("the first member after the empty ring of Init serves fresh", func(t *testing.T) {
+		m := PlanMoves(testRing(t, 0), testRing(t, 1, "a"), "a", alive, false, true)
+		if len(m.Gained) != 64 || len(m.awaiting()) != 0 {
+			t.Fatalf("%d gained, %d awaited; want 64 promoted (nobody can hand them off)", len(m.Gained), len(m.awaiting()))
+		}
+	})
+	t.Run("rings in between unseen: a dead owner's partitions are awaited", func(t *testing.T) {
+		// r1 → r3 is two changes (b gone, c added): b's partitions went
+		// to someone in between, who may be handing them to c now.
+		m := PlanMoves(r1, r3, "c", alive, false, true)
+		n := 0
+		for p, g := range m.Gained {
+			if from, _ := r1.Owner(p); from.ID == "b" {
+				n++
+				if g != GainAwait {
+					t.Fatalf("partition %d of dead b: %v, want await", p, g)
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatal("c gained nothing of b's")
 		}
 	})
 	t.Run("dead owner: survivors promote their backups", func(t *testing.T) {
