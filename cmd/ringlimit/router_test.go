@@ -169,24 +169,41 @@ func unsettled(ms []*testMember) string {
 	return ""
 }
 
-// checkBatch sends one batch through the router's HTTP front door.
-func checkBatch(t *testing.T, addr string, checks []api.CheckRequest) []api.Decision {
-	t.Helper()
-	body, _ := json.Marshal(api.BatchRequest{Checks: checks})
+// postBatch sends one batch through the router's HTTP front door. It
+// may be called from any goroutine.
+func postBatch(addr string, checks []api.CheckRequest) ([]api.Decision, error) {
+	body, err := json.Marshal(api.BatchRequest{Checks: checks})
+	if err != nil {
+		return nil, err
+	}
 	resp, err := http.Post("http://"+addr+"/v1/check", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("POST /v1/check: %d %s", resp.StatusCode, b)
+		return nil, fmt.Errorf("POST /v1/check: %d %s", resp.StatusCode, b)
 	}
 	var out api.BatchResponse
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("POST /v1/check: decoding the answer: %w", err)
+	}
+	if len(out.Results) != len(checks) {
+		return nil, fmt.Errorf("POST /v1/check: %d results for %d checks", len(out.Results), len(checks))
+	}
+	return out.Results, nil
+}
+
+// checkBatch is postBatch on the test goroutine: an error ends the test
+// (t.Fatal may not be called from other goroutines; they use postBatch).
+func checkBatch(t *testing.T, addr string, checks []api.CheckRequest) []api.Decision {
+	t.Helper()
+	res, err := postBatch(addr, checks)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return out.Results
+	return res
 }
 
 func one(cost int64) *int64 { return &cost }
@@ -277,6 +294,11 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var during sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); during.Wait() }
+	// Also when the test goroutine fails before the join settles: the
+	// checks stop before the members do, and report nothing after the end.
+	defer halt()
 	var mu sync.Mutex
 	duringAdmitted := map[string]int{} // non-degraded admissions
 	duringDegraded := map[string]int{}
@@ -293,7 +315,13 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 			default:
 			}
 			cs := keys("c", 20, 1)
-			res := checkBatch(t, addr, cs)
+			res, err := postBatch(addr, cs)
+			if err != nil {
+				// Not t.Fatal: this is not the test goroutine. The test
+				// stops once the join has settled (see halt).
+				t.Errorf("checks during the join, round %d: %v", rounds+1, err)
+				return
+			}
 			mu.Lock()
 			for i, d := range res {
 				switch {
@@ -313,8 +341,10 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 		v := rp.ring.Router().View()
 		return v != nil && len(v.Ring.Members()) == 3 && v.Ring.Epoch() == n1.s.Node.View().Ring.Epoch()
 	})
-	close(stop)
-	during.Wait()
+	halt()
+	if t.Failed() {
+		t.FailNow() // the checks during the join failed: the counts below mean nothing
+	}
 	for range 5 {
 		round(keys("b", 40, 1))
 	}
