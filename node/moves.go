@@ -274,7 +274,11 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 	}
 	p := pt.Partition
 	if o.getState(p) != partAwaiting {
-		return transport.PushOK // already serving it (promoted after a timeout, or a duplicate)
+		// Already serving it: promoted after the hand-off timeout, or a
+		// duplicate of a hand-off taken. Its state is not taken, so say
+		// so: a promotion that should have waited is otherwise invisible.
+		o.log.Info("hand-off for a partition already served; its state is not taken", "partition", p, "lost", pt.Lost)
+		return transport.PushOK
 	}
 	if pt.Lost {
 		o.promote(p, now)
