@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
-	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -68,7 +67,6 @@ type Owner struct {
 	awaiting atomic.Int64 // partitions in partAwaiting
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
-	owned atomic.Pointer[ownedParts]     // the partitions of the latest ring asked about that are ours
 
 	maxKeys      int         // the most bucket states tracked; 0 = no cap
 	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep)
@@ -454,15 +452,15 @@ func setResult(res *transport.Result, d *limiter.Decision) {
 	res.ResetAfter, res.RetryAfter, res.Delay = d.ResetAfter, d.RetryAfter, d.Delay
 }
 
-// checkCtx is what the checks of one batch share under one view: which
-// partitions the view gives this member, and the rule looked up last.
-// The checks of a frame mostly name one rule: a comparison with the
-// name before (the same string, mostly) replaces a map lookup, and an
-// index into mine replaces an owner lookup and a comparison of member
-// ids, per check.
+// checkCtx is what the checks of one batch share under one view: this
+// member's position in the view's ring, and the rule looked up last. The
+// checks of a frame mostly name one rule: a comparison with the name
+// before (the same string, mostly) replaces a map lookup, and comparing
+// the partition's owner position with ours replaces copying the owner
+// out of the ring and comparing member ids, per check.
 type checkCtx struct {
 	v    *view.View
-	mine []bool // by partition: the view's ring makes this member owner
+	self int32 // this member's position in v.Ring (ring.Ring.Index); -1 when not a member
 
 	name string // the rule looked up last ("" none), and its answer
 	rule *limiter.Rule
@@ -471,41 +469,17 @@ type checkCtx struct {
 
 // use makes cx decide under v.
 func (cx *checkCtx) use(o *Owner, v *view.View) {
-	*cx = checkCtx{v: v, mine: o.ownedIn(v.Ring)}
-}
-
-// ownedParts says which partitions of one ring this member owns.
-type ownedParts struct {
-	ring *ring.Ring
-	mine []bool
-}
-
-// ownedIn returns which partitions of rg this member owns, computed once
-// per ring.
-func (o *Owner) ownedIn(rg *ring.Ring) []bool {
-	if rg == nil {
-		return nil
-	}
-	if op := o.owned.Load(); op != nil && op.ring == rg {
-		return op.mine
-	}
-	mine := make([]bool, min(rg.Config().Partitions, len(o.moving)))
-	for p := range mine {
-		m, ok := rg.Owner(uint32(p))
-		mine[p] = ok && m.ID == o.self
-	}
-	o.owned.Store(&ownedParts{ring: rg, mine: mine})
-	return mine
+	*cx = checkCtx{v: v, self: v.Ring.Index(o.self)}
 }
 
 // resolve checks what a check's answer depends on besides its
 // partition's state (ownership, partition, rule, cost) and returns its
 // rule and its buckets' salt, or the status that refuses it.
 func (o *Owner) resolve(cx *checkCtx, c *transport.Check) (*limiter.Rule, uint64, transport.Status) {
-	if int(c.Partition) >= len(cx.mine) || !cx.mine[c.Partition] {
+	v := cx.v
+	if cx.self < 0 || v.Ring.OwnerIndex(c.Partition) != cx.self || int(c.Partition) >= len(o.moving) {
 		return nil, 0, transport.StatusNotOwner
 	}
-	v := cx.v
 	if v.Ring.Partition(c.KeyHash) != c.Partition {
 		return nil, 0, transport.StatusBadRequest
 	}

@@ -231,6 +231,25 @@ func (r *Ring) lookup(table []int32, p uint32) (Member, bool) {
 	return r.members[i], true
 }
 
+// Index returns the position of member id in the ring's members (sorted
+// by id), or -1 when it is not a member.
+func (r *Ring) Index(id string) int32 {
+	if i, ok := r.index(id); ok {
+		return int32(i)
+	}
+	return -1
+}
+
+// OwnerIndex returns the position in the ring's members of partition p's
+// owner, or -1 when the ring is empty or p is out of range: with Index,
+// "does id own p" is one comparison, with no Member copied out.
+func (r *Ring) OwnerIndex(p uint32) int32 {
+	if uint(p) >= uint(len(r.owner)) {
+		return -1
+	}
+	return r.owner[p]
+}
+
 // OwnerOfKey returns the partition of keyHash and its owner; ok is false if
 // the ring is empty.
 func (r *Ring) OwnerOfKey(keyHash uint64) (p uint32, m Member, ok bool) {

@@ -231,6 +231,32 @@ func TestOwnerOfKey(t *testing.T) {
 	}
 }
 
+// OwnerIndex and Index name the same owner as Owner, for every partition,
+// in a ring with members and in an empty one, and nothing out of range.
+func TestOwnerIndex(t *testing.T) {
+	for _, ms := range [][]Member{members("a", "b", "c"), nil} {
+		r := mustNew(t, small, 1, ms)
+		for p := uint32(0); p <= uint32(small.Partitions); p++ {
+			m, ok := r.Owner(p)
+			want := int32(-1)
+			if ok {
+				want = r.Index(m.ID)
+			}
+			if got := r.OwnerIndex(p); got != want || (ok && got < 0) {
+				t.Errorf("%d members: OwnerIndex(%d) = %d, want %d (owner %q)", len(ms), p, got, want, m.ID)
+			}
+		}
+		for i, m := range r.Members() {
+			if got := r.Index(m.ID); got != int32(i) {
+				t.Errorf("Index(%q) = %d, want %d", m.ID, got, i)
+			}
+		}
+		if got := r.Index("nobody"); got != -1 {
+			t.Errorf("Index(nobody) = %d, want -1", got)
+		}
+	}
+}
+
 func TestDiff(t *testing.T) {
 	ring := func(ids ...string) *Ring { return mustNew(t, small, uint64(len(ids)), members(ids...)) }
 	other := mustNew(t, Config{Partitions: 4, ReplicationFactor: 16, Load: 1.25}, 9, members("a"))
