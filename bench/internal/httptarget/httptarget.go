@@ -35,11 +35,6 @@ func AppendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// PostJSON posts body to url and decodes a 200 answer into out.
-func PostJSON(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
-	return Post(ctx, hc, url, body, func(answer []byte) error { return json.Unmarshal(answer, out) })
-}
-
 // Post posts body to url and hands a 200 answer to read; the answer's
 // bytes are reused once read returns.
 func Post(ctx context.Context, hc *http.Client, url string, body []byte, read func(answer []byte) error) error {
