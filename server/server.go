@@ -281,8 +281,16 @@ func newForwarder(token string) forwarder {
 	return forwarder{token: token, hc: &http.Client{Transport: client.NewTransport(4)}}
 }
 
+// options are what every client of the forwarder has: the admin token
+// and the shared connection pool.
+func (f forwarder) options() []client.Option {
+	return []client.Option{client.WithAdminToken(f.token), client.WithHTTPClient(f.hc)}
+}
+
+// client is a client of the leader at addr whose writes are marked
+// forwarded.
 func (f forwarder) client(addr string) *client.Client {
-	return client.New(addr, client.WithAdminToken(f.token), client.WithHTTPClient(f.hc), client.AsForwarder())
+	return client.New(addr, append(f.options(), client.AsForwarder())...)
 }
 
 func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
@@ -291,7 +299,7 @@ func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest)
 
 // JoinVia is not marked forwarded: the member forwards it to its leader.
 func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) error {
-	return wrapRemote("member "+member, client.New(member, client.WithAdminToken(f.token), client.WithHTTPClient(f.hc)).Join(ctx, req))
+	return wrapRemote("member "+member, client.New(member, f.options()...).Join(ctx, req))
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {
