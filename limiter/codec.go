@@ -229,8 +229,10 @@ func delta(at, now int64) uint64 {
 // A state already held under the same key is merged conservatively when
 // both were made under the same rule set, so that importing never admits
 // more than either side would: for a TAT the later one; for a Window the
-// later DeadAt and the larger of each count; for a Log the imported one.
-// When the sets differ, the state of the newer set is kept.
+// later DeadAt and the larger of each count; for a Log the upper
+// envelope of the two (see mergeLogs), which holds, at every future
+// instant, as much as the heavier of them. When the sets differ, the
+// state of the newer set is kept.
 func (t *Table) Import(part uint32, src []byte, now int64) (n int, err error) {
 	return t.importStream(part, src, now, false)
 }
@@ -291,8 +293,12 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 	}
 	for _, e := range recs.logs {
 		e.l.tag = tags[e.set]
-		if old, ok := p.logs[e.key]; replace || !ok || old.tag == e.l.tag || newer(e.l.tag, old.tag) {
+		switch old, ok := p.logs[e.key]; {
+		case replace || !ok || newer(e.l.tag, old.tag):
 			p.logs[e.key] = e.l
+		case old.tag == e.l.tag:
+			old.expire(now) // the stream's entries are all live at now
+			p.logs[e.key] = mergeLogs(old, e.l)
 		}
 	}
 	return recs.count, nil
@@ -308,6 +314,74 @@ func mergeWindow(a, b Window) Window {
 	lo := max(a.Counts&math.MaxUint32, b.Counts&math.MaxUint32)
 	return Window{DeadAt: max(a.DeadAt, b.DeadAt), Counts: hi<<32 | lo}
 }
+
+// mergeLogs returns the log that admits less than both a and b at every
+// instant: their upper envelope. With C(t) the cost of a log's entries
+// still in the window at t (those expiring after t), the merged log has
+// C(t) = max(C_a(t), C_b(t)) for every t. Its sum is max(a.sum, b.sum),
+// within the limit both keep, so it holds at most that many entries (and
+// at most a.n + b.n). Merging a log with itself, or with an older copy of
+// itself from the same clock (both rid of the entries expired at the same
+// now), returns the same entries. a and b are neither changed nor shared
+// with the result.
+//
+// The envelope only steps down at an expiry of a or b: walking the
+// expiries in order, each step becomes entries of the merged log. Where
+// a (or b) is the envelope on both sides of the step, its entries at that
+// expiry are copied (a's first), so a comes back as it is when it holds
+// at least as much as b at every instant; otherwise a step of unit-cost
+// logs becomes unit entries (for unit costs the merged log is the
+// element-wise max of the two newest-first expiry lists), and any other
+// step one entry of its size, which fits a cost (see below).
+func mergeLogs(a, b *Log) *Log {
+	ents := make([]logEntry, 0, max(a.n, b.n))
+	unit := a.costs == nil && b.costs == nil
+	ra, rb := int64(a.sum), int64(b.sum) // C_a, C_b just before the next expiry
+	i, j := 0, 0
+	for i < int(a.n) || j < int(b.n) {
+		e := int64(math.MaxInt64)
+		if i < int(a.n) {
+			e = a.at(i).exp
+		}
+		if j < int(b.n) {
+			e = min(e, b.at(j).exp)
+		}
+		i0, j0 := i, j
+		ga, gb := int64(0), int64(0) // the cost of a's and b's entries expiring at e
+		for ; i < int(a.n) && a.at(i).exp == e; i++ {
+			ga += a.at(i).cost
+		}
+		for ; j < int(b.n) && b.at(j).exp == e; j++ {
+			gb += b.at(j).cost
+		}
+		before, after := max(ra, rb), max(ra-ga, rb-gb)
+		switch {
+		case before == after:
+		case ra == before && ra-ga == after: // a is the envelope around e
+			for k := i0; k < i; k++ {
+				ents = append(ents, a.at(k))
+			}
+		case rb == before && rb-gb == after:
+			for k := j0; k < j; k++ {
+				ents = append(ents, b.at(k))
+			}
+		case unit:
+			for range before - after {
+				ents = append(ents, logEntry{exp: e, cost: 1})
+			}
+		default:
+			ents = append(ents, logEntry{exp: e, cost: before - after})
+		}
+		ra, rb = ra-ga, rb-gb
+	}
+	l := logFrom(ents, int64(max(a.sum, b.sum)))
+	l.tag = a.tag
+	return l
+}
+
+// A Log keeps costs as uint16, and a step of mergeLogs may be as large as
+// a log's sum: this fails to compile if MaxLogLimit outgrows a cost.
+const _ uint16 = MaxLogLimit
 
 // reserve makes room for k more entries, sweeping or growing once rather
 // than on the way.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -182,7 +183,15 @@ func TestImportMerges(t *testing.T) {
 		{"window later imported", kindWindow, []uint64{5, 7}, []uint64{9, 1}, []uint64{9, 7}},
 		{"window same end", kindWindow, []uint64{9, 3<<32 | 1}, []uint64{9, 1<<32 | 2}, []uint64{9, 3<<32 | 2}},
 		{"window counts of both", kindWindow, []uint64{9, 1<<32 | 1}, []uint64{5, 7}, []uint64{9, 1<<32 | 7}},
-		{"log imported", kindLog, []uint64{2, 5, 1, 6, 1}, []uint64{1, 3, 1}, []uint64{1, 3, 1}},
+		// Logs: n, then (expiry, cost) per entry. The merged log holds, at
+		// every instant, the cost of the heavier of the two.
+		{"log held covers imported", kindLog, []uint64{2, 5, 1, 6, 1}, []uint64{1, 3, 1}, []uint64{2, 5, 1, 6, 1}},
+		{"log imported covers held", kindLog, []uint64{1, 3, 1}, []uint64{2, 5, 1, 6, 1}, []uint64{2, 5, 1, 6, 1}},
+		{"log newest of each", kindLog, []uint64{2, 1, 1, 2, 1}, []uint64{1, 3, 1}, []uint64{2, 1, 1, 3, 1}},
+		{"log unit step of neither", kindLog, []uint64{3, 5, 1, 5, 1, 5, 1}, []uint64{2, 3, 1, 6, 1}, []uint64{3, 5, 1, 5, 1, 6, 1}},
+		{"log weighted step of neither", kindLog, []uint64{1, 5, 3}, []uint64{2, 2, 1, 8, 2}, []uint64{2, 5, 1, 8, 2}},
+		{"log same expiry, heavier imported", kindLog, []uint64{2, 4, 1, 4, 2}, []uint64{2, 4, 2, 4, 2}, []uint64{2, 4, 2, 4, 2}},
+		{"log itself", kindLog, []uint64{3, 2, 2, 2, 1, 7, 3}, []uint64{3, 2, 2, 2, 1, 7, 3}, []uint64{3, 2, 2, 2, 1, 7, 3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,6 +221,201 @@ func TestImportMerges(t *testing.T) {
 	if d, _ := b.Check(0, 7, r, now, 1); d.Allowed {
 		t.Fatalf("after importing a fuller bucket: %+v, want denied", d)
 	}
+}
+
+// A log held expires at the importer's now before it merges: what left
+// its window is not carried into the merged log.
+func TestImportMergesLiveEntries(t *testing.T) {
+	const now = int64(1 << 50)
+	tb := mustTable(t, 1)
+	if _, err := tb.Import(0, buildStream(0, testRec{42, kindLog, []uint64{3, 1, 1, 2, 1, 9, 1}, 0}), now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Import(0, buildStream(0, testRec{42, kindLog, []uint64{1, 5, 1}, 0}), now+2); err != nil {
+		t.Fatal(err)
+	}
+	want := buildStream(0, testRec{42, kindLog, []uint64{1, 7, 1}, 0})
+	if got := tb.Export(nil, 0, now+2); !bytes.Equal(got, want) {
+		t.Fatalf("after merge: % x, want % x", got, want)
+	}
+	if l := tb.parts[0].logs[slotKey(42<<8)]; l.Len() != 1 || l.sum != 1 {
+		t.Fatalf("merged log holds %d entries of cost %d, want 1 of 1", l.Len(), l.sum)
+	}
+}
+
+// Logs of different rule sets do not merge: the newer set's stays.
+func TestImportLogOfAnotherSet(t *testing.T) {
+	const now = int64(1 << 50)
+	rule := []Rule{{Name: "s", Algorithm: SlidingLog, Limit: 9, Period: time.Hour}}
+	older := []testSet{{3, 0, rule}}
+	newer := []testSet{{5, 0, rule}}
+	heavy := []uint64{2, 5, 4, 6, 4}
+	light := []uint64{1, 9, 1}
+	for _, tt := range []struct {
+		name       string
+		held, imp  []testSet
+		hv, iv     []uint64
+		want       []testSet
+		wantValues []uint64
+	}{
+		{"newer imported", older, newer, heavy, light, newer, light},
+		{"newer held", newer, older, light, heavy, newer, light},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := mustTable(t, 1)
+			if _, err := tb.Import(0, buildStreamSets(0, tt.held, testRec{42, kindLog, tt.hv, 1}), now); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tb.Import(0, buildStreamSets(0, tt.imp, testRec{42, kindLog, tt.iv, 1}), now); err != nil {
+				t.Fatal(err)
+			}
+			want := buildStreamSets(0, tt.want, testRec{42, kindLog, tt.wantValues, 1})
+			if got := tb.Export(nil, 0, now); !bytes.Equal(got, want) {
+				t.Fatalf("after import: % x, want % x", got, want)
+			}
+		})
+	}
+}
+
+// drawLog runs up to 40 checks of sliding_log rule r on l, from now on,
+// a quarter Period apart at most, of random cost when weighted (1 else),
+// and returns the instant of the last. Entries leave the window on the
+// way, so l's ring buffer wraps.
+func drawLog(t *rapid.T, label string, l *Log, r *Rule, now int64, weighted bool) int64 {
+	for range rapid.IntRange(0, 40).Draw(t, label+" checks") {
+		now += rapid.Int64Range(0, int64(r.Period)/4).Draw(t, label+" gap")
+		cost := int64(1)
+		if weighted {
+			cost = rapid.Int64Range(1, r.Limit).Draw(t, label+" cost")
+		}
+		l.Step(r, now, cost)
+	}
+	return now
+}
+
+// entries returns l's entries, oldest first.
+func entries(l *Log) []logEntry {
+	es := make([]logEntry, l.Len())
+	for i := range es {
+		es[i] = l.at(i)
+	}
+	return es
+}
+
+// weightAfter is the naive C(t): the cost of the entries still in the
+// window at t, those that expire after it.
+func weightAfter(es []logEntry, t int64) int64 {
+	c := int64(0)
+	for _, e := range es {
+		if e.exp > t {
+			c += e.cost
+		}
+	}
+	return c
+}
+
+// checkLog fails unless l keeps the invariants a Log relies on: expiries
+// in order, every cost ≥ 1, sum their total and at most limit, costs
+// kept only when one is not 1.
+func checkLog(t failer, l *Log, limit int64) {
+	t.Helper()
+	es, sum, unit := entries(l), int64(0), true
+	for i, e := range es {
+		if e.cost < 1 || i > 0 && e.exp < es[i-1].exp {
+			t.Fatalf("entry %d of %v out of order or free", i, es)
+		}
+		sum += e.cost
+		unit = unit && e.cost == 1
+	}
+	if sum != int64(l.sum) || sum > limit {
+		t.Fatalf("entries %v cost %d, sum says %d, limit %d", es, sum, l.sum, limit)
+	}
+	if unit && l.costs != nil {
+		t.Fatalf("unit entries %v keep a costs array", es)
+	}
+}
+
+// The merged log holds, at every instant, exactly the heavier of the two:
+// never admits more than either (≥), nor needlessly less (=).
+func TestMergeLogsIsTheUpperEnvelope(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		r := &Rule{Name: "sl", Algorithm: SlidingLog, Limit: rapid.Int64Range(1, 30).Draw(t, "limit"), Period: 1000}
+		a, b := new(Log), new(Log)
+		drawLog(t, "a", a, r, 0, rapid.Bool().Draw(t, "a weighted"))
+		drawLog(t, "b", b, r, rapid.Int64Range(0, 3000).Draw(t, "b start"), rapid.Bool().Draw(t, "b weighted"))
+		ea, eb := entries(a), entries(b)
+		m := mergeLogs(a, b)
+		em := entries(m)
+		checkLog(t, m, r.Limit)
+		probes := []int64{math.MinInt64}
+		for _, e := range slices.Concat(ea, eb) {
+			probes = append(probes, e.exp-1, e.exp)
+		}
+		for _, at := range probes {
+			want := max(weightAfter(ea, at), weightAfter(eb, at))
+			if got := weightAfter(em, at); got != want {
+				t.Fatalf("C(%d) = %d, want max(C_a, C_b) = %d\na %v\nb %v\nmerged %v", at, got, want, ea, eb, em)
+			}
+		}
+		if a.costs == nil && b.costs == nil {
+			// Unit costs: the element-wise max of the newest-first expiries.
+			var want []int64
+			for i := 1; i <= max(len(ea), len(eb)); i++ {
+				e := int64(math.MinInt64)
+				if i <= len(ea) {
+					e = ea[len(ea)-i].exp
+				}
+				if i <= len(eb) {
+					e = max(e, eb[len(eb)-i].exp)
+				}
+				want = append(want, e)
+			}
+			slices.Reverse(want)
+			got := make([]int64, len(em))
+			for i, e := range em {
+				got[i] = e.exp
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("unit merge %v, want %v", got, want)
+			}
+		}
+		if !slices.Equal(entries(a), ea) || !slices.Equal(entries(b), eb) {
+			t.Fatal("mergeLogs changed its arguments")
+		}
+		// Idempotent: merging again with either side, or a log with
+		// itself, changes nothing (the first log comes back when it holds
+		// at least as much as the second everywhere).
+		for _, tt := range []struct {
+			name string
+			x, y *Log
+			want []logEntry
+		}{{"a, a", a, a, ea}, {"m, a", m, a, em}, {"m, b", m, b, em}} {
+			if got := entries(mergeLogs(tt.x, tt.y)); !slices.Equal(got, tt.want) {
+				t.Fatalf("mergeLogs(%s) = %v, want %v", tt.name, got, tt.want)
+			}
+		}
+	})
+}
+
+// Merging a log with an older copy of itself, both rid of the entries
+// expired at the same now, gives the newer log back.
+func TestMergeLogsWithAnOlderCopy(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		r := &Rule{Name: "sl", Algorithm: SlidingLog, Limit: rapid.Int64Range(1, 30).Draw(t, "limit"), Period: 1000}
+		weighted := rapid.Bool().Draw(t, "weighted")
+		l := new(Log)
+		now := drawLog(t, "before", l, r, 0, weighted)
+		old := mergeLogs(l, new(Log)) // a copy
+		now = drawLog(t, "after", l, r, now, weighted)
+		l.expire(now)
+		old.expire(now)
+		want := entries(l)
+		for _, m := range []*Log{mergeLogs(old, l), mergeLogs(l, old)} {
+			if got := entries(m); !slices.Equal(got, want) {
+				t.Fatalf("merged with an older copy: %v, want %v", got, want)
+			}
+		}
+	})
 }
 
 func TestImportRejects(t *testing.T) {
