@@ -194,29 +194,39 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 // promote makes partition p servable from our backup copy (empty if we
 // have none).
 func (o *Owner) promote(p uint32, now int64) {
-	data := o.backup.Export(nil, p, now)
-	o.dropBackup(p)
 	g := &o.moving[p]
 	g.Lock()
+	o.promoteLocked(p, now)
+	g.Unlock()
+}
+
+// promoteLocked is promote; the caller holds o.moving[p].
+func (o *Owner) promoteLocked(p uint32, now int64) {
+	data := o.backup.Export(nil, p, now)
+	o.dropBackup(p)
 	o.table.Drop(p)
 	if _, err := o.table.Import(p, data, now); err != nil {
 		o.log.Error("promoting a backup copy", "partition", p, "err", err)
 	}
 	o.setState(p, partServing)
 	o.markWhole(p)
-	g.Unlock()
 }
 
-// ExpireAwaiting promotes the backup copy of every partition that has
-// waited for its hand-off since before the given deadline passed; the
-// node calls it when its hand-off timeout ends.
+// ExpireAwaiting promotes the backup copy of every partition of parts
+// that still waits for its hand-off; the node calls it when its hand-off
+// timeout ends. The state is read under the partition's moving lock: a
+// hand-off taken just before is served as it came, not replaced by the
+// copy.
 func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
 	now := o.now()
 	for _, p := range parts {
+		g := &o.moving[p]
+		g.Lock()
 		if o.getState(p) == partAwaiting {
-			o.promote(p, now)
+			o.promoteLocked(p, now)
 			promoted++
 		}
+		g.Unlock()
 	}
 	return promoted
 }
