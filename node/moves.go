@@ -52,8 +52,10 @@ type Moves struct {
 // of the cluster's Init, sees next name three members at once. prev's
 // owner is then not necessarily the partition's last one: the last one
 // may be alive and handing it off, and promoting would serve the
-// partition from empty and drop that hand-off. So it is awaited, and if
-// nothing comes, handoffTimeout promotes the backup copy all the same.
+// partition from empty until that hand-off came (it is merged then, see
+// Owner.takeHandoff, but what was admitted meanwhile was admitted against
+// an empty budget). So it is awaited, and if nothing comes,
+// handoffTimeout promotes the backup copy all the same.
 func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted, rejoined bool) Moves {
 	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}}
 	gap := prev != nil && membersChanged(prev, next) > 1
@@ -278,26 +280,38 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 	}
 }
 
+// takeHandoff takes the hand-off of partition p from its previous owner.
+// Awaited, it becomes what the partition serves. Already served (its
+// backup copy was promoted after handoffTimeout, this member kept the
+// partition across rings it never saw, or the push is a duplicate of one
+// taken), it is merged into what is served: the old owner may have
+// admitted more than the copy knew, and dropping that would hand budget
+// back. Import merges per key conservatively (limiter.Table.Import), so a
+// duplicate changes nothing. A Lost hand-off has nothing to merge.
+//
+// Everything happens under p's moving lock, against p's state as it is
+// then: a move out of p (Apply) either comes after, and its export holds
+// what was merged, or came before, and the hand-off is refused as
+// NOT_OWNER so that its sender takes it to the new owner; the table, and
+// its fence, are never written for a partition this member has let go.
 func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) transport.PushStatus {
 	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
 		return transport.PushNotOwner
 	}
 	p := pt.Partition
-	if o.getState(p) != partAwaiting {
-		// Already serving it: promoted after the hand-off timeout, or a
-		// duplicate of a hand-off taken. Its state is not taken, so say
-		// so: a promotion that should have waited is otherwise invisible.
-		o.log.Info("hand-off for a partition already served; its state is not taken", "partition", p, "lost", pt.Lost)
-		return transport.PushOK
-	}
-	if pt.Lost {
-		o.promote(p, now)
-		return transport.PushOK
-	}
 	g := &o.moving[p]
 	g.Lock()
 	defer g.Unlock()
-	if o.getState(p) != partAwaiting {
+	switch o.getState(p) {
+	case partAway:
+		// v names us, but a newer ring is moving p out right now (Apply
+		// publishes its view only after the move).
+		return transport.PushNotOwner
+	case partServing:
+		return o.mergeHandoff(p, pt, now)
+	}
+	if pt.Lost {
+		o.promoteLocked(p, now)
 		return transport.PushOK
 	}
 	o.table.Drop(p)
@@ -308,6 +322,26 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 	o.dropBackup(p)
 	o.setState(p, partServing)
 	o.markWhole(p)
+	return transport.PushOK
+}
+
+// mergeHandoff merges a hand-off into partition p, which this member
+// already serves (see takeHandoff); the caller holds o.moving[p]. Checks
+// go on meanwhile: Import is one step under the table partition's lock.
+func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64) transport.PushStatus {
+	if pt.Lost {
+		o.log.Info("lost hand-off for a partition already served; nothing to merge", "partition", p)
+		return transport.PushOK
+	}
+	n, err := o.table.Import(p, pt.Data, now)
+	if err != nil {
+		o.log.Error("hand-off does not decode", "partition", p, "err", err)
+		return transport.PushRejected
+	}
+	o.markWhole(p) // its backup holds the served states, not the merged ones
+	// Worth seeing: a promotion that should have waited is otherwise
+	// invisible.
+	o.log.Info("late or duplicate hand-off merged into a partition already served", "partition", p, "states", n)
 	return transport.PushOK
 }
 

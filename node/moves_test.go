@@ -1,0 +1,269 @@
+package node
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
+)
+
+// lateHandoff is a partition p of key h that a (its owner at epoch 1,
+// backed up by b) hands to b at epoch 2, when a leaves gracefully; b
+// learns of epoch 2 first, and its copy of p is behind a's state.
+type lateHandoff struct {
+	a, b   *Owner
+	v1, v2 *view.View
+	clock  *atomic.Int64 // both owners' clock, Unix ns
+	h      uint64
+	p      uint32
+}
+
+// newLateHandoff returns a and b serving their partitions of epoch 1,
+// under rules, on one clock that the test moves.
+func newLateHandoff(t *testing.T, rules []limiter.Rule) *lateHandoff {
+	t.Helper()
+	s := &lateHandoff{clock: new(atomic.Int64)}
+	s.clock.Store(1e18)
+	for _, id := range []string{"a", "b"} {
+		o, err := NewOwner(id, 64, s.clock.Load, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id == "a" {
+			s.a = o
+		} else {
+			s.b = o
+		}
+	}
+	s.v1 = view.New(testRing(t, 1, "a", "b"), 9, rules, 1)
+	s.v2 = view.New(testRing(t, 2, "b"), 9, rules, 1) // a is down, handing off
+	for _, o := range []*Owner{s.a, s.b} {
+		o.Apply(s.v1, PlanMoves(nil, s.v1.Ring, o.self, allAlive, false, false))
+		o.ExpireAwaiting(o.AwaitingParts())
+	}
+	s.h, s.p = partBackedBy(t, s.v1, "a", "b")
+	return s
+}
+
+// allAlive says every member hands its partitions off.
+func allAlive(string) bool { return true }
+
+// check sends one check of cost on the key under rule to o at epoch, and
+// fails unless it is decided (StatusOK) as allowed says.
+func (s *lateHandoff) check(t *testing.T, o *Owner, epoch uint64, rule string, cost uint64, allowed bool, what string) transport.Result {
+	t.Helper()
+	r := handle(o, epoch, transport.Check{Rule: rule, KeyHash: s.h, Partition: s.p, Cost: cost}).Results[0]
+	if r.Status != transport.StatusOK || r.Allowed != allowed {
+		t.Fatalf("%s: %v allowed=%v (remaining %d), want OK allowed=%v", what, r.Status, r.Allowed, r.Remaining, allowed)
+	}
+	return r
+}
+
+// promoteAtB moves b to epoch 2 and lets its hand-off timeout pass: b
+// serves p from its copy.
+func (s *lateHandoff) promoteAtB(t *testing.T) {
+	t.Helper()
+	s.b.Apply(s.v2, PlanMoves(s.v1.Ring, s.v2.Ring, "b", allAlive, false, false))
+	if s.b.getState(s.p) != partAwaiting {
+		t.Fatalf("b does not await partition %d", s.p)
+	}
+	s.clock.Add(int64(handoffTimeout))
+	if k := s.b.ExpireAwaiting(s.b.AwaitingParts()); k == 0 {
+		t.Fatal("the hand-off timeout promoted nothing")
+	}
+}
+
+// handOff moves a to epoch 2 and returns its hand-off push to b.
+func (s *lateHandoff) handOff(t *testing.T) *transport.Push {
+	t.Helper()
+	out := s.a.Apply(s.v2, PlanMoves(s.v1.Ring, s.v2.Ring, "a", allAlive, false, false))
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a"}
+	for _, og := range out {
+		if og.To.ID != "b" {
+			t.Fatalf("hand-off to %q, want b", og.To.ID)
+		}
+		push.Parts = append(push.Parts, og.Part)
+	}
+	return push
+}
+
+// push delivers push to o and returns the status of partition p's part.
+func (s *lateHandoff) push(o *Owner, push *transport.Push) transport.PushStatus {
+	ack := transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+	o.HandlePush(context.Background(), push, &ack)
+	for i, pt := range push.Parts {
+		if pt.Partition == s.p {
+			return ack.Status[i]
+		}
+	}
+	return transport.PushRejected
+}
+
+// A hand-off that arrives after the new owner's timeout promoted its
+// stale backup copy is merged into what it serves: what the old owner
+// admitted after the copy still counts, so a key exhausted there stays
+// denied (before, the hand-off was dropped and the key had budget again).
+func TestLateHandoffIsMerged(t *testing.T) {
+	for _, r := range []limiter.Rule{
+		{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 3, Period: time.Hour},
+		{Name: "fw", Algorithm: limiter.FixedWindow, Limit: 3, Period: time.Hour},
+		{Name: "sw", Algorithm: limiter.SlidingWindow, Limit: 3, Period: time.Hour},
+		{Name: "sl", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour},
+	} {
+		t.Run(r.Algorithm.String(), func(t *testing.T) {
+			s := newLateHandoff(t, []limiter.Rule{r})
+			s.check(t, s.a, 1, r.Name, 1, true, "1st check at a")
+			if _, sts := deliver(t, s.a, map[string]*Owner{"b": s.b}); len(sts) == 0 {
+				t.Fatal("no backup push to b")
+			}
+			// Spent at a after the last backup push: b's copy lags.
+			s.clock.Add(int64(time.Second))
+			s.check(t, s.a, 1, r.Name, 1, true, "2nd check at a")
+			s.check(t, s.a, 1, r.Name, 1, true, "3rd check at a")
+			s.check(t, s.a, 1, r.Name, 1, false, "4th check at a")
+
+			s.promoteAtB(t)
+			// From its copy b knows of one spend: it admits one more.
+			s.check(t, s.b, 2, r.Name, 1, true, "1st check at b, from the copy")
+
+			push := s.handOff(t)
+			if st := s.push(s.b, push); st != transport.PushOK {
+				t.Fatalf("late hand-off: %v, want OK", st)
+			}
+			if got := s.check(t, s.b, 2, r.Name, 0, false, "query at b after the hand-off"); got.Remaining != 0 {
+				t.Fatalf("remaining %d after the hand-off, want 0: a spent all 3", got.Remaining)
+			}
+			s.check(t, s.b, 2, r.Name, 1, false, "2nd check at b")
+
+			// Once more (a lost ack): nothing changes.
+			if st := s.push(s.b, push); st != transport.PushOK {
+				t.Fatalf("duplicate hand-off: %v, want OK", st)
+			}
+			s.check(t, s.b, 2, r.Name, 1, false, "3rd check at b")
+			if !s.b.whole[s.p].Load() {
+				t.Fatal("the merged partition is not sent whole to its backup")
+			}
+		})
+	}
+}
+
+// A weighted sliding log merges entry by entry: the old owner's spends
+// and the new owner's own, each while it lives in the window.
+func TestLateHandoffMergesWeightedLogs(t *testing.T) {
+	r := limiter.Rule{Name: "sl", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Minute}
+	s := newLateHandoff(t, []limiter.Rule{r})
+	s.check(t, s.a, 1, r.Name, 2, true, "a spends 2") // expires at +60s
+	deliver(t, s.a, map[string]*Owner{"b": s.b})
+	s.clock.Add(int64(10 * time.Second))
+	s.check(t, s.a, 1, r.Name, 6, true, "a spends 6") // expires at +70s, unknown to b's copy
+	s.promoteAtB(t)                                   // at +13s
+	s.check(t, s.b, 2, r.Name, 5, true, "b spends 5") // expires at +73s
+	if st := s.push(s.b, s.handOff(t)); st != transport.PushOK {
+		t.Fatalf("late hand-off: %v, want OK", st)
+	}
+	// At every instant b holds the heavier of a's log (2 until +60s, 6
+	// until +70s) and its own (2 until +60s, 5 until +73s): 8, then 6,
+	// then 5.
+	for _, step := range []struct {
+		at   time.Duration // from the first spend
+		want int64         // remaining
+	}{{13 * time.Second, 2}, {60 * time.Second, 4}, {70 * time.Second, 5}, {73 * time.Second, 10}} {
+		s.clock.Store(1e18 + int64(step.at))
+		if got := s.check(t, s.b, 2, r.Name, 0, true, "query at b"); got.Remaining != step.want {
+			t.Errorf("at +%v: remaining %d, want %d", step.at, got.Remaining, step.want)
+		}
+	}
+}
+
+// A hand-off into a partition already served changes nothing when it is
+// Lost (nothing to merge) or does not decode (refused); one that arrives
+// while the partition is moving out is refused as NOT_OWNER, so that its
+// sender takes it to the new owner, and the table is left alone.
+func TestHandoffIntoServedPartition(t *testing.T) {
+	r := limiter.Rule{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 3, Period: time.Hour}
+	s := newLateHandoff(t, []limiter.Rule{r})
+	s.promoteAtB(t)
+	s.check(t, s.b, 2, r.Name, 2, true, "b spends 2")
+	for _, tt := range []struct {
+		name string
+		part transport.PushPart
+		want transport.PushStatus
+	}{
+		{"lost", transport.PushPart{Partition: s.p, Lost: true}, transport.PushOK},
+		{"corrupt", transport.PushPart{Partition: s.p, Data: []byte("RLP1\x02")}, transport.PushRejected},
+	} {
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a", Parts: []transport.PushPart{tt.part}}
+		if st := s.push(s.b, push); st != tt.want {
+			t.Errorf("%s hand-off: %v, want %v", tt.name, st, tt.want)
+		}
+		if got := s.check(t, s.b, 2, r.Name, 0, true, tt.name); got.Remaining != 1 {
+			t.Errorf("after the %s hand-off: remaining %d, want 1", tt.name, got.Remaining)
+		}
+	}
+
+	// b gives every partition to c; a hand-off decided under epoch 2's
+	// view, which names b, finds p moved out.
+	data := s.a.Table().Export(nil, s.p, s.clock.Load())
+	v3 := view.New(testRing(t, 3, "c"), 9, []limiter.Rule{r}, 1)
+	out := s.b.Apply(v3, PlanMoves(s.v2.Ring, v3.Ring, "b", allAlive, false, false))
+	if len(out) == 0 {
+		t.Fatal("b hands nothing off")
+	}
+	if st := s.b.takeHandoff(s.v2, &transport.PushPart{Partition: s.p, Data: data}, s.clock.Load()); st != transport.PushNotOwner {
+		t.Fatalf("hand-off into a partition moved out: %v, want NOT_OWNER", st)
+	}
+	if n := s.b.Table().PartitionLen(s.p); n != 0 || !s.b.Table().Fenced(s.p) || s.b.getState(s.p) != partAway {
+		t.Fatalf("partition %d after the refused hand-off: %d states, fenced %v, state %d; want 0, fenced, away",
+			s.p, n, s.b.Table().Fenced(s.p), s.b.getState(s.p))
+	}
+}
+
+// A late hand-off racing a move of its partition out of the member that
+// serves it loses nothing, whatever the interleaving: either it is merged
+// before the move's export, or it is refused (NOT_OWNER) and its sender
+// takes it to the new owner. The new owner denies the key a exhausted.
+func TestLateHandoffRacingMoveOut(t *testing.T) {
+	r := limiter.Rule{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 3, Period: time.Hour}
+	for i := range 50 {
+		s := newLateHandoff(t, []limiter.Rule{r})
+		s.check(t, s.a, 1, r.Name, 3, true, "a spends all 3")
+		s.promoteAtB(t) // from an empty copy
+		push := s.handOff(t)
+		v3 := view.New(testRing(t, 3, "c"), 9, []limiter.Rule{r}, 1)
+		c, err := NewOwner("c", 64, s.clock.Load, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Apply(v3, PlanMoves(s.v2.Ring, v3.Ring, "c", allAlive, false, false))
+
+		st := make(chan transport.PushStatus)
+		go func() { st <- s.push(s.b, push) }()
+		out := s.b.Apply(v3, PlanMoves(s.v2.Ring, v3.Ring, "b", allAlive, false, false))
+		took := <-st
+		fromB := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "b"}
+		for _, og := range out {
+			fromB.Parts = append(fromB.Parts, og.Part)
+		}
+		if got := s.push(c, fromB); got != transport.PushOK {
+			t.Fatalf("round %d: b's hand-off to c: %v", i, got)
+		}
+		switch took {
+		case transport.PushOK: // merged at b before its export
+		case transport.PushNotOwner: // a's sender readdresses it to c
+			again := *push
+			again.Epoch = 3
+			if got := s.push(c, &again); got != transport.PushOK {
+				t.Fatalf("round %d: a's hand-off readdressed to c: %v", i, got)
+			}
+		default:
+			t.Fatalf("round %d: a's hand-off at b: %v", i, took)
+		}
+		if res := s.check(t, c, 3, r.Name, 1, false, "check at c"); res.Remaining != 0 {
+			t.Fatalf("round %d (b answered %v): remaining %d at c, want 0", i, took, res.Remaining)
+		}
+	}
+}
