@@ -245,9 +245,10 @@ func TestHandoffMovesStateAndFences(t *testing.T) {
 // A member that joins while catching up with the log may first see the
 // empty ring of the cluster's Init, and next a ring naming itself and
 // the others at once. What it gains is handed off by living owners: it
-// must wait for that, not serve it from empty and then take the hand-off
-// for a duplicate (which reset every moved key's budget at a join, about
-// one run in ten of cmd/ringlimit's TestRouterFollowsTheCluster).
+// must wait for that, not serve it from empty meanwhile (it once did, and
+// took the hand-off for a duplicate and dropped it, which reset every
+// moved key's budget at a join, about one run in ten of cmd/ringlimit's
+// TestRouterFollowsTheCluster).
 func TestJoinerWhoseFirstRingWasEmptyAwaitsHandoffs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour}}
