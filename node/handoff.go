@@ -396,7 +396,9 @@ func (n *Node) viewCurrent() bool {
 // most 250ms); a member that has not answered a ping sent in the last
 // DeadAfter is marked dead through the log, so every node moves its
 // partitions at one epoch. The leader takes its own lease from the pings
-// a quorum of voters answered (from their sending time). Raft's own
+// a quorum of voters answered (from their sending time), and has the
+// members' voter flags corrected where they differ from Raft's
+// configuration (syncVoterFlagsLater). Raft's own
 // heartbeat failures are reported only after its transport's I/O timeout
 // (10s), far too late for DeadAfter, hence the pings.
 func (n *Node) detectLoop() {
@@ -442,6 +444,9 @@ func (n *Node) detectLoop() {
 		}
 		epoch := snap.v.Epoch()
 		n.leaderLease(snap.st, answered, now, lease)
+		if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil && len(voterFlagFixes(snap.st, cf.Configuration().Servers)) > 0 {
+			n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
+		}
 		for _, m := range snap.st.Members {
 			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
 				// Not expected to answer: its silence counts afresh from

@@ -248,7 +248,9 @@ func (n *Node) promote(req api.JoinRequest) error {
 		}
 		if s.ID == raft.ServerID(req.ID) {
 			if s.Suffrage == raft.Voter {
-				return nil
+				// Promoted already (by us or an earlier leader), maybe
+				// without its flag: that write may have been lost.
+				return n.syncVoterFlags()
 			}
 			if s.Address != raft.ServerAddress(req.Raft) {
 				return errReaddressed
@@ -262,20 +264,97 @@ func (n *Node) promote(req api.JoinRequest) error {
 	if err := n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout).Error(); err != nil {
 		return err
 	}
-	if m, ok := n.fsm.State().Member(req.ID); ok && !m.Voter {
-		m.Voter = true
-		if m.State == fsm.Active {
-			cmd, err := fsm.AddMember(m)
-			if err != nil {
-				return err
-			}
-			if err := n.apply(cmd); err != nil {
-				return err
+	n.log.Info("member promoted to voter", "id", req.ID)
+	return n.syncVoterFlags()
+}
+
+// voterFlagFixes returns the active members of st whose Voter flag is not
+// what Raft's configuration servers says (a member missing from it does
+// not vote), each with its flag corrected.
+//
+// The flag is written after the Raft change it records (join, promote),
+// so a write lost in between (the lead moved, a timeout, a shutdown)
+// leaves it stale. Only active members are corrected: AddMember, the one
+// command that writes the flag, makes a member active too. A member that
+// is down or dead gets its flag from Raft when it joins again.
+func voterFlagFixes(st *fsm.State, servers []raft.Server) []fsm.Member {
+	var fixes []fsm.Member
+	for _, m := range st.Members {
+		if m.State != fsm.Active {
+			continue
+		}
+		voter := false
+		for _, s := range servers {
+			if s.ID == raft.ServerID(m.ID) {
+				voter = s.Suffrage == raft.Voter
+				break
 			}
 		}
+		if m.Voter != voter {
+			m.Voter = voter
+			fixes = append(fixes, m)
+		}
 	}
-	n.log.Info("member promoted to voter", "id", req.ID)
+	return fixes
+}
+
+// syncVoterFlags writes the corrections of voterFlagFixes through the
+// log. The caller holds n.membership (so no other membership change runs
+// meanwhile) and leads.
+func (n *Node) syncVoterFlags() error {
+	fixes, err := n.voterFlagFixes()
+	if err != nil || len(fixes) == 0 {
+		return err
+	}
+	// A leader early in its term may not have applied all of the log
+	// yet, and AddMember writes a member's addresses with its flag: wait
+	// until the state is current rather than write an old address back.
+	if err := n.raft.raft.Barrier(applyTimeout).Error(); err != nil {
+		return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+	}
+	if fixes, err = n.voterFlagFixes(); err != nil {
+		return err
+	}
+	for _, m := range fixes {
+		cmd, err := fsm.AddMember(m)
+		if err != nil {
+			return err
+		}
+		if err := n.apply(cmd); err != nil {
+			return err
+		}
+		n.log.Info("member's voter flag set as Raft has it", "id", m.ID, "voter", m.Voter)
+	}
 	return nil
+}
+
+func (n *Node) voterFlagFixes() ([]fsm.Member, error) {
+	cf := n.raft.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return nil, err
+	}
+	return voterFlagFixes(n.fsm.State(), cf.Configuration().Servers), nil
+}
+
+// syncVoterFlagsLater runs syncVoterFlags in the background while this
+// node leads, unless a run is under way. The leader's liveness loop
+// (detectLoop) calls it whenever a tick finds a stale flag, the first
+// tick after it gains the lead included, so a failed run is retried.
+func (n *Node) syncVoterFlagsLater() {
+	if !n.syncingVoters.CompareAndSwap(false, true) {
+		return
+	}
+	n.goLoop(func() {
+		defer n.syncingVoters.Store(false)
+		n.membership.lock()
+		defer n.membership.unlock()
+		if !n.isLeader() {
+			return
+		}
+		if err := n.syncVoterFlags(); err != nil {
+			n.log.Warn("setting members' voter flags as Raft has them", "err", err)
+		}
+	})
 }
 
 // leaderInConfig reports whether the Raft leader is a server of this node's

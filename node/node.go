@@ -197,6 +197,8 @@ type Node struct {
 
 	promotingMu sync.Mutex
 	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion
+	// syncingVoters: a syncVoterFlagsLater run is under way.
+	syncingVoters atomic.Bool
 }
 
 // Open starts a member on the given Raft listener: it recovers its state
