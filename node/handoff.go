@@ -286,32 +286,53 @@ func (n *Node) pingEvery() time.Duration {
 	return max(min(n.cfg.DeadAfter/10, 250*time.Millisecond), 10*time.Millisecond)
 }
 
-// leaderLease renews the leader's own lease while a quorum of voters
-// (itself included) answered its pings within the lease, and its ring
-// has caught up with its log.
-func (n *Node) leaderLease(st *fsm.State, answered map[string]time.Time, now time.Time, lease time.Duration) {
+// leaderLease renews the leader's own lease while a quorum of the voters
+// of Raft's latest configuration (servers; itself included) answered its
+// pings within the lease, and its ring has caught up with its log.
+func (n *Node) leaderLease(servers []raft.Server, answered map[string]time.Time, now time.Time, lease time.Duration) {
 	o := n.owner.Load()
 	if o == nil || !n.viewCurrent() {
 		return
 	}
-	voters := 0
+	if base, ok := leaderLeaseBase(n.cfg.ID, servers, answered, now, lease); ok {
+		o.SetLeaseUntil(base.Add(lease))
+	}
+}
+
+// leaderLeaseBase is leaseBase over the voters of Raft's configuration
+// servers, for the leader self, from answered (each member's last answer
+// to its pings); false when self is not one of those voters.
+//
+// The voters are Raft's, not the cluster state's Voter flags: Raft's
+// voters elect the next leader, which then marks a leader it cannot
+// reach dead and gives its partitions to others, so only a quorum of
+// Raft's voters can stand for "no other leader can be elected without
+// one of these". The flags are written after the Raft change they record
+// and lag it; counted over them, a voter missing from the flags shrinks
+// the quorum (two missing of three or five voters let a leader lease
+// itself from a minority, or alone) and a voter that answered but is not
+// flagged does not count.
+func leaderLeaseBase(self string, servers []raft.Server, answered map[string]time.Time, now time.Time, lease time.Duration) (time.Time, bool) {
+	voters, voting := 0, false
 	var buf [MaxVoters]time.Time
 	others := buf[:0]
-	for _, m := range st.Members {
-		if !m.Voter {
+	for _, s := range servers {
+		if s.Suffrage != raft.Voter {
 			continue
 		}
 		voters++
-		if m.ID == n.cfg.ID {
+		if string(s.ID) == self {
+			voting = true
 			continue
 		}
-		if at, ok := answered[m.ID]; ok && now.Sub(at) < lease {
+		if at, ok := answered[string(s.ID)]; ok && now.Sub(at) < lease {
 			others = append(others, at)
 		}
 	}
-	if base, ok := leaseBase(now, others, voters); ok {
-		o.SetLeaseUntil(base.Add(lease))
+	if !voting {
+		return time.Time{}, false
 	}
+	return leaseBase(now, others, voters)
 }
 
 // leaseBase is the instant a leader's lease counts from: when the last of
@@ -396,7 +417,7 @@ func (n *Node) viewCurrent() bool {
 // most 250ms); a member that has not answered a ping sent in the last
 // DeadAfter is marked dead through the log, so every node moves its
 // partitions at one epoch. The leader takes its own lease from the pings
-// a quorum of voters answered (from their sending time), and has the
+// a quorum of Raft's voters answered (from their sending time), and has the
 // members' voter flags corrected where they differ from Raft's
 // configuration (syncVoterFlagsLater). Raft's own
 // heartbeat failures are reported only after its transport's I/O timeout
@@ -443,9 +464,12 @@ func (n *Node) detectLoop() {
 			continue
 		}
 		epoch := snap.v.Epoch()
-		n.leaderLease(snap.st, answered, now, lease)
-		if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil && len(voterFlagFixes(snap.st, cf.Configuration().Servers)) > 0 {
-			n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
+		if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
+			servers := cf.Configuration().Servers
+			n.leaderLease(servers, answered, now, lease)
+			if len(voterFlagFixes(snap.st, servers)) > 0 {
+				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
+			}
 		}
 		for _, m := range snap.st.Members {
 			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {

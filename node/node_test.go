@@ -3,11 +3,14 @@ package node
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
@@ -574,6 +577,54 @@ func TestLeaseBase(t *testing.T) {
 		got, ok := leaseBase(now, slices.Clone(tc.others), tc.voters)
 		if ok != tc.ok || !got.Equal(tc.want) {
 			t.Errorf("%s: %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// The leader's lease counts Raft's voters: whatever the cluster state's
+// Voter flags say, a voter's answer counts, a non-voter's does not, and a
+// voter that never answers (down, or no longer a member: a leave cut
+// short) still counts towards the quorum. Servers are "id:v" (voter) or
+// "id:n"; the leader is a.
+func TestLeaderLeaseBase(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lease := time.Second
+	ago := func(ms int) time.Time { return now.Add(-time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		name     string
+		servers  []string
+		answered map[string]time.Time
+		want     time.Time
+		ok       bool
+	}{
+		{"alone", []string{"a:v"}, nil, now, true},
+		{"3 voters, one answered", []string{"a:v", "b:v", "c:v"}, map[string]time.Time{"c": ago(100)}, ago(100), true},
+		// Over the flags of a state that missed c, d and e's promotions
+		// (voters a and b) this was a lease.
+		{"5 voters, one answered", []string{"a:v", "b:v", "c:v", "d:v", "e:v"}, map[string]time.Time{"b": ago(100)}, time.Time{}, false},
+		{"5 voters, two answered", []string{"a:v", "b:v", "c:v", "d:v", "e:v"}, map[string]time.Time{"b": ago(100), "d": ago(300)}, ago(300), true},
+		// Over the flags of a state that missed b and c's promotions (a
+		// alone) this was a lease from now.
+		{"3 voters, none answered", []string{"a:v", "b:v", "c:v"}, nil, time.Time{}, false},
+		{"a non-voter's answer", []string{"a:v", "b:v", "c:v", "d:n"}, map[string]time.Time{"d": ago(10)}, time.Time{}, false},
+		{"an answer older than the lease", []string{"a:v", "b:v", "c:v"}, map[string]time.Time{"b": ago(1000)}, time.Time{}, false},
+		{"a voter that is no member counts against", []string{"a:v", "b:v", "c:v", "z:v"}, map[string]time.Time{"b": ago(10)}, time.Time{}, false},
+		{"and is outvoted", []string{"a:v", "b:v", "c:v", "z:v"}, map[string]time.Time{"b": ago(10), "c": ago(20)}, ago(20), true},
+		{"the leader not a voter", []string{"a:n", "b:v", "c:v"}, map[string]time.Time{"b": ago(10), "c": ago(20)}, time.Time{}, false},
+		{"no configuration", nil, nil, time.Time{}, false},
+	} {
+		var servers []raft.Server
+		for _, s := range tc.servers {
+			id, suffrage, _ := strings.Cut(s, ":")
+			sv := raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":1"), Suffrage: raft.Nonvoter}
+			if suffrage == "v" {
+				sv.Suffrage = raft.Voter
+			}
+			servers = append(servers, sv)
+		}
+		got, ok := leaderLeaseBase("a", servers, tc.answered, now, lease)
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("%s: leaderLeaseBase = %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
 		}
 	}
 }
