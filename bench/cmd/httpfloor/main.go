@@ -1,7 +1,11 @@
 // Command httpfloor measures what an HTTP server costs on this machine
 // before any rate limiting: the server CPU per POST /v1/check request of
 // a handler that reads the body and answers a fixed decision, served by
-// net/http and by github.com/valyala/fasthttp, next to ringlimit's own
+// net/http and by github.com/valyala/fasthttp, and by a raw loop of
+// this command's own that does no more per request than one read and one
+// write on the connection (the least any server over TCP does, here in
+// Go); and what Redis spends answering PING (the least a C event loop
+// does per request, with --redis-server); next to ringlimit's own
 // single-check path (one or more `ringlimit serve` binaries, e.g. main's
 // and a branch's). Every system runs in its own process, all started up
 // front on loopback ports the kernel reports free (so two runs at once
@@ -18,6 +22,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"flag"
@@ -37,6 +42,7 @@ import (
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/bench/internal/proc"
+	"github.com/ringlimit/ringlimit/bench/internal/resp"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 )
@@ -60,12 +66,13 @@ func main() {
 	rounds := flag.Int("rounds", 2, "rounds of interleaved rows")
 	concs := flag.String("concurrency", "32", "callers (comma-separated)")
 	batch := flag.Int("batch", 1, "checks per request")
-	floors := flag.Bool("floors", true, "measure the net/http and fasthttp floors")
+	floors := flag.Bool("floors", true, "measure the net/http, fasthttp and raw TCP floors")
+	redisServer := flag.String("redis-server", "", "the redis-server binary: also measure Redis answering PING")
 	flag.Parse()
 	if *serve != "" {
 		log.Fatal(serveFloor(*serve, *addr))
 	}
-	if err := run(rls, *floors, *dur, *rounds, *concs, *batch); err != nil {
+	if err := run(rls, *floors, *redisServer, *dur, *rounds, *concs, *batch); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -144,17 +151,73 @@ func serveFloor(kind, addr string) error {
 			NoDefaultServerHeader: true, NoDefaultDate: false,
 		}
 		return srv.Serve(ln)
+	case "rawtcp":
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			go serveRaw(c)
+		}
 	}
-	return fmt.Errorf("-serve %q: want nethttp or fasthttp", kind)
+	return fmt.Errorf("-serve %q: want nethttp, fasthttp or rawtcp", kind)
+}
+
+// serveRaw answers the HTTP/1.1 requests of one keep-alive connection
+// with the fixed answer, doing only what any server must: it reads what
+// the connection holds (one read, for a request in one segment) and
+// writes the answer in one write. It reads the request line and headers
+// for Content-Length alone and the body at once from its 64 KiB buffer;
+// a request it cannot frame ends the connection. A measuring instrument,
+// not a server: no timeouts, no validation.
+func serveRaw(c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReaderSize(c, 64<<10)
+	var out []byte
+	for {
+		n := 0
+		for {
+			line, err := r.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(line) <= 2 {
+				break // the empty line ending the headers
+			}
+			const cl = "content-length:"
+			if len(line) > len(cl) && bytes.EqualFold(line[:len(cl)], []byte(cl)) {
+				if n, err = strconv.Atoi(string(bytes.TrimSpace(line[len(cl):]))); err != nil {
+					return
+				}
+			}
+		}
+		if n < 0 || n > r.Size() {
+			return
+		}
+		body, err := r.Peek(n)
+		if err != nil {
+			return
+		}
+		a := floorAnswer(body)
+		_, _ = r.Discard(n)
+		out = append(out[:0], "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nContent-Length: "...)
+		out = strconv.AppendInt(out, int64(len(a)), 10)
+		out = append(out, "\r\n\r\n"...)
+		out = append(out, a...)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
 }
 
 type system struct {
-	name string
-	p    *proc.Proc
-	addr string
+	name   string
+	p      *proc.Proc
+	addr   string
+	target loadgen.CheckFunc
 }
 
-func run(rls []string, floors bool, dur time.Duration, rounds int, concs string, batch int) error {
+func run(rls []string, floors bool, redisServer string, dur time.Duration, rounds int, concs string, batch int) error {
 	ctx := context.Background()
 	work, err := os.MkdirTemp("", "httpfloor")
 	if err != nil {
@@ -176,7 +239,7 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	// exits, and WaitUp says so with the end of its log.
 	var kinds []string
 	if floors {
-		kinds = []string{"nethttp", "fasthttp"}
+		kinds = []string{"nethttp", "fasthttp", "rawtcp"}
 	}
 	ports, err := proc.FreePorts(len(kinds) + 3*len(rls))
 	if err != nil {
@@ -227,6 +290,20 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 		}
 	}
 	hc := &http.Client{Transport: client.NewTransport(64), Timeout: 30 * time.Second}
+	for _, s := range systems {
+		s.target = httptarget.Ringlimit(hc, s.addr)
+	}
+	if redisServer != "" {
+		p, addr, rc, err := resp.Start(ctx, work, redisServer)
+		if err != nil {
+			return err
+		}
+		rc.Close()
+		systems = append(systems, &system{name: "redis PING", p: p, addr: addr})
+		pool := resp.NewPool(addr, 1024)
+		defer pool.Close()
+		systems[len(systems)-1].target = redisPing(pool)
+	}
 	var cs []int
 	for _, f := range strings.Split(concs, ",") {
 		c, err := strconv.Atoi(f)
@@ -237,7 +314,7 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	}
 	for _, s := range systems { // warm-up: connections, buckets
 		loadgen.Run(ctx, loadgen.Config{Rule: "bench", Keys: 100_000, Seed: 99, Concurrency: 16,
-			Batch: batch, Duration: 500 * time.Millisecond, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
+			Batch: batch, Duration: 500 * time.Millisecond, Cost: 1}, []loadgen.CheckFunc{s.target})
 	}
 	type agg struct{ reqs, cpu float64 }
 	sums := map[string]*agg{}
@@ -250,7 +327,7 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 					return err
 				}
 				res := loadgen.Run(ctx, loadgen.Config{Rule: "bench", Keys: 100_000, Seed: uint64(r),
-					Concurrency: c, Batch: batch, Duration: dur, Cost: 1}, []loadgen.CheckFunc{target(hc, s.addr)})
+					Concurrency: c, Batch: batch, Duration: dur, Cost: 1}, []loadgen.CheckFunc{s.target})
 				c1, err := s.p.CPU()
 				if err != nil {
 					return err
@@ -278,6 +355,34 @@ func run(rls []string, floors bool, dur time.Duration, rounds int, concs string,
 	return nil
 }
 
-// target is POST /v1/check in the side-by-side's client style (a floor
-// server answers a batch with a decision per check, floorAnswer).
-func target(hc *http.Client, addr string) loadgen.CheckFunc { return httptarget.Ringlimit(hc, addr) }
+// redisPing sends PING once per check of a call, pipelined (one check per
+// call: one PING per round trip), and counts each PONG as an admission.
+func redisPing(p *resp.Pool) loadgen.CheckFunc {
+	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
+		rc, err := p.Get(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for range checks {
+			rc.AppendCmd("PING")
+		}
+		dl, ok := ctx.Deadline()
+		if !ok {
+			dl = time.Now().Add(10 * time.Second)
+		}
+		if err := rc.Flush(dl); err != nil {
+			rc.Close()
+			return 0, resp.CtxErr(ctx, err)
+		}
+		for i := range checks {
+			_, s, err := rc.Reply()
+			if err != nil {
+				rc.Close()
+				return 0, resp.CtxErr(ctx, err)
+			}
+			ds[i].Allowed = s == "PONG"
+		}
+		p.Put(rc)
+		return len(checks), nil
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
 	"github.com/ringlimit/ringlimit/bench/internal/proc"
+	"github.com/ringlimit/ringlimit/bench/internal/resp"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/cputime"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
@@ -363,46 +364,17 @@ func runGubernator(ctx context.Context, o *options, rep *report, n int) error {
 // startRedis starts redis-server without persistence on a free port and
 // loads the token bucket script.
 func startRedis(ctx context.Context, o *options) (*proc.Proc, string, string, error) {
-	ports, err := proc.FreePorts(1)
+	p, addr, rc, err := resp.Start(ctx, o.work, o.redisServer)
 	if err != nil {
 		return nil, "", "", err
 	}
-	port := ports[0]
-	name := fmt.Sprintf("redis-%d", port)
-	dir := filepath.Join(o.work, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, "", "", err
-	}
-	p, err := proc.Start(o.work, name, o.redisServer, []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"}, nil)
-	if err != nil {
-		return nil, "", "", err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	var rc *redisConn
-	err = proc.WaitUp(ctx, p, "redis up", 30*time.Second, func() bool {
-		c, err := dialRedis(ctx, addr)
-		if err != nil {
-			return false
-		}
-		if _, s, err := c.do(ctx, "PING"); err != nil || s != "PONG" {
-			c.c.Close()
-			return false
-		}
-		rc = c
-		return true
-	})
+	defer rc.Close()
+	_, sha, err := rc.Do(ctx, "SCRIPT", "LOAD", tokenBucketLua)
 	if err != nil {
 		p.Stop(5 * time.Second)
 		return nil, "", "", err
 	}
-	defer rc.c.Close()
-	_, sha, err := rc.do(ctx, "SCRIPT", "LOAD", tokenBucketLua)
-	if err != nil {
-		p.Stop(5 * time.Second)
-		return nil, "", "", err
-	}
-	_, info, err := rc.do(ctx, "INFO", "server")
+	_, info, err := rc.Do(ctx, "INFO", "server")
 	if err == nil {
 		for l := range strings.SplitSeq(info, "\r\n") {
 			if v, ok := strings.CutPrefix(l, "redis_version:"); ok {
@@ -420,8 +392,8 @@ func runRedis(ctx context.Context, o *options, rep *report) error {
 	}
 	defer p.Stop(5 * time.Second)
 	rep.RedisVersion = o.redisVersion
-	pool := newRedisPool(addr, 2*slices.Max(o.conc))
-	defer pool.close()
+	pool := resp.NewPool(addr, 2*slices.Max(o.conc))
+	defer pool.Close()
 	targets := []loadgen.CheckFunc{redisEvalsha(pool, sha, redisPerMs, redisBurst)}
 	warm(ctx, o, o.pipeline, targets)
 	for _, c := range o.conc {
@@ -627,15 +599,15 @@ func memRedis(ctx context.Context, o *options, rep *report) error {
 		return err
 	}
 	defer p.Stop(5 * time.Second)
-	pool := newRedisPool(addr, 8)
-	defer pool.close()
+	pool := resp.NewPool(addr, 8)
+	defer pool.Close()
 	used := func() (int64, error) {
-		c, err := pool.get(ctx)
+		c, err := pool.Get(ctx)
 		if err != nil {
 			return 0, err
 		}
-		defer pool.put(c)
-		_, info, err := c.do(ctx, "INFO", "memory")
+		defer pool.Put(c)
+		_, info, err := c.Do(ctx, "INFO", "memory")
 		if err != nil {
 			return 0, err
 		}

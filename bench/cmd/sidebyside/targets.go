@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/bench/internal/httptarget"
+	"github.com/ringlimit/ringlimit/bench/internal/resp"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
 	"github.com/ringlimit/ringlimit/router"
@@ -172,167 +170,35 @@ redis.call("HSET", KEYS[1], "tokens", tokens, "ts", now)
 redis.call("PEXPIRE", KEYS[1], 60000)
 return allowed`
 
-// redisConn is one RESP connection.
-type redisConn struct {
-	c net.Conn
-	r *bufio.Reader
-	w []byte
-}
-
-func dialRedis(ctx context.Context, addr string) (*redisConn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	return &redisConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}, nil
-}
-
-func (rc *redisConn) appendCmd(args ...string) {
-	rc.w = append(rc.w, '*')
-	rc.w = strconv.AppendInt(rc.w, int64(len(args)), 10)
-	rc.w = append(rc.w, "\r\n"...)
-	for _, a := range args {
-		rc.w = append(rc.w, '$')
-		rc.w = strconv.AppendInt(rc.w, int64(len(a)), 10)
-		rc.w = append(rc.w, "\r\n"...)
-		rc.w = append(rc.w, a...)
-		rc.w = append(rc.w, "\r\n"...)
-	}
-}
-
-func (rc *redisConn) flush(deadline time.Time) error {
-	_ = rc.c.SetDeadline(deadline)
-	_, err := rc.c.Write(rc.w)
-	rc.w = rc.w[:0]
-	return err
-}
-
-// reply reads one reply: an integer, a status or bulk string (its text),
-// or an error.
-func (rc *redisConn) reply() (int64, string, error) {
-	line, err := rc.r.ReadString('\n')
-	if err != nil {
-		return 0, "", err
-	}
-	if len(line) < 3 {
-		return 0, "", fmt.Errorf("redis: short reply %q", line)
-	}
-	body := line[1 : len(line)-2]
-	switch line[0] {
-	case ':':
-		n, err := strconv.ParseInt(body, 10, 64)
-		return n, "", err
-	case '+':
-		return 0, body, nil
-	case '-':
-		return 0, "", errors.New("redis: " + body)
-	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < 0 {
-			return 0, "", err
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(rc.r, buf); err != nil {
-			return 0, "", err
-		}
-		return 0, string(buf[:n]), nil
-	}
-	return 0, "", fmt.Errorf("redis: unexpected reply %q", line)
-}
-
-// do sends one command and reads its reply.
-func (rc *redisConn) do(ctx context.Context, args ...string) (int64, string, error) {
-	rc.appendCmd(args...)
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(10 * time.Second)
-	}
-	if err := rc.flush(dl); err != nil {
-		return 0, "", err
-	}
-	return rc.reply()
-}
-
-// ctxErr is ctx's deadline error when err is a socket timeout at or past
-// ctx's deadline (the end of a run, not a failure of the server).
-func ctxErr(ctx context.Context, err error) error {
-	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-		return context.DeadlineExceeded
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return err
-}
-
-// redisPool holds one connection per worker.
-type redisPool struct {
-	addr  string
-	conns chan *redisConn
-}
-
-func newRedisPool(addr string, n int) *redisPool {
-	return &redisPool{addr: addr, conns: make(chan *redisConn, n)}
-}
-
-func (p *redisPool) get(ctx context.Context) (*redisConn, error) {
-	select {
-	case c := <-p.conns:
-		return c, nil
-	default:
-		return dialRedis(ctx, p.addr)
-	}
-}
-
-func (p *redisPool) put(c *redisConn) {
-	select {
-	case p.conns <- c:
-	default:
-		c.c.Close()
-	}
-}
-
-func (p *redisPool) close() {
-	for {
-		select {
-		case c := <-p.conns:
-			c.c.Close()
-		default:
-			return
-		}
-	}
-}
-
 // redisEvalsha runs the token bucket script once per check: one call's
 // checks are pipelined (written together, then every reply read), so a
 // call of one check is unpipelined and a call of 16 is pipeline 16.
-func redisEvalsha(p *redisPool, sha, perMs, burst string) loadgen.CheckFunc {
+func redisEvalsha(p *resp.Pool, sha, perMs, burst string) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
-		rc, err := p.get(ctx)
+		rc, err := p.Get(ctx)
 		if err != nil {
 			return 0, err
 		}
 		for _, c := range checks {
-			rc.appendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
+			rc.AppendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
 		}
 		dl, ok := ctx.Deadline()
 		if !ok {
 			dl = time.Now().Add(10 * time.Second)
 		}
-		if err := rc.flush(dl); err != nil {
-			rc.c.Close()
-			return 0, ctxErr(ctx, err)
+		if err := rc.Flush(dl); err != nil {
+			rc.Close()
+			return 0, resp.CtxErr(ctx, err)
 		}
 		for i := range checks {
-			n, _, err := rc.reply()
+			n, _, err := rc.Reply()
 			if err != nil {
-				rc.c.Close()
-				return 0, ctxErr(ctx, err)
+				rc.Close()
+				return 0, resp.CtxErr(ctx, err)
 			}
 			ds[i].Allowed = n == 1
 		}
-		p.put(rc)
+		p.Put(rc)
 		return len(checks), nil
 	}
 }
