@@ -229,22 +229,7 @@ func TestPromotionSurvivesALeaderCrash(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &gatedProber{}
 		c := New(t, 3, Options{Prober: p})
-		isVoter := func(id string) bool {
-			l := c.Leader()
-			if l == nil {
-				return false
-			}
-			cf := l.Node().Raft().GetConfiguration()
-			if cf.Error() != nil {
-				return false
-			}
-			for _, s := range cf.Configuration().Servers {
-				if string(s.ID) == id {
-					return s.Suffrage == raft.Voter
-				}
-			}
-			return false
-		}
+		isVoter := func(id string) bool { return raftVoter(c, id) }
 		c.WaitFor("n2 and n3 promoted", 10*time.Second, func() bool { return isVoter("n2") && isVoter("n3") })
 		p.held.Store((&Member{ID: "n4"}).httpAddr(), true)
 		c.Join("n4")

@@ -359,30 +359,14 @@ func run(rls []string, floors bool, redisServer string, dur time.Duration, round
 // call: one PING per round trip), and counts each PONG as an admission.
 func redisPing(p *resp.Pool) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
-		rc, err := p.Get(ctx)
+		err := p.Pipeline(ctx, func(rc *resp.Conn) {
+			for range checks {
+				rc.AppendCmd("PING")
+			}
+		}, len(checks), func(i int, _ int64, s string) { ds[i].Allowed = s == "PONG" })
 		if err != nil {
 			return 0, err
 		}
-		for range checks {
-			rc.AppendCmd("PING")
-		}
-		dl, ok := ctx.Deadline()
-		if !ok {
-			dl = time.Now().Add(10 * time.Second)
-		}
-		if err := rc.Flush(dl); err != nil {
-			rc.Close()
-			return 0, resp.CtxErr(ctx, err)
-		}
-		for i := range checks {
-			_, s, err := rc.Reply()
-			if err != nil {
-				rc.Close()
-				return 0, resp.CtxErr(ctx, err)
-			}
-			ds[i].Allowed = s == "PONG"
-		}
-		p.Put(rc)
 		return len(checks), nil
 	}
 }

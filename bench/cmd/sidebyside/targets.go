@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/gubernator-io/gubernator/v2"
 
@@ -175,30 +174,14 @@ return allowed`
 // call of one check is unpipelined and a call of 16 is pipeline 16.
 func redisEvalsha(p *resp.Pool, sha, perMs, burst string) loadgen.CheckFunc {
 	return func(ctx context.Context, checks []api.CheckRequest, ds []api.Decision) (int, error) {
-		rc, err := p.Get(ctx)
+		err := p.Pipeline(ctx, func(rc *resp.Conn) {
+			for _, c := range checks {
+				rc.AppendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
+			}
+		}, len(checks), func(i int, n int64, _ string) { ds[i].Allowed = n == 1 })
 		if err != nil {
 			return 0, err
 		}
-		for _, c := range checks {
-			rc.AppendCmd("EVALSHA", sha, "1", c.Key, perMs, burst)
-		}
-		dl, ok := ctx.Deadline()
-		if !ok {
-			dl = time.Now().Add(10 * time.Second)
-		}
-		if err := rc.Flush(dl); err != nil {
-			rc.Close()
-			return 0, resp.CtxErr(ctx, err)
-		}
-		for i := range checks {
-			n, _, err := rc.Reply()
-			if err != nil {
-				rc.Close()
-				return 0, resp.CtxErr(ctx, err)
-			}
-			ds[i].Allowed = n == 1
-		}
-		p.Put(rc)
 		return len(checks), nil
 	}
 }

@@ -156,6 +156,36 @@ func (p *Pool) Close() {
 	}
 }
 
+// Pipeline sends the commands cmds appends, together, on a connection of
+// p, and hands each of their n replies to reply in order; ctx's deadline
+// (else 10 s) bounds the round trip. A connection that failed is closed,
+// not given back; the error is CtxErr's.
+func (p *Pool) Pipeline(ctx context.Context, cmds func(*Conn), n int, reply func(i int, n int64, s string)) error {
+	rc, err := p.Get(ctx)
+	if err != nil {
+		return err
+	}
+	cmds(rc)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(10 * time.Second)
+	}
+	if err := rc.Flush(dl); err != nil {
+		rc.Close()
+		return CtxErr(ctx, err)
+	}
+	for i := range n {
+		v, s, err := rc.Reply()
+		if err != nil {
+			rc.Close()
+			return CtxErr(ctx, err)
+		}
+		reply(i, v, s)
+	}
+	p.Put(rc)
+	return nil
+}
+
 // CtxErr is ctx's deadline error when err is a socket timeout at or past
 // ctx's deadline (the end of a run, not a failure of the server).
 func CtxErr(ctx context.Context, err error) error {
