@@ -221,9 +221,11 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing, takeBack bool) (ret
 	return retry, settled
 }
 
-// expireLater promotes the backup copies of parts that are still waiting
-// for their hand-off once handoffTimeout has passed.
-func (h *handoffs) expireLater(parts []uint32) {
+// expireLater promotes the backup copies of parts, which began awaiting
+// their hand-off under the ring of epoch, that still await it once
+// handoffTimeout has passed; one that began awaiting afresh under a newer
+// ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
+func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	n := h.n
 	n.goLoop(func() {
 		t := time.NewTimer(handoffTimeout)
@@ -234,8 +236,8 @@ func (h *handoffs) expireLater(parts []uint32) {
 		case <-t.C:
 		}
 		if o := n.owner.Load(); o != nil {
-			if k := o.ExpireAwaiting(parts); k > 0 {
-				n.log.Warn("hand-off did not arrive in time; serving the backup copies", "partitions", k)
+			if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
+				n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k)
 			}
 		}
 	})

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/ringlimit/ringlimit/ring"
@@ -176,9 +177,13 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 	for p, how := range m.Gained {
 		switch how {
 		case GainAwait:
+			// Awaited afresh even if it awaited already: next expects its
+			// own hand-off, maybe from another member, and gets its own
+			// handoffTimeout (ExpireAwaitingSince).
 			g := &o.moving[p]
 			g.Lock()
 			o.setState(p, partAwaiting)
+			o.awaitFrom[p] = next.Epoch()
 			g.Unlock()
 		default:
 			o.promote(p, now)
@@ -215,16 +220,30 @@ func (o *Owner) promoteLocked(p uint32, now int64) {
 }
 
 // ExpireAwaiting promotes the backup copy of every partition of parts
-// that still waits for its hand-off; the node calls it when its hand-off
-// timeout ends. The state is read under the partition's moving lock: a
-// hand-off taken just before is served as it came, not replaced by the
-// copy.
+// that still waits for its hand-off, whichever ring it began waiting
+// under (ExpireAwaitingSince with no bound); tests use it to serve at
+// once.
 func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
+	return o.ExpireAwaitingSince(math.MaxUint64, parts)
+}
+
+// ExpireAwaitingSince promotes the backup copy of every partition of
+// parts that has waited for its hand-off since the ring of epoch, or an
+// older one; the node calls it when the hand-off timeout it started on
+// applying that ring ends. A partition that began waiting again under a
+// newer ring (it went away and came back, or this member rejoined: a new
+// hand-off is due, maybe from another member) is left alone: that ring's
+// own timeout, started later, promotes it, so that every wait lasts
+// handoffTimeout. Epochs grow with every ring an owner applies.
+//
+// The state is read under the partition's moving lock: a hand-off taken
+// just before is served as it came, not replaced by the copy.
+func (o *Owner) ExpireAwaitingSince(epoch uint64, parts []uint32) (promoted int) {
 	now := o.now()
 	for _, p := range parts {
 		g := &o.moving[p]
 		g.Lock()
-		if o.getState(p) == partAwaiting {
+		if o.getState(p) == partAwaiting && o.awaitFrom[p] <= epoch {
 			o.promoteLocked(p, now)
 			promoted++
 		}

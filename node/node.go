@@ -378,7 +378,7 @@ func (n *Node) refresh() {
 		out := o.Apply(next, moves)
 		n.h.send(next.Epoch(), out)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
-			n.h.expireLater(awaiting)
+			n.h.expireLater(next.Epoch(), awaiting)
 		}
 		if prev != nil {
 			n.log.Info("ring changed", "epoch", next.Epoch(), "members", len(next.Ring.Members()),

@@ -53,6 +53,10 @@ type Owner struct {
 	dirty  []atomic.Bool   // changed since the last backup push
 	whole  []atomic.Bool   // the next backup push sends the whole partition (see markWhole)
 	based  []atomic.Bool   // backup copies: a whole copy arrived, so deltas may follow
+	// awaitFrom is, per partition in partAwaiting, the epoch of the ring
+	// under which it began awaiting (see ExpireAwaitingSince); guarded by
+	// its moving lock.
+	awaitFrom []uint64
 
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
@@ -173,7 +177,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		changed: make(chan struct{}), start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), changed: make(chan struct{}), start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.
