@@ -191,7 +191,10 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 // Parts the ring gave back to this member are taken back into its own
 // table when takeBack is set (their target died: this member's export is
 // the only copy), else dropped (the target lives and hands over what it
-// holds). settled counts the parts that need no further push.
+// holds); a Lost part is never taken back: it holds nothing, and would
+// end the wait of a partition that awaits the state another member has
+// (takeHandoff promotes the backup copy on a Lost hand-off). settled
+// counts the parts that need no further push.
 func (h *handoffs) readdress(v *view.View, parts []Outgoing, takeBack bool) (retry []Outgoing, settled int) {
 	n := h.n
 	if v == nil {
@@ -203,6 +206,8 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing, takeBack bool) (ret
 		switch {
 		case !ok:
 			settled++ // nobody owns it: nothing to hand
+		case m.ID == n.cfg.ID && o.Part.Lost:
+			settled++ // nothing to take back
 		case m.ID == n.cfg.ID && takeBack:
 			mine = append(mine, o.Part)
 		case m.ID == n.cfg.ID:

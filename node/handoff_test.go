@@ -22,6 +22,9 @@ func (d pushOwners) Push(ctx context.Context, addr string, push *transport.Push,
 		return errors.New("no route to " + addr)
 	}
 	ack.Status = make([]transport.PushStatus, len(push.Parts))
+	for i := range ack.Status {
+		ack.Status[i] = transport.PushRejected // as transport's server does
+	}
 	o.HandlePush(ctx, push, ack)
 	return nil
 }
@@ -92,6 +95,31 @@ func TestHandoffTimeoutCountsFromTheLatestAwait(t *testing.T) {
 		synctest.Wait()
 		if st := c.getState(p); st != partServing {
 			t.Fatalf("partition %d not promoted when epoch 4's timeout was up (state %d)", p, st)
+		}
+	})
+}
+
+// A member that gives up a partition it never received (a Lost hand-off:
+// it holds nothing of it) and gets it back before the hand-off is taken
+// does not take its own Lost part back: that would promote the backup
+// copy it awaits with at once (takeHandoff promotes on a Lost hand-off),
+// instead of waiting for the hand-off of the member that holds the state.
+func TestLostHandoffGivenBackDoesNotPromote(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newOwner(t, "c")
+		n := handoffNode(t, c, pushOwners{}) // a is out of reach for now
+		v1, v2, v3, v4 := testView(t, 1, "a"), testView(t, 2, "a", "c"), testView(t, 3, "a"), testView(t, 4, "a", "c")
+		_, p := partOf(v2, "c")
+		applyRing(n, nil, v1)
+		applyRing(n, v1, v2)        // c joins: p awaits a's hand-off
+		out := applyRing(n, v2, v3) // c is marked down: p, never received, goes back Lost
+		applyRing(n, v3, v4)        // and back: p awaits a's hand-off afresh
+		n.h.send(3, out)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st := c.getState(p); st != partAwaiting {
+			t.Fatalf("partition %d after c's own Lost hand-off came back: state %d, want awaiting a's", p, st)
 		}
 	})
 }
