@@ -147,7 +147,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
 			var settled int
-			retry, settled = h.readdress(n.cell.Load(), batch, true)
+			retry, settled = h.readdress(n.cell.Load(), batch)
 			h.done(settled)
 		} else {
 			taken := 0
@@ -166,7 +166,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 				n.m.handoffParts.Add(float64(taken))
 			}
 			if len(moved) > 0 {
-				again, settled := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved, false)
+				again, settled := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved)
 				retry = append(retry, again...)
 				taken += settled
 			}
@@ -188,40 +188,62 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 
 // readdress sends parts where view v says they belong now: to another
 // owner (returned, to push again), or nowhere when nobody owns them.
-// Parts the ring gave back to this member are taken back into its own
-// table when takeBack is set (their target died: this member's export is
-// the only copy), else dropped (the target lives and hands over what it
-// holds); a Lost part is never taken back: it holds nothing, and would
-// end the wait of a partition that awaits the state another member has
-// (takeHandoff promotes the backup copy on a Lost hand-off). settled
-// counts the parts that need no further push.
-func (h *handoffs) readdress(v *view.View, parts []Outgoing, takeBack bool) (retry []Outgoing, settled int) {
+// settled counts the parts that need no further push.
+//
+// Parts the ring gave back to this member (their target died, or refused
+// them as NOT_OWNER under a newer ring) are taken back into its own table
+// as a hand-off from another member would be (Owner.takeHandoff): served
+// if the partition awaits its state, else merged into what it serves.
+// Nobody else may hold them (a refused hand-off was not taken), so
+// dropping them lost the state; a copy the target took after all (its
+// answer was lost) comes back in its own hand-off and is merged as a
+// duplicate. A Lost part holds nothing and is not taken back: into an
+// awaiting partition it would promote the backup copy at once instead of
+// waiting for the member that holds the state. A part the owner side
+// refuses (its partition is moving out under a newer ring right now)
+// goes back to its old target, whose answer (NOT_OWNER at the newer
+// epoch, or an error once that ring is ours) sends it on.
+func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, settled int) {
 	n := h.n
 	if v == nil {
 		return parts, 0
 	}
-	var mine []transport.PushPart
-	for _, o := range parts {
-		m, ok := v.Ring.Owner(o.Part.Partition)
+	var mine []Outgoing
+	for _, og := range parts {
+		m, ok := v.Ring.Owner(og.Part.Partition)
 		switch {
 		case !ok:
 			settled++ // nobody owns it: nothing to hand
-		case m.ID == n.cfg.ID && o.Part.Lost:
+		case m.ID == n.cfg.ID && og.Part.Lost:
 			settled++ // nothing to take back
-		case m.ID == n.cfg.ID && takeBack:
-			mine = append(mine, o.Part)
 		case m.ID == n.cfg.ID:
-			settled++
+			mine = append(mine, og)
 		default:
-			retry = append(retry, Outgoing{To: m, Part: o.Part})
+			retry = append(retry, Outgoing{To: m, Part: og.Part})
 		}
 	}
-	if len(mine) > 0 {
-		if o := n.owner.Load(); o != nil {
-			ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
-			o.HandlePush(n.ctx, &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: mine}, &ack)
+	if len(mine) == 0 {
+		return retry, settled
+	}
+	o := n.owner.Load()
+	if o == nil {
+		return append(retry, mine...), settled
+	}
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID}
+	for _, og := range mine {
+		push.Parts = append(push.Parts, og.Part)
+	}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
+	for i := range ack.Status {
+		ack.Status[i] = transport.PushRejected // as the data plane's server does
+	}
+	o.HandlePush(n.ctx, push, &ack)
+	for i, st := range ack.Status {
+		if st == transport.PushOK {
+			settled++
+		} else {
+			retry = append(retry, mine[i])
 		}
-		settled += len(mine)
 	}
 	return retry, settled
 }

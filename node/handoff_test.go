@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -99,6 +100,52 @@ func TestHandoffTimeoutCountsFromTheLatestAwait(t *testing.T) {
 	})
 }
 
+// A hand-off refused as NOT_OWNER by a target whose newer ring gives the
+// partition back to its sender is taken back into the sender's own table:
+// the target never took it, so it hands back nothing of it (here: Lost,
+// it had received nothing), and dropping it reset the budget of every key
+// of the partition.
+func TestRefusedHandoffGivenBackIsTakenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Hour}}
+		a, b := newOwner(t, "a"), newOwner(t, "b")
+		n := handoffNode(t, a, pushOwners{"b:1": b})
+		v1, v2, v3 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1), view.New(testRing(t, 3, "a"), 9, rule, 1)
+		h, p := partOf(v2, "b")
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+
+		applyRing(n, nil, v1)
+		for i := range 2 {
+			if r := handle(a, 1, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+				t.Fatalf("check %d at a: %+v, want allowed", i+1, r)
+			}
+		}
+		// b joins and is gone again (marked down) before a's hand-off
+		// reaches it: it refuses it (NOT_OWNER at epoch 3), and hands a
+		// what it holds of p: nothing.
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false))
+		fromB := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "b"}
+		for _, og := range b.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false)) {
+			fromB.Parts = append(fromB.Parts, og.Part)
+		}
+
+		// a sees epochs 2 and 3 before its hand-off goes out.
+		out := applyRing(n, v1, v2)
+		applyRing(n, v2, v3) // p awaits b's hand-off
+		n.h.send(2, out)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(fromB.Parts))}
+		a.HandlePush(context.Background(), fromB, &ack)
+
+		if r := handle(a, 3, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+			t.Fatalf("3rd check at a, after p came back: %+v, want denied (a admitted 2 of 2)", r)
+		}
+	})
+}
+
 // A member that gives up a partition it never received (a Lost hand-off:
 // it holds nothing of it) and gets it back before the hand-off is taken
 // does not take its own Lost part back: that would promote the backup
@@ -120,6 +167,67 @@ func TestLostHandoffGivenBackDoesNotPromote(t *testing.T) {
 		}
 		if st := c.getState(p); st != partAwaiting {
 			t.Fatalf("partition %d after c's own Lost hand-off came back: state %d, want awaiting a's", p, st)
+		}
+	})
+}
+
+// A part taken back that its own owner side refuses (a newer ring, which
+// this node's view has not reached yet, moves the partition out) is not
+// dropped: it goes back to its old target, whose answer at the newer
+// epoch sends it to the partition's new owner.
+func TestRefusedTakeBackGoesOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Hour}}
+		a, b, c := newOwner(t, "a"), newOwner(t, "b"), newOwner(t, "c")
+		n := handoffNode(t, a, pushOwners{"b:1": b, "c:1": c})
+		v1 := view.New(testRing(t, 1, "a"), 9, rule, 1)
+		v2 := view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		v3 := view.New(testRing(t, 3, "a"), 9, rule, 1)
+		v4 := view.New(testRing(t, 4, "a", "c"), 9, rule, 1)
+		var h uint64
+		var p uint32
+		for h = 1; ; h++ { // a partition that goes a → b → a → c
+			p = v2.Ring.Partition(h)
+			if o2, _ := v2.Ring.Owner(p); o2.ID == "b" {
+				if o4, _ := v4.Ring.Owner(p); o4.ID == "c" {
+					break
+				}
+			}
+		}
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+		applyRing(n, nil, v1)
+		for i := range 2 {
+			if r := handle(a, 1, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+				t.Fatalf("check %d at a: %+v, want allowed", i+1, r)
+			}
+		}
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false))
+		b.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false))
+		c.Apply(v3, PlanMoves(nil, v3.Ring, "c", allAlive, false, false))
+		c.Apply(v4, PlanMoves(v3.Ring, v4.Ring, "c", allAlive, false, false)) // p awaits a's hand-off
+
+		out := applyRing(n, v1, v2)
+		applyRing(n, v2, v3)
+		// a's owner side applies epoch 4 (p moves out to c), and the node
+		// has not published it yet when the hand-off goes out: b refuses
+		// it at epoch 3, which gives p to a, and a's owner side refuses
+		// to take it back.
+		m4 := PlanMoves(v3.Ring, v4.Ring, "a", allAlive, false, false)
+		out4 := a.Apply(v4, m4)
+		n.h.send(2, out)
+		synctest.Wait()
+		if n.h.Pending() == 0 {
+			t.Fatal("no hand-off pending: the refused take-back of p was dropped")
+		}
+		b.Apply(v4, PlanMoves(v3.Ring, v4.Ring, "b", allAlive, false, false))
+		n.cell.Store(v4)
+		n.h.send(4, out4)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r := handle(c, 4, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+			t.Fatalf("3rd check, at c: %+v, want denied (a admitted 2 of 2)", r)
 		}
 	})
 }
