@@ -14,7 +14,8 @@
 // (drain, hand off, stop); Partition cuts links both ways on Raft and
 // the data plane (calls over a cut link hang until their deadline, as
 // dropped packets do); SetLink adds a per-direction delay on the data
-// plane or cuts one direction.
+// plane or cuts one direction; CutRaft cuts Raft alone; StallDisk hangs
+// a member's Raft log writes.
 package clustertest
 
 import (
@@ -77,8 +78,9 @@ type Member struct {
 	trans  *raft.InmemTransport
 	cancel context.CancelFunc
 	up     atomic.Bool
-	joined bool // started with a join (not the bootstrapper)
-	gen    int  // address generation: RestartAt moves the member
+	disk   atomic.Pointer[chan struct{}] // closed when a stalled disk resumes; nil: not stalled
+	joined bool                          // started with a join (not the bootstrapper)
+	gen    int                           // address generation: RestartAt moves the member
 }
 
 func (m *Member) running() bool { return m.up.Load() }
@@ -177,7 +179,7 @@ func (c *Cluster) start(m *Member) {
 		ID: m.ID, HTTPAddr: m.httpAddr(), RaftAdvertise: m.raftAddr(), PeerAddr: m.peerAddr(),
 		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
 		RaftTimeout:   c.opts.RaftTimeout,
-		RaftTransport: trans, LogStore: m.logs, StableStore: m.stable, SnapshotStore: m.snaps,
+		RaftTransport: trans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
 		Forward:   forwarder{c, m.ID},
 		Prober:    c.opts.Prober,
@@ -446,9 +448,69 @@ func (c *Cluster) Heal() {
 // also cuts Raft in that direction.
 func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 	c.net.mu.Lock()
-	c.net.links[[2]string{from, to}] = link{cut: cut, delay: delay}
+	l := c.net.links[[2]string{from, to}]
+	l.cut, l.delay = cut, delay
+	c.net.links[[2]string{from, to}] = l
 	c.net.mu.Unlock()
 	c.relink()
+}
+
+// CutRaft cuts Raft's links between the given members and the others,
+// both ways, and leaves the data plane as it is: the members' pings,
+// lease requests, hand-offs and checks still pass.
+func (c *Cluster) CutRaft(ids ...string) {
+	c.net.mu.Lock()
+	for _, a := range c.order {
+		for _, b := range c.order {
+			if slices.Contains(ids, a) != slices.Contains(ids, b) {
+				l := c.net.links[[2]string{a, b}]
+				l.raftCut = true
+				c.net.links[[2]string{a, b}] = l
+			}
+		}
+	}
+	c.net.mu.Unlock()
+	c.relink()
+}
+
+// StallDisk makes member id's Raft log writes hang until resume is
+// called, as on a disk that stops answering. hashicorp/raft writes a
+// leader's log from its main loop, so a leader whose disk hangs keeps
+// calling itself leader, the way a paused process does, while the rest of
+// its process runs on. resume must be called before the cluster closes
+// (Raft's shutdown waits for its main loop); it may be called twice.
+func (c *Cluster) StallDisk(id string) (resume func()) {
+	m := c.Member(id)
+	ch := make(chan struct{})
+	m.disk.Store(&ch)
+	return func() {
+		if m.disk.CompareAndSwap(&ch, nil) {
+			close(ch)
+		}
+	}
+}
+
+// stallingLog is a member's Raft log store, whose writes wait while its
+// disk is stalled (StallDisk).
+type stallingLog struct {
+	*raft.InmemStore
+	m *Member
+}
+
+func (s stallingLog) wait() {
+	if ch := s.m.disk.Load(); ch != nil {
+		<-*ch
+	}
+}
+
+func (s stallingLog) StoreLog(l *raft.Log) error {
+	s.wait()
+	return s.InmemStore.StoreLog(l)
+}
+
+func (s stallingLog) StoreLogs(ls []*raft.Log) error {
+	s.wait()
+	return s.InmemStore.StoreLogs(ls)
 }
 
 // relink connects every running member's Raft transport to every other
@@ -469,7 +531,7 @@ func (c *Cluster) relink() {
 			b.mu.Lock()
 			tb := b.trans
 			b.mu.Unlock()
-			if b.running() && !c.net.link(a.ID, b.ID).cut {
+			if l := c.net.link(a.ID, b.ID); b.running() && !l.cut && !l.raftCut {
 				ta.Connect(raft.ServerAddress(b.raftAddr()), tb)
 			} else {
 				ta.Disconnect(raft.ServerAddress(b.raftAddr()))

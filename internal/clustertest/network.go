@@ -17,8 +17,9 @@ var ErrRefused = errors.New("clustertest: connection refused")
 
 // link is the state of one direction between two members.
 type link struct {
-	cut   bool          // packets are dropped: calls hang until their deadline
-	delay time.Duration // added before delivery
+	cut     bool          // packets are dropped: calls hang until their deadline
+	delay   time.Duration // added before delivery
+	raftCut bool          // Raft's packets alone are dropped (see CutRaft)
 }
 
 // network is the in-memory data plane and the link table that Raft's
