@@ -317,15 +317,54 @@ func (n *Node) pingEvery() time.Duration {
 
 // leaderLease renews the leader's own lease while a quorum of the voters
 // of Raft's latest configuration (servers; itself included) answered its
-// pings within the lease, and its ring has caught up with its log.
-func (n *Node) leaderLease(servers []raft.Server, answered map[string]time.Time, now time.Time, lease time.Duration) {
+// pings within the lease, a quorum of them answered its Raft calls at its
+// term within the lease and none at a newer term (leaderLeaseFrom), and
+// its ring has caught up with its log. acked is scratch space.
+func (n *Node) leaderLease(servers []raft.Server, answered, acked map[string]time.Time, now time.Time, lease time.Duration) {
 	o := n.owner.Load()
 	if o == nil || !n.viewCurrent() {
 		return
 	}
-	if base, ok := leaderLeaseBase(n.cfg.ID, servers, answered, now, lease); ok {
+	superseded := n.raft.terms.acks(n.raft.raft.CurrentTerm(), acked)
+	if base, ok := leaderLeaseFrom(n.cfg.ID, servers, answered, acked, superseded, now, lease); ok {
 		o.SetLeaseUntil(base.Add(lease))
 	}
+}
+
+// leaderLeaseFrom is when the leader's lease counts from: the earlier of
+// leaderLeaseBase over the answers to its pings (answered) and over the
+// answers to its Raft calls at its term (acked, see termWatch); false
+// unless both give one, or when an answer carried a newer term
+// (superseded).
+//
+// An answer to a ping says that its member is alive, not that it follows
+// this leader. A leader that Raft has not stepped down yet (a paused
+// process just woken, or one whose disk hangs: Raft's leader loop is what
+// would notice the newer term) still pings, and members that follow a
+// newer leader still answer - at the epoch this one knows, until that
+// leader marks this one dead: a lease taken from those answers outlives
+// the mark by up to DeadAfter/2 while the backups already serve this
+// one's partitions, so checking the answers' epochs is not enough
+// either. A voter that answered a Raft call sent at t at this leader's
+// term had not voted for a newer leader by then, so with a quorum of them
+// no newer leader was elected before the quorum's base, and none marks
+// this one dead sooner than DeadAfter after it: past the lease.
+func leaderLeaseFrom(self string, servers []raft.Server, answered, acked map[string]time.Time, superseded bool, now time.Time, lease time.Duration) (time.Time, bool) {
+	if superseded {
+		return time.Time{}, false
+	}
+	pinged, ok := leaderLeaseBase(self, servers, answered, now, lease)
+	if !ok {
+		return time.Time{}, false
+	}
+	inTerm, ok := leaderLeaseBase(self, servers, acked, now, lease)
+	if !ok {
+		return time.Time{}, false
+	}
+	if inTerm.Before(pinged) {
+		return inTerm, true
+	}
+	return pinged, true
 }
 
 // leaderLeaseBase is leaseBase over the voters of Raft's configuration
@@ -446,8 +485,9 @@ func (n *Node) viewCurrent() bool {
 // most 250ms); a member that has not answered a ping sent in the last
 // DeadAfter is marked dead through the log, so every node moves its
 // partitions at one epoch. The leader takes its own lease from the pings
-// a quorum of Raft's voters answered (from their sending time), and has the
-// members' voter flags corrected where they differ from Raft's
+// a quorum of Raft's voters answered (from their sending time) and from
+// the Raft calls a quorum of them answered at its term (leaderLease), and
+// has the members' voter flags corrected where they differ from Raft's
 // configuration (syncVoterFlagsLater). Raft's own
 // heartbeat failures are reported only after its transport's I/O timeout
 // (10s), far too late for DeadAfter, hence the pings.
@@ -458,6 +498,7 @@ func (n *Node) detectLoop() {
 	defer tick.Stop()
 	lastSeen := map[string]time.Time{} // member → last answered ping, or when we first saw it, while we lead
 	answered := map[string]time.Time{} // member → last answered ping only
+	acked := map[string]time.Time{}    // scratch for leaderLease
 	lease := n.cfg.DeadAfter / 2
 	leading := false
 	type pong struct {
@@ -495,7 +536,7 @@ func (n *Node) detectLoop() {
 		epoch := snap.v.Epoch()
 		if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
 			servers := cf.Configuration().Servers
-			n.leaderLease(servers, answered, now, lease)
+			n.leaderLease(servers, answered, acked, now, lease)
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}

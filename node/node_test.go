@@ -628,3 +628,42 @@ func TestLeaderLeaseBase(t *testing.T) {
 		}
 	}
 }
+
+// The leader's lease needs both quorums: of voters that answered its
+// pings (alive) and of voters that answered its Raft calls at its term
+// (following it), and counts from the older of the two; an answer at a
+// newer term ends it. The leader is a; d does not vote.
+func TestLeaderLeaseFrom(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lease := time.Second
+	ago := func(ms int) time.Time { return now.Add(-time.Duration(ms) * time.Millisecond) }
+	three := []raft.Server{{ID: "a", Suffrage: raft.Voter}, {ID: "b", Suffrage: raft.Voter}, {ID: "c", Suffrage: raft.Voter}, {ID: "d", Suffrage: raft.Nonvoter}}
+	alone := []raft.Server{{ID: "a", Suffrage: raft.Voter}, {ID: "d", Suffrage: raft.Nonvoter}}
+	type at = map[string]time.Time
+	for _, tc := range []struct {
+		name       string
+		servers    []raft.Server
+		answered   at
+		acked      at
+		superseded bool
+		want       time.Time
+		ok         bool
+	}{
+		{"both from b", three, at{"b": ago(100)}, at{"b": ago(100)}, false, ago(100), true},
+		{"pinged, Raft silent (a deposed leader)", three, at{"b": ago(10), "c": ago(10)}, nil, false, time.Time{}, false},
+		{"Raft answered, pings not", three, nil, at{"b": ago(10), "c": ago(10)}, false, time.Time{}, false},
+		{"Raft's quorum older", three, at{"b": ago(50)}, at{"b": ago(300)}, false, ago(300), true},
+		{"the pings' quorum older", three, at{"c": ago(400)}, at{"c": ago(20)}, false, ago(400), true},
+		{"a quorum of each, different voters", three, at{"b": ago(100)}, at{"c": ago(150)}, false, ago(150), true},
+		{"Raft's answer too old", three, at{"b": ago(100)}, at{"b": ago(1000)}, false, time.Time{}, false},
+		{"Raft answered by a non-voter only", three, at{"b": ago(100)}, at{"d": ago(10)}, false, time.Time{}, false},
+		{"an answer at a newer term", three, at{"b": ago(100)}, at{"b": ago(100), "c": ago(100)}, true, time.Time{}, false},
+		{"alone", alone, nil, nil, false, now, true},
+		{"alone, a newer term seen", alone, nil, nil, true, time.Time{}, false},
+	} {
+		got, ok := leaderLeaseFrom("a", tc.servers, tc.answered, tc.acked, tc.superseded, now, lease)
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("%s: leaderLeaseFrom = %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -46,6 +46,9 @@ type raftParts struct {
 	// and log name (committed or not): whom to ask when no leader can be
 	// reached, before the log is replayed (a restart at new addresses).
 	knownHTTP map[string]string
+	// terms watches the answers to this node's AppendEntries (the
+	// leader's lease needs them: leaderLease).
+	terms *termWatch
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -104,6 +107,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 			_ = c()
 		}
 	}
+	trans, parts.terms = watchTerms(trans)
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		closeAll()

@@ -343,6 +343,64 @@ func TestCutOffMemberNeverAnswersStale(t *testing.T) {
 	})
 }
 
+// A deposed leader never answers for partitions the newer leader gave
+// to others. The old leader's Raft cannot step it down (its log writes
+// hang, as a paused process's or a hung disk's do, and its Raft links are
+// cut), so it still calls itself leader and pings; the newer leader no
+// longer hears it and marks it dead, while the third member, which
+// follows the newer leader, still answers its pings. Answers alone are
+// no lease: the answering member follows someone else.
+func TestDeposedLeaderNeverAnswersStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		old := c.Leader()
+		c.PutRules(old.ID, logRule)
+		key := c.KeyOwnedBy(old.ID, 0)
+		spend(c, old.ID, key, 4)
+		time.Sleep(100 * time.Millisecond) // backed up: 6 left
+
+		resume := c.StallDisk(old.ID)
+		t.Cleanup(resume)            // runs before the cluster closes
+		old.Node().Raft().Barrier(0) // its main loop hangs writing this
+		c.CutRaft(old.ID)
+		var newer, third *Member
+		c.WaitFor("a newer leader", 10*time.Second, func() bool {
+			for _, m := range c.Members() {
+				if m != old && m.Node().Raft().State() == raft.Leader {
+					newer = m
+					return true
+				}
+			}
+			return false
+		})
+		for _, m := range c.Members() {
+			if m != old && m != newer {
+				third = m
+			}
+		}
+		c.SetLink(newer.ID, old.ID, true, 0)
+		c.SetLink(old.ID, newer.ID, true, 0)
+		c.WaitFor(old.ID+" out of "+third.ID+"'s ring", 10*time.Second, func() bool {
+			_, ok := third.Node().View().Ring.Member(old.ID)
+			return !ok
+		})
+		if s := old.Node().Raft().State(); s != raft.Leader {
+			t.Fatalf("%s is %v: the test needs a leader Raft has not stepped down", old.ID, s)
+		}
+
+		// The backup copy serves the key now: 6 left.
+		if a, d := spend(c, third.ID, key, 6); a != 6 || d != 0 {
+			t.Fatalf("the majority admitted %d, degraded %d; want 6 and 0", a, d)
+		}
+		if old.Node().Owner().Serving() {
+			t.Errorf("%s holds a lease after the newer leader marked it dead", old.ID)
+		}
+		if a, _ := spend(c, old.ID, key, 5); a != 0 {
+			t.Fatalf("the deposed leader admitted %d over the limit from its old ring", a)
+		}
+	})
+}
+
 // A member restarted with its stores but at other addresses updates its
 // registration (Raft address included) and becomes active there, with
 // its keys' state.

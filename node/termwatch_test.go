@@ -1,0 +1,59 @@
+package node
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// The watch keeps, per peer, the latest call it answered at the call's
+// term (a late answer to an older call moves nothing back), and whether a
+// call of a term was answered at a newer one.
+func TestTermWatch(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	_, w := watchTerms(raft.Transport(nil))
+	type at = map[string]time.Time
+	for i, st := range []struct {
+		peer           string
+		term, answered uint64
+		sent           time.Time
+		askTerm        uint64
+		want           at
+		wantSuperseded bool
+	}{
+		{"b", 5, 5, ms(100), 5, at{"b": ms(100)}, false},
+		{"c", 5, 5, ms(120), 5, at{"b": ms(100), "c": ms(120)}, false},
+		{"b", 5, 5, ms(50), 5, at{"b": ms(100), "c": ms(120)}, false}, // a late answer to an older call
+		{"b", 5, 5, ms(200), 5, at{"b": ms(200), "c": ms(120)}, false},
+		{"c", 4, 4, ms(300), 5, at{"b": ms(200), "c": ms(120)}, false}, // a call of an older term changes nothing
+		{"d", 5, 9, ms(310), 5, at{"b": ms(200), "c": ms(120)}, true},  // d follows a newer leader
+		{"b", 6, 6, ms(400), 6, at{"b": ms(400)}, false},               // leading again, at term 6
+	} {
+		w.note(st.peer, st.term, st.answered, st.sent)
+		got := at{}
+		if sup := w.acks(st.askTerm, got); !maps.Equal(got, st.want) || sup != st.wantSuperseded {
+			t.Errorf("step %d: after note(%s, %d, %d, %v): acks(%d) = %v %v, want %v %v",
+				i, st.peer, st.term, st.answered, st.sent.Sub(t0), st.askTerm, got, sup, st.want, st.wantSuperseded)
+		}
+	}
+}
+
+// Raft offers pre-vote only when its transport does, by type: the watch
+// must neither hide it nor claim it.
+func TestWatchTermsKeepsPreVote(t *testing.T) {
+	_, inmem := raft.NewInmemTransport("a")
+	if got, _ := watchTerms(inmem); !implementsPreVote(got) {
+		t.Error("the watch hides the in-memory transport's pre-vote")
+	}
+	if got, _ := watchTerms(struct{ raft.Transport }{inmem}); implementsPreVote(got) {
+		t.Error("the watch claims pre-vote for a transport without it")
+	}
+}
+
+func implementsPreVote(t raft.Transport) bool {
+	_, ok := t.(raft.WithPreVote)
+	return ok
+}
