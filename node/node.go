@@ -96,7 +96,9 @@ type Config struct {
 	// other members (transport.Pool implements it). Required.
 	DataPlane DataPlane
 	// DeadAfter is how long the leader lets a member go without contact
-	// before marking it dead (5s).
+	// before marking it dead (5s). It is at least RaftTimeout: the
+	// leader's lease (DeadAfter/2) counts Raft heartbeats, which come up
+	// to RaftTimeout/5 apart.
 	DeadAfter time.Duration
 	// BackupInterval is how often changed partitions are pushed to their
 	// backups (20ms).
@@ -146,6 +148,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: data plane is nil")
 	case c.Forward == nil:
 		return errors.New("node: forwarder is nil")
+	case c.DeadAfter != 0 && c.DeadAfter < c.RaftTimeout:
+		return fmt.Errorf("node: dead-after %v is shorter than the raft timeout %v (the leader's lease, dead-after/2, counts raft heartbeats)", c.DeadAfter, c.RaftTimeout)
 	}
 	return c.Ring.Validate()
 }

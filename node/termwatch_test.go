@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // The watch keeps, per peer, the latest call it answered at the call's
@@ -56,4 +58,25 @@ func TestWatchTermsKeepsPreVote(t *testing.T) {
 func implementsPreVote(t raft.Transport) bool {
 	_, ok := t.(raft.WithPreVote)
 	return ok
+}
+
+// DeadAfter is at least RaftTimeout: the leader's lease, DeadAfter/2,
+// counts Raft heartbeats, which come up to RaftTimeout/5 apart.
+func TestDeadAfterCoversRaftHeartbeats(t *testing.T) {
+	for _, tc := range []struct {
+		dead, raft time.Duration
+		ok         bool
+	}{
+		{0, time.Second, true}, // the default, 5s
+		{time.Second, time.Second, true},
+		{2 * time.Second, 200 * time.Millisecond, true},
+		{500 * time.Millisecond, time.Second, false},
+	} {
+		cfg := Config{ID: "a", HTTPAddr: "h:1", RaftAdvertise: "r:1", PeerAddr: "p:1", DataDir: "d",
+			Forward: nopForwarder{}, DataPlane: nopDataPlane{}, Ring: ring.DefaultConfig(),
+			DeadAfter: tc.dead, RaftTimeout: tc.raft}
+		if err := cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate with dead-after %v, raft timeout %v: %v, want ok %v", tc.dead, tc.raft, err, tc.ok)
+		}
+	}
 }
