@@ -146,6 +146,7 @@ func KeyName(i int) string { return "key-" + strconv.Itoa(i) }
 type keyTable struct {
 	names string
 	start [20]int // start[d]: offset of the first name of d digits
+	first [20]int // first[d]: the first number of d digits (0 for d = 1)
 }
 
 func newKeyTable(n int) *keyTable {
@@ -153,7 +154,7 @@ func newKeyTable(n int) *keyTable {
 	b := make([]byte, 0, n*(4+len(strconv.Itoa(max(n-1, 0)))))
 	for i := range n {
 		if d := digits(i); i == 0 || d != digits(i-1) {
-			t.start[d] = len(b)
+			t.start[d], t.first[d] = len(b), i
 		}
 		b = append(b, "key-"...)
 		b = strconv.AppendInt(b, int64(i), 10)
@@ -164,18 +165,15 @@ func newKeyTable(n int) *keyTable {
 
 // name is KeyName(i), a substring of t.names.
 func (t *keyTable) name(i int) string {
-	d, first := 1, 0 // digits of i, and the first number of that many
-	for p := 10; i >= p; p *= 10 {
-		d, first = d+1, p
-	}
-	off := t.start[d] + (i-first)*(4+d)
+	d := digits(i)
+	off := t.start[d] + (i-t.first[d])*(4+d)
 	return t.names[off : off+4+d]
 }
 
 // digits is how many decimal digits i ≥ 0 has.
 func digits(i int) int {
 	d := 1
-	for ; i >= 10; i /= 10 {
+	for p := 10; i >= p && d < 19; p *= 10 { // 10^19 would overflow
 		d++
 	}
 	return d
