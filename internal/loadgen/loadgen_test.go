@@ -231,3 +231,14 @@ func TestKeyTable(t *testing.T) {
 		}
 	}
 }
+
+func TestDigits(t *testing.T) {
+	for _, tc := range []struct{ i, want int }{
+		{0, 1}, {9, 1}, {10, 2}, {99, 2}, {100, 3}, {999_999, 6}, {1_000_000, 7},
+		{999_999_999_999_999_999, 18}, {1_000_000_000_000_000_000, 19}, {math.MaxInt, 19},
+	} {
+		if got := digits(tc.i); got != tc.want {
+			t.Errorf("digits(%d) = %d, want %d", tc.i, got, tc.want)
+		}
+	}
+}
