@@ -212,50 +212,12 @@ func TestOwnerSleep(t *testing.T) {
 	v := viewOf(t, survivors[0].http)
 	keys := checks("s2", 1, v.keysOwnedBy("s2", victim.id, 20, false), v.keysOwnedBy("s2", victim.id, 20, true))
 
-	// Spend part of every budget (through a survivor) and let it reach the backups.
-	other := preSpend(t, survivors[0], keys, spent, v)
-	waitFor(t, "backups of the victim's keys", 10*time.Second, func() bool {
-		var n float64
-		for _, m := range survivors {
-			x, _ := metric(m.http, "ringlimit_backup_keys")
-			n += x
-		}
-		return n >= 20
-	})
-	lagV, _ := metric(victim.http, "ringlimit_backup_lag_seconds")
-	time.Sleep(time.Duration(2 * lagV * float64(time.Second))) // two replication rounds as the victim measures them
-
-	// No check is in flight when it stops, so replication lag plays no
-	// part here (scenario 1 measures that); the load starts at the stop
-	// and goes to all three members, the sleeper included.
+	// Spend part of every budget (through a survivor) and let it reach
+	// the backups; the load goes to all three members, the sleeper
+	// included.
+	other := spendAndReplicate(t, survivors[0], victim, survivors, keys, spent, 20, v)
 	l := newLoad(keys, 4, 10, addrs(c.members)...)
-	victim.signal(syscall.SIGSTOP)
-	l.run()
-	tStop := l.since()
-	// It sleeps for 2× --dead-after, by which time the survivors must have
-	// taken its partitions. Should detection be late, it sleeps on until
-	// they have (bounded), so that waking after losing its partitions is
-	// still what is tested; the late detection is reported below.
-	out := func() bool {
-		for _, m := range survivors {
-			if ids := activeIDs(m.http); ids == nil || contains(ids, victim.id) {
-				return false
-			}
-		}
-		return true
-	}
-	tOut := time.Duration(-1)
-	for l.since() < tStop+2*dead || tOut < 0 {
-		if tOut < 0 && out() {
-			tOut = l.since()
-		}
-		if l.since() > tStop+30*time.Second {
-			t.Fatalf("%s still in the ring 30s after SIGSTOP", victim.id)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tWake := l.since()
-	victim.signal(syscall.SIGCONT)
+	tStop, tOut, tWake := sleepPast(t, l, victim, survivors, 2*dead, nil)
 	c.waitSettled(c.members)
 	tBack := l.since()
 	l.loadFor(tBack + 3*time.Second)
@@ -270,45 +232,14 @@ func TestOwnerSleep(t *testing.T) {
 	rep.add("all checks (load to all 3 members, the sleeper included): %v", count(evs))
 	rep.add("after the wake: %v", count(window(evs, tWake, time.Hour)))
 	rep.add("after the sleeper is active again: %v", count(window(evs, tBack, time.Hour)))
-	var fromSleeper []event
-	for _, e := range window(evs, tWake, time.Hour) {
-		if (*l.targets.Load())[e.target] == victim.http {
-			fromSleeper = append(fromSleeper, e)
-		}
-	}
-	rep.add("sent to the woken member: %v", count(fromSleeper))
-	uses := perKey(evs, keys)
-	afterWake := perKey(window(evs, tWake, time.Hour), keys)
-	var worst *keyUse
-	var worstAfter int64
-	for _, u := range uses {
-		if worst == nil || u.admitted > worst.admitted {
-			worst = u
-		}
-	}
-	for _, u := range afterWake {
-		worstAfter = max(worstAfter, u.admitted)
-	}
+	rep.add("sent to the woken member: %v", count(window(sentTo(l, evs, victim.http), tWake, time.Hour)))
+	worst, worstAfter := budgetUse(evs, keys, tWake)
 	total := spent + worst.admitted
 	rep.add("worst key %s (owner %s): %d admitted in total (%d before the stop, %d under load from the stop on), limit %d; most admitted by one key after the wake: %d",
 		keys[worst.key].key, v.owner(keys[worst.key].key), total, spent, worst.admitted, limit, worstAfter)
 	describeFailures(rep, l, evs)
-	targets := *l.targets.Load()
-	var adm []string
-	for _, e := range evs {
-		if e.key == worst.key && e.admitted() {
-			adm = append(adm, fmt.Sprintf("sent %.2fs answered %.2fs via %s remaining %d", e.sent.Seconds(), e.recv.Seconds(), idOf(c, targets[e.target]), e.remaining))
-		}
-	}
-	rep.add("admissions of %s from the stop on: %s", keys[worst.key].key, strings.Join(adm, "; "))
-	// Stale answers: admitted by the sleeper itself after the majority had
-	// moved its partitions, for checks that reached it before it woke.
-	var stale []string
-	for _, e := range evs {
-		if targets[e.target] == victim.http && e.admitted() && e.recv >= tWake && e.sent < tWake {
-			stale = append(stale, fmt.Sprintf("%s sent %.2fs answered %.2fs remaining %d", keys[e.key].key, e.sent.Seconds(), e.recv.Seconds(), e.remaining))
-		}
-	}
+	rep.add("admissions of %s from the stop on: %s", keys[worst.key].key, strings.Join(admissions(c, l, evs, worst.key), "; "))
+	stale := staleAdmissions(l, evs, keys, victim.http, tWake)
 	rep.add("checks the sleeper admitted after it woke that had reached it while asleep (stale ownership): %d %v", len(stale), stale)
 	rep.write()
 	timeline(t, c.dir, fmt.Sprintf("SIGSTOP/SIGCONT of owner %s, --dead-after %v", victim.id, dead), evs, keys,
