@@ -86,6 +86,8 @@ func (n *Node) leaderLoop() {
 			if !isLeader {
 				continue
 			}
+			now := time.Now()
+			n.leaderSince.Store(&now)
 			if n.fsm.State().Initialized {
 				n.promoteNonvoters()
 				continue

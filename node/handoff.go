@@ -501,6 +501,7 @@ func (n *Node) detectLoop() {
 	acked := map[string]time.Time{}    // scratch for leaderLease
 	lease := n.cfg.DeadAfter / 2
 	leading := false
+	prevLeader := "" // the leader this node last followed
 	type pong struct {
 		id string
 		at time.Time
@@ -521,6 +522,9 @@ func (n *Node) detectLoop() {
 		}
 		if !n.isLeader() {
 			leading = false
+			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
+				prevLeader = string(id)
+			}
 			continue
 		}
 		now := time.Now()
@@ -528,6 +532,9 @@ func (n *Node) detectLoop() {
 			clear(lastSeen) // contact is measured afresh from our leadership
 			clear(answered)
 			leading = true
+			if prevLeader != "" {
+				lastSeen[prevLeader] = n.deposedSilentSince(now)
+			}
 		}
 		snap := n.snap.Load()
 		if snap == nil {
@@ -583,6 +590,38 @@ func (n *Node) detectLoop() {
 			}()
 		}
 	}
+}
+
+// deposedSilentSince is when the silence of the leader this node followed
+// before it won the lead counts from, for a first leading tick at now: as
+// if it began DeadAfter/2 − deposedMargin before this node's election, so
+// that a crashed or hung leader leaves the ring DeadAfter/2 (+ the margin)
+// after the election rather than DeadAfter after it (chaos bug E).
+//
+// That is safe because of how a leader takes its own lease
+// (leaderLeaseFrom): from Raft calls that a quorum of voters answered at
+// its term, sent at or after the lease's base. This node's election needed
+// a quorum too, and the two share a voter, which answered the old
+// leader's call at the old term before it voted in the newer one: the
+// base was before this node's election, so the old leader's lease, at most
+// DeadAfter/2 long, ended before DeadAfter/2 after it. A lease it takes
+// as a member once it has stepped down comes from this node's answers to
+// its pings, as any member's does, and other members keep their whole
+// DeadAfter: this argument bounds only the old leader's own lease.
+func (n *Node) deposedSilentSince(now time.Time) time.Time {
+	won := now
+	if t := n.leaderSince.Load(); t != nil && !t.After(now) {
+		won = *t
+	}
+	return won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - deposedMargin(n.cfg.DeadAfter)))
+}
+
+// deposedMargin is what deposedSilentSince adds to the old leader's
+// lease bound: for clocks that run at slightly different rates, nothing
+// more (the bound is counted from when this node saw its own election,
+// after the election itself).
+func deposedMargin(deadAfter time.Duration) time.Duration {
+	return max(deadAfter/20, 10*time.Millisecond)
 }
 
 func (n *Node) markDead(id string) error {

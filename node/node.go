@@ -203,6 +203,9 @@ type Node struct {
 	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion
 	// syncingVoters: a syncVoterFlagsLater run is under way.
 	syncingVoters atomic.Bool
+	// leaderSince is when this node last became Raft leader (leaderLoop);
+	// nil before that.
+	leaderSince atomic.Pointer[time.Time]
 }
 
 // Open starts a member on the given Raft listener: it recovers its state

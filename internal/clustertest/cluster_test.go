@@ -660,3 +660,34 @@ func TestReturnAfterGracefulStopIsNotMarkedDead(t *testing.T) {
 		}
 	})
 }
+
+// A crashed leader leaves the ring half a dead-after (and a margin) after
+// the next leader's election, not a whole one: its own lease, taken from
+// Raft answers at its term, ended before then (node.deposedSilentSince;
+// chaos bug E). Never before half a dead-after, which would let the
+// backups serve while the old leader may still hold its lease.
+func TestCrashedLeaderIsMarkedDeadHalfADeadAfterAfterTheElection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const deadAfter = 2 * time.Second
+		c := New(t, 3, Options{DeadAfter: deadAfter})
+		old := c.Leader()
+		c.Crash(old.ID)
+		var next *Member
+		c.WaitFor("a new leader", 10*time.Second, func() bool {
+			next = c.Leader()
+			return next != nil && next.ID != old.ID
+		})
+		elected := time.Now()
+		c.WaitFor(old.ID+" marked dead", 10*time.Second, func() bool {
+			m, _ := next.Node().State().Member(old.ID)
+			return m.State == fsm.Dead
+		})
+		took := time.Since(elected)
+		// The new leader's election was seen by WaitFor up to 100ms
+		// late; its loop ticks every dead-after/10.
+		if low, high := deadAfter/2-100*time.Millisecond, deadAfter/2+deadAfter/20+3*deadAfter/10; took < low || took > high {
+			t.Errorf("%s marked dead %v after the election, want within [%v, %v]", old.ID, took, low, high)
+		}
+		c.WaitSettled(2)
+	})
+}
