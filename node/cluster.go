@@ -21,15 +21,61 @@ import (
 // (they are still ring members and own partitions).
 const MaxVoters = 5
 
-// applyTimeout bounds one Raft write.
+// applyTimeout bounds how long a Raft write may wait for Raft's main
+// loop to take it (raft's enqueue timeout), and Raft membership changes.
 const applyTimeout = 5 * time.Second
 
+// commitTimeout bounds a whole Raft write in apply, from the call until
+// Raft answers: applyTimeout for Raft to take it, then two Raft timeouts.
+// Once a leader has taken an entry, Raft answers it after a local disk
+// write, one round trip to a quorum and the FSM's apply (milliseconds),
+// or with ErrLeadershipLost when the leader steps down, which it does
+// when it has not heard from a quorum for LeaderLeaseTimeout
+// (RaftTimeout/2, checked at about that period). Two Raft timeouts cover
+// that with room for a slow fsync; past them Raft is not going to
+// answer: its main loop hangs on the disk, or it dropped the future
+// (hashicorp/raft#498).
+func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.RaftTimeout }
+
 // apply writes a command through Raft on the leader and returns the FSM's
-// answer. A non-leader gets an error wrapping api.ErrUnavailable.
+// answer.
+//
+// It waits at most commitTimeout, and no longer than the node runs:
+// hashicorp/raft may never answer a write (hashicorp/raft#498, #145: an
+// entry committed as Raft shuts down, a leader whose disk hangs), and a
+// loop blocked here would hang Close, an admin request its client. On
+// either it returns an error wrapping api.ErrUnavailable that says the
+// outcome is unknown, as for ErrLeadershipLost and ErrRaftShutdown: the
+// command may still commit. It cannot take effect after a command
+// proposed later has committed (Raft applies its log in order, and a later
+// leader either holds the entry before its own or has overwritten it), so
+// a caller that retries must send a command whose second application
+// changes nothing (AddMember, SetMemberState and PutRules with the same
+// arguments are such commands; Init answers fsm.ErrInitialized, and
+// RemoveMember fsm.ErrUnknownMember).
+//
+// The goroutine that waits on Raft's answer outlives apply when it
+// returns early; it ends when Raft answers, which it does on every path
+// but the two above. Each lost answer leaks that one goroutine; a hung
+// disk holds Raft's own goroutines as well.
+//
+// A non-leader gets an error wrapping api.ErrUnavailable too.
 func (n *Node) apply(cmd []byte) error {
+	bound := time.NewTimer(n.commitTimeout())
+	defer bound.Stop()
 	f := n.raft.raft.Apply(cmd, applyTimeout)
-	if err := f.Error(); err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-n.ctx.Done():
+		return fmt.Errorf("%w: node closing: the outcome of the raft write is unknown (it may still commit)", api.ErrUnavailable)
+	case <-bound.C:
+		return fmt.Errorf("%w: raft did not answer a write within %v: its outcome is unknown (it may still commit)", api.ErrUnavailable, n.commitTimeout())
+	}
+	if err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) || errors.Is(err, raft.ErrRaftShutdown) {
 			return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 		}
 		return fmt.Errorf("node: raft apply: %w", err)
