@@ -52,7 +52,8 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 // a caller that retries must send a command whose second application
 // changes nothing (AddMember, SetMemberState and PutRules with the same
 // arguments are such commands; Init answers fsm.ErrInitialized, and
-// RemoveMember fsm.ErrUnknownMember).
+// RemoveMember fsm.ErrUnknownMember, which Leave and markDead take as
+// done).
 //
 // The goroutine that waits on Raft's answer outlives apply when it
 // returns early; it ends when Raft answers, which it does on every path
@@ -425,7 +426,9 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := n.apply(cmd); err != nil {
+	// fsm.ErrUnknownMember: an earlier leave whose outcome was unknown
+	// (apply) removed it after all, since we looked: finish with Raft.
+	if err := n.apply(cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
 		return err
 	}
 	if err := n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
