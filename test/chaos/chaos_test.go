@@ -253,6 +253,23 @@ func start3(t *testing.T, deadAfter time.Duration, rules []api.Rule) *cluster {
 		c.add(id)
 	}
 	c.waitSettled(c.members)
+	// Members join as Raft non-voters and are promoted once caught up: a
+	// fault before then can leave two voters of which one is the victim,
+	// and no quorum to elect a leader or mark anyone dead (scenario 7
+	// once stopped its leader with n3 still a non-voter).
+	waitFor(t, "3 voters", 30*time.Second, func() bool {
+		var cl api.Cluster
+		if getJSON(c.members[0].http, "/v1/cluster", &cl) != 200 {
+			return false
+		}
+		voters := 0
+		for _, m := range cl.Members {
+			if m.Voter != nil && *m.Voter {
+				voters++
+			}
+		}
+		return voters == 3
+	})
 	putRules(t, c.members[0].http, rules)
 	// A PUT is in force where it was acknowledged; the load goes to every
 	// member, so wait until each one lists the rules.
