@@ -115,11 +115,7 @@ func TestRefusedHandoffGivenBackIsTakenBack(t *testing.T) {
 		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
 
 		applyRing(n, nil, v1)
-		for i := range 2 {
-			if r := handle(a, 1, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
-				t.Fatalf("check %d at a: %+v, want allowed", i+1, r)
-			}
-		}
+		spendAt(t, a, ck, 2)
 		// b joins and is gone again (marked down) before a's hand-off
 		// reaches it: it refuses it (NOT_OWNER at epoch 3), and hands a
 		// what it holds of p: nothing.
@@ -196,11 +192,7 @@ func TestRefusedTakeBackGoesOn(t *testing.T) {
 		}
 		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
 		applyRing(n, nil, v1)
-		for i := range 2 {
-			if r := handle(a, 1, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
-				t.Fatalf("check %d at a: %+v, want allowed", i+1, r)
-			}
-		}
+		spendAt(t, a, ck, 2)
 		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
 		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false))
 		b.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false))
@@ -230,4 +222,15 @@ func TestRefusedTakeBackGoesOn(t *testing.T) {
 			t.Fatalf("3rd check, at c: %+v, want denied (a admitted 2 of 2)", r)
 		}
 	})
+}
+
+// spendAt sends n checks ck to owner o at epoch 1 and fails the test
+// unless each is admitted.
+func spendAt(t *testing.T, o *Owner, ck transport.Check, n int) {
+	t.Helper()
+	for i := range n {
+		if r := handle(o, 1, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+			t.Fatalf("check %d: %+v, want allowed", i+1, r)
+		}
+	}
 }

@@ -420,20 +420,7 @@ func (c *Cluster) Leave(id string) {
 
 // Partition cuts every link between the given members and the others,
 // both ways, on Raft and on the data plane.
-func (c *Cluster) Partition(ids ...string) {
-	c.net.mu.Lock()
-	for _, a := range c.order {
-		for _, b := range c.order {
-			if slices.Contains(ids, a) != slices.Contains(ids, b) {
-				l := c.net.links[[2]string{a, b}]
-				l.cut = true
-				c.net.links[[2]string{a, b}] = l
-			}
-		}
-	}
-	c.net.mu.Unlock()
-	c.relink()
-}
+func (c *Cluster) Partition(ids ...string) { c.cutBetween(ids, func(l *link) { l.cut = true }) }
 
 // Heal restores every link (cuts and delays).
 func (c *Cluster) Heal() {
@@ -458,13 +445,17 @@ func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 // CutRaft cuts Raft's links between the given members and the others,
 // both ways, and leaves the data plane as it is: the members' pings,
 // lease requests, hand-offs and checks still pass.
-func (c *Cluster) CutRaft(ids ...string) {
+func (c *Cluster) CutRaft(ids ...string) { c.cutBetween(ids, func(l *link) { l.raftCut = true }) }
+
+// cutBetween applies cut to every link between the members ids and the
+// others, both ways.
+func (c *Cluster) cutBetween(ids []string, cut func(*link)) {
 	c.net.mu.Lock()
 	for _, a := range c.order {
 		for _, b := range c.order {
 			if slices.Contains(ids, a) != slices.Contains(ids, b) {
 				l := c.net.links[[2]string{a, b}]
-				l.raftCut = true
+				cut(&l)
 				c.net.links[[2]string{a, b}] = l
 			}
 		}
