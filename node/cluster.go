@@ -62,18 +62,10 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 //
 // A non-leader gets an error wrapping api.ErrUnavailable too.
 func (n *Node) apply(cmd []byte) error {
-	bound := time.NewTimer(n.commitTimeout())
-	defer bound.Stop()
 	f := n.raft.raft.Apply(cmd, applyTimeout)
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-n.ctx.Done():
-		return fmt.Errorf("%w: node closing: the outcome of the raft write is unknown (it may still commit)", api.ErrUnavailable)
-	case <-bound.C:
-		return fmt.Errorf("%w: raft did not answer a write within %v: its outcome is unknown (it may still commit)", api.ErrUnavailable, n.commitTimeout())
+	answered, err := n.await(f, "write")
+	if !answered {
+		return err
 	}
 	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) || errors.Is(err, raft.ErrRaftShutdown) {
@@ -85,6 +77,27 @@ func (n *Node) apply(cmd []byte) error {
 		return err
 	}
 	return nil
+}
+
+// await waits for Raft's answer to f, at most commitTimeout from now and
+// no longer than the node runs (see apply for why: hashicorp/raft may
+// never answer a future). answered is false when it gave up; err then
+// wraps api.ErrUnavailable and says that the outcome of what (a "write",
+// a "membership change", …) is unknown. Otherwise err is Raft's answer.
+// Giving up leaves one goroutine waiting on f until Raft answers it.
+func (n *Node) await(f raft.Future, what string) (answered bool, err error) {
+	bound := time.NewTimer(n.commitTimeout())
+	defer bound.Stop()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err = <-done:
+		return true, err
+	case <-n.ctx.Done():
+		return false, fmt.Errorf("%w: node closing: the outcome of the raft %s is unknown (it may still commit)", api.ErrUnavailable, what)
+	case <-bound.C:
+		return false, fmt.Errorf("%w: raft did not answer a %s within %v: its outcome is unknown (it may still commit)", api.ErrUnavailable, what, n.commitTimeout())
+	}
 }
 
 // leader returns the leader's id and HTTP address ("" when unknown).
@@ -370,7 +383,7 @@ func (n *Node) join(req api.JoinRequest) error {
 		} else {
 			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
 		}
-		if err := f.Error(); err != nil {
+		if _, err := n.await(f, "membership change"); err != nil {
 			return fmt.Errorf("%w: adding %s to raft: %w", api.ErrUnavailable, req.ID, err)
 		}
 	}
@@ -411,7 +424,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 			// A leave that was cut short (the lead moved between the
 			// removal from the cluster and from Raft): finish it, or a
 			// voter that is gone for good would count against the quorum.
-			if err := n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
+			if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
 				return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
 			}
 			n.log.Info("member left (finishing an earlier leave)", "id", id)
@@ -431,7 +444,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	if err := n.apply(cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
 		return err
 	}
-	if err := n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout).Error(); err != nil {
+	if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
 		return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
 	}
 	n.log.Info("member left", "id", id)

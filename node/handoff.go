@@ -645,7 +645,7 @@ func (n *Node) TransferLeadership() {
 	if !n.isLeader() {
 		return
 	}
-	if err := n.raft.raft.LeadershipTransfer().Error(); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+	if _, err := n.await(n.raft.raft.LeadershipTransfer(), "leadership transfer"); err != nil && !errors.Is(err, raft.ErrNotLeader) {
 		n.log.Debug("leadership transfer", "err", err)
 	}
 }
