@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/ringlimit/ringlimit/fsm"
 )
 
@@ -34,15 +32,7 @@ func TestVoterFlagFixes(t *testing.T) {
 			f := strings.Split(s, ":")
 			st.Members = append(st.Members, fsm.Member{ID: f[0], HTTP: f[0] + ":1", Raft: f[0] + ":2", Peer: f[0] + ":3", State: fsm.MemberState(f[1]), Voter: f[2] == "true"})
 		}
-		var servers []raft.Server
-		for _, s := range tc.servers {
-			id, suffrage, _ := strings.Cut(s, ":")
-			sv := raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":2"), Suffrage: raft.Nonvoter}
-			if suffrage == "v" {
-				sv.Suffrage = raft.Voter
-			}
-			servers = append(servers, sv)
-		}
+		servers := raftServers(tc.servers, ":2")
 		var got []string
 		for _, m := range voterFlagFixes(st, servers) {
 			if want, _ := st.Member(m.ID); m.HTTP != want.HTTP || m.Raft != want.Raft || m.Peer != want.Peer {

@@ -613,15 +613,7 @@ func TestLeaderLeaseBase(t *testing.T) {
 		{"the leader not a voter", []string{"a:n", "b:v", "c:v"}, map[string]time.Time{"b": ago(10), "c": ago(20)}, time.Time{}, false},
 		{"no configuration", nil, nil, time.Time{}, false},
 	} {
-		var servers []raft.Server
-		for _, s := range tc.servers {
-			id, suffrage, _ := strings.Cut(s, ":")
-			sv := raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":1"), Suffrage: raft.Nonvoter}
-			if suffrage == "v" {
-				sv.Suffrage = raft.Voter
-			}
-			servers = append(servers, sv)
-		}
+		servers := raftServers(tc.servers, ":1")
 		got, ok := leaderLeaseBase("a", servers, tc.answered, now, lease)
 		if ok != tc.ok || !got.Equal(tc.want) {
 			t.Errorf("%s: leaderLeaseBase = %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
@@ -666,4 +658,19 @@ func TestLeaderLeaseFrom(t *testing.T) {
 			t.Errorf("%s: leaderLeaseFrom = %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
 		}
 	}
+}
+
+// raftServers is a Raft configuration's servers from "id:v" (a voter) and
+// "id:n" (a non-voter), each at address id+port.
+func raftServers(specs []string, port string) []raft.Server {
+	var servers []raft.Server
+	for _, s := range specs {
+		id, suffrage, _ := strings.Cut(s, ":")
+		sv := raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + port), Suffrage: raft.Nonvoter}
+		if suffrage == "v" {
+			sv.Suffrage = raft.Voter
+		}
+		servers = append(servers, sv)
+	}
+	return servers
 }
