@@ -501,7 +501,8 @@ func (n *Node) detectLoop() {
 	acked := map[string]time.Time{}    // scratch for leaderLease
 	lease := n.cfg.DeadAfter / 2
 	leading := false
-	prevLeader := "" // the leader this node last followed
+	prevLeader := ""    // the leader this node last followed
+	var heard time.Time // when this node last heard from prevLeader (Raft's LastContact)
 	type pong struct {
 		id string
 		at time.Time
@@ -523,7 +524,7 @@ func (n *Node) detectLoop() {
 		if !n.isLeader() {
 			leading = false
 			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
-				prevLeader = string(id)
+				prevLeader, heard = string(id), n.raft.raft.LastContact()
 			}
 			continue
 		}
@@ -533,7 +534,7 @@ func (n *Node) detectLoop() {
 			clear(answered)
 			leading = true
 			if prevLeader != "" {
-				lastSeen[prevLeader] = n.deposedSilentSince(now)
+				lastSeen[prevLeader] = n.deposedSilentSince(now, heard)
 			}
 		}
 		snap := n.snap.Load()
@@ -593,10 +594,13 @@ func (n *Node) detectLoop() {
 }
 
 // deposedSilentSince is when the silence of the leader this node followed
-// before it won the lead counts from, for a first leading tick at now: as
-// if it began DeadAfter/2 − deposedMargin before this node's election, so
-// that a crashed or hung leader leaves the ring DeadAfter/2 (+ the margin)
-// after the election rather than DeadAfter after it (chaos bug E).
+// before it won the lead counts from, for a first leading tick at now,
+// given when this node last heard from it (heard, Raft's LastContact as a
+// follower; zero if unknown): from heard, as for any member, but never
+// later than DeadAfter/2 − deposedMargin before this node's election. So
+// a crashed or hung leader leaves the ring after DeadAfter of silence or
+// DeadAfter/2 (+ the margin) after the election, whichever is later,
+// rather than DeadAfter after the election (chaos bug E).
 //
 // That is safe because of how a leader takes its own lease
 // (leaderLeaseFrom): from Raft calls that a quorum of voters answered at
@@ -608,12 +612,16 @@ func (n *Node) detectLoop() {
 // as a member once it has stepped down comes from this node's answers to
 // its pings, as any member's does, and other members keep their whole
 // DeadAfter: this argument bounds only the old leader's own lease.
-func (n *Node) deposedSilentSince(now time.Time) time.Time {
+func (n *Node) deposedSilentSince(now, heard time.Time) time.Time {
 	won := now
 	if t := n.leaderSince.Load(); t != nil && !t.After(now) {
 		won = *t
 	}
-	return won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - deposedMargin(n.cfg.DeadAfter)))
+	bound := won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - deposedMargin(n.cfg.DeadAfter)))
+	if heard.After(bound) && !heard.After(now) {
+		return heard
+	}
+	return bound
 }
 
 // deposedMargin is what deposedSilentSince adds to the old leader's
