@@ -549,6 +549,14 @@ func (n *Node) detectLoop() {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
 		}
+		for id := range lastSeen {
+			if _, ok := snap.st.Member(id); !ok {
+				// Left the cluster: if it joins again, under the same id,
+				// its silence counts from then, not from before it left.
+				delete(lastSeen, id)
+				delete(answered, id)
+			}
+		}
 		for _, m := range snap.st.Members {
 			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
 				// Not expected to answer: its silence counts afresh from

@@ -51,6 +51,9 @@ type Options struct {
 	// then start as non-voters and are promoted once it says they caught
 	// up, as over real TCP. Without one they join as voters at once.
 	Prober node.Prober
+	// OnView, when set, sees every view a member publishes, as it does
+	// (from the member's goroutine: keep it short).
+	OnView func(member string, v *router.View)
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -187,6 +190,9 @@ func (c *Cluster) start(m *Member) {
 		Logger:    c.logger(),
 		OnView: func(v *router.View) {
 			rt.SetView(v)
+			if c.opts.OnView != nil {
+				c.opts.OnView(m.ID, v)
+			}
 			c.notify()
 		},
 		OnRemoved: func() {
@@ -399,6 +405,20 @@ func (c *Cluster) RestartAt(id string) {
 	c.net.byHTTP[m.httpAddr()] = id
 	c.net.mu.Unlock()
 	c.start(m)
+}
+
+// Rejoin starts member id, which left (Leave), again as a new process
+// under the same id over empty stores (a wiped data dir), joining the
+// cluster; it does not wait for the join.
+func (c *Cluster) Rejoin(id string) *Member {
+	c.t.Helper()
+	m := c.Member(id)
+	if m.running() {
+		c.t.Fatalf("clustertest: rejoin of %s, which is running", id)
+	}
+	m.logs, m.stable, m.snaps, m.joined = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore(), true
+	c.start(m)
+	return m
 }
 
 // Leave removes member id for good through the leader (ringlimit leave)

@@ -699,3 +699,50 @@ func TestCrashedLeaderIsMarkedDeadHalfADeadAfterAfterTheElection(t *testing.T) {
 		c.WaitSettled(2)
 	})
 }
+
+// A member that left and comes back under the same id (a new process
+// over a wiped data dir) is not marked dead for a silence from before it
+// left: the leader forgets the contact times of members that leave the
+// cluster, not only of those marked down or dead.
+func TestRejoinAfterLeaveIsNotMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu       sync.Mutex
+			watching string // the member that rejoined, once it has
+			inRing   bool   // it has been in a view's ring since
+			dropped  string // a view that dropped it afterwards
+		)
+		onView := func(member string, v *router.View) {
+			mu.Lock()
+			defer mu.Unlock()
+			if watching == "" || member == watching {
+				return // its own views replay the log: in, out (the leave), in
+			}
+			_, in := v.Ring.Member(watching)
+			if in {
+				inRing = true
+			} else if inRing && dropped == "" {
+				dropped = fmt.Sprintf("%s's view at epoch %d", member, v.Ring.Epoch())
+			}
+		}
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second, OnView: onView})
+		id := "n3"
+		if c.Leader().ID == id {
+			id = "n2"
+		}
+		c.Leave(id)
+		time.Sleep(5 * time.Second) // the leader's last contact with it ages past dead-after
+		mu.Lock()
+		watching = id
+		mu.Unlock()
+		c.Rejoin(id)
+		c.WaitSettled(3)
+		time.Sleep(3 * time.Second) // longer than dead-after: a stale silence would have marked it by now
+		c.WaitSettled(3)
+		mu.Lock()
+		defer mu.Unlock()
+		if dropped != "" {
+			t.Errorf("%s, back after leaving, left the ring again (%s): marked dead for a silence from before it left", id, dropped)
+		}
+	})
+}
