@@ -746,3 +746,32 @@ func TestRejoinAfterLeaveIsNotMarkedDead(t *testing.T) {
 		}
 	})
 }
+
+// A member that rejoined under a left id is a member like any other
+// afterwards: cut off for longer than dead-after it is marked dead, and
+// back in touch it registers again, without a restart. (Its log replay
+// shows it listed, then removed by its old leave: that must not count as
+// being removed now.)
+func TestRejoinedMemberRecoversFromBeingMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		id := "n3"
+		if c.Leader().ID == id {
+			id = "n2"
+		}
+		c.Leave(id)
+		c.Rejoin(id)
+		c.WaitSettled(3)
+		c.Partition(id)
+		c.WaitFor(id+" marked dead", 10*time.Second, func() bool {
+			l := c.Leader()
+			if l == nil || l.ID == id {
+				return false
+			}
+			m, _ := l.Node().State().Member(id)
+			return m.State == fsm.Dead
+		})
+		c.Heal()
+		c.WaitSettled(3)
+	})
+}
