@@ -775,3 +775,48 @@ func TestRejoinedMemberRecoversFromBeingMarkedDead(t *testing.T) {
 		c.WaitSettled(3)
 	})
 }
+
+// The leader that leaves hands the lead on first: the cluster is never
+// without a leader (members' leases are renewed by the leader's answers:
+// an election's gap let them run out, and checks were answered degraded).
+func TestLeaderLeavesWithoutALeaderlessGap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var leaderless string // when the sampling first saw no leader
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		old := c.Leader()
+		var via *Member
+		for _, m := range c.Members() {
+			if m.ID != old.ID {
+				via = m
+				break
+			}
+		}
+		done := make(chan error, 1)
+		go func() { done <- via.Node().Leave(context.Background(), old.ID) }()
+		// Sample who leads every 10ms of virtual time until the leave ends.
+		for stop := false; !stop; {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("leave of the leader %s: %v", old.ID, err)
+				}
+				stop = true
+			case <-time.After(10 * time.Millisecond):
+			}
+			if l := c.Leader(); l == nil && leaderless == "" {
+				leaderless = time.Now().Format("15:04:05.000")
+			}
+		}
+		c.WaitFor(old.ID+" stopped", 10*time.Second, func() bool { return !c.Member(old.ID).running() })
+		for range 20 { // and until well after it left
+			time.Sleep(10 * time.Millisecond)
+			if l := c.Leader(); l == nil && leaderless == "" {
+				leaderless = time.Now().Format("15:04:05.000")
+			}
+		}
+		if leaderless != "" {
+			t.Errorf("no leader at %s while the leader %s left", leaderless, old.ID)
+		}
+		c.WaitSettled(2)
+	})
+}
