@@ -429,8 +429,8 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 			// A leave that was cut short (the lead moved between the
 			// removal from the cluster and from Raft): finish it, or a
 			// voter that is gone for good would count against the quorum.
-			if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
-				return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
+			if err := n.removeFromRaft(id); err != nil {
+				return err
 			}
 			n.log.Info("member left (finishing an earlier leave)", "id", id)
 			return nil
@@ -449,10 +449,19 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	if err := n.apply(cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
 		return err
 	}
+	if err := n.removeFromRaft(id); err != nil {
+		return err
+	}
+	n.log.Info("member left", "id", id)
+	return nil
+}
+
+// removeFromRaft removes server id from Raft's configuration, the second
+// half of a leave; an error wraps api.ErrUnavailable.
+func (n *Node) removeFromRaft(id string) error {
 	if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
 		return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
 	}
-	n.log.Info("member left", "id", id)
 	return nil
 }
 
