@@ -429,9 +429,10 @@ func leaseBase(now time.Time, others []time.Time, voters int) (time.Time, bool) 
 }
 
 // leaseLoop takes this member's lease while it follows: every DeadAfter/10
-// (at most 250ms) it asks the leader for its ring epoch; when its own
-// ring has reached it, it may answer for what it owns until DeadAfter/2
-// after it asked (a late answer extends nothing). A member cut off from
+// (at most 250ms) it asks the leader for its ring epoch; when the leader
+// grants it (grantsLease) and its own ring has reached that epoch, it may
+// answer for what it owns until DeadAfter/2 after it asked (a late answer
+// extends nothing). A member cut off from
 // the leader, or asleep (SIGSTOP), therefore stops answering before the
 // leader marks it dead (DeadAfter) and the others take its partitions;
 // when it wakes, it answers only once its ring has caught up.
@@ -467,7 +468,7 @@ func (n *Node) leaseLoop() {
 		var ack transport.PushAck
 		err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: snap.v.Epoch(), From: n.cfg.ID}, &ack)
 		cancel()
-		if err == nil && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
+		if err == nil && ack.Epoch != transport.NoLease && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
 			o.SetLeaseUntil(asked.Add(lease))
 		}
 	}
@@ -496,8 +497,9 @@ func (n *Node) detectLoop() {
 	timeout := max(n.cfg.DeadAfter/4, 20*time.Millisecond)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	lastSeen := map[string]time.Time{} // member → last answered ping, or when we first saw it, while we lead
+	lastSeen := &n.contacts            // member → last answered ping, or when we first saw it, while we lead
 	answered := map[string]time.Time{} // member → last answered ping only
+	var servers []raft.Server          // Raft's configuration at the last tick, while we lead
 	acked := map[string]time.Time{}    // scratch for leaderLease
 	lease := n.cfg.DeadAfter / 2
 	leading := false
@@ -516,12 +518,22 @@ func (n *Node) detectLoop() {
 		case p := <-pongs:
 			delete(inflight, p.id)
 			if !p.at.IsZero() {
-				lastSeen[p.id], answered[p.id] = p.at, p.at
+				lastSeen.set(p.id, p.at)
+				answered[p.id] = p.at
+				if leading && servers != nil {
+					// At once, not at the next tick: a new leader's lease,
+					// and so the leases it grants, wait for its first pongs.
+					n.leaderLease(servers, answered, acked, time.Now(), lease)
+				}
 			}
 			continue
 		case <-tick.C:
 		}
 		if !n.isLeader() {
+			if leading {
+				lastSeen.reset()
+				servers = nil
+			}
 			leading = false
 			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
 				prevLeader, heard = string(id), n.raft.raft.LastContact()
@@ -530,11 +542,11 @@ func (n *Node) detectLoop() {
 		}
 		now := time.Now()
 		if !leading {
-			clear(lastSeen) // contact is measured afresh from our leadership
+			lastSeen.reset() // contact is measured afresh from our leadership
 			clear(answered)
 			leading = true
 			if prevLeader != "" {
-				lastSeen[prevLeader] = n.deposedSilentSince(now, heard)
+				lastSeen.set(prevLeader, n.deposedSilentSince(now, heard))
 			}
 		}
 		snap := n.snap.Load()
@@ -543,38 +555,41 @@ func (n *Node) detectLoop() {
 		}
 		epoch := snap.v.Epoch()
 		if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
-			servers := cf.Configuration().Servers
+			servers = cf.Configuration().Servers
 			n.leaderLease(servers, answered, acked, now, lease)
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
 		}
-		for id := range lastSeen {
+		lastSeen.retain(func(id string) bool {
 			if _, ok := snap.st.Member(id); !ok {
 				// Left the cluster: if it joins again, under the same id,
 				// its silence counts from then, not from before it left.
-				delete(lastSeen, id)
 				delete(answered, id)
+				return false
 			}
-		}
+			return true
+		})
 		for _, m := range snap.st.Members {
 			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
 				// Not expected to answer: its silence counts afresh from
 				// when it is active again, not from before it stopped.
-				delete(lastSeen, m.ID)
+				lastSeen.remove(m.ID)
 				continue
 			}
-			if _, ok := lastSeen[m.ID]; !ok {
-				lastSeen[m.ID] = now
+			seen, ok := lastSeen.get(m.ID)
+			if !ok {
+				seen = now
+				lastSeen.set(m.ID, now)
 			}
-			if since := now.Sub(lastSeen[m.ID]); since >= n.cfg.DeadAfter {
+			if since := now.Sub(seen); since >= n.cfg.DeadAfter {
 				if err := n.markDead(m.ID); err != nil {
 					n.log.Warn("marking a member dead", "id", m.ID, "err", err)
 					continue
 				}
 				n.m.markedDead.Inc()
 				n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())
-				delete(lastSeen, m.ID)
+				lastSeen.remove(m.ID)
 				continue
 			}
 			if inflight[m.ID] {
@@ -605,7 +620,7 @@ func (n *Node) detectLoop() {
 // before it won the lead counts from, for a first leading tick at now,
 // given when this node last heard from it (heard, Raft's LastContact as a
 // follower; zero if unknown): from heard, as for any member, but never
-// later than DeadAfter/2 − deposedMargin before this node's election. So
+// later than DeadAfter/2 − leaseMargin before this node's election. So
 // a crashed or hung leader leaves the ring after DeadAfter of silence or
 // DeadAfter/2 (+ the margin) after the election, whichever is later,
 // rather than DeadAfter after the election (chaos bug E).
@@ -625,19 +640,11 @@ func (n *Node) deposedSilentSince(now, heard time.Time) time.Time {
 	if t := n.leaderSince.Load(); t != nil && !t.After(now) {
 		won = *t
 	}
-	bound := won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - deposedMargin(n.cfg.DeadAfter)))
+	bound := won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - leaseMargin(n.cfg.DeadAfter)))
 	if heard.After(bound) && !heard.After(now) {
 		return heard
 	}
 	return bound
-}
-
-// deposedMargin is what deposedSilentSince adds to the old leader's
-// lease bound: for clocks that run at slightly different rates, nothing
-// more (the bound is counted from when this node saw its own election,
-// after the election itself).
-func deposedMargin(deadAfter time.Duration) time.Duration {
-	return max(deadAfter/20, 10*time.Millisecond)
 }
 
 func (n *Node) markDead(id string) error {

@@ -206,6 +206,9 @@ type Node struct {
 	// leaderSince is when this node last became Raft leader (leaderLoop);
 	// nil before that.
 	leaderSince atomic.Pointer[time.Time]
+	// contacts is the failure detector's record of when, while this node
+	// leads, it last heard from each member (detectLoop, grantsLease).
+	contacts contacts
 }
 
 // Open starts a member on the given Raft listener: it recovers its state
@@ -444,7 +447,9 @@ func (n *Node) Prompt(req *transport.BatchRequest) bool {
 }
 
 // HandlePush is the owner's: hand-offs and backup copies from other
-// members.
+// members. A ping is answered with this member's ring epoch when it
+// grants the sender a lease (grantsLease), and with transport.NoLease
+// otherwise.
 func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transport.PushAck) {
 	o := n.owner.Load()
 	if o == nil && n.cell.Await(ctx, push.Epoch, 0, epochWait) != nil {
@@ -452,6 +457,11 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 	}
 	if o != nil {
 		o.HandlePush(ctx, push, ack)
+	}
+	if push.Kind == transport.PushPing && !n.grantsLease(push.From, time.Now()) {
+		// The sender may be asking for its lease: a probe's answer is
+		// only heard, never read (detectLoop).
+		ack.Epoch = transport.NoLease
 	}
 }
 

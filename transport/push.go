@@ -39,11 +39,19 @@ type PushKind uint8
 const (
 	PushHandoff PushKind = 1 // old owner → new owner: the partitions it gives up
 	PushBackup  PushKind = 2 // owner → backup: the latest state of changed partitions
-	// PushPing (no parts) is the leader's liveness probe and lease grant:
-	// a member whose ring has reached the ping's epoch may answer for its
-	// partitions for a while longer.
+	// PushPing (no parts) is the leader's liveness probe of a member, and
+	// a member's lease request to the leader: the answer's epoch is the
+	// receiver's ring epoch, and a member whose ring has reached it may
+	// answer for its partitions for a while longer. An answer of NoLease
+	// grants no lease.
 	PushPing PushKind = 3
 )
+
+// NoLease is the epoch of an answer to a PushPing that grants no lease:
+// the receiver does not lead, or has not heard from the sender lately. No
+// ring reaches it, so a member that reads it as an epoch takes no lease
+// either.
+const NoLease = ^uint64(0)
 
 // PushPart is one partition in a Push. Data is a limiter partition export
 // (Table.Export), normalised to the sender's clock at sending.

@@ -51,6 +51,12 @@ type Options struct {
 	// then start as non-voters and are promoted once it says they caught
 	// up, as over real TCP. Without one they join as voters at once.
 	Prober node.Prober
+	// ProbeLinks gives every member a Prober that reaches addresses
+	// through the links, as the default one dials them over TCP: a member
+	// the leader cannot reach is not let back in after it is marked dead
+	// (joining members start as non-voters, promoted at once). Prober
+	// wins when both are set.
+	ProbeLinks bool
 	// OnView, when set, sees every view a member publishes, as it does
 	// (from the member's goroutine: keep it short).
 	OnView func(member string, v *router.View)
@@ -185,7 +191,7 @@ func (c *Cluster) start(m *Member) {
 		RaftTransport: trans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
 		Forward:   forwarder{c, m.ID},
-		Prober:    c.opts.Prober,
+		Prober:    c.prober(m.ID),
 		LogOutput: io.Discard,
 		Logger:    c.logger(),
 		OnView: func(v *router.View) {
@@ -460,6 +466,56 @@ func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 	c.net.links[[2]string{from, to}] = l
 	c.net.mu.Unlock()
 	c.relink()
+}
+
+func (c *Cluster) prober(id string) node.Prober {
+	if c.opts.Prober == nil && c.opts.ProbeLinks {
+		return linkProber{c, id}
+	}
+	return c.opts.Prober
+}
+
+// linkProber is member from's Prober under Options.ProbeLinks.
+type linkProber struct {
+	c    *Cluster
+	from string
+}
+
+// Reach reaches a member's Raft or data-plane address through the link
+// from this member to it.
+func (p linkProber) Reach(ctx context.Context, addr string) error {
+	for _, m := range p.c.Members() {
+		switch addr {
+		case m.peerAddr():
+			_, err := p.c.net.route(ctx, p.from, addr)
+			return err
+		case m.raftAddr():
+			if l := p.c.net.link(p.from, m.ID); l.cut || l.raftCut {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			if !m.running() {
+				return fmt.Errorf("%w: %s is not running", ErrRefused, m.ID)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: no member at %s", ErrRefused, addr)
+}
+
+// Ready takes every member for caught up.
+func (linkProber) Ready(context.Context, string) error { return nil }
+
+// CutCalls drops the data-plane calls from makes to to, and nothing else:
+// to's calls to from, and their answers, pass, and so does Raft both ways
+// (a firewall that drops one side's connections to the other's data-plane
+// port). Heal restores it.
+func (c *Cluster) CutCalls(from, to string) {
+	c.net.mu.Lock()
+	l := c.net.links[[2]string{from, to}]
+	l.callsCut = true
+	c.net.links[[2]string{from, to}] = l
+	c.net.mu.Unlock()
 }
 
 // CutRaft cuts Raft's links between the given members and the others,

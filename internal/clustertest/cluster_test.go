@@ -16,6 +16,7 @@ import (
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 var logRule = limiter.Rule{Name: "log", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour, FailureMode: limiter.FailClosed}
@@ -394,6 +395,13 @@ func TestDeposedLeaderNeverAnswersStale(t *testing.T) {
 		}
 		if old.Node().Owner().Serving() {
 			t.Errorf("%s holds a lease after the newer leader marked it dead", old.ID)
+		}
+		// Nor does it grant one to a member that still asks it (one that
+		// has not heard of the newer leader): it does not hold its own.
+		var ack transport.PushAck
+		old.Node().HandlePush(t.Context(), &transport.Push{Kind: transport.PushPing, From: third.ID}, &ack)
+		if ack.Epoch != transport.NoLease {
+			t.Errorf("the deposed leader granted %s a lease (epoch %d)", third.ID, ack.Epoch)
 		}
 		if a, _ := spend(c, old.ID, key, 5); a != 0 {
 			t.Fatalf("the deposed leader admitted %d over the limit from its old ring", a)
@@ -818,5 +826,95 @@ func TestLeaderLeavesWithoutALeaderlessGap(t *testing.T) {
 			t.Errorf("no leader at %s while the leader %s left", leaderless, old.ID)
 		}
 		c.WaitSettled(2)
+	})
+}
+
+// A member the leader cannot reach on the data plane, though it reaches
+// the leader (a one-way cut: the leader's calls to it drop, its calls to
+// the leader pass, Raft passes both ways), is marked dead after DeadAfter
+// like any silent member, and has stopped answering for its partitions
+// before the others take them: the leader answers its lease requests
+// without a lease once it has counted it silent for DeadAfter/2. Without
+// that, the member renewed its lease from the leader's answers until the
+// ring that marked it dead, and answered for partitions the others
+// already served.
+func TestOneWayCutMemberNeverAnswersStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The leader's join check reaches a member through the links, as
+		// over TCP, so the cut member is not let back in at once.
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second, ProbeLinks: true})
+		leader := c.Leader()
+		c.PutRules(leader.ID, logRule)
+		victim, third := "n3", "n2"
+		switch leader.ID {
+		case "n3":
+			victim, third = "n2", "n1"
+		case "n2":
+			third = "n1"
+		}
+		key := c.KeyOwnedBy(victim, 0)
+		spend(c, victim, key, 4)
+		time.Sleep(100 * time.Millisecond) // backed up: 6 left
+		c.CutCalls(leader.ID, victim)
+		// The member must have stopped answering before the ring without
+		// it reaches anyone: sample its lease every 5ms until then. The
+		// leader leaves leaseMargin (100ms here) between the two.
+		var servedAt, took time.Duration
+		for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+			took = time.Since(start)
+			if took > 10*time.Second {
+				t.Fatalf("%s still in %s's ring after %v", victim, third, took)
+			}
+			if c.Member(victim).Node().Owner().Serving() {
+				servedAt = took
+			}
+			if _, ok := c.Member(third).Node().View().Ring.Member(victim); !ok {
+				break
+			}
+		}
+		if servedAt > took-50*time.Millisecond {
+			t.Errorf("%s held a lease %v after the cut, %v before %s's ring dropped it; want none in the last 50ms", victim, servedAt, took-servedAt, third)
+		}
+		// The backup copy serves the key now, 6 left, whichever member
+		// the checks come through (the cut member's own calls pass) once
+		// its ring has dropped it too.
+		c.WaitFor(victim+" out of its own ring", 10*time.Second, func() bool {
+			_, ok := c.Member(victim).Node().View().Ring.Member(victim)
+			return !ok
+		})
+		a1, d1 := spend(c, victim, key, 5)
+		a2, d2 := spend(c, third, key, 5)
+		if a1+a2 != 6 || d1+d2 != 0 {
+			t.Fatalf("admitted %d+%d, degraded %d+%d; want 6 in all and none degraded", a1, a2, d1, d2)
+		}
+	})
+}
+
+// Only the leader grants leases: a member that does not lead answers a
+// lease request without one (a member that still takes another for the
+// leader keeps no lease from it), and so does a leader for a member it
+// has not heard from.
+func TestOnlyTheLeaderGrantsLeases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		leader := c.Leader()
+		for _, m := range c.Members() {
+			var ack transport.PushAck
+			m.Node().HandlePush(t.Context(), &transport.Push{Kind: transport.PushPing, From: "n9"}, &ack)
+			if ack.Epoch != transport.NoLease {
+				t.Errorf("%s answered a stranger's lease request with epoch %d", m.ID, ack.Epoch)
+			}
+			for _, from := range c.Members() {
+				if from == m {
+					continue
+				}
+				var ack transport.PushAck
+				m.Node().HandlePush(t.Context(), &transport.Push{Kind: transport.PushPing, From: from.ID}, &ack)
+				granted := ack.Epoch != transport.NoLease
+				if want := m == leader; granted != want {
+					t.Errorf("%s answered %s's lease request with epoch %d (leader %s)", m.ID, from.ID, ack.Epoch, leader.ID)
+				}
+			}
+		}
 	})
 }

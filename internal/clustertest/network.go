@@ -20,6 +20,9 @@ type link struct {
 	cut     bool          // packets are dropped: calls hang until their deadline
 	delay   time.Duration // added before delivery
 	raftCut bool          // Raft's packets alone are dropped (see CutRaft)
+	// callsCut drops the data-plane calls made in this direction alone:
+	// the other side's calls, and their answers, still pass (see CutCalls).
+	callsCut bool
 }
 
 // network is the in-memory data plane and the link table that Raft's
@@ -53,14 +56,15 @@ func (n *network) route(ctx context.Context, from, addr string) (*Member, error)
 	m := n.members[id]
 	l := n.links[[2]string{from, id}]
 	back := n.links[[2]string{id, from}]
-	if ok && (l.cut || back.cut) {
+	dropped := l.cut || back.cut || l.callsCut
+	if ok && dropped {
 		n.drops[[2]string{from, id}]++
 	}
 	n.mu.Unlock()
 	if !ok || m == nil {
 		return nil, fmt.Errorf("%w: no member at %s", ErrRefused, addr)
 	}
-	if l.cut || back.cut {
+	if dropped {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}

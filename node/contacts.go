@@ -1,0 +1,95 @@
+package node
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ringlimit/ringlimit/fsm"
+)
+
+// contacts is, while this member leads, when it last heard from each
+// member it expects to answer (detectLoop's record of contact, from the
+// sending time of the last answered ping, or from when it began counting).
+// detectLoop alone writes it; grantsLease reads it as members ask for
+// their leases.
+type contacts struct {
+	mu sync.Mutex
+	at map[string]time.Time // guarded by mu
+}
+
+func (c *contacts) get(id string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.at[id]
+	return t, ok
+}
+
+func (c *contacts) set(id string, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at == nil {
+		c.at = map[string]time.Time{}
+	}
+	c.at[id] = t
+}
+
+func (c *contacts) remove(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.at, id)
+}
+
+// reset forgets every contact (a leadership begins or ends).
+func (c *contacts) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.at)
+}
+
+// retain forgets the members for which keep returns false.
+func (c *contacts) retain(keep func(id string) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range c.at {
+		if !keep(id) {
+			delete(c.at, id)
+		}
+	}
+}
+
+// grantsLease reports whether this member grants member id the lease it
+// asks for at now (a PushPing from it): only while this member leads and
+// holds its own lease, only to a member of the cluster that is neither
+// dead nor down, and only while this member has heard from it within
+// DeadAfter − DeadAfter/2 − leaseMargin. A lease runs DeadAfter/2 from
+// the member's sending of its request (before it arrived here), so every
+// lease granted ends leaseMargin before this member may mark it dead
+// (DeadAfter of silence): a member this leader cannot reach, even one
+// that still reaches it (a one-way cut), has stopped answering for its
+// partitions before the others take them.
+//
+// Without its own lease the leader may be deposed without knowing it
+// (its lease needs a quorum answering at its term, see leaderLeaseFrom),
+// and a member that does not lead has no say over who is dead: a member
+// that still takes either for the leader gets no lease from it.
+func (n *Node) grantsLease(id string, now time.Time) bool {
+	if !n.isLeader() {
+		return false
+	}
+	if o := n.owner.Load(); o == nil || !o.Serving() {
+		return false
+	}
+	if m, ok := n.fsm.State().Member(id); !ok || m.State == fsm.Dead || m.State == fsm.Down {
+		return false
+	}
+	at, ok := n.contacts.get(id)
+	return ok && now.Sub(at) < n.cfg.DeadAfter-n.cfg.DeadAfter/2-leaseMargin(n.cfg.DeadAfter)
+}
+
+// leaseMargin is what the leader leaves between the end of any lease a
+// member may hold and the instant it may mark that member dead: for
+// clocks that run at slightly different rates, nothing more (durations on
+// both sides are measured on monotonic clocks).
+func leaseMargin(deadAfter time.Duration) time.Duration {
+	return max(deadAfter/20, 10*time.Millisecond)
+}
