@@ -248,14 +248,25 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 	return retry, settled
 }
 
+// handoffWait is how long a gained partition waits for its hand-off
+// before its backup copy is promoted: handoffTimeout, or longer when a
+// member's lease (DeadAfter/2) is longer. An old owner that has not seen
+// the ring change (cut off from Raft) answers for the partition until its
+// lease, renewed last before the leader's epoch moved on, runs out, so
+// the backup copy may only be promoted after that: DeadAfter/2 and the
+// leader's margin after this member saw the change.
+func (n *Node) handoffWait() time.Duration {
+	return max(handoffTimeout, n.cfg.DeadAfter/2+leaseMargin(n.cfg.DeadAfter))
+}
+
 // expireLater promotes the backup copies of parts, which began awaiting
 // their hand-off under the ring of epoch, that still await it once
-// handoffTimeout has passed; one that began awaiting afresh under a newer
+// handoffWait has passed; one that began awaiting afresh under a newer
 // ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	n := h.n
 	n.goLoop(func() {
-		t := time.NewTimer(handoffTimeout)
+		t := time.NewTimer(n.handoffWait())
 		defer t.Stop()
 		select {
 		case <-n.ctx.Done():

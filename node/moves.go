@@ -458,5 +458,6 @@ func (o *Owner) MarkDirty(parts []transport.PushPart) {
 }
 
 // handoffTimeout is how long a gained partition waits for its old owner's
-// hand-off before its backup copy is promoted.
+// hand-off before its backup copy is promoted, at the least: a node waits
+// longer when the old owner's lease may outlast it (Node.handoffWait).
 const handoffTimeout = 3 * time.Second
