@@ -29,6 +29,12 @@ Run 'ringlimit <command> -h' for the flags of a command.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal, the next one is the system's own: a
+		// second Ctrl-C ends a shutdown that takes too long.
+		<-ctx.Done()
+		stop()
+	}()
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

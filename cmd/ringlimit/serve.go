@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -130,7 +131,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	log.Info("ringlimit serving", "id", *id, "http", advHTTP, "raft", advRaft, "peer", advPeer, "grpc", *envoy.grpc, "data_dir", *dataDir)
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down: draining in-flight requests", "drain_timeout", drainTimeout.String())
+		log.Info("shutting down: draining in-flight requests (a second signal exits at once)", "drain_timeout", drainTimeout.String())
 	case <-srv.Removed():
 		log.Info("removed from the cluster: exiting")
 	case err := <-srv.Conflict():
@@ -142,12 +143,37 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := within(*drainTimeout+shutdownGrace, func() error { return srv.Shutdown(sctx) }); err != nil {
 		log.Error("shutdown", "err", err)
 		return 1
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// shutdownGrace is how long serve waits for a member's shutdown past
+// --drain-timeout before it exits all the same: hashicorp/raft's
+// Shutdown waits for its log store, and a disk that never answers would
+// hold the process forever. Raft's stores are transactional, so exiting
+// then loses nothing a crash would not.
+const shutdownGrace = 10 * time.Second
+
+// errShutdownHung is within's error when f has not returned in time.
+var errShutdownHung = errors.New("did not finish in time (a Raft write or a disk that never answers?); exiting all the same")
+
+// within runs f and waits for it at most d; after that it returns
+// errShutdownHung and leaves f running (the process is about to exit).
+func within(d time.Duration, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return errShutdownHung
+	}
 }
 
 // advertise returns the address others use for a listener: the listen
