@@ -47,7 +47,9 @@ import (
 //   - uvarints in their shortest form, and no byte after the last record.
 //
 // Export clamps a delta above maxDelta (only a clock that ran far
-// backwards makes one) to maxDelta.
+// backwards makes one) to maxDelta, and writes a time at or before now
+// of a state that is live all the same (one of an older rule set, see
+// delta) as 1.
 const (
 	streamMagic   = "RLP1"
 	streamVersion = 2
@@ -209,9 +211,20 @@ func appendSet(dst []byte, s *ruleSet, now int64) []byte {
 	return dst
 }
 
-// delta is at − now for a live time at > now, clamped to maxDelta.
+// delta is at − now for a time of a live state, clamped to [1, maxDelta].
+//
+// A state of the newest rule set is live only while its times are after
+// now; one of an older set stays live while it still matters what it
+// carries over to the next set, at that set's coming into force (see
+// droppable), though its own times may be past by now. The stream cannot
+// say "in the past", so such a time is written 1 ns ahead: a later time
+// carries over to at least as much as the state held (more debt, or
+// admissions counted longer), never less.
 func delta(at, now int64) uint64 {
-	return min(uint64(at)-uint64(now), uint64(maxDelta)) // at > now: no overflow
+	if at <= now {
+		return 1
+	}
+	return min(uint64(at)-uint64(now), uint64(maxDelta))
 }
 
 // Import merges a stream made by Export (from any node, at any now of its

@@ -531,3 +531,48 @@ func TestExportClampsDeltas(t *testing.T) {
 		t.Fatalf("Import at a now that overflows: %v, want ErrCorrupt", err)
 	}
 }
+
+// A state of an older rule set stays live while it matters what it
+// carries over to the next set, though its own time may be past: Export
+// writes that time 1 ns ahead, so the importer carries it over to about
+// what the exporter does. It wrote it as the wrapped difference clamped
+// to maxDelta: twenty years of debt, an empty bucket after the carry.
+func TestExportOlderSetStatePastItsTime(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	v1 := []Rule{{Name: "r", Algorithm: TokenBucket, Limit: 10, Period: time.Second, Version: 1}}
+	v2 := []Rule{{Name: "r", Algorithm: TokenBucket, Limit: 20, Period: time.Second, Version: 2}}
+	tb := mustTable(t, 1)
+	if err := tb.SetRules(1, v1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Check(0, 7, &v1[0], 0, 5); err != nil { // TAT = 500ms
+		t.Fatal(err)
+	}
+	if err := tb.SetRules(2, v2, 100*ms); err != nil { // the state matters at 100ms
+		t.Fatal(err)
+	}
+	now := 501 * ms // past the TAT, not yet carried over
+	s := tb.Export(nil, 0, now)
+	if !bytes.HasSuffix(s, []byte{0x01}) { // the TAT delta is the last byte
+		t.Fatalf("export % x: want a TAT delta of 1", s)
+	}
+	in := mustTable(t, 1)
+	if err := in.SetRules(2, v2, 100*ms); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Import(0, s, now); err != nil {
+		t.Fatal(err)
+	}
+	want, err := tb.Check(0, 7, &v2[0], now, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := in.Check(0, 7, &v2[0], now, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The importer carries over a TAT 1ms+1ns later than the exporter's.
+	if got.Remaining > want.Remaining || got.Remaining < want.Remaining-1 {
+		t.Fatalf("imported state: %d remaining, exporter's %d: want at most 1 fewer", got.Remaining, want.Remaining)
+	}
+}
