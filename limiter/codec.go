@@ -168,24 +168,30 @@ func appendStream(dst []byte, part uint32, recs []exportRec, g *ruleSets, now in
 		dst = appendSet(dst, s, now)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(recs)))
-	for _, r := range recs {
-		n := len(dst)
-		dst = binary.LittleEndian.AppendUint64(dst, r.key>>8)[:n+keyBytes]
-		dst = append(dst, r.kind)
-		dst = binary.AppendUvarint(dst, ref[r.tag])
-		switch r.kind {
-		case kindTAT:
-			dst = binary.AppendUvarint(dst, delta(int64(r.tat), now))
-		case kindWindow:
-			dst = binary.AppendUvarint(dst, delta(r.win.DeadAt, now))
-			dst = binary.AppendUvarint(dst, r.win.Counts)
-		case kindLog:
-			dst = binary.AppendUvarint(dst, uint64(r.log.n))
-			for i := range int(r.log.n) {
-				le := r.log.at(i)
-				dst = binary.AppendUvarint(dst, delta(le.exp, now))
-				dst = binary.AppendUvarint(dst, uint64(le.cost))
-			}
+	for i := range recs {
+		dst = appendRecord(dst, &recs[i], ref[recs[i].tag], now)
+	}
+	return dst
+}
+
+// appendRecord appends record r, of the stream's set number set, at now.
+func appendRecord(dst []byte, r *exportRec, set uint64, now int64) []byte {
+	n := len(dst)
+	dst = binary.LittleEndian.AppendUint64(dst, r.key>>8)[:n+keyBytes]
+	dst = append(dst, r.kind)
+	dst = binary.AppendUvarint(dst, set)
+	switch r.kind {
+	case kindTAT:
+		dst = binary.AppendUvarint(dst, delta(int64(r.tat), now))
+	case kindWindow:
+		dst = binary.AppendUvarint(dst, delta(r.win.DeadAt, now))
+		dst = binary.AppendUvarint(dst, r.win.Counts)
+	case kindLog:
+		dst = binary.AppendUvarint(dst, uint64(r.log.n))
+		for i := range int(r.log.n) {
+			le := r.log.at(i)
+			dst = binary.AppendUvarint(dst, delta(le.exp, now))
+			dst = binary.AppendUvarint(dst, uint64(le.cost))
 		}
 	}
 	return dst

@@ -138,6 +138,26 @@ func FuzzImport(f *testing.F) {
 		if out := tb.Export(nil, fuzzPart, now); !bytes.Equal(out, src) {
 			t.Fatalf("merged with itself, the partition exports differently:\n in % x\nout % x", src, out)
 		}
+		// Restamped a second later, it is what the table exports then;
+		// a table that holds none of its sets restamps it too, to a
+		// stream that imports.
+		later := now
+		if now < math.MaxInt64-int64(time.Second) {
+			later = now + int64(time.Second)
+		}
+		re, err := tb.Restamp(nil, src, now, later)
+		if err != nil {
+			t.Fatalf("Restamp of an imported stream: %v", err)
+		}
+		if out := tb.Export(nil, fuzzPart, later); !bytes.Equal(re, out) {
+			t.Fatalf("restamped by 1s:\n got % x\nwant % x", re, out)
+		}
+		if re, err = mustTable(t, 2).Restamp(nil, src, now, later); err != nil {
+			t.Fatalf("Restamp by a table without the sets: %v", err)
+		}
+		if _, err := mustTable(t, 2).Import(fuzzPart, re, later); err != nil {
+			t.Fatalf("Import of a restamped stream: %v\n% x", err, re)
+		}
 		// Whatever was imported, the steps run on it without panicking,
 		// under rules of every algorithm and at the extremes of cost.
 		p := &tb.parts[fuzzPart]
@@ -147,10 +167,6 @@ func FuzzImport(f *testing.F) {
 		p.wins.all(func(h uint64, _ uint8, _ Window) { hashes = append(hashes, h) })
 		for h := range p.logs {
 			hashes = append(hashes, h)
-		}
-		later := now
-		if now < math.MaxInt64-int64(time.Second) {
-			later = now + int64(time.Second)
 		}
 		rules := fuzzRules
 		for _, v := range tb.RuleVersions()[1:] {
