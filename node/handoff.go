@@ -116,6 +116,8 @@ func (h *handoffs) Pending() int {
 }
 
 // deliver pushes parts (all for one member at first) until each is taken.
+// Every attempt sends them as of its own instant (sendable): a part that
+// waited for a retry or a new owner arrives as old as its states are.
 func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 	n := h.n
 	backoff := 20 * time.Millisecond
@@ -134,9 +136,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			}
 		}
 		push := &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}
-		for _, o := range batch {
-			push.Parts = append(push.Parts, o.Part)
-		}
+		push.Parts = n.sendable(batch)
 		var ack transport.PushAck
 		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
@@ -186,6 +186,25 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 	}
 }
 
+// sendable returns the parts of batch as they go out now: each
+// restamped from its export to this instant of the owner's clock
+// (Owner.sendable), at every attempt, from the data exported once.
+func (n *Node) sendable(batch []Outgoing) []transport.PushPart {
+	parts := make([]transport.PushPart, len(batch))
+	o := n.owner.Load()
+	if o == nil { // unreachable: the owner that exported them is kept
+		for i, og := range batch {
+			parts[i] = og.Part
+		}
+		return parts
+	}
+	now := o.now()
+	for i, og := range batch {
+		parts[i] = o.sendable(og, now)
+	}
+	return parts
+}
+
 // readdress sends parts where view v says they belong now: to another
 // owner (returned, to push again), or nowhere when nobody owns them.
 // settled counts the parts that need no further push.
@@ -219,7 +238,8 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 		case m.ID == n.cfg.ID:
 			mine = append(mine, og)
 		default:
-			retry = append(retry, Outgoing{To: m, Part: og.Part})
+			og.To = m
+			retry = append(retry, og)
 		}
 	}
 	if len(mine) == 0 {
@@ -229,10 +249,7 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 	if o == nil {
 		return append(retry, mine...), settled
 	}
-	push := &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID}
-	for _, og := range mine {
-		push.Parts = append(push.Parts, og.Part)
-	}
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: n.sendable(mine)}
 	ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
 	for i := range ack.Status {
 		ack.Status[i] = transport.PushRejected // as the data plane's server does

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
@@ -132,9 +133,36 @@ func membersChanged(a, b *ring.Ring) int {
 }
 
 // Outgoing is a partition to push to its new owner after a ring change.
+//
+// Part.Data is the partition's stream as exported at At (the owner's
+// clock, Unix ns) by src; it is kept as it is and restamped at each send
+// (Owner.sendable), so that a hand-off retried, readdressed or taken back
+// later still arrives normalised to its sender's now.
 type Outgoing struct {
 	To   ring.Member
 	Part transport.PushPart
+	At   int64          // when Part.Data was exported, on the owner's clock (ns)
+	src  *limiter.Table // the table that exported Part.Data; nil for a Lost part
+}
+
+// sendable is og's part as it goes out at now (the owner's clock, ns):
+// its data restamped from its export at og.At to now (see
+// limiter.Table.Restamp), so that its states arrive as old as they are,
+// however long the hand-off waited. Data that does not restamp (it
+// cannot: it is src's own export) goes as exported, younger than its
+// states, which admits less, never more.
+func (o *Owner) sendable(og Outgoing, now int64) transport.PushPart {
+	pt := og.Part
+	if og.src == nil || pt.Lost || now <= og.At {
+		return pt
+	}
+	data, err := og.src.Restamp(nil, pt.Data, og.At, now)
+	if err != nil {
+		o.log.Error("hand-off does not restamp; sending it as exported", "partition", pt.Partition, "err", err)
+		return pt
+	}
+	pt.Data = data
+	return pt
 }
 
 // Apply publishes next and carries out m: partitions lost are frozen,
@@ -151,15 +179,19 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		st := o.getState(p)
 		o.setState(p, partAway)
 		part := transport.PushPart{Partition: p}
+		var src *limiter.Table
 		switch {
 		case st == partServing:
-			part.Data = o.table.Export(nil, p, now)
+			src = o.table
 		case o.backup.PartitionLen(p) > 0:
 			// Its state never reached us (the ring moved on before the
 			// hand-off came), but we hold its backup copy: the best there is.
-			part.Data = o.backup.Export(nil, p, now)
+			src = o.backup
 		default:
 			part.Lost = true
+		}
+		if src != nil {
+			part.Data = src.Export(nil, p, now)
 		}
 		o.table.Drop(p)
 		o.dirty[p].Store(false)
@@ -168,7 +200,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			continue
 		}
 		if mem, ok := next.Ring.Member(to); ok {
-			out = append(out, Outgoing{To: mem, Part: part})
+			out = append(out, Outgoing{To: mem, Part: part, At: now, src: src})
 		}
 	}
 	for _, p := range m.Unback {
