@@ -109,6 +109,37 @@ func TestDelayedHandoffRefills(t *testing.T) {
 	})
 }
 
+// The owner side reads a push's ages from its arrival, not from after
+// it waited for the push's ring epoch (up to epochWait): a hand-off that
+// comes before its ring is no younger for the wait.
+func TestHandoffWaitingForItsEpochIsNoYounger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Second}}
+		v1, v2 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		a, b := clockOwner(t, "a"), clockOwner(t, "b")
+		n := handoffNode(t, a, pushOwners{"b:1": b})
+		h, p := partOf(v2, "b")
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+
+		applyRing(n, nil, v1)
+		spendAt(t, a, ck, 1) // leaves the window at 1s
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		out := applyRing(n, v1, v2)
+		time.Sleep(900 * time.Millisecond)
+		// b applies epoch 2 150ms after the hand-off reaches it.
+		time.AfterFunc(150*time.Millisecond, func() {
+			b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false))
+		})
+		n.h.send(2, out)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r := handle(b, 2, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+			t.Fatalf("check on b 1.05s after the spend: %+v, want allowed", r)
+		}
+	})
+}
+
 // A hand-off taken back by its sender (its target went away before
 // taking it) is taken as old as it is too.
 func TestHandoffTakenBackArrivesAsOldAsItIs(t *testing.T) {

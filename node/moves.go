@@ -308,6 +308,11 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		}
 		return
 	}
+	// The pushed states are normalised to their sender's now at its send
+	// (Outgoing): their ages count from their arrival, not from after
+	// the wait for the push's epoch below, or they would be that much
+	// younger than they are.
+	now := o.now()
 	if v == nil || push.Epoch > v.Epoch() {
 		v = o.cell.Await(ctx, push.Epoch, 0, epochWait)
 	}
@@ -315,7 +320,6 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		return // every part stays PushRejected
 	}
 	ack.Epoch = v.Epoch()
-	now := o.now()
 	for i := range push.Parts {
 		pt := &push.Parts[i]
 		if int(pt.Partition) >= len(o.moving) {
