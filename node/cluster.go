@@ -641,12 +641,21 @@ func sameRules(a, b []limiter.Rule) bool {
 // its state, the partitions it owns in this node's ring, and whether it
 // votes in this node's latest Raft configuration (the source of truth for
 // a promotion; a member missing from it does not vote).
+//
+// A node with no view of the cluster yet (it has not joined one, or is
+// replaying its log, or the cluster is being initialised and lists no
+// member) answers an error wrapping api.ErrUnavailable saying so: an
+// empty membership would read as a cluster of nobody.
 func (n *Node) Cluster(context.Context) (view.Cluster, error) {
-	leaderID, _ := n.leader()
 	snap := n.snap.Load()
-	if snap == nil {
-		return view.Cluster{Leader: leaderID}, nil
+	if snap == nil || len(snap.st.Members) == 0 {
+		why := "it has not joined a cluster, or the cluster is still being set up"
+		if snap == nil && !n.caughtUp() {
+			why = fmt.Sprintf("it is replaying its raft log (%d of %d)", n.fsm.Applied(), n.startIndex)
+		}
+		return view.Cluster{}, fmt.Errorf("%w: this node has no view of the cluster yet: %s", api.ErrUnavailable, why)
 	}
+	leaderID, _ := n.leader()
 	var voters map[string]bool
 	if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
 		voters = make(map[string]bool)

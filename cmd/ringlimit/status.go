@@ -12,7 +12,10 @@ import (
 )
 
 // runStatus is `ringlimit status`: the membership as --addr sees it, as a
-// table or (--json) as the /v1/cluster object. It exits 0, or 2 on error.
+// table or (--json) as the /v1/cluster object. It exits 0, or 2 on error,
+// which includes a node that has no view of the cluster yet (not joined,
+// or just started): it answers 503, or (an older version) lists no
+// members, and status says so rather than print a cluster of nobody.
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status", stderr)
 	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
@@ -29,6 +32,9 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	cl, err := c.Cluster(ctx)
 	if err != nil {
 		return fail(stderr, "status", err)
+	}
+	if len(cl.Members) == 0 {
+		return fail(stderr, "status", fmt.Errorf("%s has no view of the cluster yet (it lists no members): it has not joined a cluster, or has just started", hostPort(*addr)))
 	}
 	if *asJSON {
 		err = writeJSON(stdout, cl)

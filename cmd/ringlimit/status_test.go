@@ -74,12 +74,36 @@ func TestStatusVoterNotReported(t *testing.T) {
 	}
 }
 
+// A node that knows the members but no leader (an election) is a
+// status worth printing.
 func TestStatusNoLeader(t *testing.T) {
 	f := newFakeAPI(t)
-	f.cluster = api.Cluster{Partitions: 1024}
+	f.cluster.Leader = ""
 	code, out, _ := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
-	if code != 0 || !strings.Contains(out, "leader      (none)") || !strings.Contains(out, "members     0") {
+	if code != 0 || !strings.Contains(out, "leader      (none)") || !strings.Contains(out, "members     2") {
 		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+}
+
+// A node with no view of the cluster yet is an error (exit 2) that says
+// so, not a cluster of nobody: a member that has not joined answers 503,
+// and a node that lists no members (an older version) is taken the same
+// way.
+func TestStatusNoView(t *testing.T) {
+	f := newFakeAPI(t)
+	f.cluster = api.Cluster{Partitions: 1024}
+	// Nothing listens at the --join address: the member never joins.
+	m := startTestMember(t, "n1", freePort(t))
+	for _, tc := range []struct{ addr, says string }{
+		{f.addr, "it lists no members"},
+		{m.http, "unavailable (503): unavailable: this node has no view of the cluster yet: it has not joined a cluster"},
+	} {
+		for _, json := range []string{"--json=false", "--json"} {
+			code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", tc.addr, json)
+			if code != 2 || out != "" || !strings.Contains(errs, "no view of the cluster yet") || !strings.Contains(errs, tc.says) {
+				t.Errorf("status --addr %s %s: exit %d, stdout %q, stderr %q; want 2, nothing, a message saying it has no view (%s)", tc.addr, json, code, out, errs, tc.says)
+			}
+		}
 	}
 }
 

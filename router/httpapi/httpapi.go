@@ -54,7 +54,10 @@ type Admin interface {
 	// force. Errors wrapping rules.ErrInvalid answer 400 invalid_rules,
 	// api.ErrUnavailable 503 (no leader).
 	PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error)
-	// Cluster returns the membership GET /v1/cluster shows.
+	// Cluster returns the membership GET /v1/cluster shows. An error
+	// wrapping api.ErrUnavailable answers 503: the node has no view of
+	// the cluster yet (it has not joined one), which an empty
+	// membership would hide.
 	Cluster(ctx context.Context) (view.Cluster, error)
 	// Join adds a member; every field of req is non-empty. Errors
 	// wrapping api.ErrBadRequest answer 400, api.ErrUnavailable 503.
