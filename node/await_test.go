@@ -7,6 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/ringlimit/ringlimit/api"
 )
 
@@ -52,3 +54,27 @@ func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 type answeredFuture struct{ err error }
 
 func (f answeredFuture) Error() error { return f.err }
+
+// raftUnavailable wraps api.ErrUnavailable exactly once, whether Raft
+// answered (its errors do not wrap it) or await gave up (its error does),
+// and keeps Raft's error reachable.
+func TestRaftUnavailableWrapsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}
+		f := stuckFuture{make(chan struct{})}
+		defer close(f.release)
+		_, gaveUp := n.await(f, "membership change")
+		for _, tc := range []struct {
+			err  error
+			want string
+		}{
+			{raft.ErrLeadershipLost, "removing n2 from raft: unavailable: leadership lost while committing log"},
+			{gaveUp, "removing n2 from raft: unavailable: raft did not answer a membership change within 7s: its outcome is unknown (it may still commit)"},
+		} {
+			got := raftUnavailable("removing n2 from raft", tc.err)
+			if got.Error() != tc.want || !errors.Is(got, api.ErrUnavailable) || !errors.Is(got, tc.err) {
+				t.Errorf("raftUnavailable(%q) = %q, want %q wrapping api.ErrUnavailable and the cause", tc.err, got, tc.want)
+			}
+		}
+	})
+}

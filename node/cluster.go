@@ -100,6 +100,18 @@ func (n *Node) await(f raft.Future, what string) (answered bool, err error) {
 	}
 }
 
+// raftUnavailable is the error of a Raft membership change or barrier
+// that failed with err, after doing ("adding n4 to raft"); it wraps
+// api.ErrUnavailable once. err is Raft's own answer (leadership lost,
+// say), which does not wrap it, or await's when it gave up, which does:
+// wrapping that again read "unavailable: … unavailable: …".
+func raftUnavailable(doing string, err error) error {
+	if errors.Is(err, api.ErrUnavailable) {
+		return fmt.Errorf("%s: %w", doing, err)
+	}
+	return fmt.Errorf("%s: %w: %w", doing, api.ErrUnavailable, err)
+}
+
 // leader returns the leader's id and HTTP address ("" when unknown).
 func (n *Node) leader() (id, http string) {
 	_, lid := n.raft.raft.LeaderWithID()
@@ -384,7 +396,7 @@ func (n *Node) join(req api.JoinRequest) error {
 			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
 		}
 		if _, err := n.await(f, "membership change"); err != nil {
-			return fmt.Errorf("%w: adding %s to raft: %w", api.ErrUnavailable, req.ID, err)
+			return raftUnavailable("adding "+req.ID+" to raft", err)
 		}
 	}
 	if suffrage == raft.Nonvoter && voters < MaxVoters && n.promotesLater() {
@@ -460,7 +472,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 // half of a leave; an error wraps api.ErrUnavailable.
 func (n *Node) removeFromRaft(id string) error {
 	if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
-		return fmt.Errorf("%w: removing %s from raft: %w", api.ErrUnavailable, id, err)
+		return raftUnavailable("removing "+id+" from raft", err)
 	}
 	return nil
 }

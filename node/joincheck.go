@@ -310,7 +310,7 @@ func (n *Node) syncVoterFlags() error {
 	// yet, and AddMember writes a member's addresses with its flag: wait
 	// until the state is current rather than write an old address back.
 	if _, err := n.await(n.raft.raft.Barrier(applyTimeout), "barrier"); err != nil {
-		return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+		return raftUnavailable("waiting for the log before correcting voter flags", err)
 	}
 	if fixes, err = n.voterFlagFixes(); err != nil {
 		return err

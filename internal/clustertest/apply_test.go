@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -105,6 +106,24 @@ func TestCloseReleasesAPendingWrite(t *testing.T) {
 		case <-closed:
 		case <-time.After(applyBound):
 			t.Fatalf("Close of a node with a write pending still blocked %v after its disk came back", applyBound)
+		}
+	})
+}
+
+// A join on a leader whose disk hangs answers "unavailable" once: the
+// Raft membership change is never answered, and await's error, which
+// says so and wraps api.ErrUnavailable, is not wrapped in it again.
+func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour})
+		leader := c.Leader()
+		resume := c.StallDisk(leader.ID)
+		t.Cleanup(resume)
+		synctest.Wait()
+
+		err := leader.Node().Join(context.Background(), api.JoinRequest{ID: "n9", HTTP: "http-n9:1", Raft: "raft-n9:1", Peer: "peer-n9:1"})
+		if !errors.Is(err, api.ErrUnavailable) || strings.Count(err.Error(), "unavailable") != 1 || !strings.HasPrefix(err.Error(), "adding n9 to raft: unavailable: raft did not answer") {
+			t.Fatalf("Join on a leader whose disk hangs: %v; want one error wrapping api.ErrUnavailable once, reading \"adding n9 to raft: unavailable: raft did not answer …\"", err)
 		}
 	})
 }
