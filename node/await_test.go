@@ -19,8 +19,9 @@ type stuckFuture struct{ release chan struct{} }
 func (f stuckFuture) Error() error { <-f.release; return nil }
 
 // await gives up on a future Raft does not answer after commitTimeout,
-// or at once when the node closes, with an error that says the outcome
-// is unknown; an answered future's error comes back as it is.
+// when the request's context ends, or at once when the node closes, with
+// an error that says the outcome is unknown; an answered future's error
+// comes back as it is.
 func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -29,9 +30,17 @@ func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 		defer close(f.release) // the waiter left behind ends with the test
 
 		start := time.Now()
-		answered, err := n.await(f, "write")
+		answered, err := n.await(ctx, f, "write")
 		if took := time.Since(start); answered || !errors.Is(err, api.ErrUnavailable) || took != n.commitTimeout() {
 			t.Fatalf("await of a stuck future = %v, %v after %v; want unanswered, unavailable, after %v", answered, err, took, n.commitTimeout())
+		}
+
+		req, cancelReq := context.WithTimeout(ctx, 3*time.Second)
+		start = time.Now()
+		answered, err = n.await(req, f, "write")
+		cancelReq()
+		if took := time.Since(start); answered || !errors.Is(err, api.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || took != 3*time.Second {
+			t.Fatalf("await with a request deadline = %v, %v after %v; want unanswered, unavailable, deadline exceeded, after 3s", answered, err, took)
 		}
 
 		go func() {
@@ -39,13 +48,13 @@ func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 			cancel()
 		}()
 		start = time.Now()
-		answered, err = n.await(f, "membership change")
+		answered, err = n.await(n.ctx, f, "membership change")
 		if took := time.Since(start); answered || !errors.Is(err, api.ErrUnavailable) || took != time.Second {
 			t.Fatalf("await while the node closes = %v, %v after %v; want unanswered, unavailable, after 1s", answered, err, took)
 		}
 
 		want := errors.New("raft's own answer")
-		if answered, err := (&Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}).await(answeredFuture{want}, "write"); !answered || err != want {
+		if answered, err := (&Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}).await(context.Background(), answeredFuture{want}, "write"); !answered || err != want {
 			t.Fatalf("await of an answered future = %v, %v; want answered, %v", answered, err, want)
 		}
 	})
@@ -63,7 +72,7 @@ func TestRaftUnavailableWrapsOnce(t *testing.T) {
 		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}
 		f := stuckFuture{make(chan struct{})}
 		defer close(f.release)
-		_, gaveUp := n.await(f, "membership change")
+		_, gaveUp := n.await(n.ctx, f, "membership change")
 		for _, tc := range []struct {
 			err  error
 			want string

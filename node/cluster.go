@@ -25,8 +25,13 @@ const MaxVoters = 5
 // loop to take it (raft's enqueue timeout), and Raft membership changes.
 const applyTimeout = 5 * time.Second
 
-// commitTimeout bounds a whole Raft write in apply, from the call until
-// Raft answers: applyTimeout for Raft to take it, then two Raft timeouts.
+// enqueueMargin is how long before a write's deadline apply stops
+// waiting for Raft to take it.
+const enqueueMargin = 10 * time.Millisecond
+
+// commitTimeout bounds await: the wait for Raft's answer to a write or a
+// membership change it has taken (taking it, Raft's enqueue, is bounded
+// by applyTimeout before that): applyTimeout, then two Raft timeouts.
 // Once a leader has taken an entry, Raft answers it after a local disk
 // write, one round trip to a quorum and the FSM's apply (milliseconds),
 // or with ErrLeadershipLost when the leader steps down, which it does
@@ -40,20 +45,23 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 // apply writes a command through Raft on the leader and returns the FSM's
 // answer.
 //
-// It waits at most commitTimeout, and no longer than the node runs:
-// hashicorp/raft may never answer a write (hashicorp/raft#498, #145: an
-// entry committed as Raft shuts down, a leader whose disk hangs), and a
-// loop blocked here would hang Close, an admin request its client. On
-// either it returns an error wrapping api.ErrUnavailable that says the
-// outcome is unknown, as for ErrLeadershipLost and ErrRaftShutdown: the
-// command may still commit. It cannot take effect after a command
-// proposed later has committed (Raft applies its log in order, and a later
-// leader either holds the entry before its own or has overwritten it), so
-// a caller that retries must send a command whose second application
-// changes nothing (AddMember, SetMemberState and PutRules with the same
-// arguments are such commands; Init answers fsm.ErrInitialized, and
-// RemoveMember fsm.ErrUnknownMember, which Leave and markDead take as
-// done).
+// Raft takes the command within applyTimeout, and no later than ctx's
+// deadline, or apply answers (unavailable) that it was not written. It
+// then waits for Raft's answer at most commitTimeout, no longer than ctx
+// and no longer than the node runs: hashicorp/raft may never answer a
+// write (hashicorp/raft#498, #145: an entry committed as Raft shuts
+// down, a leader whose disk hangs), and a loop blocked here would hang
+// Close, an admin request its client. On any of these it returns an
+// error wrapping api.ErrUnavailable that says the outcome is unknown, as
+// for ErrLeadershipLost and ErrRaftShutdown: the command may still
+// commit. It cannot take effect after a command proposed later has
+// committed (Raft applies its log in order, and a later leader either
+// holds the entry before its own or has overwritten it; apply returns
+// only once Raft has taken the command or refused it), so a caller that
+// retries must send a command whose second application changes nothing
+// (AddMember, SetMemberState and PutRules with the same arguments are
+// such commands; Init answers fsm.ErrInitialized, and RemoveMember
+// fsm.ErrUnknownMember, which Leave and markDead take as done).
 //
 // The goroutine that waits on Raft's answer outlives apply when it
 // returns early; it ends when Raft answers, which it does on every path
@@ -61,9 +69,24 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 // disk holds Raft's own goroutines as well.
 //
 // A non-leader gets an error wrapping api.ErrUnavailable too.
-func (n *Node) apply(cmd []byte) error {
-	f := n.raft.raft.Apply(cmd, applyTimeout)
-	answered, err := n.await(f, "write")
+func (n *Node) apply(ctx context.Context, cmd []byte) error {
+	enqueue := applyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		// Raft.Apply blocks its caller until Raft takes the command; it
+		// watches no context, only this timeout (0: none). It gives up
+		// a little before the deadline, so that its answer (nothing
+		// written) is not taken for a write Raft took and did not answer
+		// by the deadline.
+		enqueue = min(enqueue, time.Until(dl)-enqueueMargin)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: the raft write was not proposed: %w", api.ErrUnavailable, err)
+	}
+	if enqueue <= 0 {
+		return fmt.Errorf("%w: the raft write was not proposed: %w", api.ErrUnavailable, context.DeadlineExceeded)
+	}
+	f := n.raft.raft.Apply(cmd, enqueue)
+	answered, err := n.await(ctx, f, "write")
 	if !answered {
 		return err
 	}
@@ -79,13 +102,14 @@ func (n *Node) apply(cmd []byte) error {
 	return nil
 }
 
-// await waits for Raft's answer to f, at most commitTimeout from now and
-// no longer than the node runs (see apply for why: hashicorp/raft may
-// never answer a future). answered is false when it gave up; err then
-// wraps api.ErrUnavailable and says that the outcome of what (a "write",
-// a "membership change", …) is unknown. Otherwise err is Raft's answer.
-// Giving up leaves one goroutine waiting on f until Raft answers it.
-func (n *Node) await(f raft.Future, what string) (answered bool, err error) {
+// await waits for Raft's answer to f, at most commitTimeout from now, no
+// longer than ctx and no longer than the node runs (see apply for why:
+// hashicorp/raft may never answer a future). answered is false when it
+// gave up; err then wraps api.ErrUnavailable (and ctx's error, when ctx
+// ended) and says that the outcome of what (a "write", a "membership
+// change", …) is unknown. Otherwise err is Raft's answer. Giving up
+// leaves one goroutine waiting on f until Raft answers it.
+func (n *Node) await(ctx context.Context, f raft.Future, what string) (answered bool, err error) {
 	bound := time.NewTimer(n.commitTimeout())
 	defer bound.Stop()
 	done := make(chan error, 1)
@@ -94,10 +118,14 @@ func (n *Node) await(f raft.Future, what string) (answered bool, err error) {
 	case err = <-done:
 		return true, err
 	case <-n.ctx.Done():
-		return false, fmt.Errorf("%w: node closing: the outcome of the raft %s is unknown (it may still commit)", api.ErrUnavailable, what)
+	case <-ctx.Done():
+		if n.ctx.Err() == nil {
+			return false, fmt.Errorf("%w: raft had not answered the %s when the request ended (%w): its outcome is unknown (it may still commit)", api.ErrUnavailable, what, ctx.Err())
+		}
 	case <-bound.C:
 		return false, fmt.Errorf("%w: raft did not answer a %s within %v: its outcome is unknown (it may still commit)", api.ErrUnavailable, what, n.commitTimeout())
 	}
+	return false, fmt.Errorf("%w: node closing: the outcome of the raft %s is unknown (it may still commit)", api.ErrUnavailable, what)
 }
 
 // raftUnavailable is the error of a Raft membership change or barrier
@@ -167,7 +195,7 @@ func (n *Node) leaderLoop() {
 			cfg := fsm.Config{Partitions: n.cfg.Ring.Partitions, ReplicationFactor: n.cfg.Ring.ReplicationFactor, Load: n.cfg.Ring.Load, Seed: randomSeed()}
 			cmd, err := fsm.Init(cfg)
 			if err == nil {
-				err = n.apply(cmd)
+				err = n.apply(n.ctx, cmd)
 			}
 			if err != nil && !errors.Is(err, fsm.ErrInitialized) {
 				n.log.Error("initialising the cluster", "err", err)
@@ -395,7 +423,7 @@ func (n *Node) join(req api.JoinRequest) error {
 		} else {
 			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
 		}
-		if _, err := n.await(f, "membership change"); err != nil {
+		if _, err := n.await(n.ctx, f, "membership change"); err != nil {
 			return raftUnavailable("adding "+req.ID+" to raft", err)
 		}
 	}
@@ -409,7 +437,7 @@ func (n *Node) join(req api.JoinRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := n.apply(cmd); err != nil {
+	if err := n.apply(n.ctx, cmd); err != nil {
 		return err
 	}
 	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter)
@@ -458,7 +486,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	}
 	// fsm.ErrUnknownMember: an earlier leave whose outcome was unknown
 	// (apply) removed it after all, since we looked: finish with Raft.
-	if err := n.apply(cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
+	if err := n.apply(n.ctx, cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
 		return err
 	}
 	if err := n.removeFromRaft(id); err != nil {
@@ -471,7 +499,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 // removeFromRaft removes server id from Raft's configuration, the second
 // half of a leave; an error wraps api.ErrUnavailable.
 func (n *Node) removeFromRaft(id string) error {
-	if _, err := n.await(n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
+	if _, err := n.await(n.ctx, n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
 		return raftUnavailable("removing "+id+" from raft", err)
 	}
 	return nil
@@ -545,7 +573,7 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 	if err != nil {
 		return err
 	}
-	return n.apply(cmd)
+	return n.apply(n.ctx, cmd)
 }
 
 // MarkDown is the first step of a graceful stop: this member stops
@@ -583,6 +611,15 @@ func (n *Node) Rules() []limiter.Rule {
 
 // PutRules replaces the written rules through Raft and returns the set
 // then in force. Invalid rules fail with an error wrapping rules.ErrInvalid.
+//
+// It answers by ctx's deadline: both of its waits honour ctx, the Raft
+// write (apply: up to applyTimeout for Raft to take it, then
+// commitTimeout) or the leader's answer to the forwarded write, and then
+// the wait for the rules to be in force here (awaitRules, up to
+// rulesWait). Without a deadline the worst case is their sum, more than
+// an HTTP server's write timeout (the HTTP handler sets one). When ctx
+// ends first the error wraps api.ErrUnavailable and says whether the
+// write's outcome is unknown or it is written but not in force here yet.
 func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
 	if err := rules.Validate(written); err != nil {
 		return nil, err
@@ -612,7 +649,7 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 	if err != nil {
 		return nil, err
 	}
-	if err := n.apply(cmd); err != nil {
+	if err := n.apply(ctx, cmd); err != nil {
 		return nil, err
 	}
 	st := n.fsm.State()

@@ -682,7 +682,7 @@ func (n *Node) markDead(id string) error {
 	if err != nil {
 		return err
 	}
-	err = n.apply(cmd)
+	err = n.apply(n.ctx, cmd)
 	if errors.Is(err, fsm.ErrUnknownMember) {
 		return nil
 	}
@@ -696,7 +696,7 @@ func (n *Node) TransferLeadership() {
 	if !n.isLeader() {
 		return
 	}
-	if _, err := n.await(n.raft.raft.LeadershipTransfer(), "leadership transfer"); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+	if _, err := n.await(n.ctx, n.raft.raft.LeadershipTransfer(), "leadership transfer"); err != nil && !errors.Is(err, raft.ErrNotLeader) {
 		n.log.Debug("leadership transfer", "err", err)
 	}
 }

@@ -261,7 +261,7 @@ func (n *Node) promote(req api.JoinRequest) error {
 	if !found || voters >= MaxVoters {
 		return nil
 	}
-	if _, err := n.await(n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout), "membership change"); err != nil {
+	if _, err := n.await(n.ctx, n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout), "membership change"); err != nil {
 		return err
 	}
 	n.log.Info("member promoted to voter", "id", req.ID)
@@ -309,7 +309,7 @@ func (n *Node) syncVoterFlags() error {
 	// A leader early in its term may not have applied all of the log
 	// yet, and AddMember writes a member's addresses with its flag: wait
 	// until the state is current rather than write an old address back.
-	if _, err := n.await(n.raft.raft.Barrier(applyTimeout), "barrier"); err != nil {
+	if _, err := n.await(n.ctx, n.raft.raft.Barrier(applyTimeout), "barrier"); err != nil {
 		return raftUnavailable("waiting for the log before correcting voter flags", err)
 	}
 	if fixes, err = n.voterFlagFixes(); err != nil {
@@ -320,7 +320,7 @@ func (n *Node) syncVoterFlags() error {
 		if err != nil {
 			return err
 		}
-		if err := n.apply(cmd); err != nil {
+		if err := n.apply(n.ctx, cmd); err != nil {
 			return err
 		}
 		n.log.Info("member's voter flag set as Raft has it", "id", m.ID, "voter", m.Voter)

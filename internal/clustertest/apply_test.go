@@ -127,3 +127,39 @@ func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
 		}
 	})
 }
+
+// A write's deadline bounds both of Raft's waits on a leader whose disk
+// hangs: the wait for Raft's answer to a write it took, and, once its
+// main loop hangs on that write, the wait for it to take the next one.
+// Either answers "unavailable" at the deadline, well before the node's
+// own bounds (5.4s here, and 5s to take a write), so that an HTTP write
+// can answer within the server's write timeout.
+func TestStalledLeaderAnswersWritesByTheirDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour})
+		leader := c.Leader()
+		resume := c.StallDisk(leader.ID)
+		t.Cleanup(resume)
+		synctest.Wait()
+
+		for _, tc := range []struct {
+			name         string
+			within, want time.Duration
+			says         string
+		}{
+			{"taken, never answered", 2 * time.Second, 2 * time.Second, "raft had not answered the write when the request ended"},
+			// Raft stops trying to take it just before the deadline, so
+			// that its answer (not written) is not mistaken for a write
+			// taken and not answered.
+			{"never taken", time.Second, time.Second - 10*time.Millisecond, "timed out enqueuing operation"},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), tc.within)
+			start := time.Now()
+			_, err := leader.Node().PutRules(ctx, []limiter.Rule{tightRule})
+			cancel()
+			if took := time.Since(start); took != tc.want || !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("%s: PutRules with a %v deadline on a leader whose disk hangs: %v after %v; want unavailable (%s) after %v", tc.name, tc.within, err, took, tc.says, tc.want)
+			}
+		}
+	})
+}

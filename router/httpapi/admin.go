@@ -138,7 +138,28 @@ func (h *handler) serveRules(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, rulesBody(h.admin.Rules()))
 }
 
+// A rules write answers within putRulesBudget of its handler's start,
+// 2s inside the server's writeTimeout (room to read the body and write
+// the answer): the node's own bounds add up to more (up to 12s for the
+// Raft write with the default 1s Raft timeout, then up to 5s for the
+// rules to be in force on this node), and a client cut off by the write
+// timeout learns nothing. The node honours the deadline in both waits and answers 503
+// unavailable saying which one ran out. A write a member forwarded to
+// the leader gets forwardedPutRulesBudget, 1s less, so that the leader's
+// answer, with its reason, reaches that member before the member's own
+// deadline does.
+const (
+	putRulesBudget          = writeTimeout - 2*time.Second
+	forwardedPutRulesBudget = putRulesBudget - time.Second
+)
+
 func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
+	budget := putRulesBudget
+	if api.Forwarded(r.Context()) {
+		budget = forwardedPutRulesBudget
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), budget)
+	defer cancel()
 	data, err := io.ReadAll(limitBody(w, r))
 	if err != nil {
 		if e := tooLarge(err); e != nil {
@@ -160,7 +181,7 @@ func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
-	set, err := h.admin.PutRules(r.Context(), written)
+	set, err := h.admin.PutRules(ctx, written)
 	if err != nil {
 		writeError(w, h.errorOf(r, err))
 		return

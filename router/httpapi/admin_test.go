@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -187,6 +188,37 @@ func TestRulesPutErrors(t *testing.T) {
 			if e.a.written != nil {
 				t.Errorf("rules written: %+v", e.a.written)
 			}
+		})
+	}
+}
+
+// A rules write whose node side would take longer than the server's
+// write timeout (up to 12s for the Raft write, then 5s for the rules to
+// be in force) answers 503 within its budget instead, with the node's
+// reason, while the server can still write it; a write forwarded by
+// another member answers a second earlier, before that member's own
+// budget runs out.
+func TestRulesPutAnswersWithinTheWriteTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hdr  []string
+		want time.Duration
+	}{
+		{"from a client", nil, 8 * time.Second},
+		{"forwarded by a member", []string{api.HeaderForwarded, "1"}, 7 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, "")
+				e.a.putTakes = 17 * time.Second
+				start := time.Now()
+				w := e.do("PUT", "/v1/rules", `{"rules":[]}`, tc.hdr...)
+				took := time.Since(start)
+				got := apiError(t, w, http.StatusServiceUnavailable, api.CodeUnavailable)
+				if took != tc.want || took >= NewServer("", nil).WriteTimeout || !strings.Contains(got.Message, "ran out of time (context deadline exceeded)") {
+					t.Errorf("PUT /v1/rules answered %q after %v; want the node's reason after %v, within the write timeout", got.Message, took, tc.want)
+				}
+			})
 		})
 	}
 }

@@ -86,6 +86,7 @@ type fakeAdmin struct {
 	mu       sync.Mutex // guards the fields below
 	written  []limiter.Rule
 	putErr   error
+	putTakes time.Duration // PutRules takes this long, or until its ctx ends
 	cluster  api.Cluster
 	joins    []api.JoinRequest
 	joinErr  error
@@ -106,7 +107,19 @@ func (a *fakeAdmin) Rules() []limiter.Rule {
 	return rules.Effective(a.written)
 }
 
-func (a *fakeAdmin) PutRules(_ context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
+func (a *fakeAdmin) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
+	a.mu.Lock()
+	takes := a.putTakes
+	a.mu.Unlock()
+	if takes > 0 {
+		t := time.NewTimer(takes)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: the write ran out of time (%w)", api.ErrUnavailable, ctx.Err())
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.putErr != nil {

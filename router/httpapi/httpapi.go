@@ -52,7 +52,9 @@ type Admin interface {
 	Rules() []limiter.Rule
 	// PutRules replaces the written rules and returns the new set in
 	// force. Errors wrapping rules.ErrInvalid answer 400 invalid_rules,
-	// api.ErrUnavailable 503 (no leader).
+	// api.ErrUnavailable 503 (no leader). It must answer by ctx's
+	// deadline, which the handler sets inside the server's write
+	// timeout (putRulesBudget).
 	PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error)
 	// Cluster returns the membership GET /v1/cluster shows. An error
 	// wrapping api.ErrUnavailable answers 503: the node has no view of

@@ -15,6 +15,12 @@ type Server struct {
 	*http.Server
 }
 
+// writeTimeout is the Server's WriteTimeout: net/http drops the
+// connection of an answer not written within it of the end of the
+// request's headers, so the client sees a broken connection instead of
+// an error. Handlers that wait answer well inside it (putRulesBudget).
+const writeTimeout = 10 * time.Second
+
 // NewServer returns a Server for h on addr with the timeouts and limits a
 // node's API needs against slow or oversized clients: 5s to read the
 // headers, 10s to read a request, 10s to write an answer, 120s for an
@@ -25,7 +31,7 @@ func NewServer(addr string, h http.Handler) *Server {
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ConnContext:       withCork,
