@@ -454,7 +454,7 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 		if err != nil {
 			return err
 		}
-		return n.cfg.Forward.Leave(ctx, addr, id)
+		return n.forwardLeave(ctx, addr, id)
 	}
 	if id == n.cfg.ID && len(n.fsm.State().Members) > 1 {
 		if handed, err := n.leaveAsLeader(ctx); handed {
@@ -523,7 +523,7 @@ func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
 	defer wait.Stop()
 	for {
 		if lid, addr := n.leader(); lid != "" && lid != n.cfg.ID && addr != "" {
-			return true, n.cfg.Forward.Leave(ctx, addr, n.cfg.ID)
+			return true, n.forwardLeave(ctx, addr, n.cfg.ID)
 		}
 		select {
 		case <-ctx.Done():
@@ -534,6 +534,51 @@ func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
 		}
 	}
 }
+
+// forwardLeave has the leader at addr remove member id. When id is this
+// member and the leader says it is done, this member watches for its
+// removal to reach its log (awaitOwnRemoval).
+func (n *Node) forwardLeave(ctx context.Context, addr, id string) error {
+	err := n.cfg.Forward.Leave(ctx, addr, id)
+	if err == nil && id == n.cfg.ID {
+		n.goLoop(n.awaitOwnRemoval)
+	}
+	return err
+}
+
+// awaitOwnRemoval runs once the leader has answered this member's own
+// leave: the removal normally reaches its log within a heartbeat, and the
+// view change that follows hands its partitions off and calls OnRemoved.
+// But hashicorp/raft stops replicating to a server it removes after one
+// last send, which a member behind on the log can miss (seen when a
+// leader that had just handed on the lead left at once): such a member
+// would wait as a leaderless candidate forever. So after ownRemovalWait
+// without its removal it takes itself for removed all the same (the
+// others serve its partitions from their backup copies, as after a
+// crash).
+func (n *Node) awaitOwnRemoval() {
+	ch, cancel := n.fsm.Watch()
+	defer cancel()
+	t := time.NewTimer(n.ownRemovalWait())
+	defer t.Stop()
+	for {
+		if _, member := n.fsm.State().Member(n.cfg.ID); !member || n.removed.Load() {
+			return // the view change takes it from here
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-ch:
+		case <-t.C:
+			n.noteRemoved("the leader removed this member, but the removal never reached this member's log; leaving all the same")
+			return
+		}
+	}
+}
+
+// ownRemovalWait is how long a member whose leave the leader answered
+// waits for its removal to reach its log: 4 Raft timeouts, at least 5 s.
+func (n *Node) ownRemovalWait() time.Duration { return max(5*time.Second, 4*n.cfg.RaftTimeout) }
 
 // inRaft reports whether id is a server of the Raft configuration.
 func (n *Node) inRaft(id string) bool {

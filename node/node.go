@@ -406,18 +406,27 @@ func (n *Node) refresh() {
 	n.cell.Store(next)
 	_, member := st.Member(n.cfg.ID)
 	if old != nil && !member {
-		if _, was := old.st.Member(n.cfg.ID); was && n.removed.CompareAndSwap(false, true) {
-			n.log.Info("this member was removed from the cluster")
-			if n.cfg.OnRemoved != nil {
-				go func() {
-					// Hand off what we held before going.
-					ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-					_ = n.h.wait(ctx)
-					cancel()
-					n.cfg.OnRemoved()
-				}()
-			}
+		if _, was := old.st.Member(n.cfg.ID); was {
+			n.noteRemoved("this member was removed from the cluster")
 		}
+	}
+}
+
+// noteRemoved is this member's exit from the cluster: once, it logs why,
+// hands off what it held (bounded) and calls OnRemoved.
+func (n *Node) noteRemoved(why string) {
+	if !n.removed.CompareAndSwap(false, true) {
+		return
+	}
+	n.log.Info(why)
+	if n.cfg.OnRemoved != nil {
+		go func() {
+			// Hand off what we held before going.
+			ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+			_ = n.h.wait(ctx)
+			cancel()
+			n.cfg.OnRemoved()
+		}()
 	}
 }
 

@@ -57,6 +57,9 @@ type Options struct {
 	// (joining members start as non-voters, promoted at once). Prober
 	// wins when both are set.
 	ProbeLinks bool
+	// OnForward, when set, is called as member from forwards a write
+	// (op: "leave" and so on) to the leader, before it is delivered.
+	OnForward func(from, op string)
 	// OnView, when set, sees every view a member publishes, as it does
 	// (from the member's goroutine: keep it short).
 	OnView func(member string, v *router.View)
@@ -719,6 +722,9 @@ func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinReque
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {
+	if f.c.opts.OnForward != nil {
+		f.c.opts.OnForward(f.from, "leave")
+	}
 	n, ctx, err := f.target(ctx, leader)
 	if err != nil {
 		return err

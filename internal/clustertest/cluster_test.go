@@ -918,3 +918,32 @@ func TestOnlyTheLeaderGrantsLeases(t *testing.T) {
 		}
 	})
 }
+
+// A member whose own leave the leader answered, but whose log the removal
+// never reached (hashicorp/raft sends a removed server one last append,
+// which a member behind on the log can miss), leaves all the same rather
+// than wait as a leaderless candidate forever. Here its Raft links are
+// cut as it forwards the leave.
+func TestLeaveAnsweredButNeverLoggedStillStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c *Cluster
+		leaving := ""
+		c = New(t, 3, Options{OnForward: func(from, op string) {
+			if op == "leave" && from == leaving {
+				c.CutRaft(from)
+			}
+		}})
+		leaving = "n3"
+		if c.Leader().ID == leaving {
+			leaving = "n2"
+		}
+		if err := c.Member(leaving).Node().Leave(t.Context(), leaving); err != nil {
+			t.Fatalf("leave of %s through itself: %v", leaving, err)
+		}
+		if _, ok := c.Member(leaving).Node().State().Member(leaving); !ok {
+			t.Fatalf("the removal reached %s's log: the test needs it not to", leaving)
+		}
+		c.WaitFor(leaving+" stopped", 10*time.Second, func() bool { return !c.Member(leaving).Running() })
+		c.WaitSettled(2)
+	})
+}
