@@ -347,6 +347,9 @@ func wrapRemote(who string, err error) error {
 	case http.StatusConflict:
 		return fmt.Errorf("%w: %s", api.ErrConflict, e.Message)
 	}
+	if e.Code == api.CodeUnavailable {
+		return fmt.Errorf("%w: %s: %s", api.ErrUnavailable, who, e.Message)
+	}
 	return fmt.Errorf("%w: %s answered %w", api.ErrUnavailable, who, e)
 }
 

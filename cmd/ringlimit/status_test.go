@@ -96,7 +96,7 @@ func TestStatusNoView(t *testing.T) {
 	m := startTestMember(t, "n1", freePort(t))
 	for _, tc := range []struct{ addr, says string }{
 		{f.addr, "it lists no members"},
-		{m.http, "unavailable (503): unavailable: this node has no view of the cluster yet: it has not joined a cluster"},
+		{m.http, "unavailable (503): this node has no view of the cluster yet: it has not joined a cluster"},
 	} {
 		for _, json := range []string{"--json=false", "--json"} {
 			code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", tc.addr, json)

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -336,7 +337,7 @@ func TestHealthAndReady(t *testing.T) {
 	}
 	e.a.ready = fmt.Errorf("%w: no leader yet", api.ErrUnavailable)
 	got := apiError(t, e.do("GET", "/readyz", ""), 503, api.CodeUnavailable)
-	if got.Message != "unavailable: no leader yet" {
+	if got.Message != "no leader yet" { // the code says unavailable
 		t.Errorf("reason = %q", got.Message)
 	}
 	decodeOK(t, e.do("GET", "/healthz", ""), &s) // up even when not ready
@@ -505,5 +506,27 @@ func TestForwardedHeaderMarksContext(t *testing.T) {
 	e.h.ServeHTTP(rec, req)
 	if rec.Code != 200 || e.a.fwdJoins != 1 || len(e.a.joins) != 2 {
 		t.Fatalf("status %d, %d of %d joins marked forwarded; want 200 and 1 of 2", rec.Code, e.a.fwdJoins, len(e.a.joins))
+	}
+}
+
+// An answer's message does not repeat its code: an error that wraps one
+// of api's sentinels loses the sentinel's "unavailable: " (or the like)
+// at its head, and only there; other errors keep their text.
+func TestReasonDropsTheSentinelPrefix(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: no leader", api.ErrUnavailable), "no leader"},
+		{fmt.Errorf("%w: leader at x: %w", api.ErrUnavailable, fmt.Errorf("%w: raft did not answer", api.ErrUnavailable)), "leader at x: unavailable: raft did not answer"},
+		{fmt.Errorf("%w: no member %q", api.ErrNotFound, "n9"), `no member "n9"`},
+		{fmt.Errorf("%w: id taken", api.ErrConflict), "id taken"},
+		{fmt.Errorf("%w: bad", api.ErrBadRequest), "bad"},
+		{errors.New("unavailable: looks like one, is not"), "unavailable: looks like one, is not"},
+		{fmt.Errorf("adding n9: %w", api.ErrUnavailable), "adding n9: unavailable"},
+	} {
+		if got := reason(c.err); got != c.want {
+			t.Errorf("reason(%q) = %q, want %q", c.err, got, c.want)
+		}
 	}
 }

@@ -203,8 +203,11 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 		if err := h.checker.Check(r.Context(), s.reqs, out); err != nil {
 			e := h.errorOf(r, err)
 			var ie *router.ItemError
-			if !batch && errors.As(err, &ie) {
-				e.Message = ie.Err.Error() // a single check has no index
+			if errors.As(err, &ie) {
+				e.Message = reason(ie.Err)
+				if batch { // a single check has no index
+					e.Message = "checks[" + strconv.Itoa(ie.Index) + "]: " + e.Message
+				}
 			}
 			writeError(w, e)
 			return

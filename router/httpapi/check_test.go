@@ -213,7 +213,7 @@ func TestCheckErrors(t *testing.T) {
 		{"exponent cost", `{"rule":"default","key":"k","cost":1e2}`, 400, api.CodeBadRequest, "cost: must be an integer"},
 		{"string cost", `{"rule":"default","key":"k","cost":"1"}`, 400, api.CodeBadRequest, "cost: must be an integer"},
 		{"huge cost", `{"rule":"default","key":"k","cost":99999999999999999999}`, 400, api.CodeBadRequest, "cost: must be an integer"},
-		{"cost over capacity", `{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, "bad request: limiter: cost out of range"},
+		{"cost over capacity", `{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, "limiter: cost out of range"},
 		{"unknown rule", `{"rule":"nope","key":"k"}`, 404, api.CodeUnknownRule, `unknown rule "nope"`},
 		{"checks not array", `{"checks":{}}`, 400, api.CodeBadRequest, "checks: must be an array"},
 		{"checks null", `{"checks":null}`, 400, api.CodeBadRequest, "checks: must be an array"},
@@ -322,7 +322,7 @@ func TestCheckBatchAllOrNothing(t *testing.T) {
 		msg    string
 	}{
 		{`{"rule":"nope","key":"k"}`, 404, api.CodeUnknownRule, `checks[3]: unknown rule "nope"`},
-		{`{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, `checks[3]: bad request: limiter: cost out of range`},
+		{`{"rule":"small","key":"k","cost":6}`, 400, api.CodeBadRequest, `checks[3]: limiter: cost out of range`},
 		{`{"rule":"default","key":""}`, 400, api.CodeBadRequest, `checks[3]: key is empty`},
 		{`{"rule":"default","key":"` + strings.Repeat("x", 1025) + `"}`, 400, api.CodeBadRequest, `checks[3]: key is 1025 bytes`},
 		{`{"rule":"default","key":"k","cost":-2}`, 400, api.CodeBadRequest, `checks[3]: cost must be ≥ 0`},

@@ -292,7 +292,7 @@ type statusBody struct {
 
 func (h *handler) serveReady(w http.ResponseWriter, _ *http.Request) {
 	if err := h.admin.Ready(); err != nil {
-		writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: err.Error()})
+		writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: reason(err)})
 		return
 	}
 	writeJSON(w, http.StatusOK, statusBody{"ready"})
@@ -302,7 +302,7 @@ func (h *handler) serveReady(w http.ResponseWriter, _ *http.Request) {
 // answer. Errors it does not know are logged and answered 500 without
 // their text.
 func (h *handler) errorOf(r *http.Request, err error) *api.Error {
-	e := &api.Error{Message: err.Error()}
+	e := &api.Error{Message: reason(err)}
 	switch {
 	case errors.Is(err, rules.ErrInvalid):
 		e.Status, e.Code = http.StatusBadRequest, api.CodeInvalidRules
@@ -322,6 +322,19 @@ func (h *handler) errorOf(r *http.Request, err error) *api.Error {
 		e.Status, e.Code, e.Message = http.StatusInternalServerError, api.CodeInternal, "internal error"
 	}
 	return e
+}
+
+// reason is err's text for an answer's message: without the leading
+// "unavailable: " (or the like) of api's sentinel errors, which the
+// answer's code already says.
+func reason(err error) string {
+	msg := err.Error()
+	for _, s := range [...]error{api.ErrUnavailable, api.ErrNotFound, api.ErrBadRequest, api.ErrConflict} {
+		if rest, ok := strings.CutPrefix(msg, s.Error()+": "); ok && errors.Is(err, s) {
+			return rest
+		}
+	}
+	return msg
 }
 
 // writeJSON answers status with v as JSON and a trailing newline.
