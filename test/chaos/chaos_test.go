@@ -257,7 +257,15 @@ func start3(t *testing.T, deadAfter time.Duration, rules []api.Rule) *cluster {
 	// fault before then can leave two voters of which one is the victim,
 	// and no quorum to elect a leader or mark anyone dead (scenario 7
 	// once stopped its leader with n3 still a non-voter).
-	waitFor(t, "3 voters", 30*time.Second, func() bool {
+	c.waitVoters(3)
+	c.setRules(rules)
+	return c
+}
+
+// waitVoters waits until the first member lists n Raft voters.
+func (c *cluster) waitVoters(n int) {
+	c.t.Helper()
+	waitFor(c.t, fmt.Sprintf("%d voters", n), 30*time.Second, func() bool {
 		var cl api.Cluster
 		if getJSON(c.members[0].http, "/v1/cluster", &cl) != 200 {
 			return false
@@ -268,18 +276,22 @@ func start3(t *testing.T, deadAfter time.Duration, rules []api.Rule) *cluster {
 				voters++
 			}
 		}
-		return voters == 3
+		return voters == n
 	})
-	putRules(t, c.members[0].http, rules)
-	// A PUT is in force where it was acknowledged; the load goes to every
-	// member, so wait until each one lists the rules.
+}
+
+// setRules writes the rules through the first member and waits until
+// every member lists them: a PUT is in force where it was acknowledged,
+// and the load goes to every member.
+func (c *cluster) setRules(rules []api.Rule) {
+	c.t.Helper()
+	putRules(c.t, c.members[0].http, rules)
 	for _, m := range c.members {
-		waitFor(t, "rules on "+m.id, 30*time.Second, func() bool {
+		waitFor(c.t, "rules on "+m.id, 30*time.Second, func() bool {
 			var rs api.Rules
 			return getJSON(m.http, "/v1/rules", &rs) == 200 && len(rs.Rules) == len(rules)+1
 		})
 	}
-	return c
 }
 
 func putRules(t *testing.T, addr string, rules []api.Rule) {

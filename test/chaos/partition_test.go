@@ -4,29 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
 )
-
-// docker runs the docker CLI and returns its combined output.
-func docker(args ...string) (string, error) {
-	out, err := exec.Command("docker", args...).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
-}
-
-func mustDocker(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := docker(args...)
-	if err != nil {
-		t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
 
 // probe is one check answered inside the cut-off member's container.
 type probe struct {
@@ -49,90 +32,15 @@ func (p probe) String() string {
 // with `docker network disconnect`, then reconnected.
 func TestNetworkPartition(t *testing.T) {
 	skipUnlessChaos(t)
-	if out, err := docker("version", "--format", "{{.Server.Version}}"); err != nil {
-		t.Skipf("scenario 6 needs a Docker engine, and none answers (`docker version`: %v %s)", err, out)
-	}
+	needDocker(t, "scenario 6")
 	const dead = 2 * time.Second
 	const rate, burst = 20, 20
-	dir := output(t)
-	tag := fmt.Sprintf("rlchaos-%d", os.Getpid())
-
-	// Image FROM scratch with the static binary: nothing to pull.
-	ctx := t.TempDir()
-	bin, err := os.ReadFile(binary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ctx, "ringlimit"), bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ctx, "Dockerfile"), []byte("FROM scratch\nCOPY ringlimit /ringlimit\nENTRYPOINT [\"/ringlimit\"]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	image := tag + ":latest"
-	build := exec.Command("docker", "build", "-q", "-t", image, ctx)
-	build.Env = append(os.Environ(), "DOCKER_BUILDKIT=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("docker build: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _, _ = docker("rmi", "-f", image) })
-
-	// A private network with a fixed subnet, so a member keeps its
-	// address when it is reconnected.
-	var subnet string
-	for i := 0; i < 20 && subnet == ""; i++ {
-		s := fmt.Sprintf("172.30.%d", (os.Getpid()+i*7)%250)
-		if _, err := docker("network", "create", "--subnet", s+".0/24", tag); err == nil {
-			subnet = s
-		}
-	}
-	if subnet == "" {
-		t.Fatal("docker network create: no free 172.30.x.0/24 subnet")
-	}
-	t.Cleanup(func() { _, _ = docker("network", "rm", tag) })
-
-	// API.md: serve on a non-loopback address needs --insecure (or a
-	// secret or TLS); a build that predates the flag does not know it.
-	insecure := []string{}
-	if help, _ := exec.Command(binary(t), "serve", "-h").CombinedOutput(); strings.Contains(string(help), "-insecure") {
-		insecure = append(insecure, "--insecure")
-	}
-	c := &cluster{t: t, dir: dir, deadAfter: dead}
-	ips := map[string]string{}
-	for i, id := range []string{"n1", "n2", "n3"} {
-		ip := fmt.Sprintf("%s.%d", subnet, 11+i)
-		ips[id] = ip
-		name := tag + "-" + id
-		args := []string{"run", "-d", "--name", name, "--network", tag, "--ip", ip, image,
-			"serve", "--id", id, "--http", "0.0.0.0:8080", "--raft", "0.0.0.0:8081", "--peer", "0.0.0.0:8082",
-			"--advertise-host", ip, "--data-dir", "/data", "--dead-after", dead.String(), "--admin-token", adminToken}
-		args = append(args, insecure...)
-		if i > 0 {
-			args = append(args, "--join", ips["n1"]+":8080")
-		}
-		mustDocker(t, args...)
-		t.Cleanup(func() {
-			if logs, err := docker("logs", name); err == nil {
-				_ = os.WriteFile(filepath.Join(dir, id+".log"), []byte(logs), 0o644)
-			}
-			_, _ = docker("rm", "-f", name)
-		})
-		m := &member{id: id, http: ip + ":8080"}
-		c.members = append(c.members, m)
-		waitFor(t, id+" ready", 60*time.Second, func() bool { return status(m.http, "/readyz") == 200 })
-	}
-	c.waitSettled(c.members)
-	rulesSet := []api.Rule{
+	d := startDocker3(t, fmt.Sprintf("rlchaos-%d", os.Getpid()), dead)
+	c, dir, tag, ips := d.cluster, d.dir, d.tag, d.ips
+	c.setRules([]api.Rule{
 		{Name: "closed", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "closed"},
 		{Name: "open", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "open"},
-	}
-	putRules(t, c.members[0].http, rulesSet)
-	for _, m := range c.members {
-		waitFor(t, "rules on "+m.id, 30*time.Second, func() bool {
-			var rs api.Rules
-			return getJSON(m.http, "/v1/rules", &rs) == 200 && len(rs.Rules) == 3
-		})
-	}
+	})
 	rep := newReport(t, dir)
 	victim, majority := c.pickFollower()
 	vname := tag + "-" + victim.id
