@@ -57,10 +57,20 @@ func skipUnlessChaos(t *testing.T) {
 }
 
 // binary builds cmd/ringlimit once, statically (CGO_ENABLED=0), so the
-// same file runs on the host and in a FROM scratch image.
+// same file runs on the host and in a FROM scratch image. $CHAOS_BINARY,
+// when set, names a binary to run instead (static too, for the Docker
+// scenarios): another build, such as one from before a fix, to see
+// whether a scenario tells the two apart.
 func binary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if p := os.Getenv("CHAOS_BINARY"); p != "" {
+			binPath, buildErr = filepath.Abs(p)
+			if buildErr == nil {
+				_, buildErr = os.Stat(binPath)
+			}
+			return
+		}
 		dir, err := os.MkdirTemp("", "ringlimit-chaos-bin")
 		if err != nil {
 			buildErr = err
