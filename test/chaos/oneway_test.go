@@ -217,9 +217,10 @@ func readyz(addr string) (int, string) {
 
 // logLine is one line of a member's JSON log.
 type logLine struct {
-	Time time.Time `json:"time"`
-	Msg  string    `json:"msg"`
-	ID   string    `json:"id"`
+	Time    time.Time `json:"time"`
+	Msg     string    `json:"msg"`
+	ID      string    `json:"id"`      // the member a line is about
+	Members int       `json:"members"` // "ring changed": how many
 }
 
 // logged returns the lines of a container's log with message msg about
@@ -386,33 +387,46 @@ func TestOneWayCut(t *testing.T) {
 	rep.add("after the heal: %s active in all three rings at %s (%.2fs after), the cluster settled at %s (%.2fs after); leader at the end %s",
 		victim.id, at(tActive), (tActive - tHeal).Seconds(), at(tBack), (tBack - tHeal).Seconds(), nowLead.id)
 
-	// What the victim answered for its own keys, asked directly, around
-	// the cut: as owner (a limiter decision) until its lease ran out.
-	toVictim := sentTo(l, evs, victim.http)
-	var lastOwner, firstDegraded time.Duration = -1, -1
-	var overlap []string
-	for _, e := range toVictim {
-		if !isVictims(e.key) || !e.ok || e.sent < tCut || e.sent >= tHeal {
-			continue
-		}
-		if e.degraded {
-			if firstDegraded < 0 || e.sent < firstDegraded {
-				firstDegraded = e.sent
+	// Who decided the victim's keys around the moment the leader marked
+	// it dead (from the leader's log, to the millisecond; the containers
+	// share the host's clock). Until the victim's own ring drops it (its
+	// log), a check of its keys sent to it, or to the third member
+	// before that one's ring drops it, is decided by the victim; the
+	// leader forwards nothing to it through the cut, and from the mark on
+	// decides the partitions it gained from its backup copies. The fix
+	// ends the victim's lease, and so its decisions, before the mark.
+	tMarked, tVictimRing, tThirdRing := time.Duration(-1), time.Duration(-1), time.Duration(-1)
+	if len(marked) > 0 {
+		tMarked = marked[0].Time.Sub(l.start)
+	}
+	for _, r := range []struct {
+		m  *member
+		at *time.Duration
+	}{{victim, &tVictimRing}, {third, &tThirdRing}} {
+		for _, ln := range logged(d.container(r.m), "ring changed", "") {
+			if at := ln.Time.Sub(l.start); at > tCut && ln.Members == 2 {
+				*r.at = at
+				break
 			}
-			continue
-		}
-		if tOutFirst < 0 || e.sent < tOutFirst {
-			lastOwner = max(lastOwner, e.recv)
-		}
-		// Answered by the limiter after the first ring without the
-		// victim, sent while the victim's own ring still had it: the
-		// victim itself may have answered as owner.
-		if e.recv >= tOutFirst && tOutFirst >= 0 && (tSelfOut < 0 || e.sent < tSelfOut-25*time.Millisecond) {
-			overlap = append(overlap, fmt.Sprintf("%s sent %.3fs answered %.3fs allowed %v remaining %d", keys[e.key].key, e.sent.Seconds(), e.recv.Seconds(), e.allowed, e.remaining))
 		}
 	}
-	rep.add("checks of its own keys sent to %s during the cut: last limiter answer to one sent before the first ring without it received at %s (%.3fs before that ring was seen), first degraded one sent at %s; answered by a limiter after the first ring without it, sent while its own ring had it: %d %v",
-		victim.id, at(lastOwner), (tOutFirst - lastOwner).Seconds(), at(firstDegraded), len(overlap), overlap[:min(len(overlap), 3)])
+	var lastByVictim time.Duration = -1
+	var afterMark []string
+	for _, e := range evs {
+		entry := idOf(c, (*l.targets.Load())[e.target])
+		if !isVictims(e.key) || !e.ok || e.degraded || e.sent < tCut || e.recv >= tVictimRing ||
+			entry != victim.id && (entry != third.id || e.sent >= tThirdRing) {
+			continue
+		}
+		lastByVictim = max(lastByVictim, e.recv)
+		if e.recv >= tMarked {
+			afterMark = append(afterMark, fmt.Sprintf("%s via %s sent %.3fs answered %.3fs remaining %d", keys[e.key].key, entry, e.sent.Seconds(), e.recv.Seconds(), e.remaining))
+		}
+	}
+	rep.add("%s's keys: last decided by %s (sent to it, or through %s) answered at %s, %.3fs before the leader marked it dead at %s; answered after the mark: %d %v; rings without it: %s's at %s, %s's own at %s (their logs)",
+		victim.id, victim.id, third.id, at(lastByVictim), (tMarked - lastByVictim).Seconds(), at(tMarked), len(afterMark), afterMark[:min(len(afterMark), 3)],
+		third.id, at(tThirdRing), victim.id, at(tVictimRing))
+	toVictim := sentTo(l, evs, victim.http)
 	// A member that has lost its lease holds the checks it would decide
 	// itself for up to the lease wait (node/owner.go leaseWait, 2s):
 	// the router's forward timeout bounds forwarded checks only.
