@@ -536,6 +536,10 @@ func TestOneWayCut(t *testing.T) {
 		t.Errorf("%s's lease did not end before the first ring without it (lease over at %s, first ring without it at %s): it answered as owner while another member could",
 			victim.id, at(tLeaseEnd), at(tOutFirst))
 	}
+	if len(afterMark) > 0 {
+		t.Errorf("%s decided %d checks of its keys after the leader had marked it dead and taken them (%s), e.g. %v",
+			victim.id, len(afterMark), at(tMarked), afterMark[:min(len(afterMark), 3)])
+	}
 	if worst.admitted > limit {
 		t.Errorf("key %s admitted %d, limit %d: %s", keys[worst.key].key, worst.admitted, limit, strings.Join(admissions(c, l, evs, worst.key), "; "))
 	}
