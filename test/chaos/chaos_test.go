@@ -1,7 +1,8 @@
 // Package chaos runs the real ringlimit binary as separate processes (and,
-// for the network partition, in Docker containers) and injects the faults
-// a deployment meets: SIGKILL, SIGSTOP/SIGCONT, leader loss, rolling
-// restarts, membership changes, a cut network link. Each scenario drives
+// for the network partition and the one-way cut, in Docker containers)
+// and injects the faults a deployment meets: SIGKILL, SIGSTOP/SIGCONT,
+// leader loss, rolling restarts, membership changes, a cut network link,
+// a link cut one way. Each scenario drives
 // load through the HTTP API from goroutines of the test, measures what the
 // clients saw, asserts the targets of issue 8, writes its figures to a
 // summary file and t.Log, and draws a timeline PNG.
