@@ -153,13 +153,17 @@ type sample struct {
 // watcher samples every 25ms until stopped.
 type watcher struct {
 	stop chan struct{}
+	once sync.Once
 	wg   sync.WaitGroup
 	mu   sync.Mutex // guards got
 	got  []sample
 }
 
-func watch(l *load, victim, lead, third *member) *watcher {
+// watch starts a watcher; the test's cleanup stops it if the test ends
+// first.
+func watch(t *testing.T, l *load, victim, lead, third *member) *watcher {
 	w := &watcher{stop: make(chan struct{})}
+	t.Cleanup(func() { w.done() })
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -185,8 +189,10 @@ func watch(l *load, victim, lead, third *member) *watcher {
 }
 
 func (w *watcher) done() []sample {
-	close(w.stop)
+	w.once.Do(func() { close(w.stop) })
 	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	return w.got
 }
 
@@ -284,7 +290,8 @@ func TestOneWayCut(t *testing.T) {
 	// the ring, before the cut is lifted.
 	l := newLoad(keys, 4, 20, addrs(c.members)...)
 	l.run()
-	w := watch(l, victim, lead, third)
+	t.Cleanup(l.stop) // if the test ends before it stops the load itself
+	w := watch(t, l, victim, lead, third)
 	l.loadFor(3 * time.Second) // backups in place, and a baseline
 
 	tCut := l.since() // the rule is in force once iptables returns
