@@ -447,7 +447,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			s.local.Checks = own
 		}
 		s.resp.Results = resize(s.resp.Results, len(localIdx))
-		r.local.HandleBatch(ctx, &s.local, &s.resp)
+		r.decideLocal(ctx, now, &s.local, &s.resp)
 		s.local.Checks = own // never s.checks' array: the next dispatch appends to s.local.Checks
 		maxEpoch = max(maxEpoch, s.resp.Epoch)
 		for k, i := range localIdx {
@@ -489,6 +489,26 @@ type routes struct {
 	mine  []bool   // by partition: Self owns it; nil when this router decides nothing in place
 	peer  []int32  // by partition: its owner's data-plane address in peers; -1 when it has no owner
 	peers []string // the owners' distinct data-plane addresses
+}
+
+// decideLocal has this node's owner decide req. An owner that would wait
+// (for its lease, a partition on its way, a newer ring: see
+// transport.PromptHandler) is waited for no longer than a remote owner,
+// Timeout from now: past it every check is unavailable and gets its
+// rule's failure mode. Its own waits are longer (a member that just
+// started has its lease within a ping or two), and a member whose lease
+// ran out kept its own callers' checks for them (seen in chaos scenario
+// 8: 2 s), while the same checks forwarded to it were answered by the
+// forwarding router's Timeout. A prompt owner decides under ctx alone,
+// without the cost of a deadline on the hot path.
+func (r *Router) decideLocal(ctx context.Context, now time.Time, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	if p, ok := r.local.(transport.PromptHandler); ok && p.Prompt(req) {
+		r.local.HandleBatch(ctx, req, resp)
+		return
+	}
+	lctx, cancel := context.WithDeadline(ctx, now.Add(r.cfg.Timeout))
+	r.local.HandleBatch(lctx, req, resp)
+	cancel()
 }
 
 // routesFor returns the routes of rg, computing them when rg is not the

@@ -205,6 +205,13 @@ func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequ
 	l.h.HandleBatch(ctx, req, resp)
 }
 
+// Prompt is the node's (transport.PromptHandler): the router waits for a
+// local owner that is not prompt no longer than for a remote one.
+func (l *localHandler) Prompt(req *transport.BatchRequest) bool {
+	p, ok := l.h.(transport.PromptHandler)
+	return ok && p.Prompt(req)
+}
+
 func (s *Server) goServe(name string, serve func() error, closed error) {
 	s.wg.Add(1)
 	go func() {

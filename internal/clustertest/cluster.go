@@ -245,6 +245,8 @@ func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequ
 	l.n.HandleBatch(ctx, req, resp)
 }
 
+func (l *localHandler) Prompt(req *transport.BatchRequest) bool { return l.n.Prompt(req) }
+
 // logger writes the members' logs to stderr when CLUSTERTEST_LOG is set.
 func (c *Cluster) logger() *slog.Logger {
 	if os.Getenv("CLUSTERTEST_LOG") == "" {
