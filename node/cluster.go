@@ -230,11 +230,26 @@ func (n *Node) registerLoop() {
 	defer cancel()
 	seen := false                                 // the cluster has listed us since we started
 	lastWarn := time.Now().Add(-27 * time.Second) // the first warning after 3s of trying
+	var replaying time.Time                       // when this restart began to wait for its log; zero when not waiting
 	for {
 		_, member := n.fsm.State().Member(n.cfg.ID)
 		seen = seen || member
 		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
+		}
+		// A member restarted over its data dir acts (marks itself down,
+		// re-registers) only once a leader has committed the log it
+		// restarted with; what the cluster did meanwhile (marked it dead
+		// or down) comes with the same calls. Say so, or the wait is
+		// silent at the default log level.
+		switch caught := n.caughtUp(); {
+		case !caught && replaying.IsZero() && !n.moved():
+			replaying = time.Now()
+			n.log.Info("re-registering: waiting for the Raft leader to confirm the log this member restarted with",
+				"applied", n.fsm.Applied(), "of", n.startIndex)
+		case caught && !replaying.IsZero():
+			n.log.Info("re-registering: log confirmed by the leader", "waited", time.Since(replaying).Round(time.Millisecond).String())
+			replaying = time.Time{}
 		}
 		if n.caughtUp() && (n.needsRecovery() || !n.registered()) || !n.caughtUp() && n.moved() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
