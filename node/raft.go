@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,9 @@ type raftParts struct {
 	// terms watches the answers to this node's AppendEntries (the
 	// leader's lease needs them: leaderLease).
 	terms *termWatch
+	// stopRetries ends the retries of failed replication calls
+	// (retryReplication) before Raft shuts down.
+	stopRetries func()
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -108,6 +112,12 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		}
 	}
 	trans, parts.terms = watchTerms(trans)
+	stop := make(chan struct{})
+	parts.stopRetries = sync.OnceFunc(func() { close(stop) })
+	// Failed replication calls are retried as often as Raft sends
+	// heartbeats to a member that does not answer (HeartbeatTimeout/2),
+	// not after Raft's back-off of up to 10s.
+	trans = retryReplication(trans, rc.HeartbeatTimeout/2, stop, leadsAt(started.Load))
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		closeAll()
@@ -126,6 +136,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 }
 
 func (p *raftParts) close() error {
+	p.stopRetries()
 	err := p.raft.Shutdown().Error()
 	for _, c := range p.closers {
 		if e := c(); err == nil {
