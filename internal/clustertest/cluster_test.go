@@ -669,6 +669,51 @@ func TestReturnAfterGracefulStopIsNotMarkedDead(t *testing.T) {
 	})
 }
 
+// A member back from a crash long enough for the leader's replication to
+// it to have backed off (hashicorp/raft waits up to 10.24s between calls
+// to a follower whose calls keep failing, and a returning follower learns
+// that it was marked dead only from those calls) is active again as soon
+// as after a short one, with its partitions' budgets: the leader retries
+// its replication at a steady pace (node.replicationRetry). A new user
+// saw 8.7s to active after 35s down. The returns are spread over one of
+// Raft's back-off periods, so that whatever its phase, one of them would
+// wait for it.
+func TestMemberBackFromALongCrashIsActiveAtOnce(t *testing.T) {
+	for _, down := range []time.Duration{30 * time.Second, 33 * time.Second, 36 * time.Second, 39 * time.Second} {
+		t.Run(down.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+				c.PutRules("n1", logRule)
+				victim := "n3"
+				if c.Leader().ID == victim {
+					victim = "n2"
+				}
+				key := c.KeyOwnedBy(victim, 0)
+				if a, _ := spend(c, "n1", key, 7); a != 7 {
+					t.Fatalf("admitted %d of 7", a)
+				}
+				time.Sleep(100 * time.Millisecond) // one backup round has passed
+				c.Crash(victim)
+				time.Sleep(down)
+				if m, _ := c.Leader().Node().State().Member(victim); m.State != fsm.Dead {
+					t.Fatalf("%s is %s after %v down, want dead", victim, m.State, down)
+				}
+				start := time.Now()
+				c.Restart(victim)
+				c.WaitSettled(3)
+				// Raft's timeout here is 200ms; a return after a short
+				// crash settles in ~250ms.
+				if took := time.Since(start); took > time.Second {
+					t.Errorf("%s active and settled %v after its restart (down %v), want within 1s", victim, took, down)
+				}
+				if a, d := spend(c, victim, key, 10); a != 3 || d != 0 {
+					t.Fatalf("through %s after its return: admitted %d (degraded %d), want the 3 left of 10", victim, a, d)
+				}
+			})
+		})
+	}
+}
+
 // A crashed leader leaves the ring after dead-after of silence or half a
 // dead-after (and a margin) after the next leader's election, whichever
 // is later, not a whole dead-after after the election: its own lease,
