@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"time"
 
@@ -320,6 +321,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		return // every part stays PushRejected
 	}
 	ack.Epoch = v.Epoch()
+	var late lateHandoffs
 	for i := range push.Parts {
 		pt := &push.Parts[i]
 		if int(pt.Partition) >= len(o.moving) {
@@ -328,10 +330,44 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		}
 		switch push.Kind {
 		case transport.PushHandoff:
-			ack.Status[i] = o.takeHandoff(v, pt, now)
+			ack.Status[i] = o.takeHandoff(v, pt, now, &late)
 		case transport.PushBackup:
 			ack.Status[i] = o.takeBackup(v, pt, now)
 		}
+	}
+	late.log(o.log, push.From)
+}
+
+// lateHandoffs tallies the parts of one push that came for partitions
+// already served (see mergeHandoff), for one log line per push rather
+// than one per partition (a restart's hand-back logged ~130).
+type lateHandoffs struct {
+	merged, states int // parts merged, and the states they carried
+	lost           int // Lost parts: nothing to merge
+	first          uint32
+}
+
+func (l *lateHandoffs) add(p uint32, states int, lost bool) {
+	if l.merged+l.lost == 0 {
+		l.first = p
+	}
+	if lost {
+		l.lost++
+		return
+	}
+	l.merged++
+	l.states += states
+}
+
+func (l *lateHandoffs) log(log *slog.Logger, from string) {
+	if l.merged > 0 {
+		// Worth seeing: a promotion that should have waited is otherwise
+		// invisible.
+		log.Info("late or duplicate hand-offs merged into partitions already served",
+			"from", from, "partitions", l.merged, "states", l.states, "first", l.first)
+	}
+	if l.lost > 0 {
+		log.Debug("lost hand-offs for partitions already served; nothing to merge", "from", from, "partitions", l.lost)
 	}
 }
 
@@ -349,7 +385,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 // what was merged, or came before, and the hand-off is refused as
 // NOT_OWNER so that its sender takes it to the new owner; the table, and
 // its fence, are never written for a partition this member has let go.
-func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) transport.PushStatus {
+func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs) transport.PushStatus {
 	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
 		return transport.PushNotOwner
 	}
@@ -363,7 +399,7 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 		// publishes its view only after the move).
 		return transport.PushNotOwner
 	case partServing:
-		return o.mergeHandoff(p, pt, now)
+		return o.mergeHandoff(p, pt, now, late)
 	}
 	if pt.Lost {
 		o.promoteLocked(p, now)
@@ -383,9 +419,9 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64) tra
 // mergeHandoff merges a hand-off into partition p, which this member
 // already serves (see takeHandoff); the caller holds o.moving[p]. Checks
 // go on meanwhile: Import is one step under the table partition's lock.
-func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64) transport.PushStatus {
+func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64, late *lateHandoffs) transport.PushStatus {
 	if pt.Lost {
-		o.log.Info("lost hand-off for a partition already served; nothing to merge", "partition", p)
+		late.add(p, 0, true)
 		return transport.PushOK
 	}
 	n, err := o.table.Import(p, pt.Data, now)
@@ -394,9 +430,7 @@ func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64) transp
 		return transport.PushRejected
 	}
 	o.markWhole(p) // its backup holds the served states, not the merged ones
-	// Worth seeing: a promotion that should have waited is otherwise
-	// invisible.
-	o.log.Info("late or duplicate hand-off merged into a partition already served", "partition", p, "states", n)
+	late.add(p, n, false)
 	return transport.PushOK
 }
 

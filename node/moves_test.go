@@ -2,6 +2,10 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,7 +217,7 @@ func TestHandoffIntoServedPartition(t *testing.T) {
 	if len(out) == 0 {
 		t.Fatal("b hands nothing off")
 	}
-	if st := s.b.takeHandoff(s.v2, &transport.PushPart{Partition: s.p, Data: data}, s.clock.Load()); st != transport.PushNotOwner {
+	if st := s.b.takeHandoff(s.v2, &transport.PushPart{Partition: s.p, Data: data}, s.clock.Load(), &lateHandoffs{}); st != transport.PushNotOwner {
 		t.Fatalf("hand-off into a partition moved out: %v, want NOT_OWNER", st)
 	}
 	if n := s.b.Table().PartitionLen(s.p); n != 0 || !s.b.Table().Fenced(s.p) || s.b.getState(s.p) != partAway {
@@ -265,5 +269,63 @@ func TestLateHandoffRacingMoveOut(t *testing.T) {
 		if res := s.check(t, c, 3, r.Name, 1, false, "check at c"); res.Remaining != 0 {
 			t.Fatalf("round %d (b answered %v): remaining %d at c, want 0", i, took, res.Remaining)
 		}
+	}
+}
+
+// logRecords is a slog.Handler that keeps what it is given.
+type logRecords struct {
+	mu  sync.Mutex
+	got []slog.Record
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, r)
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+// A push of hand-offs for partitions already served is logged once, with
+// counts, not once per partition (a restart's hand-back logged ~130
+// lines); Lost parts, which change nothing, only at Debug.
+func TestLateHandoffsLogOneLinePerPush(t *testing.T) {
+	rec := &logRecords{}
+	o, err := NewOwner("a", 64, func() int64 { return 1e18 }, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testView(t, 1, "a")
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", allAlive, false, false))
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 1, From: "b"}
+	for p := range uint32(5) {
+		pt := transport.PushPart{Partition: p, Lost: p >= 3}
+		if !pt.Lost {
+			pt.Data = o.table.Export(nil, p, 1e18)
+		}
+		push.Parts = append(push.Parts, pt)
+	}
+	rec.got = nil
+	ack := &transport.PushAck{Status: make([]transport.PushStatus, len(push.Parts))}
+	o.HandlePush(context.Background(), push, ack)
+	for i, st := range ack.Status {
+		if st != transport.PushOK {
+			t.Fatalf("part %d: status %d, want OK", i, st)
+		}
+	}
+	var lines []string
+	for _, r := range rec.got {
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+		lines = append(lines, fmt.Sprintf("%v %s partitions=%s", r.Level, r.Message, attrs["partitions"]))
+	}
+	want := []string{
+		"INFO late or duplicate hand-offs merged into partitions already served partitions=3",
+		"DEBUG lost hand-offs for partitions already served; nothing to merge partitions=2",
+	}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("logged %q, want %q", lines, want)
 	}
 }
