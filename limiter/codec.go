@@ -160,6 +160,16 @@ func appendStream(dst []byte, part uint32, recs []exportRec, g *ruleSets, now in
 	ref[legacyTag] = 0
 
 	dst = slices.Grow(dst, 16+len(recs)*16)
+	dst = appendStreamHead(dst, part, sets, len(recs), now)
+	for i := range recs {
+		dst = appendRecord(dst, &recs[i], ref[recs[i].tag], now)
+	}
+	return dst
+}
+
+// appendStreamHead appends a stream's header, its rule sets at now and
+// its record count: what precedes the records.
+func appendStreamHead(dst []byte, part uint32, sets []*ruleSet, records int, now int64) []byte {
 	dst = append(dst, streamMagic...)
 	dst = append(dst, streamVersion)
 	dst = binary.AppendUvarint(dst, uint64(part))
@@ -167,11 +177,7 @@ func appendStream(dst []byte, part uint32, recs []exportRec, g *ruleSets, now in
 	for _, s := range sets {
 		dst = appendSet(dst, s, now)
 	}
-	dst = binary.AppendUvarint(dst, uint64(len(recs)))
-	for i := range recs {
-		dst = appendRecord(dst, &recs[i], ref[recs[i].tag], now)
-	}
-	return dst
+	return binary.AppendUvarint(dst, uint64(records))
 }
 
 // appendRecord appends record r, of the stream's set number set, at now.

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"encoding/binary"
 	"math"
 	"slices"
 )
@@ -96,14 +95,7 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 	ref[0] = 0
 
 	dst = slices.Grow(dst, len(src))
-	dst = append(dst, streamMagic...)
-	dst = append(dst, streamVersion)
-	dst = binary.AppendUvarint(dst, uint64(part))
-	dst = binary.AppendUvarint(dst, uint64(len(sets)))
-	for _, s := range sets {
-		dst = appendSet(dst, s, to)
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(live)))
+	dst = appendStreamHead(dst, part, sets, len(live), to)
 	for i := range live {
 		dst = appendRecord(dst, &live[i].exportRec, ref[live[i].set], to)
 	}
