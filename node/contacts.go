@@ -17,13 +17,6 @@ type contacts struct {
 	at map[string]time.Time // guarded by mu
 }
 
-func (c *contacts) get(id string) (time.Time, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, ok := c.at[id]
-	return t, ok
-}
-
 func (c *contacts) set(id string, t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -31,6 +24,22 @@ func (c *contacts) set(id string, t time.Time) {
 		c.at = map[string]time.Time{}
 	}
 	c.at[id] = t
+}
+
+// seen returns when this member last heard from id, counting from at
+// (and recording it) when it has no record of id: silence counts from
+// first sight.
+func (c *contacts) seen(id string, at time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.at[id]
+	if !ok {
+		if c.at == nil {
+			c.at = map[string]time.Time{}
+		}
+		c.at[id], t = at, at
+	}
+	return t
 }
 
 func (c *contacts) remove(id string) {
@@ -61,7 +70,8 @@ func (c *contacts) retain(keep func(id string) bool) {
 // asks for at now (a PushPing from it): only while this member leads and
 // holds its own lease, only to a member of the cluster that is neither
 // dead nor down, and only while this member has heard from it within
-// DeadAfter − DeadAfter/2 − leaseMargin. A lease runs DeadAfter/2 from
+// DeadAfter − DeadAfter/2 − leaseMargin (or has no record of it yet: a
+// member active again, whose silence counts from now). A lease runs DeadAfter/2 from
 // the member's sending of its request (before it arrived here), so every
 // lease granted ends leaseMargin before this member may mark it dead
 // (DeadAfter of silence): a member this leader cannot reach, even one
@@ -79,11 +89,24 @@ func (n *Node) grantsLease(id string, now time.Time) bool {
 	if o := n.owner.Load(); o == nil || !o.Serving() {
 		return false
 	}
-	if m, ok := n.fsm.State().Member(id); !ok || m.State == fsm.Dead || m.State == fsm.Down {
+	if !n.expectsAnswers(id) {
 		return false
 	}
-	at, ok := n.contacts.get(id)
-	return ok && now.Sub(at) < n.cfg.DeadAfter-n.cfg.DeadAfter/2-leaseMargin(n.cfg.DeadAfter)
+	// A member active again after being down or dead, or new, has no
+	// record until the detector's next tick, which counts its silence
+	// from then: count it from now, as the detector will from its first
+	// sight. The detector forgets a member it marks dead only once the
+	// state says so: asked again after the record, the state tells a
+	// record just forgotten from one never made.
+	at := n.contacts.seen(id, now)
+	return n.expectsAnswers(id) && now.Sub(at) < n.cfg.DeadAfter-n.cfg.DeadAfter/2-leaseMargin(n.cfg.DeadAfter)
+}
+
+// expectsAnswers reports whether the cluster lists member id neither dead
+// nor down (the failure detector pings it).
+func (n *Node) expectsAnswers(id string) bool {
+	m, ok := n.fsm.State().Member(id)
+	return ok && m.State != fsm.Dead && m.State != fsm.Down
 }
 
 // leaseMargin is what the leader leaves between the end of any lease a

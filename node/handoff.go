@@ -605,11 +605,7 @@ func (n *Node) detectLoop() {
 				lastSeen.remove(m.ID)
 				continue
 			}
-			seen, ok := lastSeen.get(m.ID)
-			if !ok {
-				seen = now
-				lastSeen.set(m.ID, now)
-			}
+			seen := lastSeen.seen(m.ID, now)
 			if since := now.Sub(seen); since >= n.cfg.DeadAfter {
 				if err := n.markDead(m.ID); err != nil {
 					n.log.Warn("marking a member dead", "id", m.ID, "err", err)

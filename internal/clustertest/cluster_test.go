@@ -992,3 +992,37 @@ func TestLeaveAnsweredButNeverLoggedStillStops(t *testing.T) {
 		c.WaitSettled(2)
 	})
 }
+
+// A member active again (here after a graceful stop) gets its lease at
+// its first request, before the leader's detector has counted it again:
+// its silence counts from then. The leader refused it until its
+// detector's next tick, and checks forwarded to it meanwhile waited for
+// its lease until their router's timeout (chaos scenario 6's hand-back
+// answered 34 degraded once). The member is set active by hand here, its
+// process stopped, so that nothing but the ping reaches the leader.
+func TestMemberActiveAgainIsLeasedAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		leader := c.Leader()
+		victim := "n3"
+		if leader.ID == victim {
+			victim = "n2"
+		}
+		ping := func() bool {
+			var ack transport.PushAck
+			leader.Node().HandlePush(t.Context(), &transport.Push{Kind: transport.PushPing, From: victim}, &ack)
+			return ack.Epoch != transport.NoLease
+		}
+		c.Stop(victim, time.Second) // marked down
+		time.Sleep(time.Second)     // the detector forgets it (it is down)
+		if ping() {
+			t.Fatalf("%s is down and was granted a lease", victim)
+		}
+		if err := leader.Node().SetState(t.Context(), victim, "active"); err != nil {
+			t.Fatal(err)
+		}
+		if !ping() {
+			t.Fatalf("%s, active again, was refused a lease", victim)
+		}
+	})
+}
