@@ -36,7 +36,7 @@ import (
 // follower far enough behind to need a snapshot still meets Raft's
 // back-off while it is down.
 type replicationRetry struct {
-	raft.Transport
+	innerTransport
 	keep  func(id raft.ServerID, target raft.ServerAddress, term uint64) bool
 	every time.Duration
 	stop  <-chan struct{}
@@ -49,11 +49,8 @@ const retryFirstPause = 10 * time.Millisecond
 // retryReplication wraps t. Like watchTerms, it offers pre-vote only when
 // t does, as Raft decides by type.
 func retryReplication(t raft.Transport, every time.Duration, stop <-chan struct{}, keep func(id raft.ServerID, target raft.ServerAddress, term uint64) bool) raft.Transport {
-	r := &replicationRetry{Transport: t, keep: keep, every: max(every, retryFirstPause), stop: stop}
-	if _, ok := t.(raft.WithPreVote); ok {
-		return preVoteRetry{r}
-	}
-	return r
+	r := &replicationRetry{innerTransport: innerTransport{t}, keep: keep, every: max(every, retryFirstPause), stop: stop}
+	return offerPreVote(r, t)
 }
 
 // isHeartbeat reports whether args is a heartbeat of Raft's: it carries
@@ -85,22 +82,6 @@ func (r *replicationRetry) AppendEntries(id raft.ServerID, target raft.ServerAdd
 		}
 		pause = min(2*pause, r.every)
 	}
-}
-
-// Close closes the transport when it can be closed (raft.WithClose).
-func (r *replicationRetry) Close() error {
-	if c, ok := r.Transport.(raft.WithClose); ok {
-		return c.Close()
-	}
-	return nil
-}
-
-// preVoteRetry is a replicationRetry over a transport that offers
-// pre-vote.
-type preVoteRetry struct{ *replicationRetry }
-
-func (p preVoteRetry) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
-	return p.Transport.(raft.WithPreVote).RequestPreVote(id, target, args, resp)
 }
 
 // leadsAt returns the keep function of retryReplication for the Raft

@@ -19,7 +19,7 @@ import (
 //
 // Everything else passes through. A termWatch is safe for concurrent use.
 type termWatch struct {
-	raft.Transport
+	innerTransport
 
 	mu    sync.Mutex
 	acked map[string]termAck // peer id → its last answer at the call's term; guarded by mu
@@ -34,11 +34,8 @@ type termAck struct {
 // watchTerms wraps t. The transport to give Raft is returned first: it
 // offers pre-vote only when t does, as Raft decides by type.
 func watchTerms(t raft.Transport) (raft.Transport, *termWatch) {
-	w := &termWatch{Transport: t, acked: map[string]termAck{}}
-	if _, ok := t.(raft.WithPreVote); ok {
-		return preVoteWatch{w}, w
-	}
-	return w, w
+	w := &termWatch{innerTransport: innerTransport{t}, acked: map[string]termAck{}}
+	return offerPreVote(w, t), w
 }
 
 func (w *termWatch) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
@@ -79,19 +76,4 @@ func (w *termWatch) acks(term uint64, into map[string]time.Time) (superseded boo
 		}
 	}
 	return w.lost >= term
-}
-
-// Close closes the transport when it can be closed (raft.WithClose).
-func (w *termWatch) Close() error {
-	if c, ok := w.Transport.(raft.WithClose); ok {
-		return c.Close()
-	}
-	return nil
-}
-
-// preVoteWatch is a termWatch over a transport that offers pre-vote.
-type preVoteWatch struct{ *termWatch }
-
-func (p preVoteWatch) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
-	return p.Transport.(raft.WithPreVote).RequestPreVote(id, target, args, resp)
 }

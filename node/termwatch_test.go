@@ -80,3 +80,49 @@ func TestDeadAfterCoversRaftHeartbeats(t *testing.T) {
 		}
 	}
 }
+
+// closeCounter counts Close calls; plain offers no pre-vote, preVote
+// does (the in-memory transport's).
+type closeCounter struct{ closed int }
+
+func (c *closeCounter) Close() error { c.closed++; return nil }
+
+type plainClosing struct {
+	raft.Transport
+	*closeCounter
+}
+
+type preVoteClosing struct {
+	*raft.InmemTransport
+	*closeCounter
+}
+
+func (p preVoteClosing) Close() error { return p.closeCounter.Close() }
+
+// The wrappers of Raft's transport pass Close on, with pre-vote or
+// without: Raft closes its transport only through them.
+func TestTransportWrappersPassCloseOn(t *testing.T) {
+	_, inmem := raft.NewInmemTransport("a")
+	plain, pv := &closeCounter{}, &closeCounter{}
+	for _, tc := range []struct {
+		inner   raft.Transport
+		c       *closeCounter
+		preVote bool
+	}{
+		{plainClosing{inmem, plain}, plain, false},
+		{preVoteClosing{inmem, pv}, pv, true},
+	} {
+		w, _ := watchTerms(tc.inner)
+		got := retryReplication(w, time.Second, nil, nil)
+		if implementsPreVote(got) != tc.preVote {
+			t.Fatalf("pre-vote %v through the wrappers, want %v", implementsPreVote(got), tc.preVote)
+		}
+		c, ok := got.(raft.WithClose)
+		if !ok {
+			t.Fatalf("the wrapped transport (pre-vote %v) offers no Close", tc.preVote)
+		}
+		if err := c.Close(); err != nil || tc.c.closed != 1 {
+			t.Fatalf("Close (pre-vote %v): %v, the transport closed %d times; want once", tc.preVote, err, tc.c.closed)
+		}
+	}
+}
