@@ -102,12 +102,17 @@ func (n *Node) grantsLease(id string, now time.Time) bool {
 	return n.expectsAnswers(id) && now.Sub(at) < n.cfg.DeadAfter-n.cfg.DeadAfter/2-leaseMargin(n.cfg.DeadAfter)
 }
 
-// expectsAnswers reports whether the cluster lists member id neither dead
-// nor down (the failure detector pings it).
+// expectsAnswers reports whether the cluster lists member id as one the
+// failure detector pings (pinged).
 func (n *Node) expectsAnswers(id string) bool {
 	m, ok := n.fsm.State().Member(id)
-	return ok && m.State != fsm.Dead && m.State != fsm.Down
+	return ok && pinged(m)
 }
+
+// pinged reports whether the leader's failure detector expects m to
+// answer: neither dead nor down (its silence counts afresh from when it
+// is active again).
+func pinged(m fsm.Member) bool { return m.State != fsm.Dead && m.State != fsm.Down }
 
 // leaseMargin is what the leader leaves between the end of any lease a
 // member may hold and the instant it may mark that member dead: for

@@ -599,7 +599,7 @@ func (n *Node) detectLoop() {
 			return true
 		})
 		for _, m := range snap.st.Members {
-			if m.ID == n.cfg.ID || m.State == fsm.Dead || m.State == fsm.Down {
+			if m.ID == n.cfg.ID || !pinged(m) {
 				// Not expected to answer: its silence counts afresh from
 				// when it is active again, not from before it stopped.
 				lastSeen.remove(m.ID)
