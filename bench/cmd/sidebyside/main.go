@@ -47,9 +47,10 @@ type options struct {
 	batch, pipeline                     int
 	redisVersion                        string
 	memGOGC                             []string
-	starts                              int // ringlimit clusters started, for unique data dirs
-	rounds                              int // times every selected system is measured, in turn
-	round                               int // the round being measured, from 1
+	serverEnv                           []string // KEY=VALUE set for every ringlimit and gubernator server process
+	starts                              int      // ringlimit clusters started, for unique data dirs
+	rounds                              int      // times every selected system is measured, in turn
+	round                               int      // the round being measured, from 1
 }
 
 func main() {
@@ -69,6 +70,7 @@ func main() {
 	flag.IntVar(&o.pipeline, "pipeline", 16, "Redis pipeline depth of the pipelined rows")
 	flag.IntVar(&o.rounds, "rounds", 1, "measure the selected systems this many times, in turn (A, B, A, B, …); each row and ratio is then the median of its rounds")
 	memGOGC := flag.String("mem-gogc", "", "also measure ringlimit's memory with each of these GOGC values (comma-separated)")
+	serverEnv := flag.String("server-env", "", "comma-separated KEY=VALUE pairs set for every ringlimit and gubernator server, e.g. GOMAXPROCS=1 (the machine's rows then differ from a default run: say so)")
 	replot := flag.String("replot", "", "only rewrite results.md and sidebyside.png in --out from this results.json")
 	flag.Parse()
 	var err error
@@ -96,6 +98,15 @@ func main() {
 		if g = strings.TrimSpace(g); g != "" {
 			o.memGOGC = append(o.memGOGC, g)
 		}
+	}
+	for kv := range strings.SplitSeq(*serverEnv, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			log.Fatalf("--server-env: %q is not KEY=VALUE", kv)
+		}
+		o.serverEnv = append(o.serverEnv, kv)
 	}
 	if o.rounds < 1 || o.rounds > 20 {
 		log.Fatalf("--rounds %d: must be in 1…20", o.rounds)
@@ -150,7 +161,7 @@ func ints(s string) ([]int, error) {
 func run(ctx context.Context, o *options) (*report, error) {
 	rep := &report{Started: time.Now().UTC(), LoadBefore: loadAvg(), GoVersion: runtime.Version(),
 		CPUs: runtime.NumCPU(), Keys: o.keys, Rule: "token bucket, 1000 per second, burst 1000",
-		RowSeconds: o.duration.Seconds(), Batch: o.batch, Pipeline: o.pipeline}
+		RowSeconds: o.duration.Seconds(), Batch: o.batch, Pipeline: o.pipeline, ServerEnv: o.serverEnv}
 	steps := []struct {
 		name string
 		f    func(context.Context, *options, *report) error

@@ -74,6 +74,7 @@ type report struct {
 	Rows         []row     `json:"rows"`
 	Memory       []memRow  `json:"memory"`
 	Rounds       int       `json:"rounds,omitempty"`     // > 1: each of Rows is the median of its rounds
+	ServerEnv    []string  `json:"server_env,omitempty"` // --server-env: set for every ringlimit and gubernator server
 	RoundRows    []row     `json:"round_rows,omitempty"` // with Rounds: every round's rows
 }
 
@@ -224,6 +225,9 @@ func (r *report) markdown() string {
 		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("15:04:05"), r.CPUs, r.GoVersion, r.LoadBefore, r.LoadAfter, redis)
 	fmt.Fprintf(&b, "%d uniform keys, %s; %.0fs per row; batched rows carry %d checks per call (Redis: pipeline %d).\n",
 		r.Keys, r.Rule, r.RowSeconds, r.Batch, r.Pipeline)
+	if len(r.ServerEnv) > 0 {
+		fmt.Fprintf(&b, "Every ringlimit and gubernator server ran with %s in its environment.\n", strings.Join(r.ServerEnv, " "))
+	}
 	if r.Rounds > 1 {
 		fmt.Fprintf(&b, "%d rounds, the systems in turn: each figure below is the median of its rounds (every round's rows are in results.json), each ratio the median of the rounds' ratios.\n", r.Rounds)
 	}

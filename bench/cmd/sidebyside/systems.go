@@ -146,7 +146,7 @@ func startRinglimit(ctx context.Context, o *options, n int, env []string) ([]*pr
 		} else {
 			args = append(args, "--join", addrs[0])
 		}
-		p, err := proc.Start(o.work, fmt.Sprintf("%s.%d", id, o.starts), o.ringlimit, args, env)
+		p, err := proc.Start(o.work, fmt.Sprintf("%s.%d", id, o.starts), o.ringlimit, args, append(slices.Clip(env), o.serverEnv...))
 		if err != nil {
 			proc.StopAll(procs)
 			return nil, nil, err
@@ -292,6 +292,7 @@ func startGubernator(ctx context.Context, o *options, n int, cache int) ([]*proc
 		env := []string{"GUBER_GRPC_ADDRESS=" + grpcAddrs[i], "GUBER_HTTP_ADDRESS=" + httpAddrs[i],
 			"GUBER_ADVERTISE_ADDRESS=" + grpcAddrs[i], "GUBER_CACHE_SIZE=" + strconv.Itoa(cache),
 			"GUBER_LOG_LEVEL=warn", "GUBER_INSTANCE_ID=" + name}
+		env = append(env, o.serverEnv...)
 		p, err := proc.Start(o.work, name, o.gubernatord, []string{"--peers", strings.Join(grpcAddrs, ",")}, env)
 		if err != nil {
 			proc.StopAll(procs)
