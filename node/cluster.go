@@ -188,6 +188,10 @@ func (n *Node) leaderLoop() {
 			}
 			now := time.Now()
 			n.leaderSince.Store(&now)
+			select {
+			case n.gainedLead <- struct{}{}:
+			default:
+			}
 			if n.fsm.State().Initialized {
 				n.promoteNonvoters()
 				continue

@@ -70,9 +70,9 @@ func (c *contacts) retain(keep func(id string) bool) {
 // asks for at now (a PushPing from it): only while this member leads and
 // holds its own lease, only to a member of the cluster that is neither
 // dead nor down, and only while this member has heard from it within
-// DeadAfter − DeadAfter/2 − leaseMargin (or has no record of it yet: a
-// member active again, whose silence counts from now). A lease runs DeadAfter/2 from
-// the member's sending of its request (before it arrived here), so every
+// leaderLease(DeadAfter) (or has no record of it yet: a member active
+// again, whose silence counts from now). A lease runs memberLease from the
+// member's sending of its request (before it arrived here), so every
 // lease granted ends leaseMargin before this member may mark it dead
 // (DeadAfter of silence): a member this leader cannot reach, even one
 // that still reaches it (a one-way cut), has stopped answering for its
@@ -99,7 +99,8 @@ func (n *Node) grantsLease(id string, now time.Time) bool {
 	// state says so: asked again after the record, the state tells a
 	// record just forgotten from one never made.
 	at := n.contacts.seen(id, now)
-	return n.expectsAnswers(id) && now.Sub(at) < n.cfg.DeadAfter-n.cfg.DeadAfter/2-leaseMargin(n.cfg.DeadAfter)
+	d := n.cfg.DeadAfter
+	return n.expectsAnswers(id) && now.Sub(at) < d-memberLease(d)-leaseMargin(d)
 }
 
 // expectsAnswers reports whether the cluster lists member id as one the
@@ -113,6 +114,35 @@ func (n *Node) expectsAnswers(id string) bool {
 // answer: neither dead nor down (its silence counts afresh from when it
 // is active again).
 func pinged(m fsm.Member) bool { return m.State != fsm.Dead && m.State != fsm.Down }
+
+// The leases, for a DeadAfter of d. A member may be marked dead once it
+// has been silent for d, and must have stopped answering for its
+// partitions by then; the two leases share d between them:
+//
+//   - leaderLease (d/4) is the leader's own, from the Raft calls and pings
+//     a quorum of voters answered (leaderLeaseFrom). A leader deposed
+//     while it slept cannot renew it, so it ends by d/4 after the next
+//     leader's election (a voter of that election answered it before
+//     voting): the next leader marks a crashed leader dead as soon as
+//     d/4 after its election (deposedSilentSince).
+//   - memberLease (d − d/4 − leaseMargin) is a member's, granted by a
+//     leader that holds its own. A grant by a deposed leader that still
+//     holds its lease comes at most d/4 after the next election, and that
+//     leader marks the member dead no sooner than d after its election:
+//     the lease has ended by then. The leader grants only to a member it
+//     heard from within d − memberLease − leaseMargin (d/4), so a stable
+//     leader too marks no member dead before its lease ends.
+//
+// The member's is the long one because it is what keeps a cluster
+// answering while a crashed leader is replaced: every member's lease
+// comes from the leader, and the next one is elected 1–3 s later with
+// Raft's default timeout. With d/2 each, at the default d of 5s, the
+// members' leases ran out 2–2.5 s after the leader's crash and every
+// member answered its checks degraded until the election (seen by a new
+// user: 0.4 s of every key degraded, cluster-wide).
+func leaderLease(d time.Duration) time.Duration { return d / 4 }
+
+func memberLease(d time.Duration) time.Duration { return d - leaderLease(d) - leaseMargin(d) }
 
 // leaseMargin is what the leader leaves between the end of any lease a
 // member may hold and the instant it may mark that member dead: for

@@ -267,13 +267,13 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 
 // handoffWait is how long a gained partition waits for its hand-off
 // before its backup copy is promoted: handoffTimeout, or longer when a
-// member's lease (DeadAfter/2) is longer. An old owner that has not seen
+// member's lease (memberLease) is longer. An old owner that has not seen
 // the ring change (cut off from Raft) answers for the partition until its
 // lease, renewed last before the leader's epoch moved on, runs out, so
-// the backup copy may only be promoted after that: DeadAfter/2 and the
+// the backup copy may only be promoted after that: the lease and the
 // leader's margin after this member saw the change.
 func (n *Node) handoffWait() time.Duration {
-	return max(handoffTimeout, n.cfg.DeadAfter/2+leaseMargin(n.cfg.DeadAfter))
+	return max(handoffTimeout, memberLease(n.cfg.DeadAfter)+leaseMargin(n.cfg.DeadAfter))
 }
 
 // expireLater promotes the backup copies of parts, which began awaiting
@@ -371,7 +371,7 @@ func (n *Node) leaderLease(servers []raft.Server, answered, acked map[string]tim
 // would notice the newer term) still pings, and members that follow a
 // newer leader still answer - at the epoch this one knows, until that
 // leader marks this one dead: a lease taken from those answers outlives
-// the mark by up to DeadAfter/2 while the backups already serve this
+// the mark by up to the lease while the backups already serve this
 // one's partitions, so checking the answers' epochs is not enough
 // either. A voter that answered a Raft call sent at t at this leader's
 // term had not voted for a newer leader by then, so with a quorum of them
@@ -459,16 +459,23 @@ func leaseBase(now time.Time, others []time.Time, voters int) (time.Time, bool) 
 // leaseLoop takes this member's lease while it follows: every DeadAfter/10
 // (at most 250ms) it asks the leader for its ring epoch; when the leader
 // grants it (grantsLease) and its own ring has reached that epoch, it may
-// answer for what it owns until DeadAfter/2 after it asked (a late answer
+// answer for what it owns until memberLease after it asked (a late answer
 // extends nothing). A member cut off from
 // the leader, or asleep (SIGSTOP), therefore stops answering before the
 // leader marks it dead (DeadAfter) and the others take its partitions;
 // when it wakes, it answers only once its ring has caught up.
+//
+// A request not granted (no leader known, the leader unreachable, or a
+// new leader without its own lease yet) is asked again after retryEvery,
+// not a whole period later: after a leader's crash the next one grants
+// leases as soon as it holds its own, and the members' leases, taken
+// from the crashed one, are running out.
 func (n *Node) leaseLoop() {
 	every := n.pingEvery()
-	lease := n.cfg.DeadAfter / 2
-	tick := time.NewTicker(every)
-	defer tick.Stop()
+	retry := min(every, retryEvery)
+	lease := memberLease(n.cfg.DeadAfter)
+	next := time.NewTimer(every)
+	defer next.Stop()
 	for {
 		// Ask at once when this member has no lease (it just started or
 		// joined): a ring change wakes the loop too.
@@ -479,27 +486,52 @@ func (n *Node) leaseLoop() {
 		select {
 		case <-n.ctx.Done():
 			return
-		case <-tick.C:
+		case <-next.C:
 		case <-changed:
 		}
-		o, snap := n.owner.Load(), n.snap.Load()
-		if o == nil || snap == nil || n.isLeader() {
-			continue
+		granted := n.askLease(every, lease)
+		wait := every
+		if !granted {
+			wait = retry
 		}
-		lid, _ := n.leader()
-		m, ok := snap.st.Member(lid)
-		if !ok || m.Peer == "" {
-			continue
+		if !next.Stop() {
+			select {
+			case <-next.C:
+			default:
+			}
 		}
-		asked := time.Now()
-		ctx, cancel := context.WithTimeout(n.ctx, every)
-		var ack transport.PushAck
-		err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: snap.v.Epoch(), From: n.cfg.ID}, &ack)
-		cancel()
-		if err == nil && ack.Epoch != transport.NoLease && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
-			o.SetLeaseUntil(asked.Add(lease))
-		}
+		next.Reset(wait)
 	}
+}
+
+// retryEvery is how soon a member asks again for a lease it was not
+// granted.
+const retryEvery = 25 * time.Millisecond
+
+// askLease asks the leader for this member's lease (leaseLoop), waiting
+// at most timeout for its answer, and reports whether it was granted;
+// true as well when there is nothing to ask (this member leads, or has
+// no ring yet).
+func (n *Node) askLease(timeout, lease time.Duration) bool {
+	o, snap := n.owner.Load(), n.snap.Load()
+	if o == nil || snap == nil || n.isLeader() {
+		return true
+	}
+	lid, _ := n.leader()
+	m, ok := snap.st.Member(lid)
+	if !ok || m.Peer == "" {
+		return false
+	}
+	asked := time.Now()
+	ctx, cancel := context.WithTimeout(n.ctx, timeout)
+	var ack transport.PushAck
+	err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: snap.v.Epoch(), From: n.cfg.ID}, &ack)
+	cancel()
+	if err == nil && ack.Epoch != transport.NoLease && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
+		o.SetLeaseUntil(asked.Add(lease))
+		return true
+	}
+	return false
 }
 
 // viewCurrent reports whether the published view is the FSM's latest
@@ -529,7 +561,7 @@ func (n *Node) detectLoop() {
 	answered := map[string]time.Time{} // member → last answered ping only
 	var servers []raft.Server          // Raft's configuration at the last tick, while we lead
 	acked := map[string]time.Time{}    // scratch for leaderLease
-	lease := n.cfg.DeadAfter / 2
+	lease := leaderLease(n.cfg.DeadAfter)
 	leading := false
 	prevLeader := ""    // the leader this node last followed
 	var heard time.Time // when this node last heard from prevLeader (Raft's LastContact)
@@ -556,6 +588,7 @@ func (n *Node) detectLoop() {
 			}
 			continue
 		case <-tick.C:
+		case <-n.gainedLead:
 		}
 		if !n.isLeader() {
 			if leading {
@@ -644,10 +677,11 @@ func (n *Node) detectLoop() {
 // before it won the lead counts from, for a first leading tick at now,
 // given when this node last heard from it (heard, Raft's LastContact as a
 // follower; zero if unknown): from heard, as for any member, but never
-// later than DeadAfter/2 − leaseMargin before this node's election. So
-// a crashed or hung leader leaves the ring after DeadAfter of silence or
-// DeadAfter/2 (+ the margin) after the election, whichever is later,
-// rather than DeadAfter after the election (chaos bug E).
+// later than DeadAfter − leaderLease − leaseMargin before this node's
+// election. So a crashed or hung leader leaves the ring after DeadAfter
+// of silence or leaderLease (DeadAfter/4, + the margin) after the
+// election, whichever is later, rather than DeadAfter after the election
+// (chaos bug E).
 //
 // That is safe because of how a leader takes its own lease
 // (leaderLeaseFrom): from Raft calls that a quorum of voters answered at
@@ -655,7 +689,7 @@ func (n *Node) detectLoop() {
 // a quorum too, and the two share a voter, which answered the old
 // leader's call at the old term before it voted in the newer one: the
 // base was before this node's election, so the old leader's lease, at most
-// DeadAfter/2 long, ended before DeadAfter/2 after it. A lease it takes
+// leaderLease long, ended before leaderLease after it. A lease it takes
 // as a member once it has stepped down comes from this node's answers to
 // its pings, as any member's does, and other members keep their whole
 // DeadAfter: this argument bounds only the old leader's own lease.
@@ -664,7 +698,8 @@ func (n *Node) deposedSilentSince(now, heard time.Time) time.Time {
 	if t := n.leaderSince.Load(); t != nil && !t.After(now) {
 		won = *t
 	}
-	bound := won.Add(-(n.cfg.DeadAfter - n.cfg.DeadAfter/2 - leaseMargin(n.cfg.DeadAfter)))
+	d := n.cfg.DeadAfter
+	bound := won.Add(-(d - leaderLease(d) - leaseMargin(d)))
 	if heard.After(bound) && !heard.After(now) {
 		return heard
 	}

@@ -235,7 +235,7 @@ func spendAt(t *testing.T, o *Owner, ck transport.Check, n int) {
 	}
 }
 
-// With a DeadAfter long enough that a member's lease (DeadAfter/2)
+// With a DeadAfter long enough that a member's lease (memberLease)
 // outlasts handoffTimeout, a gained partition waits for its hand-off
 // until the old owner's lease has run out, not handoffTimeout: an old
 // owner cut off from Raft answers for it until then.
@@ -243,20 +243,20 @@ func TestHandoffWaitOutlastsTheOldOwnersLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newOwner(t, "c")
 		n := handoffNode(t, c, pushOwners{})
-		n.cfg.DeadAfter = 10 * time.Second // lease 5s, margin 500ms
+		n.cfg.DeadAfter = 10 * time.Second // lease 10s − 10s/4 − 500ms = 7s, margin 500ms
 		v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
 		_, p := partOf(v2, "c")
 		applyRing(n, nil, v1)
 		applyRing(n, v1, v2) // c joins: p awaits a's hand-off
-		time.Sleep(5*time.Second + 400*time.Millisecond)
+		time.Sleep(7*time.Second + 400*time.Millisecond)
 		synctest.Wait()
 		if st := c.getState(p); st != partAwaiting {
-			t.Fatalf("partition %d promoted within the old owner's lease of 5s (state %d)", p, st)
+			t.Fatalf("partition %d promoted within the old owner's lease of 7s and the margin (state %d)", p, st)
 		}
 		time.Sleep(200 * time.Millisecond)
 		synctest.Wait()
 		if st := c.getState(p); st != partServing {
-			t.Fatalf("partition %d not promoted 5.6s after the change (state %d)", p, st)
+			t.Fatalf("partition %d not promoted 7.6s after the change (state %d)", p, st)
 		}
 	})
 }

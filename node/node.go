@@ -97,7 +97,7 @@ type Config struct {
 	DataPlane DataPlane
 	// DeadAfter is how long the leader lets a member go without contact
 	// before marking it dead (5s). It is at least RaftTimeout: the
-	// leader's lease (DeadAfter/2) counts Raft heartbeats, which come up
+	// leader's lease (DeadAfter/4) counts Raft heartbeats, which come up
 	// to RaftTimeout/5 apart.
 	DeadAfter time.Duration
 	// BackupInterval is how often changed partitions are pushed to their
@@ -149,7 +149,7 @@ func (c *Config) Validate() error {
 	case c.Forward == nil:
 		return errors.New("node: forwarder is nil")
 	case c.DeadAfter != 0 && c.DeadAfter < c.RaftTimeout:
-		return fmt.Errorf("node: dead-after %v is shorter than the raft timeout %v (the leader's lease, dead-after/2, counts raft heartbeats)", c.DeadAfter, c.RaftTimeout)
+		return fmt.Errorf("node: dead-after %v is shorter than the raft timeout %v (the leader's lease, dead-after/4, counts raft heartbeats)", c.DeadAfter, c.RaftTimeout)
 	}
 	return c.Ring.Validate()
 }
@@ -206,6 +206,10 @@ type Node struct {
 	// leaderSince is when this node last became Raft leader (leaderLoop);
 	// nil before that.
 	leaderSince atomic.Pointer[time.Time]
+	// gainedLead wakes the failure detector when this node becomes Raft
+	// leader (leaderLoop), so its first pings, and so its own lease and
+	// the leases it grants, do not wait for its next tick.
+	gainedLead chan struct{}
 	// contacts is the failure detector's record of when, while this node
 	// leads, it last heard from each member (detectLoop, grantsLease).
 	contacts contacts
@@ -233,7 +237,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if cfg.BackupInterval == 0 {
 		cfg.BackupInterval = 20 * time.Millisecond
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
 	if n.now == nil {

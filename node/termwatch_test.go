@@ -60,7 +60,7 @@ func implementsPreVote(t raft.Transport) bool {
 	return ok
 }
 
-// DeadAfter is at least RaftTimeout: the leader's lease, DeadAfter/2,
+// DeadAfter is at least RaftTimeout: the leader's lease, DeadAfter/4,
 // counts Raft heartbeats, which come up to RaftTimeout/5 apart.
 func TestDeadAfterCoversRaftHeartbeats(t *testing.T) {
 	for _, tc := range []struct {
