@@ -386,6 +386,60 @@ func TestLeaderKill(t *testing.T) {
 	}
 }
 
+// TestLeaderKillOthersAnswer is scenario 9: SIGKILL of the Raft leader at
+// the default --dead-after, under load on keys the two other members own,
+// sent to them. Every member's lease comes from the leader; they must
+// outlast the election (1–3 s here), so the survivors answer their own
+// keys at once throughout: no degraded answer, none late. Before the
+// members' lease was made the long one (3/4 of dead-after), a new user
+// saw every key of the cluster degraded for ~0.4 s about 2.3 s after the
+// kill.
+func TestLeaderKillOthersAnswer(t *testing.T) {
+	skipUnlessChaos(t)
+	const rate, burst = 1000, 1000 // never limiting: every answer is allowed unless degraded
+	c := start3(t, 0, []api.Rule{{Name: "s9", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "closed"}})
+	rep := newReport(t, c.dir)
+	lead := c.leader(c.members[0])
+	var followers []*member
+	for _, m := range c.members {
+		if m != lead {
+			followers = append(followers, m)
+		}
+	}
+	v := viewOf(t, followers[0].http)
+	keys := checks("s9", 1, v.keysOwnedBy("s9a", followers[0].id, 20, false), v.keysOwnedBy("s9b", followers[1].id, 20, false))
+	l := newLoad(keys, 4, 20, addrs(followers)...) // 20 rounds a second: a gap of 50 ms shows
+	l.run()
+	l.loadFor(3 * time.Second)
+	tKill := l.since()
+	lead.kill()
+	var cl api.Cluster
+	waitFor(t, "a new leader", 30*time.Second, func() bool {
+		return getJSON(followers[0].http, "/v1/cluster", &cl) == 200 && cl.Leader != "" && cl.Leader != lead.id
+	})
+	tElected, newLead := l.since(), c.byID(cl.Leader)
+	tOut := waitOut(t, l, followers, lead.id, 30*time.Second)
+	l.loadFor(tOut + 2*time.Second)
+	l.stop()
+	evs := l.snapshot()
+
+	after := window(evs, tKill, time.Hour)
+	tl := count(after)
+	rep.add("scenario 9: SIGKILL of leader %s at t=%.2fs, default --dead-after (%v); new leader %s seen %.2fs after the kill; %s out of the ring %.2fs after it; load: %d keys owned by %s and %s, sent to them",
+		lead.id, tKill.Seconds(), defaultDeadAfter, newLead.id, (tElected - tKill).Seconds(), lead.id, (tOut - tKill).Seconds(), len(keys), followers[0].id, followers[1].id)
+	rep.add("all checks: %v", count(evs))
+	rep.add("from the kill on: %v (target: none degraded, all answered within %v)", tl, answerTarget)
+	describeFailures(rep, l, evs)
+	rep.write()
+	timeline(t, c.dir, fmt.Sprintf("SIGKILL of leader %s, default --dead-after", lead.id), evs, keys,
+		[]watched{{name: keys[0].key, key: 0, bound: func(s float64) float64 { return burst + rate*s }}},
+		[]marker{{tKill, "SIGKILL leader " + lead.id}, {tElected, newLead.id + " leads"}, {tOut, lead.id + " out of the ring"}})
+	if tl.degraded > 0 || tl.answered < tl.checks {
+		t.Errorf("the survivors' own keys after the leader's kill: %d of %d checks degraded, %d not answered within %v (slowest %v), want none",
+			tl.degraded, tl.checks, tl.checks-tl.answered, answerTarget, tl.slowest)
+	}
+}
+
 // TestRollingRestart is scenario 4: SIGTERM, restart with the same command
 // line, wait until ready, next — all 3 members under load. 50 keys of a
 // sliding_log limit-100 rule and 50 of a token_bucket rule.
