@@ -522,8 +522,19 @@ func TestViewLongPoll(t *testing.T) {
 	if a.err != nil || a.view.RulesVersion <= v.RulesVersion || a.took > 10*time.Second {
 		t.Fatalf("long poll: %+v after %v (err %v), want the new rules version at once", a.view.RulesVersion, a.took, a.err)
 	}
+	// after alone waits for a newer epoch: the rules, newer than the
+	// rules_after it leaves out, do not end it.
+	start = time.Now()
+	resp, err := http.Get(fmt.Sprintf("http://%s/v1/cluster/view?after=%d&wait=300ms", ss[0].cfg.HTTPAdvertise, a.view.Epoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); resp.StatusCode != http.StatusOK || took < 300*time.Millisecond {
+		t.Fatalf("after=%d alone: %d after %v, want 200 after the whole 300ms wait", a.view.Epoch, resp.StatusCode, took)
+	}
 	// A bad parameter is a 400.
-	resp, err := http.Get(fmt.Sprintf("http://%s/v1/cluster/view?after=x", ss[0].cfg.HTTPAdvertise))
+	resp, err = http.Get(fmt.Sprintf("http://%s/v1/cluster/view?after=x", ss[0].cfg.HTTPAdvertise))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net"
 	"net/http"
@@ -233,16 +234,23 @@ func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {
 // ViewWaiter is implemented by an Admin that can hold GET
 // /v1/cluster/view?after=EPOCH&rules_after=VERSION&wait=DURATION until its
 // view is newer than that (a long poll), or the wait (at most 30s) ends.
+// A parameter the caller left out is passed as math.MaxUint64, which no
+// view is newer than: `after` alone waits for a newer epoch, `rules_after`
+// alone for newer rules.
 type ViewWaiter interface {
 	WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait time.Duration)
 }
 
-// maxViewWait bounds a long poll of the view.
-const maxViewWait = 30 * time.Second
+// maxViewWait bounds a long poll of the view, defaultViewWait is its wait
+// when the caller names none.
+const (
+	maxViewWait     = 30 * time.Second
+	defaultViewWait = 10 * time.Second
+)
 
 func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
 	if q := r.URL.Query(); q.Has("after") || q.Has("rules_after") {
-		var after, rulesAfter uint64
+		after, rulesAfter := uint64(math.MaxUint64), uint64(math.MaxUint64)
 		var err error
 		if q.Has("after") {
 			after, err = strconv.ParseUint(q.Get("after"), 10, 64)
@@ -250,7 +258,7 @@ func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
 		if err == nil && q.Has("rules_after") {
 			rulesAfter, err = strconv.ParseUint(q.Get("rules_after"), 10, 64)
 		}
-		wait := 10 * time.Second
+		wait := defaultViewWait
 		if err == nil && q.Has("wait") {
 			wait, err = time.ParseDuration(q.Get("wait"))
 		}
@@ -258,8 +266,15 @@ func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("after and rules_after are unsigned integers, wait a non-negative duration"))
 			return
 		}
-		if vw, ok := h.admin.(ViewWaiter); ok {
-			vw.WaitView(r.Context(), after, rulesAfter, min(wait, maxViewWait))
+		wait = min(wait, maxViewWait)
+		if vw, ok := h.admin.(ViewWaiter); ok && wait > 0 {
+			// The server's write timeout (writeTimeout, 10s from the
+			// end of the request's headers) would drop the answer of a
+			// poll that waits as long: this one answer gets the wait
+			// and then that much again. (A server without a connection
+			// deadline, a test's recorder, does not support it.)
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + writeTimeout))
+			vw.WaitView(r.Context(), after, rulesAfter, wait)
 		}
 	}
 	v, err := h.admin.RouterView(r.Context())
