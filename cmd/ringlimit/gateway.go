@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -195,6 +196,9 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	log, err := newLogger(*logLevel, stderr)
 	if err != nil {
 		return fail2(err)
+	}
+	if soft := gctune.SoftLimit(getenv, ""); soft > 0 {
+		log.Debug("soft memory limit from the cgroup", "soft_memory_limit", soft)
 	}
 	up, err := url.Parse(baseURL(*upstream))
 	if *upstream == "" || err != nil || up.Host == "" {

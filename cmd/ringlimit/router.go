@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/httpapi"
 	"github.com/ringlimit/ringlimit/router/rls"
@@ -167,6 +168,9 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if len(ff.members()) == 0 {
 		return fail(stderr, "router", errors.New("--cluster: at least one member address is required"))
+	}
+	if soft := gctune.SoftLimit(getenv, ""); soft > 0 {
+		log.Debug("soft memory limit from the cgroup", "soft_memory_limit", soft)
 	}
 	ln, err := net.Listen("tcp", hostPort(*httpAddr))
 	if err != nil {

@@ -32,6 +32,8 @@
 // GOMEMLIMIT) gets a soft limit at 90% of it, so the collector works
 // harder before the kernel kills the process. An operator's GOGC turns
 // off both the percent and the releases (which force collections).
+// SoftLimit is that soft limit alone, for processes that hold no tables
+// (ringlimit router and gateway).
 //
 // Percent and Release are pure functions; Tune is the only part with
 // side effects and one goroutine, which ends with its context.
@@ -136,16 +138,7 @@ type Settings struct {
 // It returns at once; every interval until ctx ends, it adjusts the
 // percent and releases the free heap when Release says so.
 func Tune(ctx context.Context, getenv func(string) string, cgroupMax string, interval time.Duration) Settings {
-	var s Settings
-	if getenv("GOMEMLIMIT") == "" {
-		if cgroupMax == "" {
-			cgroupMax = "/sys/fs/cgroup/memory.max"
-		}
-		if lim, ok := readLimit(cgroupMax); ok {
-			s.MemoryLimit = int64(cgroupShare * float64(lim))
-			debug.SetMemoryLimit(s.MemoryLimit)
-		}
-	}
+	s := Settings{MemoryLimit: SoftLimit(getenv, cgroupMax)}
 	if getenv("GOGC") != "" {
 		return s
 	}
@@ -164,6 +157,28 @@ func Tune(ctx context.Context, getenv func(string) string, cgroupMax string, int
 		}
 	}()
 	return s
+}
+
+// SoftLimit is the part of Tune that suits any process, not only a
+// member: unless getenv says GOMEMLIMIT is set, it sets the runtime's
+// soft memory limit to 90% of the cgroup's memory limit read from
+// cgroupMax ("" = /sys/fs/cgroup/memory.max), so that the collector
+// works harder before the kernel kills the process. It returns the limit
+// it set, 0 when none (GOMEMLIMIT set, no cgroup limit).
+func SoftLimit(getenv func(string) string, cgroupMax string) int64 {
+	if getenv("GOMEMLIMIT") != "" {
+		return 0
+	}
+	if cgroupMax == "" {
+		cgroupMax = "/sys/fs/cgroup/memory.max"
+	}
+	lim, ok := readLimit(cgroupMax)
+	if !ok {
+		return 0
+	}
+	soft := int64(cgroupShare * float64(lim))
+	debug.SetMemoryLimit(soft)
+	return soft
 }
 
 // tuner is Tune's state between steps, with its effects injected.

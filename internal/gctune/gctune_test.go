@@ -174,6 +174,46 @@ func TestTuneRespectsTheOperator(t *testing.T) {
 	}
 }
 
+// SoftLimit (router, gateway) sets 90% of the cgroup's limit unless
+// GOMEMLIMIT is set, and nothing without a cgroup limit.
+func TestSoftLimit(t *testing.T) {
+	dir := t.TempDir()
+	limit := filepath.Join(dir, "memory.max")
+	unlimited := filepath.Join(dir, "memory.max.unlimited")
+	for path, v := range map[string]string{limit: "268435456\n", unlimited: "max\n"} {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	for _, tc := range []struct {
+		gomemlimit, path string
+		want             int64
+	}{
+		{"", limit, 241591910},
+		{"200MiB", limit, 0},
+		{"", unlimited, 0},
+		{"", filepath.Join(dir, "absent"), 0},
+	} {
+		debug.SetMemoryLimit(prev)
+		got := SoftLimit(func(k string) string {
+			if k == "GOMEMLIMIT" {
+				return tc.gomemlimit
+			}
+			return ""
+		}, tc.path)
+		wantRuntime := prev
+		if tc.want != 0 {
+			wantRuntime = tc.want
+		}
+		if got != tc.want || debug.SetMemoryLimit(-1) != wantRuntime {
+			t.Errorf("SoftLimit(GOMEMLIMIT=%q, %s) = %d (runtime %d), want %d (runtime %d)",
+				tc.gomemlimit, filepath.Base(tc.path), got, debug.SetMemoryLimit(-1), tc.want, wantRuntime)
+		}
+	}
+}
+
 // TestTunerReadsAfterRelease: the collection a release forces moves the
 // live heap; the tuner compares later readings with the heap after it, so
 // that move alone calls for no second release.
