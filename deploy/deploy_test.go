@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -172,6 +173,9 @@ func checkContainer(t *testing.T, where string, c corev1.Container) (flags, env 
 		}
 	}
 	env = envOf(t, where, c)
+	for _, p := range memLimitProblems(c) {
+		t.Errorf("%s: %s", where, p)
+	}
 	for _, e := range c.Env {
 		name, ok := strings.CutPrefix(e.Name, "RINGLIMIT_")
 		if !ok {
@@ -186,6 +190,74 @@ func checkContainer(t *testing.T, where string, c corev1.Container) (flags, env 
 		}
 	}
 	return flags, env
+}
+
+// memLimitProblems says what is wrong with a container's GOMEMLIMIT: one
+// from a resource field (limits.memory is the whole limit: the collector
+// would work hard only at the OOM kill, and ringlimit's own soft limit at
+// 90% of the cgroup's is off whenever GOMEMLIMIT is set), or a literal
+// above 90% of its limits.memory.
+func memLimitProblems(c corev1.Container) []string {
+	var out []string
+	for _, e := range c.Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		if e.ValueFrom != nil {
+			out = append(out, "GOMEMLIMIT from valueFrom: a resource field is the whole memory limit (or a unitless number, read as bytes); "+
+				"leave GOMEMLIMIT unset and ringlimit sets a soft limit at 90% of the container's limit")
+			continue
+		}
+		soft, err := goMemLimit(e.Value)
+		if err != nil {
+			out = append(out, fmt.Sprintf("GOMEMLIMIT %q: %v", e.Value, err))
+			continue
+		}
+		if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && float64(soft) > 0.9*float64(lim.Value()) {
+			out = append(out, fmt.Sprintf("GOMEMLIMIT %q is over 90%% of limits.memory %s: no headroom before the OOM kill", e.Value, lim.String()))
+		}
+	}
+	return out
+}
+
+func TestMemLimitProblems(t *testing.T) {
+	limit := corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}}
+	for _, tc := range []struct {
+		env  corev1.EnvVar
+		want int
+	}{
+		{corev1.EnvVar{Name: "GOMEMLIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}}}, 1},
+		{corev1.EnvVar{Name: "GOMEMLIMIT", Value: "256MiB"}, 1},
+		{corev1.EnvVar{Name: "GOMEMLIMIT", Value: "268435456"}, 1},
+		{corev1.EnvVar{Name: "GOMEMLIMIT", Value: "256Mi"}, 1}, // not Go's syntax
+		{corev1.EnvVar{Name: "GOMEMLIMIT", Value: "230MiB"}, 0},
+		{corev1.EnvVar{Name: "GOGC", Value: "50"}, 0},
+	} {
+		c := corev1.Container{Env: []corev1.EnvVar{tc.env}, Resources: limit}
+		if got := memLimitProblems(c); len(got) != tc.want {
+			t.Errorf("env %s=%q (valueFrom %v) with limits.memory 256Mi: %q, want %d problems", tc.env.Name, tc.env.Value, tc.env.ValueFrom != nil, got, tc.want)
+		}
+	}
+}
+
+// goMemLimit parses a GOMEMLIMIT value as the Go runtime does: bytes,
+// with an optional B, KiB, MiB, GiB or TiB suffix.
+func goMemLimit(v string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if rest, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = rest, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("not a byte count with an optional B, KiB, MiB, GiB or TiB suffix")
+	}
+	return n * mult, nil
 }
 
 // flagPort is the port a listen flag resolves to: its env value, else its
