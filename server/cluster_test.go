@@ -324,6 +324,39 @@ func TestOwnerChangeMidStream(t *testing.T) {
 	}
 }
 
+// Without authentication nothing counts as an authentication refusal:
+// the leader's probes of a joining member's Raft and data-plane
+// addresses (connect, close) once read 2 or 3 on each listener of every
+// member of a fresh 3-member cluster.
+func TestJoinProbesAreNotAuthRefusals(t *testing.T) {
+	ss := startCluster(t, 3)
+	for _, s := range ss {
+		mf, err := s.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for _, f := range mf {
+			if f.GetName() != "ringlimit_listener_refused_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				seen++
+				if v := m.GetCounter().GetValue(); v != 0 {
+					t.Errorf("%s: ringlimit_listener_refused_total%v = %v, want 0 (no authentication, nobody refused)", s.cfg.ID, labels, v)
+				}
+			}
+		}
+		if seen != 6 { // raft and peer × cap, auth, idle
+			t.Errorf("%s: %d ringlimit_listener_refused_total series, want 6", s.cfg.ID, seen)
+		}
+	}
+}
+
 func TestRulesSurviveRestart(t *testing.T) {
 	dir := t.TempDir()
 	s := startMember(t, "solo", dir, "")

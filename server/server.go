@@ -379,7 +379,9 @@ func (p prober) Ready(ctx context.Context, httpAddr string) error {
 	return p.fwd.client(httpAddr).Ready(ctx)
 }
 
-const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached) or auth (failed or timed out authenticating)."
+const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached), " +
+	"auth (failed or timed out authenticating, with --cluster-secret or TLS) or idle (no authentication configured: no first byte within 5s). " +
+	"A connection its peer closes before a byte, without authentication, is not counted (a joining member's address is probed so)."
 
 // registerListenerMetrics exports what the guarded listeners let in and
 // turned away.
@@ -399,6 +401,9 @@ func registerListenerMetrics(reg *prometheus.Registry, ls map[string]*transport.
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "auth"},
 				Help: refusedHelp},
 				func() float64 { return float64(l.Stats().AuthFailed) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_listener_refused_total", ConstLabels: prometheus.Labels{"listener": name, "reason": "idle"},
+				Help: refusedHelp},
+				func() float64 { return float64(l.Stats().Idle) }),
 		)
 	}
 }

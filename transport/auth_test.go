@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -263,8 +264,8 @@ func TestListenerCaps(t *testing.T) {
 	eventually(t, func() bool { st := gl.Stats(); return st.OverCap == 6 && st.Open == 4 })
 	// The silent four time out, freeing the slots.
 	eventually(t, func() bool { return gl.Stats().Open == 0 })
-	if st := gl.Stats(); st.AuthFailed != 4 || st.Accepted != 0 {
-		t.Fatalf("stats %+v: want 4 timed out, none accepted", st)
+	if st := gl.Stats(); st.Idle != 4 || st.AuthFailed != 0 || st.Accepted != 0 {
+		t.Fatalf("stats %+v: want 4 timed out idle (no authentication configured), none accepted", st)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -275,6 +276,65 @@ func TestListenerCaps(t *testing.T) {
 	defer c.Close()
 	if err := c.Do(ctx, batchOf(1, "r"), &BatchResponse{}); err != nil {
 		t.Fatalf("Do after the flood: %v", err)
+	}
+}
+
+// Only a failed handshake counts as an authentication refusal: without
+// authentication a connection closed before its first byte (a joining
+// member's address probe) is not refused at all, and one silent for the
+// handshake timeout is refused as idle. With authentication both count
+// as auth failures.
+func TestListenerRefusalReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		auth               *Auth
+		closed, silent     int
+		wantAuth, wantIdle int64
+	}{
+		{"no authentication", &Auth{HandshakeTimeout: 100 * time.Millisecond}, 3, 2, 0, 2},
+		{"cluster secret", &Auth{Secret: testSecret('a'), HandshakeTimeout: 100 * time.Millisecond}, 3, 2, 5, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lcfg := DefaultListenerConfig()
+			lcfg.Auth = tc.auth
+			var logged atomic.Int64
+			lcfg.ErrorLog = func(error) { logged.Add(1) }
+			gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
+			for range tc.closed {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Close()
+			}
+			var silent []net.Conn
+			for range tc.silent {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				silent = append(silent, c)
+			}
+			defer func() {
+				for _, c := range silent {
+					c.Close()
+				}
+			}()
+			// Accepted in order: once the silent ones are refused and
+			// nothing is open, the closed ones are dealt with too.
+			eventually(t, func() bool {
+				st := gl.Stats()
+				return st.AuthFailed+st.Idle >= tc.wantAuth+tc.wantIdle && st.Open == 0
+			})
+			st := gl.Stats()
+			if st.AuthFailed != tc.wantAuth || st.Idle != tc.wantIdle || st.Accepted != 0 || st.OverCap != 0 {
+				t.Fatalf("%d closed and %d silent connections: stats %+v, want AuthFailed %d, Idle %d",
+					tc.closed, tc.silent, st, tc.wantAuth, tc.wantIdle)
+			}
+			if n := logged.Load(); n != tc.wantAuth+tc.wantIdle {
+				t.Errorf("%d errors logged, want one per refusal (%d)", n, tc.wantAuth+tc.wantIdle)
+			}
+		})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,11 +55,18 @@ func (c ListenerConfig) Validate() error {
 }
 
 // ListenerStats counts what a Listener turned away.
+//
+// Without authentication a connection that its peer closes before
+// sending a byte is in none of them: nothing was refused (a joining
+// member's address is probed that way, and so may a load balancer's TCP
+// check). With authentication that counts in AuthFailed: the listener
+// cannot tell it from a peer that gave up on the handshake.
 type ListenerStats struct {
 	Open       int64 // connections open now (authenticating or accepted)
 	Accepted   int64 // connections returned by Accept
 	OverCap    int64 // closed at once: MaxConns or MaxHandshakes reached
-	AuthFailed int64 // closed: failed or timed out authenticating
+	AuthFailed int64 // closed: failed or timed out authenticating (authentication configured)
+	Idle       int64 // closed: no authentication configured, and no first byte within the handshake timeout
 }
 
 // Listener wraps a net.Listener: it accepts on its own goroutine, closes
@@ -78,8 +86,8 @@ type Listener struct {
 	done   chan struct{} // closed when the accept loop ends
 	err    error         // why it ended; written before done is closed
 
-	open, accepted, overCap, authFailed atomic.Int64
-	lastRefusalLog                      atomic.Int64 // unix ns
+	open, accepted, overCap, authFailed, idle atomic.Int64
+	lastRefusalLog                            atomic.Int64 // unix ns
 }
 
 // NewListener starts guarding ln. It fails only on an invalid cfg.
@@ -133,7 +141,8 @@ func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
 
 // Stats returns the listener's counters.
 func (l *Listener) Stats() ListenerStats {
-	return ListenerStats{Open: l.open.Load(), Accepted: l.accepted.Load(), OverCap: l.overCap.Load(), AuthFailed: l.authFailed.Load()}
+	return ListenerStats{Open: l.open.Load(), Accepted: l.accepted.Load(), OverCap: l.overCap.Load(),
+		AuthFailed: l.authFailed.Load(), Idle: l.idle.Load()}
 }
 
 func (l *Listener) acceptLoop() {
@@ -211,9 +220,17 @@ func (l *Listener) authenticate(nc net.Conn) {
 	if err != nil {
 		_ = nc.Close()
 		l.release()
-		if l.ctx.Err() == nil {
+		switch {
+		case l.ctx.Err() != nil: // closing
+		case l.cfg.Auth.Enabled():
 			l.authFailed.Add(1)
 			l.logf(err)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			l.idle.Add(1)
+			l.logf(err)
+		default:
+			// The peer closed (or reset) it before a byte: a probe of
+			// this address, not a refusal.
 		}
 		return
 	}
@@ -270,10 +287,13 @@ func firstByte(ctx context.Context, nc net.Conn, timeout time.Duration) (net.Con
 	pc := &peekedConn{Conn: nc}
 	n, err := nc.Read(pc.first[:])
 	if n == 0 {
-		if err == nil {
+		switch {
+		case err == nil:
 			err = errors.New("empty read")
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil:
+			return nil, fmt.Errorf("transport: %v sent nothing within %v: %w", nc.RemoteAddr(), timeout, err)
 		}
-		return nil, fmt.Errorf("transport: %v sent nothing within %v: %w", nc.RemoteAddr(), timeout, err)
+		return nil, fmt.Errorf("transport: %v closed before sending anything: %w", nc.RemoteAddr(), err)
 	}
 	if !stop() {
 		return nil, ctx.Err()

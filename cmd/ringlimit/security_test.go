@@ -330,7 +330,8 @@ func TestServeFloods(t *testing.T) {
 	seen := func(name string) float64 {
 		return metric(p.http, `ringlimit_listener_accepted_total{listener="`+name+`"}`) +
 			metric(p.http, `ringlimit_listener_refused_total{listener="`+name+`",reason="cap"}`) +
-			metric(p.http, `ringlimit_listener_refused_total{listener="`+name+`",reason="auth"}`)
+			metric(p.http, `ringlimit_listener_refused_total{listener="`+name+`",reason="auth"}`) +
+			metric(p.http, `ringlimit_listener_refused_total{listener="`+name+`",reason="idle"}`)
 	}
 	for _, target := range []struct{ name, addr string }{{"peer", peerAddr}, {"raft", raftAddr}} {
 		before := seen(target.name)
