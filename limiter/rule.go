@@ -235,7 +235,7 @@ func (r *Rule) Validate() error {
 	}
 	switch {
 	case !ValidName(r.Name):
-		return bad("name", "must be 1 to %d printable characters without spaces, quotes, '\\', ';', ',' or '='", MaxNameLen)
+		return bad("name", "must be 1 to %d printable ASCII characters without spaces, quotes, '\\', ';', ',' or '='", MaxNameLen)
 	case r.Algorithm == 0 || int(r.Algorithm) >= len(algorithmNames):
 		return bad("algorithm", "unknown algorithm (want one of %s)", strings.Join(algorithmNames[1:], ", "))
 	case r.Limit <= 0:

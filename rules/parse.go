@@ -13,6 +13,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// periodSyntax says what a period must look like: time.ParseDuration has
+// no unit above the hour, so days are written in hours.
+const periodSyntax = `must be a Go duration such as "1s", "1m" or "24h" (no unit above h: 366 days is "8784h")`
+
 // The fields of a rule, in the order they are checked and written.
 var ruleFields = []string{"name", "algorithm", "limit", "period", "burst", "failure_mode"}
 
@@ -151,11 +155,11 @@ func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
 	if v, ok := present(fields, "period"); ok {
 		var s string
 		if json.Unmarshal(v, &s) != nil {
-			return fail("period", "must be a Go duration such as \"1s\" or \"1m\", got %s", rawText(v))
+			return fail("period", "%s, got %s", periodSyntax, rawText(v))
 		}
 		d, err := time.ParseDuration(s)
 		if err != nil {
-			return fail("period", "must be a Go duration such as \"1s\" or \"1m\", got %s", quoteTrunc(s))
+			return fail("period", "%s, got %s", periodSyntax, quoteTrunc(s))
 		}
 		r.Period = d
 	}
