@@ -1,7 +1,8 @@
 // Package api holds the wire types of ringlimit's HTTP API, shared by the
 // server (router/httpapi), the CLI and the Go client, and the sentinel
 // errors that lower layers return so that the HTTP layer can answer with
-// the contract's status codes. See shared/API.md for the contract.
+// the contract's status codes. The contract is README.md's "HTTP API"
+// section.
 //
 // The package has no behaviour beyond (un)marshalling; its values are
 // plain data.

@@ -1,5 +1,6 @@
-// Package client is the Go client of ringlimit's HTTP API (see
-// shared/API.md): checks, rules, cluster membership and readiness.
+// Package client is the Go client of ringlimit's HTTP API (see the
+// "HTTP API" and "Go client" sections of the repository's README.md):
+// checks, rules, cluster membership and readiness.
 //
 // A Client talks to one node; any node answers any check. A Client is safe
 // for concurrent use by many goroutines and keeps connections alive between

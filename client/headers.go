@@ -18,7 +18,7 @@ type RateLimit struct {
 	Decision api.Decision
 }
 
-// Denied is the body of a 429 answer (shared/API.md, "gateway").
+// Denied is the body of a 429 answer (README.md, "Gateway").
 type Denied struct {
 	Error             string `json:"error"` // "rate_limited"
 	Message           string `json:"message"`

@@ -26,15 +26,20 @@ var (
 type MiddlewareConfig struct {
 	// Rule is the rule every request is checked against (required).
 	Rule string
-	// Key tells clients apart; nil = KeyByIP. An error answers 401.
+	// Key tells clients apart; nil = KeyByIP. An error answers 401
+	// unauthorized with its text as the message (KeyByHeader: "missing
+	// NAME header"), and the request is not checked.
 	Key func(*http.Request) (string, error)
 	// Cost is what a request costs; nil = 1.
 	Cost func(*http.Request) int64
 	// Window is the rule's period, for RateLimit-Policy's w; 0 = read it
 	// from a Ring's view, else 1s.
 	Window time.Duration
-	// OnError answers when the limiter could not decide; nil = 503.
-	// Call next.ServeHTTP in it to fail open.
+	// OnError answers when the limiter could not decide: it could not be
+	// reached, or Rule is not a rule of the cluster (err says which).
+	// nil = 503 unavailable "rate limiter unavailable", with err logged
+	// nowhere: set it to log err, or call next.ServeHTTP in it to fail
+	// open.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// Now is the clock of X-RateLimit-Reset; nil = time.Now.
 	Now func() time.Time

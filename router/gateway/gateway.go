@@ -1,4 +1,4 @@
-// Package gateway is ringlimit's reverse proxy (shared/API.md, "gateway"):
+// Package gateway is ringlimit's reverse proxy (README.md, "Gateway"):
 // it finds who a request comes from (a verified JWT claim, an API-key
 // header or the client IP), matches the request to a route, decides the
 // route's limits through a Checker (the router: the owners over the data

@@ -1,7 +1,7 @@
-// Package httpapi is ringlimit's HTTP API (shared/API.md, "HTTP API" and
-// "Errors"): checks on POST /v1/check, handed to a Checker (the router),
-// and the node's rules, membership, health and metrics endpoints, handed
-// to an Admin.
+// Package httpapi is ringlimit's HTTP API (README.md, "HTTP API", with
+// its errors table): checks on POST /v1/check, handed to a Checker (the
+// router), and the node's rules, membership, health and metrics
+// endpoints, handed to an Admin.
 //
 // The handler New returns is a thin shell: it decodes and validates
 // bodies, enforces methods and admin authentication, maps errors to the
