@@ -41,7 +41,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from the first --addr)")
 	adminToken := fs.String("admin-token", "", "bearer token for GET /v1/cluster/view (--protocol peer)")
-	sec := addSecurityFlags(fs)
+	sec := addDialerSecurityFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}

@@ -1,5 +1,7 @@
 // Command ringlimit is a distributed rate limiter: a cluster member
-// (serve) and its clients (check, status, leave, bench). See README.md.
+// (serve), the stateless routing tier (router, gateway), its clients
+// (check, status, leave, bench) and a test-certificate maker (certs).
+// See README.md.
 package main
 
 import (

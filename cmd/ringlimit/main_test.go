@@ -33,6 +33,20 @@ func TestRunDispatch(t *testing.T) {
 	}
 }
 
+// bench dials and listens on nothing: its security flags' help names no
+// flag it lacks (--insecure once spoke of --raft/--peer).
+func TestBenchHelpNamesItsOwnFlags(t *testing.T) {
+	var out bytes.Buffer
+	if exit := run(context.Background(), []string{"bench", "-h"}, func(string) string { return "" }, &out, &out); exit != 0 {
+		t.Fatalf("bench -h: exit %d: %s", exit, out.String())
+	}
+	for _, f := range []string{"--raft", "--peer ", "--peer/", "member's"} {
+		if strings.Contains(out.String(), f) {
+			t.Errorf("bench -h mentions %q:\n%s", f, out.String())
+		}
+	}
+}
+
 func TestAdvertise(t *testing.T) {
 	for _, tc := range []struct{ listen, host, want, err string }{
 		{"127.0.0.1:8080", "", "127.0.0.1:8080", ""},

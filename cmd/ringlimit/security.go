@@ -34,6 +34,20 @@ func addSecurityFlags(fs *flag.FlagSet) securityFlags {
 	}
 }
 
+// addDialerSecurityFlags are the security flags of bench, which only
+// dials the owners' data plane (--protocol peer). --insecure is kept so
+// that a command line or environment shared with serve still parses,
+// but it has no effect: bench listens on nothing.
+func addDialerSecurityFlags(fs *flag.FlagSet) securityFlags {
+	return securityFlags{
+		secret:   fs.String("cluster-secret", "", "--protocol peer: file holding the cluster's shared secret (≥ 32 bytes): data-plane connections to the owners prove it"),
+		cert:     fs.String("tls-cert", "", "--protocol peer: certificate (PEM) for mutual TLS to the owners' data plane"),
+		key:      fs.String("tls-key", "", "the key of --tls-cert (PEM)"),
+		ca:       fs.String("tls-ca", "", "--protocol peer: the cluster CA (PEM): owners must present a certificate it signed"),
+		insecure: fs.Bool("insecure", false, "no effect (bench listens on nothing; without --cluster-secret or TLS it dials the owners unauthenticated)"),
+	}
+}
+
 // auth builds the inter-node authentication from the flags, and refuses
 // an unauthenticated cluster reachable from other hosts unless
 // --insecure says so.
