@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// readmeSection returns the text of README.md's "## title" section, its
+// subsections included.
+func readmeSection(t *testing.T, readme, title string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(readme, "\n## "+title+"\n")
+	if !ok {
+		t.Fatalf("README.md has no section %q", title)
+	}
+	if i := strings.Index(rest, "\n## "); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
+}
+
+var flagLine = regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+
+// Every flag of every command is named in the README section that
+// documents the command (a user once found --log-level, certs and
+// bench's flags missing there).
+func TestREADMENamesEveryFlag(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	for _, c := range []struct{ cmd, section string }{
+		{"serve", "Command line"}, {"check", "Command line"}, {"status", "Command line"},
+		{"leave", "Command line"}, {"bench", "Command line"}, {"certs", "Command line"},
+		{"router", "Router"}, {"gateway", "Gateway"},
+	} {
+		var out bytes.Buffer
+		if exit := run(context.Background(), []string{c.cmd, "-h"}, func(string) string { return "" }, &out, &out); exit != 0 {
+			t.Fatalf("%s -h: exit %d: %s", c.cmd, exit, out.String())
+		}
+		flags := flagLine.FindAllStringSubmatch(out.String(), -1)
+		if len(flags) == 0 {
+			t.Fatalf("%s -h lists no flags: %s", c.cmd, out.String())
+		}
+		sec := readmeSection(t, readme, c.section)
+		if !strings.Contains(sec, "ringlimit "+c.cmd) {
+			t.Errorf("README section %q does not show `ringlimit %s`", c.section, c.cmd)
+		}
+		for _, f := range flags {
+			if !regexp.MustCompile(`--` + regexp.QuoteMeta(f[1]) + `([^a-z0-9-]|$)`).MatchString(sec) {
+				t.Errorf("ringlimit %s --%s is not in README's %q section", c.cmd, f[1], c.section)
+			}
+		}
+	}
+	if !strings.Contains(usage, "ringlimit certs") {
+		t.Error("the usage text does not list certs")
+	}
+}
