@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
@@ -60,13 +58,12 @@ type raftParts struct {
 // store, file snapshots, TCP transport on ln. Otherwise it uses the
 // transport and stores given (tests: in-memory). It does not bootstrap.
 func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
-	logOut := cfg.LogOutput
-	if logOut == nil {
-		logOut = io.Discard
-	}
+	// Raft, its transport and its snapshot store log through the node's
+	// logger (hashicorp's own would write hclog's JSON or text to stderr).
+	hlog := newHclogger(cfg.Logger.With("node", cfg.ID), time.Now)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: logOut, JSONFormat: true})
+	rc.Logger = hlog.Named("raft")
 	rc.HeartbeatTimeout = cfg.RaftTimeout
 	rc.ElectionTimeout = cfg.RaftTimeout
 	rc.LeaderLeaseTimeout = cfg.RaftTimeout / 2
@@ -91,12 +88,12 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node: raft store: %w", err)
 		}
-		fsnaps, err := raft.NewFileSnapshotStore(cfg.DataDir, 2, logOut)
+		fsnaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog.Named("snapshot"))
 		if err != nil {
 			store.Close()
 			return nil, fmt.Errorf("node: snapshot store: %w", err)
 		}
-		nt := newRaftGuard(raft.NewNetworkTransport(&streamLayer{Listener: ln, advertise: advertiseAddr(cfg.RaftAdvertise), dial: cfg.raftDial()}, 3, 10*time.Second, logOut),
+		nt := newRaftGuard(raft.NewNetworkTransportWithLogger(&streamLayer{Listener: ln, advertise: advertiseAddr(cfg.RaftAdvertise), dial: cfg.raftDial()}, 3, 10*time.Second, hlog.Named("raft-net")),
 			func() (raft.Configuration, bool) {
 				if r := started.Load(); r != nil {
 					return r.GetConfiguration().Configuration(), true

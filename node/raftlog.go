@@ -1,0 +1,391 @@
+package node
+
+import (
+	"context"
+	"encoding"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// hclogger is an hclog.Logger that writes through a slog.Handler, so the
+// lines of hashicorp/raft, its network transport and its snapshot store
+// come out as the node's own: the same handler (JSON in `ringlimit
+// serve`), the same keys (time, level, msg), the same level.
+//
+// Levels: hclog's Trace and Debug are slog's Debug; Info, Warn and Error
+// are slog's. Whether a level is logged is the handler's call (Enabled);
+// SetLevel can only raise it (a handler at Info drops Debug whatever
+// SetLevel says), and, as in hclog, applies to every logger derived by
+// With and Named. GetLevel and the Is methods say what is logged.
+//
+// Names (Named, ResetNamed) are the "module" attr ("raft", "raft-net",
+// "snapshot"); With's args and each line's args are attrs, written
+// as hclogAttr says.
+//
+// Warnings and errors that name a peer (an arg "peer", "server-id" or
+// "target": hashicorp/raft's "failed to heartbeat to", "failed to
+// appendEntries to", "failed to make requestVote RPC", ...) are
+// throttled: the first of a message about one peer is logged, repeats
+// within repeatWindow are counted and the next one after it is logged as
+// "msg (N more in 30s)" (repeats).
+//
+// An hclogger is safe for concurrent use.
+type hclogger struct {
+	h       slog.Handler // the node's, with the module and implied attrs
+	base    slog.Handler // the node's, bare: With and Named start from it
+	name    string
+	implied []any // With's args, in order
+	*hclogShared
+}
+
+var _ hclog.Logger = (*hclogger)(nil)
+
+// hclogShared is what an hclogger shares with every logger derived from
+// it.
+type hclogShared struct {
+	floor atomic.Int32     // hclog.Level set by SetLevel; NoLevel: the handler alone decides
+	now   func() time.Time // the lines' time and the throttle's clock
+	epoch time.Time        // the throttle's origin (monotonic with time.Now)
+
+	mu  sync.Mutex
+	rep *repeats // guarded by mu
+}
+
+// repeatWindow is how long repeats of a message about one peer are
+// counted before the next one is logged; repeatKeys is how many messages
+// and peers are remembered at most.
+const (
+	repeatWindow = 30 * time.Second
+	repeatKeys   = 1024
+)
+
+// throttledBy are the arg keys that name a peer in hashicorp/raft's lines.
+var throttledBy = []string{"peer", "server-id", "target"}
+
+// newHclogger returns an hclogger writing through log's handler (with its
+// attrs), at now's time; time.Now in production.
+func newHclogger(log *slog.Logger, now func() time.Time) *hclogger {
+	sh := &hclogShared{now: now, epoch: now(), rep: newRepeats(repeatWindow, repeatKeys)}
+	return &hclogger{h: log.Handler(), base: log.Handler(), hclogShared: sh}
+}
+
+// derive returns a logger sharing l's level and throttle, named name with
+// implied args implied.
+func (l *hclogger) derive(name string, implied []any) *hclogger {
+	h := l.base
+	if name != "" {
+		h = h.WithAttrs([]slog.Attr{slog.String("module", name)})
+	}
+	if len(implied) > 0 {
+		h = h.WithAttrs(hclogAttrs(implied))
+	}
+	return &hclogger{h: h, base: l.base, name: name, implied: implied, hclogShared: l.hclogShared}
+}
+
+// slogLevel maps an hclog level to slog's; false for Off and beyond.
+// NoLevel on a line is hclog's default, Info.
+func slogLevel(level hclog.Level) (slog.Level, bool) {
+	switch level {
+	case hclog.Trace, hclog.Debug:
+		return slog.LevelDebug, true
+	case hclog.NoLevel, hclog.Info:
+		return slog.LevelInfo, true
+	case hclog.Warn:
+		return slog.LevelWarn, true
+	case hclog.Error:
+		return slog.LevelError, true
+	}
+	return 0, false
+}
+
+func (l *hclogger) enabled(level hclog.Level) bool {
+	sl, ok := slogLevel(level)
+	if !ok || level < hclog.Level(l.floor.Load()) {
+		return false
+	}
+	return l.h.Enabled(context.Background(), sl)
+}
+
+// log writes one line; pcSkip is what runtime.Callers skips to reach the
+// caller of the exported method (0: no source).
+func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
+	if !l.enabled(level) {
+		return
+	}
+	sl, _ := slogLevel(level)
+	now := l.now()
+	if level >= hclog.Warn {
+		if peer, ok := peerArg(args); ok {
+			l.mu.Lock()
+			logged, held := l.rep.seeAt(l.name+"\x00"+msg+"\x00"+peer, now.Sub(l.epoch))
+			l.mu.Unlock()
+			if !logged {
+				return
+			}
+			if held > 0 {
+				msg = fmt.Sprintf("%s (%d more in %s)", msg, held, repeatWindow)
+				args = append(args[:len(args):len(args)], "repeats", held)
+			}
+		}
+	}
+	var pc uintptr
+	if pcSkip > 0 {
+		var pcs [1]uintptr
+		runtime.Callers(pcSkip+1, pcs[:]) // +1: log itself
+		pc = pcs[0]
+	}
+	r := slog.NewRecord(now, sl, msg, pc)
+	r.AddAttrs(hclogAttrs(args)...)
+	_ = l.h.Handle(context.Background(), r)
+}
+
+// peerArg returns the value of the first arg that names a peer, as text.
+func peerArg(args []any) (string, bool) {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, ok := args[i].(string); ok {
+			for _, t := range throttledBy {
+				if k == t {
+					return fmt.Sprint(args[i+1]), true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// hclogAttrs turns hclog's alternating keys and values into attrs, as
+// hclog itself would write them: a key that is not a string is printed;
+// a last value without a key is "EXTRA_VALUE_AT_END" (a stack trace
+// "stacktrace"); a key slog writes itself (time, level, msg, source) is
+// "arg.<key>". Values are hclogValue's.
+func hclogAttrs(args []any) []slog.Attr {
+	out := make([]slog.Attr, 0, (len(args)+1)/2)
+	for i := 0; i < len(args); i += 2 {
+		if i+1 == len(args) {
+			if st, ok := args[i].(hclog.CapturedStacktrace); ok {
+				out = append(out, slog.String("stacktrace", string(st)))
+			} else {
+				out = append(out, slog.Any("EXTRA_VALUE_AT_END", hclogValue(args[i])))
+			}
+			break
+		}
+		k, ok := args[i].(string)
+		if !ok {
+			k = fmt.Sprint(args[i])
+		}
+		switch k {
+		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey:
+			k = "arg." + k
+		}
+		out = append(out, slog.Any(k, hclogValue(args[i+1])))
+	}
+	return out
+}
+
+// hclogValue is how a value is written: hclog's Fmt, Hex, Octal, Binary
+// and Quote as hclog writes them; a fmt.Stringer that has no JSON or text
+// form of its own by its String (a time.Duration as "1.5s", as ringlimit
+// writes durations, Raft's *Raft as "Node at ..."); anything else as slog
+// writes it (an error by its Error).
+func hclogValue(v any) any {
+	switch v := v.(type) {
+	case hclog.Format:
+		if len(v) > 0 {
+			if f, ok := v[0].(string); ok {
+				return fmt.Sprintf(f, v[1:]...)
+			}
+		}
+		return fmt.Sprint([]any(v)...)
+	case hclog.Hex:
+		return "0x" + strconv.FormatInt(int64(v), 16)
+	case hclog.Octal:
+		return "0" + strconv.FormatInt(int64(v), 8)
+	case hclog.Binary:
+		return "0b" + strconv.FormatInt(int64(v), 2)
+	case hclog.Quote:
+		return strconv.Quote(string(v))
+	case error, slog.LogValuer, json.Marshaler, encoding.TextMarshaler:
+		return v
+	case fmt.Stringer:
+		return v.String()
+	}
+	return v
+}
+
+// Log writes msg at level.
+func (l *hclogger) Log(level hclog.Level, msg string, args ...any) {
+	l.log(2, level, msg, args)
+}
+
+func (l *hclogger) Trace(msg string, args ...any) { l.log(2, hclog.Trace, msg, args) }
+func (l *hclogger) Debug(msg string, args ...any) { l.log(2, hclog.Debug, msg, args) }
+func (l *hclogger) Info(msg string, args ...any)  { l.log(2, hclog.Info, msg, args) }
+func (l *hclogger) Warn(msg string, args ...any)  { l.log(2, hclog.Warn, msg, args) }
+func (l *hclogger) Error(msg string, args ...any) { l.log(2, hclog.Error, msg, args) }
+
+func (l *hclogger) IsTrace() bool { return l.enabled(hclog.Trace) }
+func (l *hclogger) IsDebug() bool { return l.enabled(hclog.Debug) }
+func (l *hclogger) IsInfo() bool  { return l.enabled(hclog.Info) }
+func (l *hclogger) IsWarn() bool  { return l.enabled(hclog.Warn) }
+func (l *hclogger) IsError() bool { return l.enabled(hclog.Error) }
+
+// ImpliedArgs returns With's args.
+func (l *hclogger) ImpliedArgs() []any { return l.implied }
+
+// With returns a logger that adds args to every line.
+func (l *hclogger) With(args ...any) hclog.Logger {
+	return l.derive(l.name, append(l.implied[:len(l.implied):len(l.implied)], args...))
+}
+
+// Name returns the module name.
+func (l *hclogger) Name() string { return l.name }
+
+// Named returns a logger whose module is name under l's ("raft.snapshot").
+func (l *hclogger) Named(name string) hclog.Logger {
+	if l.name != "" {
+		name = l.name + "." + name
+	}
+	return l.derive(name, l.implied)
+}
+
+// ResetNamed returns a logger whose module is name.
+func (l *hclogger) ResetNamed(name string) hclog.Logger { return l.derive(name, l.implied) }
+
+// SetLevel raises the level below which nothing is logged, for l and
+// every logger derived from the same newHclogger; NoLevel leaves it to
+// the handler again.
+func (l *hclogger) SetLevel(level hclog.Level) { l.floor.Store(int32(level)) }
+
+// GetLevel returns the lowest level logged; Off when none is.
+func (l *hclogger) GetLevel() hclog.Level {
+	for lv := max(hclog.Trace, hclog.Level(l.floor.Load())); lv <= hclog.Error; lv++ {
+		if l.enabled(lv) {
+			return lv
+		}
+	}
+	return hclog.Off
+}
+
+// StandardLogger returns a log.Logger whose lines go through l.
+func (l *hclogger) StandardLogger(opts *hclog.StandardLoggerOptions) *log.Logger {
+	return log.New(l.StandardWriter(opts), "", 0)
+}
+
+// StandardWriter returns a writer whose writes are lines through l, each
+// at the level opts says (as hclog's: ForceLevel, else with InferLevels
+// a "[WARN]"-style prefix, else Info). Its lines carry no source.
+func (l *hclogger) StandardWriter(opts *hclog.StandardLoggerOptions) io.Writer {
+	if opts == nil {
+		opts = &hclog.StandardLoggerOptions{}
+	}
+	return &hclogWriter{l: l, opts: *opts}
+}
+
+type hclogWriter struct {
+	l    *hclogger
+	opts hclog.StandardLoggerOptions
+}
+
+// Write logs p, without trailing blanks, as one line.
+func (w *hclogWriter) Write(p []byte) (int, error) {
+	s := strings.TrimRight(string(p), " \t\n")
+	level := hclog.Info
+	switch {
+	case w.opts.ForceLevel != hclog.NoLevel:
+		_, s = levelPrefix(s)
+		level = w.opts.ForceLevel
+	case w.opts.InferLevels:
+		if w.opts.InferLevelsWithTimestamp {
+			s = strings.TrimLeft(s, "0123456789 :/.+-TZ")
+		}
+		level, s = levelPrefix(s)
+	}
+	w.l.log(0, level, s, nil)
+	return len(p), nil
+}
+
+// levelPrefix splits a "[LEVEL] " prefix off s, as hclog does; Info when
+// there is none.
+func levelPrefix(s string) (hclog.Level, string) {
+	for _, p := range []struct {
+		prefix string
+		level  hclog.Level
+	}{{"[TRACE]", hclog.Trace}, {"[DEBUG]", hclog.Debug}, {"[INFO]", hclog.Info}, {"[WARN]", hclog.Warn}, {"[ERROR]", hclog.Error}, {"[ERR]", hclog.Error}} {
+		if rest, ok := strings.CutPrefix(s, p.prefix); ok {
+			return p.level, strings.TrimSpace(rest)
+		}
+	}
+	return hclog.Info, s
+}
+
+// repeats decides which lines of a stream to log when the same one
+// (by key: a message and the peer it is about) comes again and again:
+// the first of a key is logged; repeats within window of the last one
+// logged are held back and counted; the first after the window is logged
+// with the count (held) and starts a new window. Repeats that stop within
+// a window are never reported (nothing is logged without a line to log).
+//
+// Time is an argument: a monotonic offset from any origin. A time before
+// the last logged one (a clock that went back) counts as within the
+// window.
+//
+// It remembers at most max keys: a new key when full first forgets the
+// keys whose window has passed (their held counts unreported), and if
+// none has, is logged and not remembered rather than grow the map.
+//
+// Not safe for concurrent use.
+type repeats struct {
+	window time.Duration
+	max    int
+	seen   map[string]repeat
+}
+
+type repeat struct {
+	since time.Duration // when the last line of the key was logged
+	held  int           // lines of the key held back since
+}
+
+func newRepeats(window time.Duration, max int) *repeats {
+	return &repeats{window: window, max: max, seen: make(map[string]repeat)}
+}
+
+// seeAt reports whether the line key seen at now is to be logged, and
+// how many of it were held back since the last one logged.
+func (r *repeats) seeAt(key string, now time.Duration) (log bool, held int) {
+	e, ok := r.seen[key]
+	switch {
+	case !ok:
+		if len(r.seen) >= r.max {
+			r.forget(now)
+			if len(r.seen) >= r.max {
+				return true, 0
+			}
+		}
+	case now-e.since < r.window: // and a clock that went back: negative
+		e.held++
+		r.seen[key] = e
+		return false, 0
+	}
+	r.seen[key] = repeat{since: now}
+	return true, e.held
+}
+
+// forget drops the keys whose window has passed at now.
+func (r *repeats) forget(now time.Duration) {
+	for k, e := range r.seen {
+		if now-e.since >= r.window {
+			delete(r.seen, k)
+		}
+	}
+}

@@ -1,0 +1,329 @@
+package node
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// jsonLogger returns an hclogger over a JSON handler at level into a
+// buffer, and a function that parses the lines written so far.
+func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger, func() []map[string]any) {
+	t.Helper()
+	var buf bytes.Buffer
+	h := slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level, AddSource: true})
+	return newHclogger(slog.New(h), now), func() []map[string]any {
+		t.Helper()
+		var out []map[string]any
+		for _, line := range strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n") {
+			if line == "" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("not JSON: %q: %v", line, err)
+			}
+			out = append(out, m)
+		}
+		buf.Reset()
+		return out
+	}
+}
+
+func TestHclogLevels(t *testing.T) {
+	levels := []hclog.Level{hclog.Trace, hclog.Debug, hclog.Info, hclog.Warn, hclog.Error}
+	for _, tc := range []struct {
+		handler slog.Level
+		want    []string // the slog level of each of levels' lines; "" = not logged
+	}{
+		{slog.LevelDebug, []string{"DEBUG", "DEBUG", "INFO", "WARN", "ERROR"}},
+		{slog.LevelInfo, []string{"", "", "INFO", "WARN", "ERROR"}},
+		{slog.LevelWarn, []string{"", "", "", "WARN", "ERROR"}},
+		{slog.LevelError, []string{"", "", "", "", "ERROR"}},
+		{slog.LevelError + 1, []string{"", "", "", "", ""}},
+	} {
+		l, lines := jsonLogger(t, tc.handler, time.Now)
+		for i, lv := range levels {
+			l.Log(lv, "m")
+			got := ""
+			if ls := lines(); len(ls) == 1 {
+				got = ls[0]["level"].(string)
+			}
+			if got != tc.want[i] {
+				t.Errorf("handler %v: Log(%v) wrote level %q, want %q", tc.handler, lv, got, tc.want[i])
+			}
+		}
+		// The named methods write as Log does.
+		for i, f := range []func(string, ...any){l.Trace, l.Debug, l.Info, l.Warn, l.Error} {
+			f("m")
+			if n := len(lines()); (n == 1) != (tc.want[i] != "") {
+				t.Errorf("handler %v: %v method wrote %d lines, want %q", tc.handler, levels[i], n, tc.want[i])
+			}
+		}
+	}
+}
+
+// GetLevel and the Is methods say what is logged: the handler's level,
+// raised by SetLevel, which derived loggers share.
+func TestHclogGetSetLevel(t *testing.T) {
+	type is [5]bool // IsTrace .. IsError
+	check := func(t *testing.T, l hclog.Logger, want hclog.Level, wantIs is) {
+		t.Helper()
+		if got := l.GetLevel(); got != want {
+			t.Errorf("GetLevel() = %v, want %v", got, want)
+		}
+		if got := (is{l.IsTrace(), l.IsDebug(), l.IsInfo(), l.IsWarn(), l.IsError()}); got != wantIs {
+			t.Errorf("IsTrace..IsError = %v, want %v", got, wantIs)
+		}
+	}
+	debug, _ := jsonLogger(t, slog.LevelDebug, time.Now)
+	check(t, debug, hclog.Trace, is{true, true, true, true, true})
+
+	l, _ := jsonLogger(t, slog.LevelInfo, time.Now)
+	named := l.Named("raft").With("k", "v")
+	check(t, l, hclog.Info, is{false, false, true, true, true})
+	l.SetLevel(hclog.Debug) // below the handler's: no change
+	check(t, l, hclog.Info, is{false, false, true, true, true})
+	named.SetLevel(hclog.Warn) // shared with l
+	check(t, l, hclog.Warn, is{false, false, false, true, true})
+	check(t, named, hclog.Warn, is{false, false, false, true, true})
+	l.SetLevel(hclog.Off)
+	check(t, named, hclog.Off, is{})
+	l.SetLevel(hclog.NoLevel) // the handler decides again
+	check(t, named, hclog.Info, is{false, false, true, true, true})
+}
+
+func TestHclogArgsToAttrs(t *testing.T) {
+	l, lines := jsonLogger(t, slog.LevelDebug, time.Now)
+	peer := raft.Server{Suffrage: raft.Voter, ID: "n2", Address: "10.0.0.2:8081"}
+	l.Info("m",
+		"peer", peer,
+		"error", errors.New("boom"),
+		"backoff time", 1500*time.Millisecond,
+		"time", 2*time.Second, // slog's own key
+		"addr", raft.ServerAddress("a:1"),
+		"fmt", hclog.Fmt("%d-%s", 7, "x"),
+		"hex", hclog.Hex(255),
+		"quote", hclog.Quote(`a"b`),
+		"n", 3,
+		"ok", true,
+		42, "non-string key",
+		"dangling",
+	)
+	ls := lines()
+	if len(ls) != 1 {
+		t.Fatalf("%d lines, want 1", len(ls))
+	}
+	got := ls[0]
+	want := map[string]any{
+		"msg":                "m",
+		"level":              "INFO",
+		"peer":               map[string]any{"Suffrage": 0.0, "ID": "n2", "Address": "10.0.0.2:8081"},
+		"error":              "boom",
+		"backoff time":       "1.5s",
+		"arg.time":           "2s",
+		"addr":               "a:1",
+		"fmt":                "7-x",
+		"hex":                "0xff",
+		"quote":              `"a\"b"`,
+		"n":                  3.0,
+		"ok":                 true,
+		"42":                 "non-string key",
+		"EXTRA_VALUE_AT_END": "dangling",
+	}
+	for k, v := range want {
+		if !reflect.DeepEqual(got[k], v) {
+			t.Errorf("%s = %#v, want %#v", k, got[k], v)
+		}
+	}
+	if _, ok := got["time"].(string); !ok {
+		t.Errorf("time = %#v, want slog's timestamp", got["time"])
+	}
+	// The source is the caller's, not the adapter's.
+	if src, _ := got["source"].(map[string]any); src == nil || filepath.Base(src["file"].(string)) != "raftlog_test.go" {
+		t.Errorf("source = %v, want this file", got["source"])
+	}
+}
+
+func TestHclogWithAndNamed(t *testing.T) {
+	l, lines := jsonLogger(t, slog.LevelDebug, time.Now)
+	raftLog := l.Named("raft")
+	snap := raftLog.Named("snapshot").With("path", "/d", "id", "s1")
+	snap2 := snap.With("n", 2)
+	reset := snap2.ResetNamed("other")
+	for _, tc := range []struct {
+		l           hclog.Logger
+		name        string
+		wantImplied []any
+		wantAttrs   map[string]any
+	}{
+		{l, "", nil, map[string]any{}},
+		{raftLog, "raft", nil, map[string]any{"module": "raft"}},
+		{snap, "raft.snapshot", []any{"path", "/d", "id", "s1"}, map[string]any{"module": "raft.snapshot", "path": "/d", "id": "s1"}},
+		{snap2, "raft.snapshot", []any{"path", "/d", "id", "s1", "n", 2}, map[string]any{"module": "raft.snapshot", "path": "/d", "id": "s1", "n": 2.0}},
+		{reset, "other", []any{"path", "/d", "id", "s1", "n", 2}, map[string]any{"module": "other", "n": 2.0}},
+	} {
+		if got := tc.l.Name(); got != tc.name {
+			t.Errorf("Name() = %q, want %q", got, tc.name)
+		}
+		if got := tc.l.ImpliedArgs(); !reflect.DeepEqual(got, tc.wantImplied) {
+			t.Errorf("%s: ImpliedArgs() = %v, want %v", tc.name, got, tc.wantImplied)
+		}
+		tc.l.Warn("m", "x", 1)
+		ls := lines()
+		if len(ls) != 1 {
+			t.Fatalf("%s: %d lines, want 1", tc.name, len(ls))
+		}
+		for k, v := range tc.wantAttrs {
+			if !reflect.DeepEqual(ls[0][k], v) {
+				t.Errorf("%s: %s = %#v, want %#v", tc.name, k, ls[0][k], v)
+			}
+		}
+		if _, ok := ls[0]["module"]; !ok && tc.name != "" {
+			t.Errorf("%s: no module attr", tc.name)
+		}
+		if ls[0]["x"] != 1.0 {
+			t.Errorf("%s: the line's own arg x = %v, want 1", tc.name, ls[0]["x"])
+		}
+	}
+	// With does not change the logger it derives from.
+	if got := snap.ImpliedArgs(); len(got) != 4 {
+		t.Errorf("snap.ImpliedArgs() = %v after snap.With", got)
+	}
+}
+
+func TestHclogStandardLogger(t *testing.T) {
+	l, lines := jsonLogger(t, slog.LevelDebug, time.Now)
+	for _, tc := range []struct {
+		opts      *hclog.StandardLoggerOptions
+		line      string
+		wantLevel string
+		wantMsg   string
+	}{
+		{nil, "[WARN] plain\n", "INFO", "[WARN] plain"},
+		{&hclog.StandardLoggerOptions{InferLevels: true}, "[WARN] inferred", "WARN", "inferred"},
+		{&hclog.StandardLoggerOptions{InferLevels: true}, "[ERR] short", "ERROR", "short"},
+		{&hclog.StandardLoggerOptions{InferLevels: true}, "no prefix", "INFO", "no prefix"},
+		{&hclog.StandardLoggerOptions{InferLevels: true, InferLevelsWithTimestamp: true}, "2026/11/30 23:07:10 [DEBUG] stamped", "DEBUG", "stamped"},
+		{&hclog.StandardLoggerOptions{ForceLevel: hclog.Error, InferLevels: true}, "[INFO] forced", "ERROR", "forced"},
+	} {
+		l.StandardLogger(tc.opts).Print(tc.line)
+		ls := lines()
+		if len(ls) != 1 || ls[0]["level"] != tc.wantLevel || ls[0]["msg"] != tc.wantMsg {
+			t.Errorf("StandardLogger(%+v).Print(%q) wrote %v, want level %s msg %q", tc.opts, tc.line, ls, tc.wantLevel, tc.wantMsg)
+		}
+	}
+	if _, err := l.StandardWriter(nil).Write([]byte("w\n")); err != nil {
+		t.Fatal(err)
+	}
+	if ls := lines(); len(ls) != 1 || ls[0]["msg"] != "w" {
+		t.Errorf("StandardWriter wrote %v", ls)
+	}
+}
+
+func TestRepeats(t *testing.T) {
+	s := time.Second
+	r := newRepeats(30*s, 3)
+	for i, step := range []struct {
+		at       time.Duration
+		key      string
+		wantLog  bool
+		wantHeld int
+	}{
+		{0, "a", true, 0},
+		{1 * s, "a", false, 0},
+		{2 * s, "b", true, 0}, // another key: its own window
+		{29 * s, "a", false, 0},
+		{30 * s, "a", true, 2}, // the window has passed: logged with the count
+		{31 * s, "a", false, 0},
+		{32 * s, "b", true, 0},  // nothing held: logged plainly
+		{10 * s, "a", false, 0}, // the clock went back: within the window
+		{59 * s, "a", false, 0},
+		{60 * s, "a", true, 3},
+		{200 * s, "a", true, 0},
+		// Bounded: a third key fits, a fourth makes room by forgetting
+		// the keys whose window has passed (b, since 32s), a fifth finds
+		// none and is logged without being remembered.
+		{201 * s, "c", true, 0},
+		{202 * s, "c", false, 0},
+		{203 * s, "d", true, 0},
+		{204 * s, "e", true, 0},
+		{205 * s, "e", true, 0},
+		{206 * s, "d", false, 0},
+	} {
+		log, held := r.seeAt(step.key, step.at)
+		if log != step.wantLog || held != step.wantHeld {
+			t.Errorf("step %d: seeAt(%q, %v) = %v, %d, want %v, %d", i, step.key, step.at, log, held, step.wantLog, step.wantHeld)
+		}
+	}
+	if len(r.seen) > 3 {
+		t.Errorf("%d keys remembered, want at most 3", len(r.seen))
+	}
+}
+
+// Warnings and errors about one peer are throttled by message and peer;
+// other lines are not.
+func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
+	base := time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)
+	now := base
+	l, lines := jsonLogger(t, slog.LevelInfo, func() time.Time { return now })
+	raftLog := l.Named("raft")
+	s := time.Second
+	type line struct{ msg, peer string }
+	for i, step := range []struct {
+		at    time.Duration
+		level hclog.Level
+		msg   string
+		key   string // the peer's arg
+		peer  string
+		want  []line
+	}{
+		{0, hclog.Error, "failed to heartbeat to", "peer", "n2", []line{{"failed to heartbeat to", "n2"}}},
+		{1 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
+		{1 * s, hclog.Error, "failed to heartbeat to", "peer", "n3", []line{{"failed to heartbeat to", "n3"}}},
+		{1 * s, hclog.Error, "failed to appendEntries to", "peer", "n2", []line{{"failed to appendEntries to", "n2"}}},
+		{2 * s, hclog.Warn, "failed to contact", "server-id", "n2", []line{{"failed to contact", "n2"}}},
+		{3 * s, hclog.Warn, "failed to contact", "server-id", "n2", nil},
+		{3 * s, hclog.Error, "failed to make requestVote RPC", "target", "n2", []line{{"failed to make requestVote RPC", "n2"}}},
+		{4 * s, hclog.Error, "failed to make requestVote RPC", "target", "n2", nil},
+		{5 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"pipelining replication", "n2"}}},
+		{6 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"pipelining replication", "n2"}}}, // Info: not throttled
+		{20 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
+		{30 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", []line{{"failed to heartbeat to (2 more in 30s)", "n2"}}},
+		{31 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
+	} {
+		now = base.Add(step.at)
+		raftLog.Log(step.level, step.msg, step.key, step.peer, "error", "dial tcp: connection refused")
+		var got []line
+		for _, m := range lines() {
+			got = append(got, line{m["msg"].(string), m[step.key].(string)})
+			if lv, _ := slogLevel(step.level); m["level"] != lv.String() {
+				t.Errorf("step %d: level %v, want %v", i, m["level"], lv)
+			}
+			if strings.Contains(m["msg"].(string), "more in") && m["repeats"] != 2.0 {
+				t.Errorf("step %d: repeats = %v, want 2", i, m["repeats"])
+			}
+			if m["time"] != now.Format(time.RFC3339) {
+				t.Errorf("step %d: time %v, want %v", i, m["time"], now)
+			}
+		}
+		if !reflect.DeepEqual(got, step.want) {
+			t.Errorf("step %d: at %v %v %q %s=%s wrote %v, want %v", i, step.at, step.level, step.msg, step.key, step.peer, got, step.want)
+		}
+	}
+	// Below the handler's level nothing is counted: at Info, a Debug
+	// repeat neither logs nor holds anything.
+	raftLog.Debug("failed to heartbeat to", "peer", "n9")
+	if ls := lines(); len(ls) != 0 {
+		t.Errorf("debug line at an Info handler: %v", ls)
+	}
+}
