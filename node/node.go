@@ -19,7 +19,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -76,8 +75,7 @@ type Config struct {
 	// RaftTimeout is Raft's heartbeat and election timeout (1s).
 	RaftTimeout time.Duration
 	Forward     Forwarder
-	Logger      *slog.Logger
-	LogOutput   io.Writer // raft's own log lines; nil discards them
+	Logger      *slog.Logger // the node's lines and Raft's (raftlog.go); nil discards them
 	Registerer  prometheus.Registerer
 	// Now is the clock of the buckets, in Unix nanoseconds. The default
 	// is the wall clock at start advanced by the monotonic clock, so it

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -51,8 +50,7 @@ type Config struct {
 	Ring          ring.Config
 	Router        router.Config
 	RaftTimeout   time.Duration
-	Logger        *slog.Logger
-	LogOutput     io.Writer // raft's log lines
+	Logger        *slog.Logger // the member's lines, Raft's included
 	// RLS configures the Envoy rate-limit service served on
 	// Listeners.GRPC (its Registerer and Logger are the member's).
 	RLS rls.Options
@@ -160,7 +158,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	n, err := node.Open(node.Config{
 		ID: cfg.ID, HTTPAddr: cfg.HTTPAdvertise, RaftAdvertise: cfg.RaftAdvertise, PeerAddr: cfg.PeerAdvertise,
 		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
-		Forward: fwd, Logger: cfg.Logger, LogOutput: cfg.LogOutput,
+		Forward: fwd, Logger: cfg.Logger,
 		Registerer: s.Registry,
 		OnView:     rt.SetView,
 		DataPlane:  s.pool,

@@ -116,7 +116,7 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, l
 		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
 		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
-		Logger: log, LogOutput: io.Discard,
+		Logger: log,
 	}, ls)
 	if err != nil {
 		closeAll(ls)

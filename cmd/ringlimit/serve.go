@@ -120,7 +120,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
-		Logger: log, LogOutput: stderr, Auth: auth,
+		Logger: log, Auth: auth,
 		RLS: envoy.options(),
 	}, ls)
 	if err != nil {

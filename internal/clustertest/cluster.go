@@ -21,7 +21,6 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -193,10 +192,9 @@ func (c *Cluster) start(m *Member) {
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: trans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
-		Forward:   forwarder{c, m.ID},
-		Prober:    c.prober(m.ID),
-		LogOutput: io.Discard,
-		Logger:    c.logger(),
+		Forward: forwarder{c, m.ID},
+		Prober:  c.prober(m.ID),
+		Logger:  c.logger(),
 		OnView: func(v *router.View) {
 			rt.SetView(v)
 			if c.opts.OnView != nil {

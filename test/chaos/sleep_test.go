@@ -315,9 +315,9 @@ func steppedDown(m *member, wake time.Time) (time.Duration, bool) {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		var rec struct {
-			Module string    `json:"@module"`
-			Msg    string    `json:"@message"`
-			At     time.Time `json:"@timestamp"`
+			Module string    `json:"module"`
+			Msg    string    `json:"msg"`
+			At     time.Time `json:"time"`
 		}
 		if json.Unmarshal([]byte(line), &rec) != nil || rec.Module != "raft" || rec.At.Before(wake) {
 			continue
