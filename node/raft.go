@@ -60,7 +60,7 @@ type raftParts struct {
 func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	// Raft, its transport and its snapshot store log through the node's
 	// logger (hashicorp's own would write hclog's JSON or text to stderr).
-	hlog := newHclogger(cfg.Logger.With("node", cfg.ID), time.Now)
+	hlog := newHclogger(cfg.Logger.With("node", cfg.ID), time.Now, "node")
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog.Named("raft")

@@ -57,6 +57,7 @@ type hclogShared struct {
 	floor atomic.Int32     // hclog.Level set by SetLevel; NoLevel: the handler alone decides
 	now   func() time.Time // the lines' time and the throttle's clock
 	epoch time.Time        // the throttle's origin (monotonic with time.Now)
+	taken map[string]bool  // keys a line has already: an arg's is renamed
 
 	mu  sync.Mutex
 	rep *repeats // guarded by mu
@@ -74,9 +75,14 @@ const (
 var throttledBy = []string{"peer", "server-id", "target"}
 
 // newHclogger returns an hclogger writing through log's handler (with its
-// attrs), at now's time; time.Now in production.
-func newHclogger(log *slog.Logger, now func() time.Time) *hclogger {
+// attrs), at now's time (time.Now in production). taken are the keys of
+// the attrs log adds: an arg with one of them is renamed (hclogAttrs).
+func newHclogger(log *slog.Logger, now func() time.Time, taken ...string) *hclogger {
 	sh := &hclogShared{now: now, epoch: now(), rep: newRepeats(repeatWindow, repeatKeys)}
+	sh.taken = map[string]bool{slog.TimeKey: true, slog.LevelKey: true, slog.MessageKey: true, slog.SourceKey: true, "module": true}
+	for _, k := range taken {
+		sh.taken[k] = true
+	}
 	return &hclogger{h: log.Handler(), base: log.Handler(), hclogShared: sh}
 }
 
@@ -88,7 +94,7 @@ func (l *hclogger) derive(name string, implied []any) *hclogger {
 		h = h.WithAttrs([]slog.Attr{slog.String("module", name)})
 	}
 	if len(implied) > 0 {
-		h = h.WithAttrs(hclogAttrs(implied))
+		h = h.WithAttrs(l.hclogAttrs(implied))
 	}
 	return &hclogger{h: h, base: l.base, name: name, implied: implied, hclogShared: l.hclogShared}
 }
@@ -146,7 +152,7 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 		pc = pcs[0]
 	}
 	r := slog.NewRecord(now, sl, msg, pc)
-	r.AddAttrs(hclogAttrs(args)...)
+	r.AddAttrs(l.hclogAttrs(args)...)
 	_ = l.h.Handle(context.Background(), r)
 }
 
@@ -167,9 +173,11 @@ func peerArg(args []any) (string, bool) {
 // hclogAttrs turns hclog's alternating keys and values into attrs, as
 // hclog itself would write them: a key that is not a string is printed;
 // a last value without a key is "EXTRA_VALUE_AT_END" (a stack trace
-// "stacktrace"); a key slog writes itself (time, level, msg, source) is
-// "arg.<key>". Values are hclogValue's.
-func hclogAttrs(args []any) []slog.Attr {
+// "stacktrace"); a key a line has already (slog's time, level, msg and
+// source, the module, newHclogger's taken) is "arg.<key>", so that no line
+// has a key twice (Raft's "time" of "failed to contact", its "node" of
+// "entering candidate state"). Values are hclogValue's.
+func (sh *hclogShared) hclogAttrs(args []any) []slog.Attr {
 	out := make([]slog.Attr, 0, (len(args)+1)/2)
 	for i := 0; i < len(args); i += 2 {
 		if i+1 == len(args) {
@@ -184,8 +192,7 @@ func hclogAttrs(args []any) []slog.Attr {
 		if !ok {
 			k = fmt.Sprint(args[i])
 		}
-		switch k {
-		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey:
+		if sh.taken[k] {
 			k = "arg." + k
 		}
 		out = append(out, slog.Any(k, hclogValue(args[i+1])))

@@ -17,11 +17,12 @@ import (
 
 // jsonLogger returns an hclogger over a JSON handler at level into a
 // buffer, and a function that parses the lines written so far.
+// The logger's own attrs are "node": "n1".
 func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger, func() []map[string]any) {
 	t.Helper()
 	var buf bytes.Buffer
 	h := slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level, AddSource: true})
-	return newHclogger(slog.New(h), now), func() []map[string]any {
+	return newHclogger(slog.New(h).With("node", "n1"), now, "node"), func() []map[string]any {
 		t.Helper()
 		var out []map[string]any
 		for _, line := range strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n") {
@@ -31,6 +32,9 @@ func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger
 			var m map[string]any
 			if err := json.Unmarshal([]byte(line), &m); err != nil {
 				t.Fatalf("not JSON: %q: %v", line, err)
+			}
+			if keys := jsonKeys(t, line); len(keys) != len(m) {
+				t.Fatalf("a key twice: %q", line)
 			}
 			out = append(out, m)
 		}
@@ -110,6 +114,8 @@ func TestHclogArgsToAttrs(t *testing.T) {
 		"error", errors.New("boom"),
 		"backoff time", 1500*time.Millisecond,
 		"time", 2*time.Second, // slog's own key
+		"node", "Node at a:1 [Follower]", // the logger's
+		"module", "m", // the adapter's
 		"addr", raft.ServerAddress("a:1"),
 		"fmt", hclog.Fmt("%d-%s", 7, "x"),
 		"hex", hclog.Hex(255),
@@ -131,6 +137,9 @@ func TestHclogArgsToAttrs(t *testing.T) {
 		"error":              "boom",
 		"backoff time":       "1.5s",
 		"arg.time":           "2s",
+		"node":               "n1",
+		"arg.node":           "Node at a:1 [Follower]",
+		"arg.module":         "m",
 		"addr":               "a:1",
 		"fmt":                "7-x",
 		"hex":                "0xff",
@@ -326,4 +335,27 @@ func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
 	if ls := lines(); len(ls) != 0 {
 		t.Errorf("debug line at an Info handler: %v", ls)
 	}
+}
+
+// jsonKeys returns the keys of the JSON object line, in order, repeats
+// included (json.Unmarshal keeps the last of a repeated key).
+func jsonKeys(t *testing.T, line string) []string {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	var keys []string
+	if _, err := dec.Token(); err != nil { // {
+		t.Fatal(err)
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k.(string))
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
 }
