@@ -235,10 +235,11 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		return fail2(err)
 	}
 	srv := proxyServer(p.gw)
+	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http's own lines
 	go func() { _ = srv.Serve(ln) }()
 	var adminSrv *http.Server
 	if adminLn != nil {
-		adminSrv = &http.Server{Handler: p.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv = &http.Server{Handler: p.adminHandler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: srv.ErrorLog}
 		go func() { _ = adminSrv.Serve(adminLn) }()
 	}
 	mode := "cluster"
