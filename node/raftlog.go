@@ -31,7 +31,7 @@ import (
 //
 // Names (Named, ResetNamed) are the "module" attr ("raft", "raft-net",
 // "snapshot"); With's args and each line's args are attrs, written
-// as hclogAttr says.
+// as hclogAttrs says.
 //
 // Warnings and errors that name a peer (an arg "peer", "server-id" or
 // "target": hashicorp/raft's "failed to heartbeat to", "failed to
