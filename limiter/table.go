@@ -79,8 +79,9 @@ type partition struct {
 }
 
 // NewTable returns an empty table of the given number of partitions,
-// 1 ≤ partitions ≤ MaxPartitions. An empty partition costs 128 bytes,
-// two cache lines of its own.
+// 1 ≤ partitions ≤ MaxPartitions. An empty partition costs 120 bytes
+// (neighbours share cache lines; padding to 128 could not be shown to help,
+// BENCHMARKS.md §10 round eight).
 func NewTable(partitions int) (*Table, error) {
 	if partitions < 1 || partitions > MaxPartitions {
 		return nil, fmt.Errorf("limiter: table of %d partitions, want 1 to %d", partitions, MaxPartitions)
