@@ -120,6 +120,14 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		closeAll()
 		return nil, fmt.Errorf("node: reading raft state: %w", err)
 	}
+	known, left := replayLocal(logs, snaps, cfg.ID)
+	if hasState && left {
+		// Raft would wait for a leader that no longer sends it anything,
+		// and the member would say it waits for its log to be confirmed,
+		// forever (seen by a new user restarting a member after leave).
+		closeAll()
+		return nil, fmt.Errorf("%w: member %q left the cluster (ringlimit leave): this data dir's log holds its removal; start it over an empty --data-dir (or another --id) to join again as a new member", ErrDataDir, cfg.ID)
+	}
 	r, err := raft.NewRaft(rc, fsm, logs, stable, snaps, trans)
 	started.Store(r)
 	if err != nil {
@@ -128,7 +136,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	}
 	parts.raft, parts.hasState = r, hasState
 	parts.lastCommand = lastCommand(logs, snaps)
-	parts.knownHTTP = knownHTTP(logs, snaps)
+	parts.knownHTTP = known
 	return parts, nil
 }
 
@@ -163,9 +171,12 @@ func lastCommand(logs raft.LogStore, snaps raft.SnapshotStore) uint64 {
 	return 0
 }
 
-// knownHTTP replays the local snapshot and log into a scratch FSM and
-// returns each member's HTTP address by id. Errors just shorten the list.
-func knownHTTP(logs raft.LogStore, snaps raft.SnapshotStore) map[string]string {
+// replayLocal replays the local snapshot and log into a scratch FSM and
+// returns each member's HTTP address by id (known), and whether member
+// self was listed at some point of that history and is not at its end
+// (left: its removal, by leave, is in the log). Errors just shorten the
+// history.
+func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) (known map[string]string, left bool) {
 	f := fsm.New()
 	var floor uint64
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
@@ -176,21 +187,24 @@ func knownHTTP(logs raft.LogStore, snaps raft.SnapshotStore) map[string]string {
 			rc.Close()
 		}
 	}
+	listed := func() bool { _, ok := f.State().Member(self); return ok }
+	was := listed()
 	first, err1 := logs.FirstIndex()
 	last, err2 := logs.LastIndex()
-	out := map[string]string{}
 	if err1 == nil && err2 == nil {
 		for i := max(first, floor+1); i <= last && i > 0; i++ {
 			var l raft.Log
 			if logs.GetLog(i, &l) == nil && l.Type == raft.LogCommand {
 				f.Apply(&l)
+				was = was || listed()
 			}
 		}
 	}
+	known = map[string]string{}
 	for _, m := range f.State().Members {
-		out[m.ID] = m.HTTP
+		known[m.ID] = m.HTTP
 	}
-	return out
+	return known, was && !listed()
 }
 
 // advertiseAddr is the Raft address as configured, not resolved: Raft
