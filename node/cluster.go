@@ -616,6 +616,11 @@ func (n *Node) inRaft(id string) bool {
 // SetState marks a member "down" (stopped gracefully: still a member,
 // owning nothing until it returns) or "active". On a non-leader it is
 // forwarded to the leader.
+//
+// It answers by ctx's deadline: the wait for the membership changes
+// before it, Raft's taking the write and Raft's answer all honour ctx
+// (apply). When ctx ends first the error wraps api.ErrUnavailable and
+// says whether the outcome is unknown.
 func (n *Node) SetState(ctx context.Context, id, state string) error {
 	s := fsm.MemberState(state)
 	if id == "" || (s != fsm.Down && s != fsm.Active) {
@@ -628,7 +633,9 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 		}
 		return n.cfg.Forward.SetState(ctx, addr, id, state)
 	}
-	n.membership.lock()
+	if err := n.lockMembership(ctx); err != nil {
+		return err
+	}
 	defer n.membership.unlock()
 	if _, ok := n.fsm.State().Member(id); !ok {
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
@@ -637,14 +644,27 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 	if err != nil {
 		return err
 	}
-	return n.apply(n.ctx, cmd)
+	return n.apply(ctx, cmd)
+}
+
+// lockMembership takes the membership lock for a change asked with ctx:
+// the change before it may wait on Raft for as long as apply's bounds
+// (a leader whose disk hangs), longer than ctx. When ctx ends first the
+// error wraps api.ErrUnavailable and says that nothing was written.
+func (n *Node) lockMembership(ctx context.Context) error {
+	if err := n.membership.lockCtx(ctx); err != nil {
+		return fmt.Errorf("%w: waiting for another membership change to finish, nothing written: %w", api.ErrUnavailable, err)
+	}
+	return nil
 }
 
 // MarkDown is the first step of a graceful stop: this member stops
 // re-registering and asks the cluster to mark it down, so its partitions
-// go to the other members (their keys start fresh there until hand-off
-// exists) instead of being answered by failure modes while it is away.
-// It gives up when ctx ends (no leader, no quorum).
+// go to the other members (it hands them off: WaitHandoffs) instead of
+// being answered by failure modes while it is away.
+// It gives up when ctx ends (no leader, no quorum, a leader whose disk
+// hangs) with an error wrapping api.ErrUnavailable: SetState honours
+// ctx in all its waits.
 func (n *Node) MarkDown(ctx context.Context) error {
 	n.stopping.Store(true)
 	st := n.fsm.State()
@@ -660,7 +680,7 @@ func (n *Node) MarkDown(ctx context.Context) error {
 	// Wait until this member's own ring shows it owning nothing, so that
 	// the hand-offs it implies have started (WaitHandoffs).
 	if _, gone := n.cell.AwaitFunc(ctx, func(v *view.View) bool { return v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 }); !gone {
-		return ctx.Err()
+		return fmt.Errorf("%w: marked down, but this member's ring did not show it yet: %w", api.ErrUnavailable, ctx.Err())
 	}
 	return nil
 }

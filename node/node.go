@@ -183,8 +183,10 @@ type Node struct {
 	stopping   atomic.Bool // marked down for a graceful stop: do not re-register
 	// membership serialises leader-side membership changes. It is a
 	// channel, not a sync.Mutex, because its holder waits on Raft: a
-	// goroutine queued on a channel is durably blocked, so a synctest
-	// bubble can still advance its clock (it cannot past a mutex wait).
+	// request queued behind it can give up when its context ends
+	// (lockCtx), and a goroutine queued on a channel is durably blocked,
+	// so a synctest bubble can still advance its clock (it cannot past a
+	// mutex wait).
 	membership chanLock
 	// recovered: after a restart with state, this member has had itself
 	// marked down once, so its backups serve what it lost (see register).
@@ -519,3 +521,17 @@ type chanLock chan struct{}
 
 func (l chanLock) lock()   { l <- struct{}{} }
 func (l chanLock) unlock() { <-l }
+
+// lockCtx takes the lock, or returns ctx's error when ctx ends first
+// (or has ended: it then does not take the lock even if it is free).
+func (l chanLock) lockCtx(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
