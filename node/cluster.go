@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -70,22 +71,49 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 //
 // A non-leader gets an error wrapping api.ErrUnavailable too.
 func (n *Node) apply(ctx context.Context, cmd []byte) error {
+	f, err := n.propose(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	return n.outcome(ctx, f)
+}
+
+// propose hands cmd to Raft, waiting for Raft to take it as apply says
+// (enqueueTimeout), and returns Raft's future; its error wraps
+// api.ErrUnavailable when ctx ended before (nothing was proposed).
+func (n *Node) propose(ctx context.Context, cmd []byte) (raft.ApplyFuture, error) {
+	enqueue, err := enqueueTimeout(ctx, "write")
+	if err != nil {
+		return nil, err
+	}
+	return n.raft.raft.Apply(cmd, enqueue), nil
+}
+
+// enqueueTimeout is how long a Raft call may block its caller until
+// Raft's main loop takes it: applyTimeout, and no later than a little
+// before ctx's deadline. Raft watches no context there, only this
+// timeout (0: none); giving up a little before the deadline keeps its
+// answer (nothing written) from being taken for a write Raft took and
+// did not answer by the deadline. When ctx has ended, or its deadline is
+// too near, the error wraps api.ErrUnavailable and says that the raft
+// what (a "write", a "membership change") was not proposed.
+func enqueueTimeout(ctx context.Context, what string) (time.Duration, error) {
 	enqueue := applyTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		// Raft.Apply blocks its caller until Raft takes the command; it
-		// watches no context, only this timeout (0: none). It gives up
-		// a little before the deadline, so that its answer (nothing
-		// written) is not taken for a write Raft took and did not answer
-		// by the deadline.
 		enqueue = min(enqueue, time.Until(dl)-enqueueMargin)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%w: the raft write was not proposed: %w", api.ErrUnavailable, err)
+		return 0, fmt.Errorf("%w: the raft %s was not proposed: %w", api.ErrUnavailable, what, err)
 	}
 	if enqueue <= 0 {
-		return fmt.Errorf("%w: the raft write was not proposed: %w", api.ErrUnavailable, context.DeadlineExceeded)
+		return 0, fmt.Errorf("%w: the raft %s was not proposed: %w", api.ErrUnavailable, what, context.DeadlineExceeded)
 	}
-	f := n.raft.raft.Apply(cmd, enqueue)
+	return enqueue, nil
+}
+
+// outcome waits for Raft's answer to the write f (await) and returns the
+// FSM's answer, or an error as apply says.
+func (n *Node) outcome(ctx context.Context, f raft.ApplyFuture) error {
 	answered, err := n.await(ctx, f, "write")
 	if !answered {
 		return err
@@ -463,7 +491,15 @@ func (n *Node) join(req api.JoinRequest) error {
 	return nil
 }
 
-// Leave removes a member for good: from the ring, then from Raft.
+// Leave removes a member for good: from the ring, then from Raft. On a
+// non-leader it is forwarded to the leader; a leader asked to remove
+// itself hands the lead on first (leaveAsLeader).
+//
+// It answers by ctx's deadline. Up to Raft's taking the removal from the
+// ring, every wait honours ctx (the lead handed on, the membership lock,
+// Raft's enqueue); after it, the leader finishes the leave whether or
+// not the caller still waits (finishLeave). When ctx ends first the
+// error wraps api.ErrUnavailable and says how far the leave got.
 func (n *Node) Leave(ctx context.Context, id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: id is required", api.ErrBadRequest)
@@ -480,45 +516,115 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	n.membership.lock()
-	defer n.membership.unlock()
+	if err := n.lockMembership(ctx); err != nil {
+		return err
+	}
+	f, err := n.startLeave(ctx, id)
+	if err != nil {
+		n.membership.unlock()
+		return err
+	}
+	return n.finishLeave(ctx, id, f)
+}
+
+// startLeave runs under the membership lock: it has Raft take id's
+// removal from the ring and returns Raft's future, or nil when id is
+// gone from the ring already but still in Raft: a leave cut short (the
+// lead moved, or the leader stopped, between the two removals), which
+// finishLeave finishes, or a voter that is gone for good would count
+// against the quorum.
+func (n *Node) startLeave(ctx context.Context, id string) (raft.ApplyFuture, error) {
 	st := n.fsm.State()
 	if _, ok := st.Member(id); !ok {
 		if n.inRaft(id) {
-			// A leave that was cut short (the lead moved between the
-			// removal from the cluster and from Raft): finish it, or a
-			// voter that is gone for good would count against the quorum.
-			if err := n.removeFromRaft(id); err != nil {
-				return err
-			}
-			n.log.Info("member left (finishing an earlier leave)", "id", id)
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
 	}
 	if len(st.Members) == 1 {
-		return fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
+		return nil, fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
 	}
 	cmd, err := fsm.RemoveMember(id)
 	if err != nil {
+		return nil, err
+	}
+	return n.propose(ctx, cmd)
+}
+
+// finishLeave is the rest of id's leave once Raft has taken its removal
+// from the ring (f; nil when that is done already): Raft's answer to it,
+// then the removal from Raft. It takes over the membership lock from its
+// caller, and answers by ctx's deadline, but the work goes on in a
+// goroutine detached from ctx (context.WithoutCancel) that holds the lock
+// until it ends. Raft goes on with a write it has taken whether anyone
+// waits or not, so a caller that goes away could only stop the second
+// step: the member, gone from the ring, stops serving and exits, while
+// Raft still counts it as a voter, against the quorum, until a leave of
+// it is asked again (startLeave's nil future), which nobody may do. The
+// goroutine is bounded all the same, by apply's bounds: applyTimeout for
+// Raft to take the removal from Raft, commitTimeout for each answer, and
+// the node's life. What it ends with after the caller went is logged.
+func (n *Node) finishLeave(ctx context.Context, id string, f raft.ApplyFuture) error {
+	var fromRing, abandoned atomic.Bool
+	done := make(chan error, 1)
+	detached := context.WithoutCancel(ctx)
+	n.goLoop(func() {
+		defer n.membership.unlock()
+		err := n.leaveTail(detached, id, f, &fromRing)
+		done <- err
+		if err != nil && abandoned.Load() {
+			n.log.Warn("leave whose request had ended", "id", id, "err", err)
+		}
+	})
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	abandoned.Store(true)
+	select {
+	case err := <-done:
+		return err
+	default:
+	}
+	if fromRing.Load() {
+		return fmt.Errorf("%w: %s is removed from the cluster, but raft had not answered its removal from raft when the request ended (%w): the leader goes on with it; ask again to learn the outcome", api.ErrUnavailable, id, ctx.Err())
+	}
+	return fmt.Errorf("%w: raft had not answered the removal of %s from the cluster when the request ended (%w): its outcome is unknown (it may still commit; the leader then removes it from raft too)", api.ErrUnavailable, id, ctx.Err())
+}
+
+// leaveTail waits for Raft's answer to f, id's removal from the ring (nil:
+// done already), then removes id from Raft; fromRing is set once the
+// removal from the ring is done.
+func (n *Node) leaveTail(ctx context.Context, id string, f raft.ApplyFuture, fromRing *atomic.Bool) error {
+	if f != nil {
+		// fsm.ErrUnknownMember: an earlier leave whose outcome was unknown
+		// (apply) removed it after all, since we looked: finish with Raft.
+		if err := n.outcome(ctx, f); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
+			return err
+		}
+	}
+	fromRing.Store(true)
+	if err := n.removeFromRaft(ctx, id); err != nil {
 		return err
 	}
-	// fsm.ErrUnknownMember: an earlier leave whose outcome was unknown
-	// (apply) removed it after all, since we looked: finish with Raft.
-	if err := n.apply(n.ctx, cmd); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
-		return err
+	if f == nil {
+		n.log.Info("member left (finishing an earlier leave)", "id", id)
+	} else {
+		n.log.Info("member left", "id", id)
 	}
-	if err := n.removeFromRaft(id); err != nil {
-		return err
-	}
-	n.log.Info("member left", "id", id)
 	return nil
 }
 
 // removeFromRaft removes server id from Raft's configuration, the second
-// half of a leave; an error wraps api.ErrUnavailable.
-func (n *Node) removeFromRaft(id string) error {
-	if _, err := n.await(n.ctx, n.raft.raft.RemoveServer(raft.ServerID(id), 0, applyTimeout), "membership change"); err != nil {
+// half of a leave, waiting on Raft as apply does (enqueueTimeout, await);
+// an error wraps api.ErrUnavailable.
+func (n *Node) removeFromRaft(ctx context.Context, id string) error {
+	enqueue, err := enqueueTimeout(ctx, "membership change")
+	if err == nil {
+		_, err = n.await(ctx, n.raft.raft.RemoveServer(raft.ServerID(id), 0, enqueue), "membership change")
+	}
+	if err != nil {
 		return raftUnavailable("removing "+id+" from raft", err)
 	}
 	return nil
@@ -531,9 +637,13 @@ func (n *Node) removeFromRaft(id string) error {
 // the leader's answers, ran out: their answers were degraded (seen by a
 // new user: 2.5 s without a leader, half the checks of a batch
 // degraded). handed is false when this node still leads (no other voter
-// took the lead): the caller then removes it as before.
+// took the lead): the caller then removes it as before. Its waits honour
+// ctx; when ctx ends before the leave is forwarded, nothing of the leave
+// is written.
 func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
-	n.TransferLeadership()
+	if err := n.transferLeadership(ctx); err != nil {
+		return true, raftUnavailable("handing the lead on before leaving, nothing written", err)
+	}
 	if n.isLeader() {
 		return false, nil
 	}
@@ -546,7 +656,7 @@ func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
 		}
 		select {
 		case <-ctx.Done():
-			return true, fmt.Errorf("%w: %w", api.ErrUnavailable, ctx.Err())
+			return true, fmt.Errorf("%w: leadership handed on, no new leader seen when the request ended (%w), nothing written; ask again", api.ErrUnavailable, ctx.Err())
 		case <-wait.C:
 			return true, fmt.Errorf("%w: leadership handed on, no new leader seen yet; ask again", api.ErrUnavailable)
 		case <-time.After(10 * time.Millisecond):

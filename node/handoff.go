@@ -724,12 +724,28 @@ func (n *Node) markDead(id string) error {
 // member leads (a graceful stop), so the cluster does not wait out an
 // election timeout. It is a no-op otherwise.
 func (n *Node) TransferLeadership() {
-	if !n.isLeader() {
-		return
-	}
-	if _, err := n.await(n.ctx, n.raft.raft.LeadershipTransfer(), "leadership transfer"); err != nil && !errors.Is(err, raft.ErrNotLeader) {
+	if err := n.transferLeadership(n.ctx); err != nil {
 		n.log.Debug("leadership transfer", "err", err)
 	}
+}
+
+// transferLeadership is TransferLeadership waiting for Raft's answer no
+// longer than ctx (and await's bounds). It returns await's error when it
+// gave up waiting (wrapping api.ErrUnavailable); Raft's own refusal (no
+// other voter to take the lead, say) is logged at debug level and
+// returns nil: whether this node still leads tells the caller.
+func (n *Node) transferLeadership(ctx context.Context) error {
+	if !n.isLeader() {
+		return nil
+	}
+	answered, err := n.await(ctx, n.raft.raft.LeadershipTransfer(), "leadership transfer")
+	if !answered {
+		return err
+	}
+	if err != nil && !errors.Is(err, raft.ErrNotLeader) {
+		n.log.Debug("leadership transfer", "err", err)
+	}
+	return nil
 }
 
 // StopGracefully is the first half of a graceful stop (SIGTERM): the

@@ -15,7 +15,8 @@
 // the data plane (calls over a cut link hang until their deadline, as
 // dropped packets do); SetLink adds a per-direction delay on the data
 // plane or cuts one direction; CutRaft cuts Raft alone; StallDisk hangs
-// a member's Raft log writes.
+// a member's Raft log writes (OnStore sees them first, to stall the one
+// that matters).
 package clustertest
 
 import (
@@ -62,6 +63,11 @@ type Options struct {
 	// OnView, when set, sees every view a member publishes, as it does
 	// (from the member's goroutine: keep it short).
 	OnView func(member string, v *router.View)
+	// OnStore, when set, sees the entries member's Raft is about to write
+	// to its log, before a stalled disk holds the write (so it may call
+	// StallDisk for these very entries). It runs on Raft's goroutine:
+	// keep it short.
+	OnStore func(member string, logs []*raft.Log)
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -574,11 +580,13 @@ func (s stallingLog) wait() {
 }
 
 func (s stallingLog) StoreLog(l *raft.Log) error {
-	s.wait()
-	return s.InmemStore.StoreLog(l)
+	return s.StoreLogs([]*raft.Log{l})
 }
 
 func (s stallingLog) StoreLogs(ls []*raft.Log) error {
+	if f := s.m.c.opts.OnStore; f != nil {
+		f(s.m.ID, ls)
+	}
 	s.wait()
 	return s.InmemStore.StoreLogs(ls)
 }

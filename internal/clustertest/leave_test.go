@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/ringlimit/ringlimit/api"
 )
@@ -78,4 +81,156 @@ func TestMarkDownNotInTheMembersRingByItsDeadline(t *testing.T) {
 			t.Errorf("MarkDown of %s, cut off from Raft: %v after %v; want unavailable (marked down, but …) after 2s", m.ID, err, took)
 		}
 	})
+}
+
+// Leave answers by its deadline on a leader whose disk hangs: when Raft
+// took the removal from the ring and never answered it, when it never
+// took it (forwarded by a follower), when the leader is the one leaving
+// and Raft never takes the hand-over of the lead, and when another
+// membership change that Raft does not answer holds the leader's
+// membership lock. The node's own bounds are 5s for Raft to take a write
+// and 5.4s for its answer, each.
+func TestLeaveAnswersByItsDeadlineOnAStalledLeader(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before runs on the stalled leader first; leave names the
+		// member asked (via) and the member to remove.
+		before func(c *Cluster, leader *Member)
+		leave  func(c *Cluster, leader *Member) (via *Member, id string)
+		want   time.Duration
+		says   string
+	}{
+		{"removal from the ring taken, never answered", nil, leaveFollower, 2 * time.Second,
+			"raft had not answered the removal of"},
+		{"never taken, forwarded", hangMainLoop, func(c *Cluster, leader *Member) (*Member, string) {
+			_, id := leaveFollower(c, leader)
+			return c.Member(otherThan2(c, leader.ID, id)), id
+		}, 2*time.Second - 10*time.Millisecond, "timed out enqueuing operation"},
+		{"the leader itself, the lead never handed on", hangMainLoop, func(c *Cluster, leader *Member) (*Member, string) {
+			return leader, leader.ID
+		}, 2 * time.Second, "raft had not answered the leadership transfer when the request ended"},
+		{"behind an unanswered membership change", func(c *Cluster, leader *Member) {
+			go func() { _ = leader.Node().SetState(context.Background(), otherThan(c, leader.ID), "down") }()
+			synctest.Wait()
+		}, leaveFollower, 2 * time.Second, "waiting for another membership change"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 3, Options{DeadAfter: time.Hour})
+				leader := c.Leader()
+				resume := c.StallDisk(leader.ID)
+				t.Cleanup(resume)
+				synctest.Wait()
+				if tc.before != nil {
+					tc.before(c, leader)
+				}
+				via, id := tc.leave(c, leader)
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				start := time.Now()
+				err := via.Node().Leave(ctx, id)
+				if took := time.Since(start); took != tc.want || !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
+					t.Errorf("Leave of %s through %s with a 2s deadline on a leader whose disk hangs: %v after %v; want unavailable (%s) after %v", id, via.ID, err, took, tc.says, tc.want)
+				}
+				if id == leader.ID {
+					// Raft answers the hand-over it holds once its disk
+					// is back (if it closed first, the goroutine waiting
+					// for the answer would outlive the bubble).
+					resume()
+					c.WaitFor("the lead handed on", 10*time.Second, func() bool { l := c.Leader(); return l != nil && l != leader })
+				}
+			})
+		})
+	}
+}
+
+// leaveFollower is the leave of a follower through the leader.
+func leaveFollower(c *Cluster, leader *Member) (*Member, string) {
+	return leader, otherThan(c, leader.ID)
+}
+
+// hangMainLoop has the stalled leader take a write: its Raft main loop
+// then hangs storing it, and takes nothing more.
+func hangMainLoop(_ *Cluster, leader *Member) {
+	putRulesAsync(leader, tightRule)
+	synctest.Wait()
+}
+
+// otherThan2 returns a member that is neither a nor b.
+func otherThan2(c *Cluster, a, b string) string {
+	for _, m := range c.Members() {
+		if m.ID != a && m.ID != b {
+			return m.ID
+		}
+	}
+	return ""
+}
+
+// A leave whose request ends before Raft has answered it is finished by
+// the leader all the same: once Raft has taken the removal from the
+// ring, the member stops serving when it commits, and it must then leave
+// Raft too, or it counts against the quorum for good (nobody may ask
+// again). Here the leader's disk hangs as it stores the removal from the
+// ring, or the removal from Raft, past the request's deadline, then
+// comes back.
+func TestLeaveWhoseRequestEndsIsFinished(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		stallAt raft.LogType // the entry whose write hangs on the leader
+		says    string
+	}{
+		{"removal from the ring not answered", raft.LogCommand, "its outcome is unknown (it may still commit; the leader then removes it from raft too)"},
+		{"removal from raft not answered", raft.LogConfiguration, "is removed from the cluster, but raft had not answered its removal from raft"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var c *Cluster
+				var stallOn atomic.Pointer[string] // the member whose disk hangs, once set
+				stalled := make(chan func(), 1)    // its resume
+				c = New(t, 3, Options{DeadAfter: time.Hour, OnStore: func(member string, logs []*raft.Log) {
+					if id := stallOn.Load(); id != nil && *id == member && logs[0].Type == tc.stallAt && len(stalled) == 0 {
+						stalled <- c.StallDisk(member)
+					}
+				}})
+				leader := c.Leader()
+				id := otherThan(c, leader.ID)
+				stallOn.Store(&leader.ID)
+				t.Cleanup(func() { // runs before the cluster closes
+					select {
+					case resume := <-stalled:
+						resume()
+					default:
+					}
+				})
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				start := time.Now()
+				err := leader.Node().Leave(ctx, id)
+				if took := time.Since(start); took != time.Second || !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
+					t.Errorf("Leave of %s, the leader's disk hanging: %v after %v; want unavailable (%s) after 1s", id, err, took, tc.says)
+				}
+				(<-stalled)() // the disk is back
+				c.WaitFor(id+" gone from raft", 10*time.Second, func() bool { return !inRaftOf(t, leader, id) })
+				c.WaitFor(id+" stopped", 10*time.Second, func() bool { return !c.Member(id).Running() })
+				if err := leader.Node().Leave(t.Context(), id); !errors.Is(err, api.ErrNotFound) {
+					t.Errorf("a second leave of %s: %v, want not found", id, err)
+				}
+			})
+		})
+	}
+}
+
+// inRaftOf reports whether id is a server of m's Raft configuration.
+func inRaftOf(t *testing.T, m *Member, id string) bool {
+	t.Helper()
+	cf := m.Node().Raft().GetConfiguration()
+	if err := cf.Error(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
 }
