@@ -15,6 +15,7 @@ import (
 	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
 
@@ -519,12 +520,12 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 	if err := n.lockMembership(ctx); err != nil {
 		return err
 	}
-	f, err := n.startLeave(ctx, id)
+	f, peer, err := n.startLeave(ctx, id)
 	if err != nil {
 		n.membership.unlock()
 		return err
 	}
-	return n.finishLeave(ctx, id, f)
+	return n.finishLeave(ctx, id, peer, f)
 }
 
 // startLeave runs under the membership lock: it has Raft take id's
@@ -532,28 +533,35 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 // gone from the ring already but still in Raft: a leave cut short (the
 // lead moved, or the leader stopped, between the two removals), which
 // finishLeave finishes, or a voter that is gone for good would count
-// against the quorum.
-func (n *Node) startLeave(ctx context.Context, id string) (raft.ApplyFuture, error) {
+// against the quorum. peer is the member's data-plane address when it is
+// expected to answer there (pinged), "" otherwise.
+func (n *Node) startLeave(ctx context.Context, id string) (f raft.ApplyFuture, peer string, err error) {
 	st := n.fsm.State()
-	if _, ok := st.Member(id); !ok {
+	m, ok := st.Member(id)
+	if !ok {
 		if n.inRaft(id) {
-			return nil, nil
+			return nil, "", nil
 		}
-		return nil, fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+		return nil, "", fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
 	}
 	if len(st.Members) == 1 {
-		return nil, fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
+		return nil, "", fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
 	}
 	cmd, err := fsm.RemoveMember(id)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return n.propose(ctx, cmd)
+	if pinged(m) {
+		peer = m.Peer
+	}
+	f, err = n.propose(ctx, cmd)
+	return f, peer, err
 }
 
 // finishLeave is the rest of id's leave once Raft has taken its removal
 // from the ring (f; nil when that is done already): Raft's answer to it,
-// then the removal from Raft. It takes over the membership lock from its
+// the wait for the member at peer to apply it (awaitRemovalSeen; none
+// when peer is ""), then the removal from Raft. It takes over the membership lock from its
 // caller, and answers by ctx's deadline, but the work goes on in a
 // goroutine detached from ctx (context.WithoutCancel) that holds the lock
 // until it ends. Raft goes on with a write it has taken whether anyone
@@ -564,13 +572,13 @@ func (n *Node) startLeave(ctx context.Context, id string) (raft.ApplyFuture, err
 // goroutine is bounded all the same, by apply's bounds: applyTimeout for
 // Raft to take the removal from Raft, commitTimeout for each answer, and
 // the node's life. What it ends with after the caller went is logged.
-func (n *Node) finishLeave(ctx context.Context, id string, f raft.ApplyFuture) error {
+func (n *Node) finishLeave(ctx context.Context, id, peer string, f raft.ApplyFuture) error {
 	var fromRing, abandoned atomic.Bool
 	done := make(chan error, 1)
 	detached := context.WithoutCancel(ctx)
 	n.goLoop(func() {
 		defer n.membership.unlock()
-		err := n.leaveTail(detached, id, f, &fromRing)
+		err := n.leaveTail(detached, id, peer, f, &fromRing)
 		done <- err
 		if err != nil && abandoned.Load() {
 			n.log.Warn("leave whose request had ended", "id", id, "err", err)
@@ -588,23 +596,31 @@ func (n *Node) finishLeave(ctx context.Context, id string, f raft.ApplyFuture) e
 	default:
 	}
 	if fromRing.Load() {
-		return fmt.Errorf("%w: %s is removed from the cluster, but raft had not answered its removal from raft when the request ended (%w): the leader goes on with it; ask again to learn the outcome", api.ErrUnavailable, id, ctx.Err())
+		return fmt.Errorf("%w: %s is removed from the cluster, but not yet from raft when the request ended (%w): the leader goes on with it; ask again to learn the outcome", api.ErrUnavailable, id, ctx.Err())
 	}
 	return fmt.Errorf("%w: raft had not answered the removal of %s from the cluster when the request ended (%w): its outcome is unknown (it may still commit; the leader then removes it from raft too)", api.ErrUnavailable, id, ctx.Err())
 }
 
 // leaveTail waits for Raft's answer to f, id's removal from the ring (nil:
-// done already), then removes id from Raft; fromRing is set once the
-// removal from the ring is done.
-func (n *Node) leaveTail(ctx context.Context, id string, f raft.ApplyFuture, fromRing *atomic.Bool) error {
+// done already), and for the member at peer to apply it, then removes id
+// from Raft; fromRing is set once the removal from the ring is done.
+func (n *Node) leaveTail(ctx context.Context, id, peer string, f raft.ApplyFuture, fromRing *atomic.Bool) error {
+	var epoch uint64 // of the ring this leave's removal made; 0: none
 	if f != nil {
 		// fsm.ErrUnknownMember: an earlier leave whose outcome was unknown
 		// (apply) removed it after all, since we looked: finish with Raft.
-		if err := n.outcome(ctx, f); err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
+		err := n.outcome(ctx, f)
+		if err != nil && !errors.Is(err, fsm.ErrUnknownMember) {
 			return err
+		}
+		if err == nil {
+			epoch = f.Index()
 		}
 	}
 	fromRing.Store(true)
+	if epoch != 0 && peer != "" {
+		n.awaitRemovalSeen(ctx, peer, epoch)
+	}
 	if err := n.removeFromRaft(ctx, id); err != nil {
 		return err
 	}
@@ -615,6 +631,41 @@ func (n *Node) leaveTail(ctx context.Context, id string, f raft.ApplyFuture, fro
 	}
 	return nil
 }
+
+// awaitRemovalSeen waits until the member at data-plane address peer has
+// applied its removal from the ring, which made the ring of epoch epoch,
+// at most removalSeenWait (or until ctx ends), before the leader removes
+// it from Raft. hashicorp/raft stops replicating to a server it removes
+// after one last append, which a member behind on the log can miss: a
+// leader that has just handed on the lead and forwards its own leave at
+// the new leader's first heartbeat, before the new leader has replicated
+// to it, or a member whose Raft link hiccups. Such a member never learns
+// that it left: it hands nothing off, and only after ownRemovalWait does
+// it take itself for removed (awaitOwnRemoval), its partitions served
+// from backup copies meanwhile. Until it leaves Raft, the leader goes on
+// replicating to it, so it catches up.
+//
+// It asks with empty pushes at epoch: a member answers a push once its
+// ring has reached the push's epoch, or after epochWait with the epoch
+// it has (Owner.HandlePush). Any error ends the wait: a member that no
+// longer answers has exited (having applied its removal, or crashed),
+// and one that cannot be reached is not helped by waiting.
+func (n *Node) awaitRemovalSeen(ctx context.Context, peer string, epoch uint64) {
+	ctx, cancel := context.WithTimeout(ctx, n.removalSeenWait())
+	defer cancel()
+	for ctx.Err() == nil {
+		var ack transport.PushAck
+		err := n.cfg.DataPlane.Push(ctx, peer, &transport.Push{Kind: transport.PushBackup, Epoch: epoch, From: n.cfg.ID}, &ack)
+		if err != nil || ack.Epoch >= epoch {
+			return
+		}
+	}
+}
+
+// removalSeenWait bounds awaitRemovalSeen: two Raft timeouts. A member
+// that has not applied its removal by then is not hearing from the
+// leader, and waiting longer holds the membership lock for nothing.
+func (n *Node) removalSeenWait() time.Duration { return 2 * n.cfg.RaftTimeout }
 
 // removeFromRaft removes server id from Raft's configuration, the second
 // half of a leave, waiting on Raft as apply does (enqueueTimeout, await);
@@ -680,8 +731,10 @@ func (n *Node) forwardLeave(ctx context.Context, addr, id string) error {
 // view change that follows hands its partitions off and calls OnRemoved.
 // But hashicorp/raft stops replicating to a server it removes after one
 // last send, which a member behind on the log can miss (seen when a
-// leader that had just handed on the lead left at once): such a member
-// would wait as a leaderless candidate forever. So after ownRemovalWait
+// leader that had just handed on the lead left at once): the leader
+// waits for it to catch up first (awaitRemovalSeen), but only so long,
+// and a member still cut off after that would wait as a leaderless
+// candidate forever. So after ownRemovalWait
 // without its removal it takes itself for removed all the same (the
 // others serve its partitions from their backup copies, as after a
 // crash).

@@ -180,7 +180,7 @@ func TestLeaveWhoseRequestEndsIsFinished(t *testing.T) {
 		says    string
 	}{
 		{"removal from the ring not answered", raft.LogCommand, "its outcome is unknown (it may still commit; the leader then removes it from raft too)"},
-		{"removal from raft not answered", raft.LogConfiguration, "is removed from the cluster, but raft had not answered its removal from raft"},
+		{"removal from raft not answered", raft.LogConfiguration, "is removed from the cluster, but not yet from raft"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -233,4 +233,45 @@ func inRaftOf(t *testing.T, m *Member, id string) bool {
 		}
 	}
 	return false
+}
+
+// A member that asks to leave while it is behind on the Raft log (its
+// Raft links are cut for 100ms as it forwards its leave) still hands its
+// partitions off and stops within a second: the leader removes it from
+// Raft only once it has applied its removal from the ring (or a bound
+// passed). Removed from Raft at once, it missed the one last append
+// hashicorp/raft sends a removed server, waited ownRemovalWait (5s), and
+// its partitions went to their backup copies after the hand-off timeout
+// (3s).
+func TestMemberBehindOnItsLeaveStillHandsOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c *Cluster
+		var leaving atomic.Pointer[string]
+		c = New(t, 3, Options{OnForward: func(from, op string) {
+			if id := leaving.Load(); id != nil && *id == from && op == "leave" {
+				c.CutRaft(from)
+				go func() {
+					time.Sleep(100 * time.Millisecond)
+					c.Heal()
+				}()
+			}
+		}})
+		id := otherThan(c, c.Leader().ID)
+		leaving.Store(&id)
+		start := time.Now()
+		if err := c.Member(id).Node().Leave(t.Context(), id); err != nil {
+			t.Fatalf("leave of %s through itself: %v", id, err)
+		}
+		c.WaitFor(id+" stopped", 10*time.Second, func() bool { return !c.Member(id).Running() })
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("%s stopped %v after it asked to leave, want within 1s (hand-off, not the fallbacks)", id, took)
+		}
+		for _, m := range c.Members() {
+			if m.Running() {
+				if n := m.Node().Owner().Awaiting(); n > 0 {
+					t.Errorf("%s still awaits %d partitions after %s stopped", m.ID, n, id)
+				}
+			}
+		}
+	})
 }
