@@ -576,7 +576,7 @@ func (n *Node) finishLeave(ctx context.Context, id, peer string, f raft.ApplyFut
 	var fromRing, abandoned atomic.Bool
 	done := make(chan error, 1)
 	detached := context.WithoutCancel(ctx)
-	n.goLoop(func() {
+	started := n.goLoop(func() {
 		defer n.membership.unlock()
 		err := n.leaveTail(detached, id, peer, f, &fromRing)
 		done <- err
@@ -584,6 +584,10 @@ func (n *Node) finishLeave(ctx context.Context, id, peer string, f raft.ApplyFut
 			n.log.Warn("leave whose request had ended", "id", id, "err", err)
 		}
 	})
+	if !started {
+		n.membership.unlock()
+		return fmt.Errorf("%w: node closing: the outcome of the removal of %s is unknown (it may still commit)", api.ErrUnavailable, id)
+	}
 	select {
 	case err := <-done:
 		return err

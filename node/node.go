@@ -172,7 +172,11 @@ type Node struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the goroutines Close waits for (goLoop)
+	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
+	// nothing more.
+	loopsMu     sync.Mutex
+	loopsClosed bool
 
 	removed atomic.Bool
 	// startIndex is the index of the last command in Raft's log when the
@@ -277,14 +281,28 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) goLoop(f func()) {
+// goLoop runs f in a goroutine that Close waits for, and reports
+// whether it did: once Close has begun it starts nothing. A request can
+// start one (a leave's finish, the watch for this member's own removal)
+// as or after the node closes, and adding to a WaitGroup that Close is
+// waiting on is a race.
+func (n *Node) goLoop(f func()) bool {
+	n.loopsMu.Lock()
+	defer n.loopsMu.Unlock()
+	if n.loopsClosed {
+		return false
+	}
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); f() }()
+	return true
 }
 
 // Close stops the member's loops and Raft. It does not leave the cluster.
 func (n *Node) Close() error {
 	n.cancel()
+	n.loopsMu.Lock()
+	n.loopsClosed = true
+	n.loopsMu.Unlock()
 	err := n.raft.close()
 	n.wg.Wait()
 	return err
