@@ -696,13 +696,25 @@ func (n *Node) removeFromRaft(ctx context.Context, id string) error {
 // ctx; when ctx ends before the leave is forwarded, nothing of the leave
 // is written.
 func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
+	// The new leader is known at its first heartbeat, which Raft reports
+	// to its observers (registered first, so that none is missed). The
+	// leave is forwarded then, possibly before the new leader has
+	// replicated anything to this node: it still learns of its removal,
+	// as the new leader removes it from Raft only once it has applied
+	// its removal from the ring (awaitRemovalSeen).
+	changed := make(chan raft.Observation, 1)
+	obs := raft.NewObserver(changed, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.raft.RegisterObserver(obs)
+	defer n.raft.raft.DeregisterObserver(obs)
 	if err := n.transferLeadership(ctx); err != nil {
 		return true, raftUnavailable("handing the lead on before leaving, nothing written", err)
 	}
 	if n.isLeader() {
 		return false, nil
 	}
-	// The new leader is known at its first heartbeat.
 	wait := time.NewTimer(2 * n.cfg.RaftTimeout)
 	defer wait.Stop()
 	for {
@@ -714,7 +726,7 @@ func (n *Node) leaveAsLeader(ctx context.Context) (handed bool, err error) {
 			return true, fmt.Errorf("%w: leadership handed on, no new leader seen when the request ended (%w), nothing written; ask again", api.ErrUnavailable, ctx.Err())
 		case <-wait.C:
 			return true, fmt.Errorf("%w: leadership handed on, no new leader seen yet; ask again", api.ErrUnavailable)
-		case <-time.After(10 * time.Millisecond):
+		case <-changed:
 		}
 	}
 }
