@@ -139,27 +139,34 @@ func (h *handler) serveRules(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, rulesBody(h.admin.Rules()))
 }
 
-// A rules write answers within putRulesBudget of its handler's start,
-// 2s inside the server's writeTimeout (room to read the body and write
-// the answer): the node's own bounds add up to more (up to 12s for the
-// Raft write with the default 1s Raft timeout, then up to 5s for the
-// rules to be in force on this node), and a client cut off by the write
-// timeout learns nothing. The node honours the deadline in both waits and answers 503
-// unavailable saying which one ran out. A write a member forwarded to
-// the leader gets forwardedPutRulesBudget, 1s less, so that the leader's
-// answer, with its reason, reaches that member before the member's own
-// deadline does.
+// A write that waits on Raft (rules, leave, member state) answers within
+// writeBudget of its handler's start, 2s inside the server's
+// writeTimeout (room to read the body and write the answer): the node's
+// own bounds add up to more (a rules write: up to 12s for the Raft write
+// with the default 1s Raft timeout, then up to 5s for the rules to be in
+// force on this node; a leave of the leader: the hand-over of the lead
+// first), and a client cut off by the write timeout learns nothing. The
+// node honours the deadline in every wait and answers 503 unavailable
+// saying which one ran out, and whether the outcome is unknown. A write
+// a member forwarded to the leader gets forwardedWriteBudget, 1s less,
+// so that the leader's answer, with its reason, reaches that member
+// before the member's own deadline does.
 const (
-	putRulesBudget          = writeTimeout - 2*time.Second
-	forwardedPutRulesBudget = putRulesBudget - time.Second
+	writeBudget          = writeTimeout - 2*time.Second
+	forwardedWriteBudget = writeBudget - time.Second
 )
 
-func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
-	budget := putRulesBudget
+// withWriteBudget is r's context bounded by its write budget.
+func withWriteBudget(r *http.Request) (context.Context, context.CancelFunc) {
+	budget := writeBudget
 	if api.Forwarded(r.Context()) {
-		budget = forwardedPutRulesBudget
+		budget = forwardedWriteBudget
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), budget)
+	return context.WithTimeout(r.Context(), budget)
+}
+
+func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := withWriteBudget(r)
 	defer cancel()
 	data, err := io.ReadAll(limitBody(w, r))
 	if err != nil {
@@ -224,7 +231,9 @@ func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	if err := h.admin.Leave(r.Context(), req.ID); err != nil {
+	ctx, cancel := withWriteBudget(r)
+	defer cancel()
+	if err := h.admin.Leave(ctx, req.ID); err != nil {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
@@ -296,7 +305,9 @@ func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
 			Message: `want {"id": ID, "state": "down" or "active"}`})
 		return
 	}
-	if err := h.admin.SetState(r.Context(), req.ID, req.State); err != nil {
+	ctx, cancel := withWriteBudget(r)
+	defer cancel()
+	if err := h.admin.SetState(ctx, req.ID, req.State); err != nil {
 		writeError(w, h.errorOf(r, err))
 		return
 	}

@@ -224,6 +224,37 @@ func TestRulesPutAnswersWithinTheWriteTimeout(t *testing.T) {
 	}
 }
 
+// A leave or a member state change, which wait on Raft as a rules write
+// does (a leave of the leader hands the lead on first), answer 503
+// within the same budget, with the node's reason, rather than be cut off
+// by the server's write timeout.
+func TestMembershipWritesAnswerWithinTheWriteTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		hdr              []string
+		want             time.Duration
+	}{
+		{"leave", "/v1/cluster/leave", `{"id":"n2"}`, nil, 8 * time.Second},
+		{"leave, forwarded", "/v1/cluster/leave", `{"id":"n2"}`, []string{api.HeaderForwarded, "1"}, 7 * time.Second},
+		{"state", "/v1/cluster/state", `{"id":"n2","state":"down"}`, nil, 8 * time.Second},
+		{"state, forwarded", "/v1/cluster/state", `{"id":"n2","state":"down"}`, []string{api.HeaderForwarded, "1"}, 7 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, "")
+				e.a.memberTakes = 17 * time.Second
+				start := time.Now()
+				w := e.do("POST", tc.path, tc.body, tc.hdr...)
+				took := time.Since(start)
+				got := apiError(t, w, http.StatusServiceUnavailable, api.CodeUnavailable)
+				if took != tc.want || !strings.Contains(got.Message, "ran out of time (context deadline exceeded)") {
+					t.Errorf("POST %s answered %q after %v; want the node's reason after %v, within the write timeout", tc.path, got.Message, took, tc.want)
+				}
+			})
+		})
+	}
+}
+
 func TestCluster(t *testing.T) {
 	e := newEnv(t, "")
 	var got map[string]any

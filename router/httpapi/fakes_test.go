@@ -96,6 +96,10 @@ type fakeAdmin struct {
 	fwdJoins int      // joins whose context was marked forwarded
 	ready    error
 	panicIn  string // "rules": Rules panics
+
+	// memberTakes: Leave and SetState take this long, or until their
+	// ctx ends.
+	memberTakes time.Duration
 }
 
 func (a *fakeAdmin) Rules() []limiter.Rule {
@@ -107,18 +111,28 @@ func (a *fakeAdmin) Rules() []limiter.Rule {
 	return rules.Effective(a.written)
 }
 
+// takes waits d, or returns an error wrapping api.ErrUnavailable when
+// ctx ends first.
+func takes(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: the write ran out of time (%w)", api.ErrUnavailable, ctx.Err())
+	}
+}
+
 func (a *fakeAdmin) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
 	a.mu.Lock()
-	takes := a.putTakes
+	d := a.putTakes
 	a.mu.Unlock()
-	if takes > 0 {
-		t := time.NewTimer(takes)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: the write ran out of time (%w)", api.ErrUnavailable, ctx.Err())
-		}
+	if err := takes(ctx, d); err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -149,14 +163,26 @@ func (a *fakeAdmin) Join(ctx context.Context, req api.JoinRequest) error {
 	return a.joinErr
 }
 
-func (a *fakeAdmin) Leave(_ context.Context, id string) error {
+func (a *fakeAdmin) Leave(ctx context.Context, id string) error {
+	a.mu.Lock()
+	d := a.memberTakes
+	a.mu.Unlock()
+	if err := takes(ctx, d); err != nil {
+		return err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.leaves = append(a.leaves, id)
 	return a.leaveErr
 }
 
-func (a *fakeAdmin) SetState(_ context.Context, id, state string) error {
+func (a *fakeAdmin) SetState(ctx context.Context, id, state string) error {
+	a.mu.Lock()
+	d := a.memberTakes
+	a.mu.Unlock()
+	if err := takes(ctx, d); err != nil {
+		return err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.states = append(a.states, id+"="+state)

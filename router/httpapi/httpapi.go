@@ -54,7 +54,7 @@ type Admin interface {
 	// force. Errors wrapping rules.ErrInvalid answer 400 invalid_rules,
 	// api.ErrUnavailable 503 (no leader). It must answer by ctx's
 	// deadline, which the handler sets inside the server's write
-	// timeout (putRulesBudget).
+	// timeout (writeBudget).
 	PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error)
 	// Cluster returns the membership GET /v1/cluster shows. An error
 	// wrapping api.ErrUnavailable answers 503: the node has no view of
@@ -66,11 +66,13 @@ type Admin interface {
 	Join(ctx context.Context, req api.JoinRequest) error
 	// Leave drains and removes the member id for good. id is passed on
 	// as the caller sent it; an empty id means the node serving the
-	// request. An error wrapping api.ErrNotFound answers 404.
+	// request. An error wrapping api.ErrNotFound answers 404. It must
+	// answer by ctx's deadline (writeBudget).
 	Leave(ctx context.Context, id string) error
 	// SetState marks member id "down" (a graceful stop: still a member,
 	// owning nothing) or "active" again. api.ErrNotFound answers 404,
-	// api.ErrBadRequest 400.
+	// api.ErrBadRequest 400. It must answer by ctx's deadline
+	// (writeBudget).
 	SetState(ctx context.Context, id, state string) error
 	// RouterView returns what a router that is not a member needs
 	// (GET /v1/cluster/view, admin: it carries the hash seed).

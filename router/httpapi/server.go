@@ -18,7 +18,7 @@ type Server struct {
 // writeTimeout is the Server's WriteTimeout: net/http drops the
 // connection of an answer not written within it of the end of the
 // request's headers, so the client sees a broken connection instead of
-// an error. Handlers that wait answer well inside it (putRulesBudget).
+// an error. Handlers that wait answer well inside it (writeBudget).
 const writeTimeout = 10 * time.Second
 
 // NewServer returns a Server for h on addr with the timeouts and limits a
