@@ -1045,6 +1045,9 @@ type nodeMetrics struct {
 	backupErrors prometheus.Counter
 	backupLag    prometheus.Gauge
 	markedDead   prometheus.Counter
+	// The rules file's (WatchRulesFile; registered only with one).
+	rulesFileLoads *prometheus.CounterVec // result: ok, error
+	rulesFileOK    prometheus.Gauge
 }
 
 func newNodeMetrics() *nodeMetrics {
@@ -1053,6 +1056,10 @@ func newNodeMetrics() *nodeMetrics {
 		backupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_backup_errors_total", Help: "Backup pushes that failed (retried at the next round)."}),
 		backupLag:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_backup_lag_seconds", Help: "Replication lag of the last backup round: the interval plus the time to push."}),
 		markedDead:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_members_marked_dead_total", Help: "Members this node marked dead while leading."}),
+		rulesFileLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringlimit_rules_file_loads_total",
+			Help: "Loads of a changed rules file (--rules), by result (ok; error: unreadable or invalid, the rules in force stay)."}, []string{"result"}),
+		rulesFileOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_rules_file_last_load_ok",
+			Help: "1 when the last load of the rules file (--rules) succeeded, 0 when it was refused."}),
 	}
 }
 
@@ -1086,6 +1093,7 @@ func (n *Node) registerMetrics() error {
 				return 0
 			}),
 	}
+	cs = append(cs, n.stateCollectors()...)
 	cs = append(cs, n.m.handoffParts, n.m.backupErrors, n.m.backupLag, n.m.markedDead,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_handoff_pending_partitions", Help: "Partitions this member still has to hand to their new owners."},
 			func() float64 { return float64(n.h.Pending()) }),

@@ -220,6 +220,22 @@ func (o *Owner) EnableLease(on bool) { o.leaseOn.Store(on) }
 // one is needed, is current).
 func (o *Owner) Serving() bool { return o.leased() }
 
+// LeaseRemaining returns how long this owner may still answer under its
+// lease (0 once it has run out, or before the first), and false when it
+// needs none (a single member): then it may always answer.
+func (o *Owner) LeaseRemaining() (time.Duration, bool) {
+	return o.leaseRemainingAt(time.Since(o.start))
+}
+
+// leaseRemainingAt is LeaseRemaining at elapsed on the owner's monotonic
+// clock (time since o.start).
+func (o *Owner) leaseRemainingAt(elapsed time.Duration) (time.Duration, bool) {
+	if !o.leaseOn.Load() {
+		return 0, false
+	}
+	return max(time.Duration(o.leaseUntil.Load())-elapsed, 0), true
+}
+
 func (o *Owner) leased() bool {
 	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
 }

@@ -38,6 +38,9 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 	pending := false  // valid content not applied yet (no leader, say)
 	n.rulesFilePending.Store(true)
 	defer n.rulesFilePending.Store(false)
+	if err := n.registerRulesFileMetrics(); err != nil {
+		n.log.Error("rules file metrics", "err", err)
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	retry := time.NewTicker(50 * time.Millisecond) // while pending at start
@@ -49,6 +52,7 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 			if sum := sha256.Sum256([]byte(err.Error())); sum != seen {
 				seen = sum
 				n.log.Error("cannot read the rules file; the rules in force stay", "path", path, "err", err)
+				n.m.rulesFileLoaded(false)
 			}
 		case sha256.Sum256(data) != seen || pending:
 			seen = sha256.Sum256(data)
@@ -76,11 +80,13 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	written, err := rules.Parse(data)
 	if err != nil {
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
+		n.m.rulesFileLoaded(false)
 		return false
 	}
 	fp := rules.Fingerprint(written)
 	marker := filepath.Join(n.cfg.DataDir, appliedFile)
 	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp {
+		n.m.rulesFileLoaded(true)
 		return false // unchanged since we applied it: a later PUT stays in force
 	}
 	if !n.caughtUp() || n.View() == nil {
@@ -91,6 +97,7 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	if _, err := n.PutRules(actx, written); err != nil {
 		if errors.Is(err, rules.ErrInvalid) {
 			n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
+			n.m.rulesFileLoaded(false)
 			return false
 		}
 		n.log.Warn("rules file not applied yet; will retry", "path", path, "err", err)
@@ -100,5 +107,6 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 		n.log.Error("recording the applied rules file", "err", err)
 	}
 	n.log.Info("rules file applied", "path", path, "rules", len(written))
+	n.m.rulesFileLoaded(true)
 	return false
 }

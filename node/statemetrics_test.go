@@ -1,0 +1,149 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/rules"
+)
+
+// ringlimit_lease_seconds_remaining: +Inf without leases (a single
+// member may always answer), then what is left of the lease, 0 once it
+// has run out; a shorter grant never shortens it (SetLeaseUntil).
+func TestLeaseSeconds(t *testing.T) {
+	if got := leaseSeconds(nil); got != 0 {
+		t.Errorf("leaseSeconds(no owner) = %v, want 0", got)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		o := newOwner(t, "a")
+		start := time.Now()
+		for _, step := range []struct {
+			at     time.Duration // since start
+			lease  bool          // EnableLease
+			grant  time.Duration // SetLeaseUntil(start+grant) when > 0
+			want   float64
+			reason string
+		}{
+			{0, false, 0, math.Inf(1), "no lease needed"},
+			{0, true, 0, 0, "lease needed, none granted"},
+			{0, true, 3 * time.Second, 3, "granted"},
+			{time.Second, true, 0, 2, "a second later"},
+			{time.Second, true, 2 * time.Second, 2, "a shorter grant does not shorten it"},
+			{2500 * time.Millisecond, true, 0, 0.5, "half a second left"},
+			{4 * time.Second, true, 0, 0, "run out"},
+			{4 * time.Second, false, 0, math.Inf(1), "alone again"},
+		} {
+			time.Sleep(time.Until(start.Add(step.at)))
+			o.EnableLease(step.lease)
+			if step.grant > 0 {
+				o.SetLeaseUntil(start.Add(step.grant))
+			}
+			if got := leaseSeconds(o); got != step.want {
+				t.Errorf("at %v (%s): leaseSeconds = %v, want %v", step.at, step.reason, got, step.want)
+			}
+			if got := o.Serving(); got != (step.want > 0) {
+				t.Errorf("at %v (%s): Serving = %v, want %v (lease %v)", step.at, step.reason, got, step.want > 0, step.want)
+			}
+		}
+	})
+}
+
+func TestMembersByState(t *testing.T) {
+	m := func(id string, s fsm.MemberState) fsm.Member { return fsm.Member{ID: id, State: s} }
+	for _, tc := range []struct {
+		st   *fsm.State
+		want [4]int // active, draining, down, dead
+	}{
+		{nil, [4]int{}},
+		{&fsm.State{}, [4]int{}},
+		{&fsm.State{Members: []fsm.Member{m("a", fsm.Active)}}, [4]int{1, 0, 0, 0}},
+		{&fsm.State{Members: []fsm.Member{m("a", fsm.Active), m("b", fsm.Dead), m("c", fsm.Active), m("d", fsm.Draining), m("e", fsm.Down)}}, [4]int{2, 1, 1, 1}},
+	} {
+		if got := membersByState(tc.st); got != tc.want {
+			t.Errorf("membersByState(%v) = %v, want %v", tc.st, got, tc.want)
+		}
+	}
+}
+
+// ringlimit_members reports every state, 0 included, from the state of the
+// member's published view.
+func TestMembersCollector(t *testing.T) {
+	n := &Node{}
+	c := n.stateCollectors()[1]
+	want := func(active, draining, down, dead int) string {
+		return "# HELP ringlimit_members Members of the cluster by state (active, draining, down, dead), as this member's view has them.\n" +
+			"# TYPE ringlimit_members gauge\n" +
+			"ringlimit_members{state=\"active\"} " + strconv.Itoa(active) + "\n" +
+			"ringlimit_members{state=\"dead\"} " + strconv.Itoa(dead) + "\n" +
+			"ringlimit_members{state=\"down\"} " + strconv.Itoa(down) + "\n" +
+			"ringlimit_members{state=\"draining\"} " + strconv.Itoa(draining) + "\n"
+	}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want(0, 0, 0, 0)), "ringlimit_members"); err != nil {
+		t.Errorf("no view: %v", err)
+	}
+	n.snap.Store(&snapshot{st: &fsm.State{Members: []fsm.Member{{ID: "a", State: fsm.Active}, {ID: "b", State: fsm.Active}, {ID: "c", State: fsm.Dead}}}})
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want(2, 0, 0, 1)), "ringlimit_members"); err != nil {
+		t.Errorf("a, b active, c dead: %v", err)
+	}
+}
+
+// A rules file that cannot be read or is invalid is a refused load
+// (last_load_ok 0, loads_total{result="error"}); content already applied
+// (the data dir's marker) is a good one. WatchRulesFile counts a read
+// error once, not at every tick.
+func TestRulesFileMetrics(t *testing.T) {
+	dir := t.TempDir()
+	n := &Node{log: slog.New(slog.DiscardHandler), m: newNodeMetrics(), cfg: Config{DataDir: dir, Registerer: prometheus.NewRegistry()}}
+	loads := func(result string) float64 { return testutil.ToFloat64(n.m.rulesFileLoads.WithLabelValues(result)) }
+	check := func(what string, ok, good, bad float64) {
+		t.Helper()
+		if got := testutil.ToFloat64(n.m.rulesFileOK); got != ok {
+			t.Errorf("%s: last_load_ok = %v, want %v", what, got, ok)
+		}
+		if g, b := loads("ok"), loads("error"); g != good || b != bad {
+			t.Errorf("%s: loads ok=%v error=%v, want %v, %v", what, g, b, good, bad)
+		}
+	}
+	path := filepath.Join(dir, "rules.yaml")
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); n.WatchRulesFile(ctx, path, time.Second) }()
+		synctest.Wait()
+		check("missing file", 0, 0, 1)
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		check("missing file, three ticks later", 0, 0, 1)
+		cancel()
+		<-done
+	})
+
+	valid := []byte("rules:\n  - {name: r, algorithm: gcra, limit: 10, period: 1s}\n")
+	written, err := rules.Parse(valid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, appliedFile), []byte(rules.Fingerprint(written)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if retry := n.applyRulesFile(t.Context(), path, valid); retry {
+		t.Fatal("applyRulesFile(already applied) asks for a retry")
+	}
+	check("already applied", 1, 1, 1)
+	if retry := n.applyRulesFile(t.Context(), path, []byte("rules:\n  - {name: r, algorithm: nope, limit: 1, period: 1s}\n")); retry {
+		t.Fatal("applyRulesFile(invalid) asks for a retry")
+	}
+	check("invalid", 0, 1, 2)
+}
