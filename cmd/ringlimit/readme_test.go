@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -59,5 +61,51 @@ func TestREADMENamesEveryFlag(t *testing.T) {
 	}
 	if !strings.Contains(usage, "ringlimit certs") {
 		t.Error("the usage text does not list certs")
+	}
+}
+
+// metricName matches where a metric is named in the code: an Opts' Name
+// or a Desc's first argument.
+var metricName = regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(ringlimit_[a-z0-9_]+)"`)
+
+// Every metric the code defines is named in README's Metrics section (a
+// user once looked there for the lease and the rules version and found
+// neither).
+func TestREADMENamesEveryMetric(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := readmeSection(t, string(data), "Metrics")
+	seen := map[string]bool{}
+	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "bench" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && path != "../.." {
+			return filepath.SkipDir // bench is a module of its own, with others' metrics
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range metricName.FindAllStringSubmatch(string(src), -1) {
+			seen[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) < 10 {
+		t.Fatalf("found only %d metrics in the code: %v", len(seen), seen)
+	}
+	for name := range seen {
+		if !regexp.MustCompile("`" + name + "[`{]").MatchString(sec) {
+			t.Errorf("metric %s is not in README's Metrics section", name)
+		}
 	}
 }
