@@ -79,6 +79,13 @@ type Member struct {
 	// the fifth voter stay non-voters. GET /v1/cluster always sets it;
 	// nil (omitted) where it is not reported: GET /v1/cluster/view.
 	Voter *bool `json:"voter,omitempty"`
+	// SilentMS is, in the leader's answer only, how long its failure
+	// detector has not heard from the member, in milliseconds: a crashed
+	// member stays active, with its partitions, until that reaches
+	// --dead-after and it is marked dead. Omitted by followers, for the
+	// leader itself, for down and dead members, and for a member the
+	// detector has not counted yet.
+	SilentMS *int64 `json:"silent_ms,omitempty"`
 }
 
 // Cluster is the body of GET /v1/cluster.

@@ -986,6 +986,7 @@ func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 		}
 		out.Members = append(out.Members, vm)
 	}
+	n.addSilence(&out, snap.st, time.Now())
 	return out, nil
 }
 

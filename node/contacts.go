@@ -151,3 +151,13 @@ func memberLease(d time.Duration) time.Duration { return d - leaderLease(d) - le
 func leaseMargin(deadAfter time.Duration) time.Duration {
 	return max(deadAfter/20, 10*time.Millisecond)
 }
+
+// last returns when this member last heard from id, without recording
+// anything (seen counts from first sight; a reader must not start that
+// count): false when it has no record of id.
+func (c *contacts) last(id string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.at[id]
+	return t, ok
+}

@@ -138,12 +138,15 @@ func (c *Cell) wait(ctx context.Context, timeout <-chan time.Time, ok func(*View
 
 // Member is a cluster member as a node reports it: its state (active,
 // draining, down, dead), its addresses, how many partitions it owns in
-// the node's ring, and whether it votes in Raft (nil: not known).
+// the node's ring, whether it votes in Raft (nil: not known), and, from
+// the leader only, how many milliseconds its failure detector has not
+// heard from the member (nil: not reported).
 type Member struct {
 	ID, State        string
 	HTTP, Raft, Peer string
 	Partitions       int
 	Voter            *bool
+	SilentMS         *int64
 }
 
 // Cluster is the membership as a node reports it: the Raft leader's id

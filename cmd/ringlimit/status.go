@@ -58,6 +58,8 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 //
 // VOTER is last, so the columns before it stay where scripts find them;
 // it is "-" when the member's node does not report it (an older version).
+// Under the table, from the leader's answer, a line for each member it
+// has not heard from for a second or more (writeSilences).
 func writeStatus(w io.Writer, cl api.Cluster) error {
 	leader := cl.Leader
 	if leader == "" {
@@ -81,7 +83,39 @@ func writeStatus(w io.Writer, cl api.Cluster) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", id, m.State, m.HTTP, m.Raft, m.Peer, m.Partitions, voterText(m.Voter))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeSilences(w, cl)
+}
+
+// silentNote is how long the leader must not have heard from a member
+// before status says so: its failure detector pings every few hundred
+// milliseconds, so a second is already unusual.
+const silentNote = time.Second
+
+// writeSilences prints, under the table, a line for each member the
+// leader has not heard from for silentNote or more (silent_ms, which only
+// the leader's answer carries): a crashed member still shows active,
+// with its partitions, until it is marked dead.
+func writeSilences(w io.Writer, cl api.Cluster) error {
+	first := true
+	for _, m := range cl.Members {
+		if m.SilentMS == nil || time.Duration(*m.SilentMS)*time.Millisecond < silentNote {
+			continue
+		}
+		if first {
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
+			first = false
+		}
+		silent := (time.Duration(*m.SilentMS) * time.Millisecond).Round(100 * time.Millisecond)
+		if _, err := fmt.Fprintf(w, "%s: the leader has not heard from it for %v (a member silent for --dead-after is marked dead)\n", m.ID, silent); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // voterText is the VOTER column: yes, no, or - when not reported.

@@ -119,3 +119,29 @@ func TestStatusErrors(t *testing.T) {
 		}
 	}
 }
+
+// The leader's answer carries each member's silence: status says so
+// under the table for one silent a second or more, and nothing for one
+// heard from lately or not reported (a follower's answer).
+func TestStatusSilentMembers(t *testing.T) {
+	f := newFakeAPI(t)
+	ms := func(v int64) *int64 { return &v }
+	f.cluster.Members[0].SilentMS = ms(999)
+	f.cluster.Members[1].SilentMS = ms(3240)
+	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr: %s", code, errs)
+	}
+	want := "\nn2: the leader has not heard from it for 3.2s (a member silent for --dead-after is marked dead)\n"
+	if !strings.HasSuffix(out, want) || strings.Count(out, "not heard") != 1 {
+		t.Errorf("output:\n%s\nwant it to end with:\n%s", out, want)
+	}
+	code, out, _ = runCmd(context.Background(), runStatus, nil, "--addr", f.addr, "--json")
+	if code != 0 || !strings.Contains(out, `"silent_ms":3240`) {
+		t.Errorf("--json: exit %d, %s; want silent_ms 3240", code, out)
+	}
+	f.cluster.Members[1].SilentMS = nil
+	if _, out, _ = runCmd(context.Background(), runStatus, nil, "--addr", f.addr); strings.Contains(out, "not heard") {
+		t.Errorf("no silence reported, output:\n%s", out)
+	}
+}
