@@ -98,3 +98,67 @@ func BenchmarkRouterBatch(b *testing.B) {
 		})
 	}
 }
+
+// unavailableRemote answers every check UNAVAILABLE at once: each is
+// answered by its rule's failure mode and counted degraded.
+type unavailableRemote struct{}
+
+func (unavailableRemote) Do(_ context.Context, _ string, req *transport.BatchRequest, resp *transport.BatchResponse) error {
+	unavailable(req, resp)
+	return nil
+}
+
+func (unavailableRemote) Go(_ string, _ time.Time, req *transport.BatchRequest, resp *transport.BatchResponse, done func(error)) {
+	unavailable(req, resp)
+	done(nil)
+}
+
+func unavailable(req *transport.BatchRequest, resp *transport.BatchResponse) {
+	resp.Epoch = req.Epoch
+	resp.Results = resize(resp.Results, len(req.Checks))
+	for i := range resp.Results {
+		resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
+	}
+}
+
+// BenchmarkRouterDegraded is the path of an owner that cannot answer:
+// batches of checks over 4 rules, every owner answering UNAVAILABLE, so
+// every check is answered by its rule's failure mode and counted in
+// ringlimit_degraded_total. It prices that count.
+//
+//	go test -run '^$' -bench RouterDegraded -benchmem ./router/
+func BenchmarkRouterDegraded(b *testing.B) {
+	var rules []limiter.Rule
+	for i := range 4 {
+		r := limiter.Rule{Name: fmt.Sprintf("rule-%d", i), Algorithm: limiter.TokenBucket, Limit: 1000, Period: time.Second, Burst: 1000}
+		if err := r.Validate(); err != nil {
+			b.Fatal(err)
+		}
+		rules = append(rules, r)
+	}
+	ms := []ring.Member{{ID: "m0", Peer: "m0:7001"}, {ID: "m1", Peer: "m1:7001"}, {ID: "m2", Peer: "m2:7001"}}
+	rg, err := ring.New(ring.DefaultConfig(), 1, ms)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt, err := New(Config{}, nil, unavailableRemote{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(view.New(rg, 7, rules, 1))
+	reqs := make([]Request, 100)
+	for i := range reqs {
+		reqs[i] = Request{Rule: rules[i%len(rules)].Name, Key: "key-" + strconv.Itoa(i), Cost: 1}
+	}
+	out := make([]Result, len(reqs))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rt.Check(context.Background(), reqs, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if !out[0].Degraded {
+		b.Fatalf("%+v: want a degraded answer", out[0])
+	}
+}

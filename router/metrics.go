@@ -14,14 +14,14 @@ type metrics struct {
 	forwarded     prometheus.Counter
 	notOwner      prometheus.Counter
 	forwardErrors prometheus.Counter
-	degraded      prometheus.Counter
-	viewErrors    prometheus.Counter // Follow's failed fetches
-	viewEpoch     prometheus.Gauge   // the ring epoch Follow installed last
+	degraded      *prometheus.CounterVec // rule
+	viewErrors    prometheus.Counter     // Follow's failed fetches
+	viewEpoch     prometheus.Gauge       // the ring epoch Follow installed last
 
 	perRule sync.Map // rule name → *ruleCounters
 }
 
-type ruleCounters struct{ allowed, denied prometheus.Counter }
+type ruleCounters struct{ allowed, denied, degraded prometheus.Counter }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -39,9 +39,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		forwarded:     prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_forwarded_checks_total", Help: "Checks forwarded to another owner."}),
 		notOwner:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_not_owner_total", Help: "Checks answered NOT_OWNER and retried on a newer ring."}),
 		forwardErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_forward_errors_total", Help: "Batches to another owner that failed or timed out."}),
-		degraded:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_degraded_total", Help: "Checks answered by the rule's failure mode."}),
-		viewErrors:    prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_router_view_errors_total", Help: "Failed fetches of the cluster view by a following router."}),
-		viewEpoch:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_router_view_epoch", Help: "Ring epoch of the view a following router installed last."}),
+		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_degraded_total", Help: "Checks answered by the rule's failure mode, by rule.",
+		}, []string{"rule"}),
+		viewErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_router_view_errors_total", Help: "Failed fetches of the cluster view by a following router."}),
+		viewEpoch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_router_view_epoch", Help: "Ring epoch of the view a following router installed last."}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.decisions, m.latency, m.batchSize, m.forwarded, m.notOwner, m.forwardErrors, m.degraded, m.viewErrors, m.viewEpoch} {
@@ -79,13 +81,17 @@ func (m *metrics) countAll(reqs []Request, out []Result) {
 	}
 }
 
-// counters returns a rule's counters, looked up once per rule.
+// counters returns a rule's counters, looked up once per rule (per run
+// of a batch; per degraded check): a sync.Map load, no allocation.
 func (m *metrics) counters(rule string) *ruleCounters {
 	c, ok := m.perRule.Load(rule)
 	if !ok {
 		c, _ = m.perRule.LoadOrStore(rule, &ruleCounters{
 			allowed: m.decisions.WithLabelValues(rule, "allowed"),
 			denied:  m.decisions.WithLabelValues(rule, "denied"),
+			// degraded is created with the others, so a rule's series
+			// reads 0 from its first check, not absent until it degrades.
+			degraded: m.degraded.WithLabelValues(rule),
 		})
 	}
 	return c.(*ruleCounters)

@@ -352,7 +352,7 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 		if attempt == 1 { // NOT_OWNER twice: the cluster is still moving
 			for _, i := range s.retry {
 				out[i] = failureAnswer(s.rules[i])
-				r.m.degraded.Inc()
+				r.m.counters(s.rules[i].Name).degraded.Inc()
 			}
 			break
 		}
@@ -404,7 +404,7 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		if slot < 0 {
 			for _, i := range run {
 				out[i] = failureAnswer(s.rules[i])
-				r.m.degraded.Inc()
+				r.m.counters(s.rules[i].Name).degraded.Inc()
 			}
 			continue
 		}
@@ -685,7 +685,7 @@ func (r *Router) settle(out []Result, s *scratch, i int, res *transport.Result) 
 		// Unreachable, late, or disagreeing about the rule (rules still
 		// replicating): the rule's failure mode answers.
 		out[i] = failureAnswer(s.rules[i])
-		r.m.degraded.Inc()
+		r.m.counters(s.rules[i].Name).degraded.Inc()
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/node"
@@ -217,6 +219,14 @@ func TestRouterFailureModes(t *testing.T) {
 	}
 	if out[1].Allowed || !out[1].Degraded || out[1].RetryAfter <= 0 {
 		t.Errorf("fail-closed rule with its owner down: %+v, want denied, degraded, with a RetryAfter", out[1])
+	}
+	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "y", Cost: 1}}, out[:1]); err != nil {
+		t.Fatal(err)
+	}
+	for rule, want := range map[string]float64{"log5": 2, "closed": 1} {
+		if got := testutil.ToFloat64(rt.m.degraded.WithLabelValues(rule)); got != want {
+			t.Errorf("ringlimit_degraded_total{rule=%q} = %v, want %v", rule, got, want)
+		}
 	}
 }
 
