@@ -324,6 +324,18 @@ func (c *cluster) leader(from *member) *member {
 	return c.byID(cl.Leader)
 }
 
+// leaderAndFollowers returns the Raft leader (as the first member sees
+// it) and the other members.
+func (c *cluster) leaderAndFollowers() (lead *member, followers []*member) {
+	lead = c.leader(c.members[0])
+	for _, m := range c.members {
+		if m != lead {
+			followers = append(followers, m)
+		}
+	}
+	return lead, followers
+}
+
 // ownerView is the ring as a router computes it, to find keys' owners.
 type ownerView struct{ v *router.View }
 

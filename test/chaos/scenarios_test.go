@@ -331,13 +331,7 @@ func TestLeaderKill(t *testing.T) {
 	const rate, burst = 20, 20
 	c := start3(t, dead, []api.Rule{{Name: "s3", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "closed"}})
 	rep := newReport(t, c.dir)
-	lead := c.leader(c.members[0])
-	var followers []*member
-	for _, m := range c.members {
-		if m != lead {
-			followers = append(followers, m)
-		}
-	}
+	lead, followers := c.leaderAndFollowers()
 	write := func() (int, string) {
 		body, _ := json.Marshal(api.StateRequest{ID: followers[0].id, State: "active"})
 		return post(followers[1].http, "/v1/cluster/state", "POST", body)
@@ -399,13 +393,7 @@ func TestLeaderKillOthersAnswer(t *testing.T) {
 	const rate, burst = 1000, 1000 // never limiting: every answer is allowed unless degraded
 	c := start3(t, 0, []api.Rule{{Name: "s9", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "closed"}})
 	rep := newReport(t, c.dir)
-	lead := c.leader(c.members[0])
-	var followers []*member
-	for _, m := range c.members {
-		if m != lead {
-			followers = append(followers, m)
-		}
-	}
+	lead, followers := c.leaderAndFollowers()
 	v := viewOf(t, followers[0].http)
 	keys := checks("s9", 1, v.keysOwnedBy("s9a", followers[0].id, 20, false), v.keysOwnedBy("s9b", followers[1].id, 20, false))
 	l := newLoad(keys, 4, 20, addrs(followers)...) // 20 rounds a second: a gap of 50 ms shows

@@ -148,13 +148,7 @@ func TestLeaderSleep(t *testing.T) {
 	const rejoinBound = dead
 	c := start3(t, dead, []api.Rule{{Name: "s7", Algorithm: "sliding_log", Limit: limit, Period: "2m", FailureMode: "closed"}})
 	rep := newReport(t, c.dir)
-	lead := c.leader(c.members[0])
-	var followers []*member
-	for _, m := range c.members {
-		if m != lead {
-			followers = append(followers, m)
-		}
-	}
+	lead, followers := c.leaderAndFollowers()
 	v := viewOf(t, followers[0].http)
 	keys := checks("s7", 1, v.keysOwnedBy("s7", lead.id, 20, false), v.keysOwnedBy("s7", lead.id, 20, true))
 	other := spendAndReplicate(t, followers[0], lead, followers, keys, spent, 20, v)
