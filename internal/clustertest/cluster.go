@@ -98,6 +98,24 @@ type Member struct {
 	disk   atomic.Pointer[chan struct{}] // closed when a stalled disk resumes; nil: not stalled
 	joined bool                          // started with a join (not the bootstrapper)
 	gen    int                           // address generation: RestartAt moves the member
+	// stopped is closed once the process started last has wholly
+	// stopped (kill has returned: its running flag drops first); guarded
+	// by mu, nil before the first start.
+	stopped chan struct{}
+}
+
+// awaitStopped waits until the member's last process has wholly
+// stopped. A process that stops itself (OnRemoved) is not running as
+// soon as its kill begins; a process started again before that kill
+// returned had its Raft links cut by the kill's relink, which reads who
+// runs before it cuts.
+func (m *Member) awaitStopped() {
+	m.mu.Lock()
+	stopped := m.stopped
+	m.mu.Unlock()
+	if stopped != nil {
+		<-stopped
+	}
 }
 
 func (m *Member) running() bool { return m.up.Load() }
@@ -218,7 +236,7 @@ func (c *Cluster) start(m *Member) {
 	}
 	local.n = n
 	m.mu.Lock()
-	m.n, m.rt, m.trans, m.cancel = n, rt, trans, cancel
+	m.n, m.rt, m.trans, m.cancel, m.stopped = n, rt, trans, cancel, make(chan struct{})
 	m.mu.Unlock()
 	m.up.Store(true)
 	c.relink()
@@ -383,8 +401,9 @@ func (c *Cluster) kill(m *Member, _ bool) {
 		return
 	}
 	m.mu.Lock()
-	n, rt, trans, cancel := m.n, m.rt, m.trans, m.cancel
+	n, rt, trans, cancel, stopped := m.n, m.rt, m.trans, m.cancel, m.stopped
 	m.mu.Unlock()
+	defer close(stopped)
 	c.relink()
 	cancel()
 	rt.Close()
@@ -400,6 +419,7 @@ func (c *Cluster) Restart(id string) {
 	if m.running() {
 		c.t.Fatalf("clustertest: restart of %s, which is running", id)
 	}
+	m.awaitStopped()
 	c.start(m)
 }
 
@@ -412,6 +432,7 @@ func (c *Cluster) RestartAt(id string) {
 	if m.running() {
 		c.t.Fatalf("clustertest: restart of %s, which is running", id)
 	}
+	m.awaitStopped()
 	c.net.mu.Lock()
 	delete(c.net.byPeer, m.peerAddr())
 	delete(c.net.byHTTP, m.httpAddr())
@@ -431,6 +452,7 @@ func (c *Cluster) Rejoin(id string) *Member {
 	if m.running() {
 		c.t.Fatalf("clustertest: rejoin of %s, which is running", id)
 	}
+	m.awaitStopped()
 	m.logs, m.stable, m.snaps, m.joined = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore(), true
 	c.start(m)
 	return m
@@ -451,6 +473,7 @@ func (c *Cluster) Leave(id string) {
 		c.t.Fatalf("clustertest: leave %s: %v", id, err)
 	}
 	c.WaitFor(id+" stopped after leaving", 30*time.Second, func() bool { return !c.Member(id).running() })
+	c.Member(id).awaitStopped()
 }
 
 // Partition cuts every link between the given members and the others,
