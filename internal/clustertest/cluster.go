@@ -68,6 +68,13 @@ type Options struct {
 	// StallDisk for these very entries). It runs on Raft's goroutine:
 	// keep it short.
 	OnStore func(member string, logs []*raft.Log)
+	// StepAppends makes every member's Raft take a leader's
+	// AppendEntries call of several entries one entry at a time, with
+	// everything the member does between two entries done before the
+	// next (see stepTransport): a member catching up on the log passes
+	// through every state of it, as though the leader's batches ended
+	// between any two entries.
+	StepAppends bool
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -205,6 +212,10 @@ func (c *Cluster) start(m *Member) {
 		join = c.Member(c.ids()[0]).httpAddr()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	var raftTrans raft.Transport = trans
+	if c.opts.StepAppends {
+		raftTrans = stepAppends(ctx, trans)
+	}
 	var local localHandler
 	rt, err := router.New(router.Config{Self: m.ID, Timeout: c.opts.RouterTimeout, Linger: 50 * time.Microsecond}, &local, endpoint{c.net, m.ID})
 	if err != nil {
@@ -214,7 +225,7 @@ func (c *Cluster) start(m *Member) {
 		ID: m.ID, HTTPAddr: m.httpAddr(), RaftAdvertise: m.raftAddr(), PeerAddr: m.peerAddr(),
 		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
 		RaftTimeout:   c.opts.RaftTimeout,
-		RaftTransport: trans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
+		RaftTransport: raftTrans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
 		Forward: forwarder{c, m.ID},
 		Prober:  c.prober(m.ID),
