@@ -121,6 +121,18 @@ type JoinRequest struct {
 	Peer string `json:"peer"`
 }
 
+// JoinResponse is the answer of POST /v1/cluster/join.
+type JoinResponse struct {
+	Status string `json:"status"` // "ok"
+	// Epoch is the ring epoch (Raft index) from which the cluster lists
+	// the member as the request asked: its join, or the last change to
+	// it since. A member that joins with no Raft state replays the log
+	// from its start, where a member that held its id before (and left)
+	// shows too; it acts on no state of the log before Epoch. 0 (absent)
+	// in the answer of a member older than the field.
+	Epoch uint64 `json:"epoch,omitempty"`
+}
+
 // LeaveRequest is the body of POST /v1/cluster/leave.
 type LeaveRequest struct {
 	ID string `json:"id"`

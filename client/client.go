@@ -187,8 +187,25 @@ func (c *Client) Cluster(ctx context.Context) (api.Cluster, error) {
 
 // Join adds a member to the cluster. It is an admin call.
 func (c *Client) Join(ctx context.Context, req api.JoinRequest) error {
-	return c.do(ctx, http.MethodPost, "/v1/cluster/join", true, req, nil)
+	_, err := c.JoinEpoch(ctx, req)
+	return err
 }
+
+// JoinEpoch is Join, and returns the epoch of the answer: the Raft index
+// from which the cluster lists the member as req asks
+// (api.JoinResponse.Epoch), 0 when the member that answered does not say
+// (a version older than the field, or an answer with no body at all).
+func (c *Client) JoinEpoch(ctx context.Context, req api.JoinRequest) (uint64, error) {
+	var out api.JoinResponse
+	if err := c.do(ctx, http.MethodPost, "/v1/cluster/join", true, req, maybeEmpty{&out}); err != nil {
+		return 0, err
+	}
+	return out.Epoch, nil
+}
+
+// maybeEmpty is an answer (v) that a 2xx response may leave out: an
+// empty body leaves v as it is.
+type maybeEmpty struct{ v any }
 
 // Leave drains the member id and removes it from the cluster for good. It
 // is an admin call.
@@ -266,6 +283,12 @@ func (c *Client) send(ctx context.Context, method, path string, admin bool, body
 	}
 	if out == nil {
 		return nil
+	}
+	if m, ok := out.(maybeEmpty); ok {
+		if len(bytes.TrimSpace(data)) == 0 {
+			return nil
+		}
+		out = m.v
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("client: %s %s: decoding response: %w", method, path, err)

@@ -174,6 +174,34 @@ func TestClusterJoinLeaveReady(t *testing.T) {
 	}
 }
 
+// JoinEpoch returns the epoch of a join's answer, and 0 from a member
+// that does not give one: the {"status":"ok"} of members older than the
+// field, or no body at all.
+func TestJoinEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want uint64
+	}{
+		{`{"status":"ok","epoch":12}`, 12},
+		{`{"status":"ok"}`, 0},
+		{``, 0},
+		{"\n", 0},
+	} {
+		srv, rec := fake(t, 200, tc.body)
+		got, err := New(srv.URL).JoinEpoch(context.Background(), api.JoinRequest{ID: "n2", HTTP: "h", Raft: "r", Peer: "p"})
+		if err != nil || got != tc.want {
+			t.Errorf("JoinEpoch answered %q = %d, %v; want %d", tc.body, got, err, tc.want)
+		}
+		if rec.method != "POST" || rec.path != "/v1/cluster/join" || string(rec.body) != `{"id":"n2","http":"h","raft":"r","peer":"p"}` {
+			t.Errorf("join request = %+v", *rec)
+		}
+	}
+	srv, _ := fake(t, 200, `{"status":"ok","epoch":`)
+	if _, err := New(srv.URL).JoinEpoch(context.Background(), api.JoinRequest{ID: "n2", HTTP: "h", Raft: "r", Peer: "p"}); err == nil {
+		t.Error("JoinEpoch took a truncated answer")
+	}
+}
+
 // TestErrors runs every call against every error shape of the contract.
 func TestErrors(t *testing.T) {
 	calls := map[string]func(*Client) error{

@@ -382,10 +382,12 @@ func (n *Node) register(ctx context.Context) error {
 		if !n.fsm.State().Initialized {
 			return errors.New("cluster not initialised yet")
 		}
-		return n.join(req)
+		_, err := n.join(req)
+		return err
 	}
 	if addr, err := n.leaderHTTP(); err == nil {
-		return n.cfg.Forward.Join(ctx, addr, req)
+		_, err := n.cfg.Forward.Join(ctx, addr, req)
+		return err
 	}
 	// No leader in sight: we are new, or back at other addresses the
 	// leader does not know yet. Ask the member we were told about, then
@@ -409,7 +411,7 @@ func (n *Node) register(ctx context.Context) error {
 	}
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
 	for _, addr := range tried {
-		if err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {
+		if _, err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {
 			return nil
 		}
 	}
@@ -418,14 +420,20 @@ func (n *Node) register(ctx context.Context) error {
 
 // Join adds (or re-activates, or re-addresses) a member. On a non-leader
 // it is forwarded to the leader.
-func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
+//
+// It returns the epoch from which the cluster lists the member as req
+// asks (api.JoinResponse.Epoch): the Raft index of the last change to
+// the member's record, its join or a later one. A forwarded join
+// returns the leader's answer, 0 when the leader is of a version that
+// does not give one.
+func (n *Node) Join(ctx context.Context, req api.JoinRequest) (epoch uint64, err error) {
 	if req.ID == "" || req.HTTP == "" || req.Raft == "" || req.Peer == "" {
-		return fmt.Errorf("%w: id, http, raft and peer are required", api.ErrBadRequest)
+		return 0, fmt.Errorf("%w: id, http, raft and peer are required", api.ErrBadRequest)
 	}
 	if !n.isLeader() {
 		addr, err := n.forwardTo(ctx)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		return n.cfg.Forward.Join(ctx, addr, req)
 	}
@@ -433,16 +441,17 @@ func (n *Node) Join(ctx context.Context, req api.JoinRequest) error {
 }
 
 // join runs on the leader: Raft configuration first (so the new member
-// receives the log), then the ring membership.
-func (n *Node) join(req api.JoinRequest) error {
+// receives the log), then the ring membership. It returns the epoch of
+// the member's record once listed (see Join).
+func (n *Node) join(req api.JoinRequest) (epoch uint64, err error) {
 	if err := n.checkJoin(n.ctx, req); err != nil {
-		return err
+		return 0, err
 	}
 	n.membership.lock()
 	defer n.membership.unlock()
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
-		return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
+		return 0, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 	}
 	voters := 0
 	var existing *raft.Server
@@ -472,24 +481,32 @@ func (n *Node) join(req api.JoinRequest) error {
 			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
 		}
 		if _, err := n.await(n.ctx, f, "membership change"); err != nil {
-			return raftUnavailable("adding "+req.ID+" to raft", err)
+			return 0, raftUnavailable("adding "+req.ID+" to raft", err)
 		}
 	}
 	if suffrage == raft.Nonvoter && voters < MaxVoters && n.promotesLater() {
 		n.promoteLater(req)
 	}
-	if listedActive(n.fsm.State(), req) {
-		return nil
+	if st := n.fsm.State(); listedActive(st, req) {
+		m, _ := st.Member(req.ID)
+		return m.Since, nil // listed since its last change: a join answered before, say
 	}
 	cmd, err := fsm.AddMember(fsm.Member{ID: req.ID, HTTP: req.HTTP, Raft: req.Raft, Peer: req.Peer, State: fsm.Active, Voter: suffrage == raft.Voter})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := n.apply(n.ctx, cmd); err != nil {
-		return err
+		return 0, err
 	}
-	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter)
-	return nil
+	// Every membership change is made under n.membership, which this
+	// holds: the member is as the command left it, unless the lead
+	// moved and another leader changed it meanwhile.
+	m, ok := n.fsm.State().Member(req.ID)
+	if !ok {
+		return 0, fmt.Errorf("%w: %q was removed as it joined; ask again", api.ErrUnavailable, req.ID)
+	}
+	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter, "epoch", m.Since)
+	return m.Since, nil
 }
 
 // Leave removes a member for good: from the ring, then from Raft. On a

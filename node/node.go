@@ -45,9 +45,12 @@ import (
 // JoinVia is the exception: it is how a member with no leader in sight
 // registers through a member it merely knows of (its --join), and is not
 // marked, so that member forwards it to its leader (once, marked).
+//
+// Join and JoinVia return the epoch of the answer (api.JoinResponse):
+// 0 when it has none, as from a member of an older version.
 type Forwarder interface {
-	Join(ctx context.Context, leaderHTTP string, req api.JoinRequest) error
-	JoinVia(ctx context.Context, memberHTTP string, req api.JoinRequest) error
+	Join(ctx context.Context, leaderHTTP string, req api.JoinRequest) (epoch uint64, err error)
+	JoinVia(ctx context.Context, memberHTTP string, req api.JoinRequest) (epoch uint64, err error)
 	Leave(ctx context.Context, leaderHTTP, id string) error
 	SetState(ctx context.Context, leaderHTTP, id, state string) error
 	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)

@@ -168,7 +168,7 @@ func attack(t *testing.T, ss []*Server, strangerDial func(ctx context.Context, a
 		// Asked of any member (forwarded to the leader); retried only
 		// while the cluster has no leader (an election under load).
 		eventually(t, "an answer to the join", func() bool {
-			err = s.Node.Join(context.Background(), req)
+			_, err = s.Node.Join(context.Background(), req)
 			return !errors.Is(err, api.ErrUnavailable)
 		})
 		if !errors.Is(err, api.ErrBadRequest) {
@@ -269,7 +269,7 @@ func TestJoinValidated(t *testing.T) {
 		{api.JoinRequest{ID: "gh ost", HTTP: dead(), Raft: dead(), Peer: dead()}, api.ErrBadRequest},
 		{api.JoinRequest{ID: "n1", HTTP: dead(), Raft: s.cfg.RaftAdvertise + "0", Peer: dead()}, api.ErrBadRequest},
 	} {
-		if err := s.Node.Join(context.Background(), tc.req); !errors.Is(err, tc.want) {
+		if _, err := s.Node.Join(context.Background(), tc.req); !errors.Is(err, tc.want) {
 			t.Errorf("Join(%+v) = %v, want %v", tc.req, err, tc.want)
 		}
 	}
@@ -288,7 +288,7 @@ func TestJoinValidated(t *testing.T) {
 	defer func() { other.HTTP.Close(); other.Raft.Close(); other.Peer.Close() }()
 	var err error
 	eventually(t, "an answer to the join", func() bool { // retried only while there is no leader
-		err = s.Node.Join(context.Background(), api.JoinRequest{ID: "n2", HTTP: other.HTTP.Addr().String(), Raft: other.Raft.Addr().String(), Peer: other.Peer.Addr().String()})
+		_, err = s.Node.Join(context.Background(), api.JoinRequest{ID: "n2", HTTP: other.HTTP.Addr().String(), Raft: other.Raft.Addr().String(), Peer: other.Peer.Addr().String()})
 		return !errors.Is(err, api.ErrUnavailable)
 	})
 	if !errors.Is(err, api.ErrConflict) {

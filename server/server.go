@@ -299,13 +299,15 @@ func (f forwarder) client(addr string) *client.Client {
 	return client.New(addr, append(f.options(), client.AsForwarder())...)
 }
 
-func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
-	return wrapRemote("leader", f.client(leader).Join(ctx, req))
+func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) (uint64, error) {
+	epoch, err := f.client(leader).JoinEpoch(ctx, req)
+	return epoch, wrapRemote("leader", err)
 }
 
 // JoinVia is not marked forwarded: the member forwards it to its leader.
-func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) error {
-	return wrapRemote("member "+member, client.New(member, f.options()...).Join(ctx, req))
+func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) (uint64, error) {
+	epoch, err := client.New(member, f.options()...).JoinEpoch(ctx, req)
+	return epoch, wrapRemote("member "+member, err)
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {

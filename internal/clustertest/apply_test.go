@@ -121,7 +121,7 @@ func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
 		t.Cleanup(resume)
 		synctest.Wait()
 
-		err := leader.Node().Join(context.Background(), api.JoinRequest{ID: "n9", HTTP: "http-n9:1", Raft: "raft-n9:1", Peer: "peer-n9:1"})
+		_, err := leader.Node().Join(context.Background(), api.JoinRequest{ID: "n9", HTTP: "http-n9:1", Raft: "raft-n9:1", Peer: "peer-n9:1"})
 		if !errors.Is(err, api.ErrUnavailable) || strings.Count(err.Error(), "unavailable") != 1 || !strings.HasPrefix(err.Error(), "adding n9 to raft: unavailable: raft did not answer") {
 			t.Fatalf("Join on a leader whose disk hangs: %v; want one error wrapping api.ErrUnavailable once, reading \"adding n9 to raft: unavailable: raft did not answer …\"", err)
 		}

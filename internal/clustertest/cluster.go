@@ -75,6 +75,12 @@ type Options struct {
 	// through every state of it, as though the leader's batches ended
 	// between any two entries.
 	StepAppends bool
+	// JoinAnswer, when set, is what member from gets for a join it
+	// asked of another member (its own registration, or one it forwards
+	// to the leader), given what that member answered: a test can lose
+	// the answer (an error) or drop its epoch (0, as a member older than
+	// the epoch answers).
+	JoinAnswer func(from string, epoch uint64, err error) (uint64, error)
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -746,21 +752,29 @@ func (f forwarder) reach(ctx context.Context, addr string) (*node.Node, error) {
 	return m.Node(), nil
 }
 
-func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) error {
+func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) (uint64, error) {
 	n, ctx, err := f.target(ctx, leader)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return n.Join(ctx, req)
+	return f.answer(n.Join(ctx, req))
 }
 
 // JoinVia is not marked forwarded, as over HTTP.
-func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) error {
+func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) (uint64, error) {
 	n, err := f.reach(ctx, member)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return n.Join(ctx, req)
+	return f.answer(n.Join(ctx, req))
+}
+
+// answer is the answer to a join as the member gets it (Options.JoinAnswer).
+func (f forwarder) answer(epoch uint64, err error) (uint64, error) {
+	if f.c.opts.JoinAnswer != nil {
+		return f.c.opts.JoinAnswer(f.from, epoch, err)
+	}
+	return epoch, err
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -191,10 +192,23 @@ func TestSixthMemberIsANonVoter(t *testing.T) {
 // marked as forwarded already, so the follower refused it, and the member
 // waited until that follower happened to lead: TestRouterFollowsTheCluster
 // timed out waiting for 3 members when a loaded machine had moved the
-// lead from n1, the member n3 joins through, to n2.)
+// lead from n1, the member n3 joins through, to n2.) The leader's answer,
+// with the epoch of n3's join, comes back through n1.
 func TestJoinThroughAFollower(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, 2, Options{Prober: &gatedProber{}})
+		var (
+			mu      sync.Mutex
+			answers = map[string][]uint64{} // epochs of the joins answered, by who asked
+		)
+		answer := func(from string, epoch uint64, err error) (uint64, error) {
+			if err == nil {
+				mu.Lock()
+				answers[from] = append(answers[from], epoch)
+				mu.Unlock()
+			}
+			return epoch, err
+		}
+		c := New(t, 2, Options{Prober: &gatedProber{}, JoinAnswer: answer})
 		if err := c.Member("n1").Node().Raft().LeadershipTransferToServer("n2", "raft-n2.0:1").Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -206,6 +220,16 @@ func TestJoinThroughAFollower(t *testing.T) {
 		m, ok := c.Member("n2").Node().State().Member("n3")
 		if !ok || m.State != fsm.Active {
 			t.Fatalf("n3 in the leader's state: %+v, %v; want active", m, ok)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		// n3 may register again before its log shows it listed: the
+		// leader, finding it listed, answers the same epoch.
+		same := func(es []uint64) bool {
+			return len(es) > 0 && !slices.ContainsFunc(es, func(e uint64) bool { return e != m.Since })
+		}
+		if !same(answers["n3"]) || !same(answers["n1"]) {
+			t.Errorf("joins answered: n3 got epochs %v, n1 from the leader %v; want %d each (n3's join in the leader's log)", answers["n3"], answers["n1"], m.Since)
 		}
 	})
 }

@@ -218,11 +218,12 @@ func (h *handler) serveJoin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if err := h.admin.Join(r.Context(), req); err != nil {
+	epoch, err := h.admin.Join(r.Context(), req)
+	if err != nil {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, statusBody{"ok"})
+	writeJSON(w, http.StatusOK, api.JoinResponse{Status: "ok", Epoch: epoch})
 }
 
 func (h *handler) serveLeave(w http.ResponseWriter, r *http.Request) {

@@ -285,9 +285,31 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// A join's answer carries the epoch from which the cluster lists the
+// member (the node side's answer); without one (0) the answer is the
+// bare {"status":"ok"} that members answered before the field.
+func TestJoinAnswersItsEpoch(t *testing.T) {
+	for _, tt := range []struct {
+		epoch uint64
+		want  string
+	}{
+		{42, `{"status":"ok","epoch":42}`},
+		{0, `{"status":"ok"}`},
+	} {
+		e := newEnv(t, "")
+		e.a.joinEpoch = tt.epoch
+		w := e.do("POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`)
+		var got api.JoinResponse
+		decodeOK(t, w, &got)
+		if body := strings.TrimSpace(w.Body.String()); body != tt.want || got != (api.JoinResponse{Status: "ok", Epoch: tt.epoch}) {
+			t.Errorf("join answered with epoch %d: %s, want %s", tt.epoch, body, tt.want)
+		}
+	}
+}
+
 func TestJoin(t *testing.T) {
 	e := newEnv(t, "")
-	var ok statusBody
+	var ok api.JoinResponse
 	decodeOK(t, e.do("POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3"}`), &ok)
 	if want := (api.JoinRequest{ID: "n2", HTTP: "h:1", Raft: "h:2", Peer: "h:3"}); len(e.a.joins) != 1 || e.a.joins[0] != want {
 		t.Errorf("joins = %+v", e.a.joins)

@@ -83,19 +83,20 @@ func (f *fakeChecker) Calls() [][]router.Request {
 
 // fakeAdmin records what the handler asks of the node side.
 type fakeAdmin struct {
-	mu       sync.Mutex // guards the fields below
-	written  []limiter.Rule
-	putErr   error
-	putTakes time.Duration // PutRules takes this long, or until its ctx ends
-	cluster  api.Cluster
-	joins    []api.JoinRequest
-	joinErr  error
-	leaves   []string
-	leaveErr error
-	states   []string // id=state
-	fwdJoins int      // joins whose context was marked forwarded
-	ready    error
-	panicIn  string // "rules": Rules panics
+	mu        sync.Mutex // guards the fields below
+	written   []limiter.Rule
+	putErr    error
+	putTakes  time.Duration // PutRules takes this long, or until its ctx ends
+	cluster   api.Cluster
+	joins     []api.JoinRequest
+	joinEpoch uint64 // what Join returns
+	joinErr   error
+	leaves    []string
+	leaveErr  error
+	states    []string // id=state
+	fwdJoins  int      // joins whose context was marked forwarded
+	ready     error
+	panicIn   string // "rules": Rules panics
 
 	// memberTakes: Leave and SetState take this long, or until their
 	// ctx ends.
@@ -153,14 +154,17 @@ func (a *fakeAdmin) Cluster(context.Context) (view.Cluster, error) {
 	return c, nil
 }
 
-func (a *fakeAdmin) Join(ctx context.Context, req api.JoinRequest) error {
+func (a *fakeAdmin) Join(ctx context.Context, req api.JoinRequest) (uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if api.Forwarded(ctx) {
 		a.fwdJoins++
 	}
 	a.joins = append(a.joins, req)
-	return a.joinErr
+	if a.joinErr != nil {
+		return 0, a.joinErr
+	}
+	return a.joinEpoch, nil
 }
 
 func (a *fakeAdmin) Leave(ctx context.Context, id string) error {

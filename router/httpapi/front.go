@@ -63,8 +63,10 @@ var errNotServed = fmt.Errorf("%w: not served by a router", api.ErrNotFound)
 func (frontAdmin) PutRules(context.Context, []limiter.Rule) ([]limiter.Rule, error) {
 	return nil, errNotServed
 }
-func (frontAdmin) Cluster(context.Context) (view.Cluster, error)  { return view.Cluster{}, errNotServed }
-func (frontAdmin) Join(context.Context, api.JoinRequest) error    { return errNotServed }
+func (frontAdmin) Cluster(context.Context) (view.Cluster, error) { return view.Cluster{}, errNotServed }
+func (frontAdmin) Join(context.Context, api.JoinRequest) (uint64, error) {
+	return 0, errNotServed
+}
 func (frontAdmin) Leave(context.Context, string) error            { return errNotServed }
 func (frontAdmin) SetState(context.Context, string, string) error { return errNotServed }
 func (frontAdmin) RouterView(context.Context) (*view.View, error) { return nil, errNotServed }

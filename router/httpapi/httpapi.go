@@ -61,9 +61,11 @@ type Admin interface {
 	// the cluster yet (it has not joined one), which an empty
 	// membership would hide.
 	Cluster(ctx context.Context) (view.Cluster, error)
-	// Join adds a member; every field of req is non-empty. Errors
+	// Join adds a member; every field of req is non-empty. It returns
+	// the epoch from which the cluster lists the member as req asks
+	// (api.JoinResponse.Epoch; 0 leaves it out of the answer). Errors
 	// wrapping api.ErrBadRequest answer 400, api.ErrUnavailable 503.
-	Join(ctx context.Context, req api.JoinRequest) error
+	Join(ctx context.Context, req api.JoinRequest) (epoch uint64, err error)
 	// Leave drains and removes the member id for good. id is passed on
 	// as the caller sent it; an empty id means the node serving the
 	// request. An error wrapping api.ErrNotFound answers 404. It must
@@ -287,7 +289,8 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// statusBody is the answer of /healthz, /readyz, join and leave.
+// statusBody is the answer of /healthz, /readyz and leave (join's is
+// api.JoinResponse).
 type statusBody struct {
 	Status string `json:"status"`
 }
