@@ -257,16 +257,22 @@ func listedActive(st *fsm.State, req api.JoinRequest) bool {
 
 // registerLoop makes sure the cluster lists this member, active, with its
 // current addresses: after a bootstrap, a join, or a restart.
+//
+// A member that joins with no Raft state registers until its join is
+// answered with where it is in the log (joinEpoch), even while its log
+// replay shows it listed: that listing may be of an earlier member of
+// its id, and a join whose answer was lost is answered again.
 func (n *Node) registerLoop() {
 	backoff := 50 * time.Millisecond
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
-	seen := false                                 // the cluster has listed us since we started
+	seen := false                                 // the cluster has listed us since we started (sawSelf)
 	lastWarn := time.Now().Add(-27 * time.Second) // the first warning after 3s of trying
 	var replaying time.Time                       // when this restart began to wait for its log; zero when not waiting
 	for {
-		_, member := n.fsm.State().Member(n.cfg.ID)
-		seen = seen || member
+		st := n.fsm.State()
+		_, member := st.Member(n.cfg.ID)
+		seen = seen || n.sawSelf(st)
 		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
 		}
@@ -276,7 +282,7 @@ func (n *Node) registerLoop() {
 		// or down) comes with the same calls. Say so, or the wait is
 		// silent at the default log level.
 		switch caught := n.caughtUp(); {
-		case !caught && replaying.IsZero() && !n.moved():
+		case !caught && replaying.IsZero() && n.raft.hasState && !n.moved():
 			replaying = time.Now()
 			n.log.Info("re-registering: waiting for the Raft leader to confirm the log this member restarted with",
 				"applied", n.fsm.Applied(), "of", n.startIndex)
@@ -284,7 +290,8 @@ func (n *Node) registerLoop() {
 			n.log.Info("re-registering: log confirmed by the leader", "waited", time.Since(replaying).Round(time.Millisecond).String())
 			replaying = time.Time{}
 		}
-		if n.caughtUp() && (n.needsRecovery() || !n.registered()) || !n.caughtUp() && n.moved() {
+		joining := n.joinEpoch.Load() == joinPending
+		if joining || n.caughtUp() && (n.needsRecovery() || !n.registered()) || !n.caughtUp() && n.moved() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()
@@ -310,7 +317,7 @@ func (n *Node) registerLoop() {
 			}
 		}
 		wait := time.Second
-		if n.needsRecovery() || !n.registered() {
+		if n.joinEpoch.Load() == joinPending || n.needsRecovery() || !n.registered() {
 			wait = backoff
 			backoff = min(2*backoff, 2*time.Second)
 		}
@@ -368,6 +375,8 @@ func (n *Node) moved() bool {
 
 func (n *Node) leaderKnown() bool { id, _ := n.leader(); return id != "" }
 
+// register has the cluster list this member (after a restart, marks it
+// down first: needsRecovery). The answer to a join goes to noteJoin.
 func (n *Node) register(ctx context.Context) error {
 	if n.needsRecovery() {
 		if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
@@ -382,11 +391,17 @@ func (n *Node) register(ctx context.Context) error {
 		if !n.fsm.State().Initialized {
 			return errors.New("cluster not initialised yet")
 		}
-		_, err := n.join(req)
+		epoch, err := n.join(req)
+		if err == nil {
+			n.noteJoin(epoch)
+		}
 		return err
 	}
 	if addr, err := n.leaderHTTP(); err == nil {
-		_, err := n.cfg.Forward.Join(ctx, addr, req)
+		epoch, err := n.cfg.Forward.Join(ctx, addr, req)
+		if err == nil {
+			n.noteJoin(epoch)
+		}
 		return err
 	}
 	// No leader in sight: we are new, or back at other addresses the
@@ -411,7 +426,9 @@ func (n *Node) register(ctx context.Context) error {
 	}
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
 	for _, addr := range tried {
-		if _, err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {
+		var epoch uint64
+		if epoch, err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {
+			n.noteJoin(epoch)
 			return nil
 		}
 	}
@@ -777,7 +794,11 @@ func (n *Node) awaitOwnRemoval() {
 	t := time.NewTimer(n.ownRemovalWait())
 	defer t.Stop()
 	for {
-		if _, member := n.fsm.State().Member(n.cfg.ID); !member || n.removed.Load() {
+		// Not listed in a state from before its own join does not count
+		// (a member that joined with no Raft state replays the log of a
+		// member of its id that left: joinedIn).
+		st := n.fsm.State()
+		if _, member := st.Member(n.cfg.ID); !member && n.joinedIn(st) || n.removed.Load() {
 			return // the view change takes it from here
 		}
 		select {
@@ -979,8 +1000,13 @@ func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 	snap := n.snap.Load()
 	if snap == nil || len(snap.st.Members) == 0 {
 		why := "it has not joined a cluster, or the cluster is still being set up"
-		if snap == nil && !n.caughtUp() {
-			why = fmt.Sprintf("it is replaying its raft log (%d of %d)", n.fsm.Applied(), n.startIndex)
+		if snap == nil {
+			switch r := n.notCaughtUp(); {
+			case n.joinEpoch.Load() == joinPending:
+				why = "it has not joined a cluster yet: its join is not answered"
+			case r != "":
+				why = "it is " + r
+			}
 		}
 		return view.Cluster{}, fmt.Errorf("%w: this node has no view of the cluster yet: %s", api.ErrUnavailable, why)
 	}
@@ -1032,6 +1058,7 @@ func (n *Node) WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait
 // Ready returns nil when this member has a leader, a ring, and is active
 // in it; otherwise an error wrapping api.ErrUnavailable saying why.
 func (n *Node) Ready() error {
+	behind := n.notCaughtUp()
 	switch {
 	case n.removed.Load():
 		return fmt.Errorf("%w: removed from the cluster", api.ErrUnavailable)
@@ -1039,8 +1066,8 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
 	case !n.leaderInConfig():
 		return fmt.Errorf("%w: the raft leader is not a member of this node's configuration", api.ErrUnavailable)
-	case !n.caughtUp():
-		return fmt.Errorf("%w: replaying the raft log (%d of %d)", api.ErrUnavailable, n.fsm.Applied(), n.startIndex)
+	case behind != "":
+		return fmt.Errorf("%w: %s", api.ErrUnavailable, behind)
 	case n.snap.Load() == nil:
 		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
 	case n.needsRecovery():

@@ -52,7 +52,8 @@ type Moves struct {
 // prev and next differ in more than one member, this process did not see
 // the rings in between (a membership command changes one member): a new
 // member catching up with the log, whose first view was the empty ring
-// of the cluster's Init, sees next name three members at once. prev's
+// of the cluster's Init (its join's answer did not say where the join
+// is: api.JoinResponse), sees next name three members at once. prev's
 // owner is then not necessarily the partition's last one: the last one
 // may be alive and handing it off, and promoting would serve the
 // partition from empty until that hand-off came (it is merged then, see

@@ -70,7 +70,8 @@ type Config struct {
 	DataDir       string
 	// Join is the HTTP address of any member, used to join when DataDir
 	// holds no cluster state. Empty with an empty DataDir bootstraps a
-	// new cluster.
+	// new cluster. A member that joins acts on the cluster's log only
+	// from its own join on, which the join's answer names.
 	Join string
 	// Ring is the partitioning a bootstrapping node writes into the
 	// cluster; joining nodes take the cluster's.
@@ -187,7 +188,17 @@ type Node struct {
 	// the FSM has applied that far it still shows an old state (rules
 	// from before a restart, say) and the node is not ready.
 	startIndex uint64
-	stopping   atomic.Bool // marked down for a graceful stop: do not re-register
+	// joinEpoch is, for a member that started with no Raft state and
+	// joins a cluster (Config.Join), the epoch from which the cluster
+	// lists it as it registered, which the answer to its join gives
+	// (api.JoinResponse.Epoch); joinPending until that answer comes, 0
+	// for every other member and after an answer without one. Such a
+	// member replays the leader's log from its start, where a member
+	// that held its id before and left shows listed, then removed; it
+	// acts on no state of its log before that epoch (joinedIn), or it
+	// would take that leave for its own removal.
+	joinEpoch atomic.Uint64
+	stopping  atomic.Bool // marked down for a graceful stop: do not re-register
 	// membership serialises leader-side membership changes. It is a
 	// channel, not a sync.Mutex, because its holder waits on Raft: a
 	// request queued behind it can give up when its context ends
@@ -257,6 +268,9 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	}
 	n.raft = rp
 	n.startIndex = rp.lastCommand
+	if !rp.hasState && cfg.Join != "" {
+		n.joinEpoch.Store(joinPending)
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if !rp.hasState && cfg.Join == "" {
 		f := rp.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
@@ -339,11 +353,14 @@ func (n *Node) Raft() *raft.Raft { return n.raft.raft }
 
 // watchLoop turns every FSM change into a new view.
 //
-// While the log this node restarted with is being replayed no view is
-// published at all: the FSM still holds an old state (rules from before
-// a PUT, say), and "unavailable" is the honest answer until it catches
-// up. Raft counts an entry as applied only after the FSM's notification,
-// so a ticker re-checks until then.
+// Until the node has caught up (caughtUp) no view is published at all:
+// while the log this node restarted with is being replayed the FSM
+// still holds an old state (rules from before a PUT, say), and
+// "unavailable" is the honest answer until it catches up; a member that
+// joins with no Raft state waits for its own join (joinEpoch). Raft
+// counts an entry as applied only after the FSM's notification, and the
+// join's answer may come after the log, so a ticker re-checks until
+// then.
 func (n *Node) watchLoop() {
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
@@ -365,14 +382,76 @@ func (n *Node) watchLoop() {
 	}
 }
 
-// caughtUp reports whether the FSM has applied the log the node started with.
-func (n *Node) caughtUp() bool { return n.fsm.Applied() >= n.startIndex }
+// joinPending is joinEpoch until the answer to the join comes.
+const joinPending = ^uint64(0)
+
+// caughtUp reports whether the node acts on its FSM's state (caughtUpTo).
+func (n *Node) caughtUp() bool { return n.caughtUpTo(n.fsm.State()) }
+
+// caughtUpTo reports whether the node may act on st, its FSM's state
+// now or a moment ago: the FSM has applied the log the node started
+// with, and st includes this member's own join (joinedIn).
+func (n *Node) caughtUpTo(st *fsm.State) bool {
+	return n.fsm.Applied() >= n.startIndex && n.joinedIn(st)
+}
+
+// joinedIn reports whether st includes the join of this member that
+// joinEpoch names: always for a member that started with Raft state or
+// bootstrapped, never before the join's answer. It reads the state, not
+// the FSM's applied index: the epoch is a membership change, so a state
+// includes it exactly when its MembershipIndex is at least that, even
+// when the state came whole in a snapshot (which the applied index does
+// not count) or was read just before the FSM applied the next entry.
+func (n *Node) joinedIn(st *fsm.State) bool { return st.MembershipIndex >= n.joinEpoch.Load() }
+
+// sawSelf reports whether st shows this member listed since it started:
+// st lists it, or st includes the join that listed it (joinEpoch, when
+// the join's answer gave one; it may have been removed since). An
+// earlier member of the same id, listed before that join, does not
+// count.
+func (n *Node) sawSelf(st *fsm.State) bool {
+	if !n.joinedIn(st) {
+		return false
+	}
+	_, member := st.Member(n.cfg.ID)
+	return member || n.joinEpoch.Load() > 0
+}
+
+// noteJoin takes the epoch of the answer to this member's join, the
+// first answer of a member that joins with no Raft state (joinEpoch).
+// 0 is an answer from a member older than the field: this member then
+// acts on its log as it applies it, as all did then.
+func (n *Node) noteJoin(epoch uint64) {
+	if !n.joinEpoch.CompareAndSwap(joinPending, epoch) {
+		return
+	}
+	if epoch == 0 {
+		n.log.Warn("joined, but the answer does not say where the join is in the raft log (a leader of an older version): acting on the log as it comes, where a member that had this id and left may show as this one")
+		return
+	}
+	n.log.Info("joined: acting on the raft log from this member's join on", "epoch", epoch)
+}
+
+// notCaughtUp says why the node does not act on its log yet (caughtUp),
+// as "replaying …" or "joining …"; "" once it does.
+func (n *Node) notCaughtUp() string {
+	st := n.fsm.State()
+	switch e := n.joinEpoch.Load(); {
+	case n.fsm.Applied() < n.startIndex:
+		return fmt.Sprintf("replaying its raft log (%d of %d)", n.fsm.Applied(), n.startIndex)
+	case e == joinPending:
+		return "joining: waiting for the answer to its join"
+	case st.MembershipIndex < e:
+		return fmt.Sprintf("replaying the raft log up to its own join (epoch %d of %d)", st.MembershipIndex, e)
+	}
+	return ""
+}
 
 // refresh builds the view of the current FSM state, carries out the
 // partition moves it implies, and publishes it. Only watchLoop calls it.
 func (n *Node) refresh() {
 	st := n.fsm.State()
-	if !st.Initialized || !n.caughtUp() {
+	if !st.Initialized || !n.caughtUpTo(st) {
 		return
 	}
 	old := n.snap.Load()
@@ -429,11 +508,14 @@ func (n *Node) refresh() {
 		n.cfg.OnView(next)
 	}
 	n.cell.Store(next)
-	_, member := st.Member(n.cfg.ID)
-	if old != nil && !member {
-		if _, was := old.st.Member(n.cfg.ID); was {
-			n.noteRemoved("this member was removed from the cluster")
-		}
+	// Removed: listed in the last view, or (a member that joined with no
+	// Raft state, before its first) at its join, and not now.
+	before := st
+	if old != nil {
+		before = old.st
+	}
+	if _, member := st.Member(n.cfg.ID); !member && n.sawSelf(before) {
+		n.noteRemoved("this member was removed from the cluster")
 	}
 }
 

@@ -793,7 +793,7 @@ func TestRejoinAfterLeaveIsNotMarkedDead(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if watching == "" || member == watching {
-				return // its own views replay the log: in, out (the leave), in
+				return // its own views: TestRejoinedMemberPublishesNoViewBeforeItsJoin
 			}
 			_, in := v.Ring.Member(watching)
 			if in {
@@ -850,6 +850,125 @@ func TestRejoinedMemberRecoversFromBeingMarkedDead(t *testing.T) {
 		})
 		c.Heal()
 		c.WaitSettled(3)
+	})
+}
+
+// A member that rejoins under the id of one that left, over a wiped data
+// dir, replays the leader's log from its start: its predecessor's join,
+// that member's leave, then its own join. Wherever the leader's
+// AppendEntries batches end, it publishes no view from before its own
+// join: a view that listed its predecessor followed by one after the
+// leave read as its own removal, and it stopped (about one run in 200 of
+// TestRejoinedMemberRecoversFromBeingMarkedDead). Here it receives the log
+// one entry at a time (StepAppends), so it passes every state of it.
+func TestRejoinedMemberPublishesNoViewBeforeItsJoin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu       sync.Mutex
+			watching string // the member that rejoins, once it does
+			views    int    // the views it published
+			without  string // the first of them that did not list it
+		)
+		onView := func(member string, v *router.View) {
+			mu.Lock()
+			defer mu.Unlock()
+			if member != watching {
+				return
+			}
+			views++
+			if _, in := v.Ring.Member(member); !in && without == "" {
+				without = fmt.Sprintf("view %d, at epoch %d", views, v.Ring.Epoch())
+			}
+		}
+		c := New(t, 3, Options{StepAppends: true, OnView: onView})
+		id := "n3"
+		if c.Leader().ID == id {
+			id = "n2"
+		}
+		c.Leave(id)
+		mu.Lock()
+		watching = id
+		mu.Unlock()
+		m := c.Rejoin(id)
+		c.WaitSettled(3)
+		if !m.Running() {
+			t.Errorf("%s stopped after rejoining", id)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if without != "" {
+			t.Errorf("%s, rejoining, published a view without itself (%s of %d)", id, without, views)
+		}
+	})
+}
+
+// A rejoining member whose join is committed but whose answer is lost
+// gets the log before it knows where its join is in it (Raft replicates
+// to it from its AddVoter on): it publishes no view until its next
+// registration is answered, with the same epoch, by a leader that finds
+// it listed already.
+func TestRejoinedMemberWhoseJoinAnswerIsLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu       sync.Mutex
+			watching string   // the member that rejoins, once it does
+			lost     []uint64 // the epochs of its answers lost
+			got      []uint64 // and of those it got
+			without  string   // a view of it that did not list it
+		)
+		answer := func(from string, epoch uint64, err error) (uint64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if from != watching || err != nil {
+				return epoch, err
+			}
+			if len(lost) == 0 {
+				lost = append(lost, epoch)
+				return 0, fmt.Errorf("%w: the answer was lost", api.ErrUnavailable)
+			}
+			got = append(got, epoch)
+			return epoch, nil
+		}
+		onView := func(member string, v *router.View) {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, in := v.Ring.Member(member); member == watching && !in && without == "" {
+				without = fmt.Sprintf("at epoch %d", v.Ring.Epoch())
+			}
+		}
+		c := New(t, 3, Options{StepAppends: true, OnView: onView, JoinAnswer: answer})
+		id := "n3"
+		if c.Leader().ID == id {
+			id = "n2"
+		}
+		c.Leave(id)
+		mu.Lock()
+		watching = id
+		mu.Unlock()
+		m := c.Rejoin(id)
+		c.WaitSettled(3)
+		mu.Lock()
+		defer mu.Unlock()
+		if !m.Running() || without != "" {
+			t.Errorf("%s, rejoining: running %v, published a view without itself %q; want running, none", id, m.Running(), without)
+		}
+		if len(lost) != 1 || len(got) == 0 || got[0] != lost[0] || lost[0] == 0 {
+			t.Errorf("%s's join answers: lost %v, then got %v; want one lost, then the same epoch", id, lost, got)
+		}
+	})
+}
+
+// A member that joins through members of a version older than the join's
+// epoch (their answer has none) acts on its log as it comes, as members
+// did then: it joins all the same.
+func TestJoinAnsweredWithoutAnEpoch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		old := func(_ string, _ uint64, err error) (uint64, error) { return 0, err }
+		c := New(t, 3, Options{JoinAnswer: old})
+		c.Join("n4")
+		c.Leave("n3")
+		c.Rejoin("n3")
+		c.WaitSettled(4)
 	})
 }
 
