@@ -465,11 +465,16 @@ func leaseBase(now time.Time, others []time.Time, voters int) (time.Time, bool) 
 // leader marks it dead (DeadAfter) and the others take its partitions;
 // when it wakes, it answers only once its ring has caught up.
 //
-// A request not granted (no leader known, the leader unreachable, or a
-// new leader without its own lease yet) is asked again after retryEvery,
-// not a whole period later: after a leader's crash the next one grants
-// leases as soon as it holds its own, and the members' leases, taken
-// from the crashed one, are running out.
+// A request not granted while this member still holds a lease (no
+// leader known, the leader unreachable, or a new leader without its own
+// lease yet) is asked again after retryEvery, not a whole period later:
+// after a leader's crash the next one grants leases as soon as it holds
+// its own, and the members' leases, taken from the crashed one, are
+// running out. A member without a lease (woken from a pause, back from
+// dead) asks at the usual period: answering sooner would widen a window
+// in which a partition it takes back serves its own stale state (bug G in
+// test/chaos/README.md: a refused hand-off taken back by its sender while
+// another member had served the partition).
 func (n *Node) leaseLoop() {
 	every := n.pingEvery()
 	retry := min(every, retryEvery)
@@ -491,7 +496,7 @@ func (n *Node) leaseLoop() {
 		}
 		granted := n.askLease(every, lease)
 		wait := every
-		if !granted {
+		if o := n.owner.Load(); !granted && o != nil && o.Serving() {
 			wait = retry
 		}
 		if !next.Stop() {
