@@ -4,71 +4,30 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/ringlimit/ringlimit/internal/pipenet"
 )
-
-// pipeListener is an in-memory listener of net.Pipe connections, so that
-// client and server can run inside a synctest bubble (whose fake clock only
-// advances when every goroutine is blocked on something it understands;
-// sockets are not, pipes are).
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-func (l *pipeListener) dial(ctx context.Context, _ string) (net.Conn, error) {
-	server, client := net.Pipe()
-	select {
-	case l.conns <- server:
-		return client, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
 
 // pipeServe serves h (with scfg) on an in-memory listener and dials it
 // with ccfg, whose Dial it sets unless set. stop closes the client and
 // the server and checks that Serve ended with ErrServerClosed.
-func pipeServe(t *testing.T, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, ln *pipeListener, stop func()) {
+func pipeServe(t *testing.T, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, ln *pipenet.Listener, stop func()) {
 	t.Helper()
-	return pipeServeOn(t, newPipeListener(), h, scfg, ccfg)
+	return pipeServeOn(t, pipenet.NewListener(), h, scfg, ccfg)
 }
 
 // pipeServeOn is pipeServe on a listener of the caller's.
-func pipeServeOn(t *testing.T, ln *pipeListener, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, _ *pipeListener, stop func()) {
+func pipeServeOn(t *testing.T, ln *pipenet.Listener, h Handler, scfg ServerConfig, ccfg ClientConfig) (c *Client, _ *pipenet.Listener, stop func()) {
 	t.Helper()
 	srv := NewServer(scfg, h)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	if ccfg.Dial == nil {
-		ccfg.Dial = ln.dial
+		ccfg.Dial = ln.Dial
 	}
 	c, err := Dial(t.Context(), "pipe", ccfg)
 	if err != nil {
@@ -84,16 +43,14 @@ func pipeServeOn(t *testing.T, ln *pipeListener, h Handler, scfg ServerConfig, c
 	}
 }
 
-type pipeAddr struct{}
-
 // pipeServeRecorded is pipeServe with default configs whose client
 // records each connection it dials, in order, in *conns.
 func pipeServeRecorded(t *testing.T, h Handler) (c *Client, conns *[]net.Conn, stop func()) {
 	conns = new([]net.Conn)
-	ln := newPipeListener()
+	ln := pipenet.NewListener()
 	cfg := DefaultClientConfig()
 	cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
-		nc, err := ln.dial(ctx, addr)
+		nc, err := ln.Dial(ctx, addr)
 		if err == nil {
 			*conns = append(*conns, nc)
 		}
@@ -102,9 +59,6 @@ func pipeServeRecorded(t *testing.T, h Handler) (c *Client, conns *[]net.Conn, s
 	c, _, stop = pipeServeOn(t, ln, h, DefaultServerConfig(), cfg)
 	return c, conns, stop
 }
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
 
 // The caller's budget reaches the handler intact, and the caller gives up
 // exactly when it is spent.
@@ -209,7 +163,7 @@ func TestSilentPeerConnectionIsDropped(t *testing.T) {
 			}
 			echo(ctx, req, resp)
 		})
-		ln := newPipeListener()
+		ln := pipenet.NewListener()
 		srv := NewServer(DefaultServerConfig(), h)
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
@@ -217,7 +171,7 @@ func TestSilentPeerConnectionIsDropped(t *testing.T) {
 		ccfg := DefaultClientConfig()
 		ccfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
 			dials.Add(1)
-			return ln.dial(ctx, addr)
+			return ln.Dial(ctx, addr)
 		}
 		c, err := Dial(t.Context(), "pipe", ccfg)
 		if err != nil {

@@ -4,14 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/pipenet"
 )
 
 // waitingAdmin is a fakeAdmin whose view stays at epoch and rules
@@ -31,53 +30,6 @@ func (a *waitingAdmin) WaitView(ctx context.Context, afterEpoch, afterRules uint
 	<-ctx.Done()
 }
 
-// pipeListener accepts the server ends of net.Pipe connections that its
-// dial makes: an http.Server and http.Transport in a synctest bubble,
-// whose timers (the connections' deadlines too) run on the bubble's
-// clock.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	c, s := net.Pipe()
-	select {
-	case l.conns <- s:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
-
 // A long poll of the view is answered at the end of its wait, whatever
 // the wait up to its 30s maximum, through a server with NewServer's
 // timeouts (its 10s WriteTimeout and ReadTimeout once dropped every poll
@@ -90,10 +42,10 @@ func TestViewLongPollThroughServer(t *testing.T) {
 		a := &waitingAdmin{epoch: 5, rules: 3}
 		h := New(Config{AdminToken: "tok"}, newFakeChecker(), a)
 		s := NewServer("pipe", h)
-		ln := newPipeListener()
+		ln := pipenet.NewListener()
 		served := make(chan error, 1)
 		go func() { served <- s.Serve(ln) }()
-		tr := &http.Transport{DialContext: ln.dial}
+		tr := &http.Transport{DialContext: ln.DialContext}
 		defer func() {
 			tr.CloseIdleConnections()
 			s.Close()
