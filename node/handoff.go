@@ -499,13 +499,7 @@ func (n *Node) leaseLoop() {
 		if o := n.owner.Load(); !granted && o != nil && o.Serving() {
 			wait = retry
 		}
-		if !next.Stop() {
-			select {
-			case <-next.C:
-			default:
-			}
-		}
-		next.Reset(wait)
+		next.Reset(wait) // Go 1.23+: no stale tick can follow a Reset
 	}
 }
 
