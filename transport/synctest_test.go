@@ -387,12 +387,17 @@ func TestGoConnectionBreaks(t *testing.T) {
 func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
+		// The lost call's answer never comes while the test looks: had it
+		// waited for its context, it would race the client's own timer
+		// (both end at the same instant of the fake clock), and an answer
+		// read first would count as the connection speaking.
+		lostGone := make(chan struct{})
 		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
 			switch req.Checks[0].Rule {
 			case "slow":
 				<-release
 			case "lost":
-				<-ctx.Done()
+				<-lostGone
 				return
 			}
 			echo(ctx, req, resp)
@@ -417,6 +422,7 @@ func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 			t.Fatalf("a new call: %v over %d connections, want an answer over a second one", now, len(*conns))
 		}
 		checkEcho(t, req, resp)
+		close(lostGone)
 		close(release)
 		synctest.Wait()
 		if len(slow) != 1 || slow[0] != nil {

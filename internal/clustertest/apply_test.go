@@ -31,17 +31,27 @@ func putRulesAsync(m *Member, rs ...limiter.Rule) <-chan error {
 	return errc
 }
 
+// stalledLeader starts a cluster of 3 (no member marked dead while the
+// test runs) and stalls its leader's disk until resume, or the test's
+// cleanup, which runs before the cluster closes. It returns once Raft's
+// main loop is idle: the next write it takes hangs storing it.
+func stalledLeader(t *testing.T) (c *Cluster, leader *Member, resume func()) {
+	t.Helper()
+	c = New(t, 3, Options{DeadAfter: time.Hour})
+	leader = c.Leader()
+	resume = c.StallDisk(leader.ID)
+	t.Cleanup(resume)
+	synctest.Wait()
+	return c, leader, resume
+}
+
 // A leader whose disk hangs keeps calling itself leader and takes a write
 // into its log, which Raft then never answers: the write answers
 // "unavailable" within the bound instead of hanging, and commits once the
 // disk is back (the outcome was unknown, not failed).
 func TestStalledLeaderAnswersWritesUnavailable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, 3, Options{DeadAfter: time.Hour})
-		leader := c.Leader()
-		resume := c.StallDisk(leader.ID)
-		t.Cleanup(resume) // runs before the cluster closes
-		synctest.Wait()   // Raft's main loop idle: it takes the write, then hangs storing it
+		c, leader, resume := stalledLeader(t)
 
 		start := time.Now()
 		errc := putRulesAsync(leader, tightRule)
@@ -69,11 +79,7 @@ func TestStalledLeaderAnswersWritesUnavailable(t *testing.T) {
 // hung disk: StallDisk).
 func TestCloseReleasesAPendingWrite(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, 3, Options{DeadAfter: time.Hour})
-		leader := c.Leader()
-		resume := c.StallDisk(leader.ID)
-		t.Cleanup(resume)
-		synctest.Wait()
+		c, leader, resume := stalledLeader(t)
 
 		errc := putRulesAsync(leader, tightRule)
 		synctest.Wait()
@@ -115,11 +121,7 @@ func TestCloseReleasesAPendingWrite(t *testing.T) {
 // says so and wraps api.ErrUnavailable, is not wrapped in it again.
 func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, 3, Options{DeadAfter: time.Hour})
-		leader := c.Leader()
-		resume := c.StallDisk(leader.ID)
-		t.Cleanup(resume)
-		synctest.Wait()
+		_, leader, _ := stalledLeader(t)
 
 		_, err := leader.Node().Join(context.Background(), api.JoinRequest{ID: "n9", HTTP: "http-n9:1", Raft: "raft-n9:1", Peer: "peer-n9:1"})
 		if !errors.Is(err, api.ErrUnavailable) || strings.Count(err.Error(), "unavailable") != 1 || !strings.HasPrefix(err.Error(), "adding n9 to raft: unavailable: raft did not answer") {
@@ -136,11 +138,7 @@ func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
 // can answer within the server's write timeout.
 func TestStalledLeaderAnswersWritesByTheirDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, 3, Options{DeadAfter: time.Hour})
-		leader := c.Leader()
-		resume := c.StallDisk(leader.ID)
-		t.Cleanup(resume)
-		synctest.Wait()
+		_, leader, _ := stalledLeader(t)
 
 		for _, tc := range []struct {
 			name         string

@@ -41,11 +41,7 @@ func TestMarkDownAnswersByItsDeadlineOnAStalledLeader(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				c := New(t, 3, Options{DeadAfter: time.Hour})
-				leader := c.Leader()
-				resume := c.StallDisk(leader.ID)
-				t.Cleanup(resume)
-				synctest.Wait()
+				c, leader, _ := stalledLeader(t)
 				if tc.before != nil {
 					tc.before(c, leader)
 				}
@@ -116,11 +112,7 @@ func TestLeaveAnswersByItsDeadlineOnAStalledLeader(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				c := New(t, 3, Options{DeadAfter: time.Hour})
-				leader := c.Leader()
-				resume := c.StallDisk(leader.ID)
-				t.Cleanup(resume)
-				synctest.Wait()
+				c, leader, resume := stalledLeader(t)
 				if tc.before != nil {
 					tc.before(c, leader)
 				}
