@@ -211,14 +211,13 @@ func (n *Node) sendable(batch []Outgoing) []transport.PushPart {
 //
 // Parts the ring gave back to this member (their target died, or refused
 // them as NOT_OWNER under a newer ring) are taken back into its own table
-// as a hand-off from another member would be (Owner.takeHandoff): served
-// if the partition awaits its state, else merged into what it serves.
-// Nobody else may hold them (a refused hand-off was not taken), so
-// dropping them lost the state; a copy the target took after all (its
-// answer was lost) comes back in its own hand-off and is merged as a
-// duplicate. A Lost part holds nothing and is not taken back: into an
-// awaiting partition it would promote the backup copy at once instead of
-// waiting for the member that holds the state. A part the owner side
+// (Owner.TakeBack): merged into what it serves, or, into a partition that
+// awaits its hand-off, held and merged with that hand-off when it comes
+// (whoever owned the partition in between may have served it). Dropping
+// them lost the state (a refused hand-off was not taken); a copy the
+// target took after all (its answer was lost) comes back in its own
+// hand-off and is merged as a duplicate. A Lost part holds nothing and is
+// not taken back. A part the owner side
 // refuses (its partition is moving out under a newer ring right now)
 // goes back to its old target, whose answer (NOT_OWNER at the newer
 // epoch, or an error once that ring is ours) sends it on.
@@ -249,13 +248,9 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 	if o == nil {
 		return append(retry, mine...), settled
 	}
-	push := &transport.Push{Kind: transport.PushHandoff, Epoch: v.Epoch(), From: n.cfg.ID, Parts: n.sendable(mine)}
-	ack := transport.PushAck{Status: make([]transport.PushStatus, len(mine))}
-	for i := range ack.Status {
-		ack.Status[i] = transport.PushRejected // as the data plane's server does
-	}
-	o.HandlePush(n.ctx, push, &ack)
-	for i, st := range ack.Status {
+	status := make([]transport.PushStatus, len(mine))
+	o.TakeBack(n.ctx, v.Epoch(), n.sendable(mine), status)
+	for i, st := range status {
 		if st == transport.PushOK {
 			settled++
 		} else {

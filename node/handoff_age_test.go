@@ -141,7 +141,10 @@ func TestHandoffWaitingForItsEpochIsNoYounger(t *testing.T) {
 }
 
 // A hand-off taken back by its sender (its target went away before
-// taking it) is taken as old as it is too.
+// taking it) is taken as old as it is too. The partition then awaits the
+// target's hand-back (TakeBack), which never comes here: it is served
+// from the states taken back once the hand-off timeout is up, 3 s after
+// the ring gave it back and 1.9 s before un-aged states would let go.
 func TestHandoffTakenBackArrivesAsOldAsItIs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.SlidingLog, Limit: 2, Period: 5 * time.Second}}
@@ -160,8 +163,10 @@ func TestHandoffTakenBackArrivesAsOldAsItIs(t *testing.T) {
 		if err := n.h.wait(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(handoffTimeout)
+		synctest.Wait()
 		if st := a.getState(p); st != partServing {
-			t.Fatalf("partition %d on a: state %d, want serving (taken back)", p, st)
+			t.Fatalf("partition %d on a after the hand-off timeout: state %d, want serving (taken back)", p, st)
 		}
 		for i := range 2 {
 			if r := handle(a, 3, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {

@@ -142,6 +142,70 @@ func TestRefusedHandoffGivenBackIsTakenBack(t *testing.T) {
 	})
 }
 
+// A member marked dead while asleep (SIGSTOP) wakes and sees the ring
+// that dropped it, then the one that has it back. Its hand-off of a
+// partition, bound for the member that owned it in between, is refused
+// (that member is at the newer ring already) and taken back; but that
+// member served the partition meanwhile from its backup copy, so the
+// partition still awaits its hand-back: the check queued during the sleep
+// is answered from the merged state (4 of 4 spent), not from the
+// sleeper's own stale budget (2 of 4). Bug G in test/chaos/README.md.
+func TestTakenBackPartitionAwaitsTheHandBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 4, Period: time.Hour}}
+		a, b := newOwner(t, "a"), newOwner(t, "b")
+		n := handoffNode(t, a, pushOwners{"b:1": b})
+		v1 := view.New(testRing(t, 1, "a", "b"), 9, rule, 1)
+		v2 := view.New(testRing(t, 2, "b"), 9, rule, 1)      // a is marked dead
+		v3 := view.New(testRing(t, 3, "a", "b"), 9, rule, 1) // and active again
+		h, p := partBackedBy(t, v1, "a", "b")
+		if o, _ := v3.Ring.Owner(p); o.ID != "a" {
+			t.Fatalf("partition %d goes to %s at epoch 3, want back to a", p, o.ID)
+		}
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+
+		applyRing(n, nil, v1)
+		a.ExpireAwaiting(a.AwaitingParts()) // a new cluster: serve from empty
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		b.ExpireAwaiting(b.AwaitingParts())
+		spendAt(t, a, ck, 2)
+		deliver(t, a, map[string]*Owner{"b": b}) // b's backup copy: 2 spent
+
+		// a sleeps; b promotes its copy, spends 2 more, and hands p back.
+		aDead := func(id string) bool { return id != "a" }
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", aDead, false, false))
+		for i := range 2 {
+			if r := handle(b, 2, ck).Results[0]; r.Status != transport.StatusOK || !r.Allowed {
+				t.Fatalf("check %d at b while a sleeps: %+v, want allowed (2 of 4 spent)", i+1, r)
+			}
+		}
+		fromB := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "b"}
+		for _, og := range b.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false)) {
+			fromB.Parts = append(fromB.Parts, og.Part)
+		}
+
+		// a wakes and sees epochs 2 and 3 before its hand-off goes out:
+		// b refuses it at epoch 3, and a takes it back.
+		out := applyRing(n, v1, v2)
+		applyRing(n, v2, v3)
+		n.h.send(2, out)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st := a.getState(p); st != partAwaiting {
+			t.Fatalf("partition %d after a took its hand-off back: state %d, want awaiting b's hand-back", p, st)
+		}
+		queued := make(chan transport.Result, 1)
+		go func() { queued <- handle(a, 3, ck).Results[0] }()
+		synctest.Wait()
+		ack := transport.PushAck{Status: make([]transport.PushStatus, len(fromB.Parts))}
+		a.HandlePush(context.Background(), fromB, &ack)
+		if r := <-queued; r.Status != transport.StatusOK || r.Allowed {
+			t.Fatalf("check queued at a before b's hand-back: %+v, want denied (a and b admitted 4 of 4)", r)
+		}
+	})
+}
+
 // A member that gives up a partition it never received (a Lost hand-off:
 // it holds nothing of it) and gets it back before the hand-off is taken
 // does not take its own Lost part back: that would promote the backup

@@ -185,6 +185,16 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		switch {
 		case st == partServing:
 			src = o.table
+		case o.table.PartitionLen(p) > 0:
+			// It awaits its hand-off holding states of its own (a refused
+			// hand-off taken back, or what it kept across a rejoin: see
+			// takeBack): they go with the backup copy merged in.
+			if o.backup.PartitionLen(p) > 0 {
+				if _, err := o.table.Import(p, o.backup.Export(nil, p, now), now); err != nil {
+					o.log.Error("merging a backup copy into a partition moving out", "partition", p, "err", err)
+				}
+			}
+			src = o.table
 		case o.backup.PartitionLen(p) > 0:
 			// Its state never reached us (the ring moved on before the
 			// hand-off came), but we hold its backup copy: the best there is.
@@ -241,11 +251,13 @@ func (o *Owner) promote(p uint32, now int64) {
 	g.Unlock()
 }
 
-// promoteLocked is promote; the caller holds o.moving[p].
+// promoteLocked is promote; the caller holds o.moving[p]. States the
+// table already holds for p (a partition that awaited its hand-off
+// holding states of its own: takeBack) are merged with the copy, not
+// replaced by it: each is what some member admitted.
 func (o *Owner) promoteLocked(p uint32, now int64) {
 	data := o.backup.Export(nil, p, now)
 	o.dropBackup(p)
-	o.table.Drop(p)
 	if _, err := o.table.Import(p, data, now); err != nil {
 		o.log.Error("promoting a backup copy", "partition", p, "err", err)
 	}
@@ -406,7 +418,7 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 		o.promoteLocked(p, now)
 		return transport.PushOK
 	}
-	o.table.Drop(p)
+	// Merged with what the partition holds while it awaits (takeBack).
 	if _, err := o.table.Import(p, pt.Data, now); err != nil {
 		o.log.Error("hand-off does not decode", "partition", p, "err", err)
 		return transport.PushRejected
@@ -414,6 +426,67 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	o.dropBackup(p)
 	o.setState(p, partServing)
 	o.markWhole(p)
+	return transport.PushOK
+}
+
+// TakeBack takes back parts of hand-offs of this member's own that the
+// ring gives back to it (their target refused them, or is gone: see
+// handoffs.readdress), under the view of epoch or a newer one; status
+// gets each part's answer, as HandlePush's ack would.
+//
+// A part for a partition this member serves is merged into it, as a late
+// hand-off is. A part for a partition that awaits its hand-off is merged
+// into the table but the partition keeps waiting: the ring gave it back
+// through a ring in which another member owned it, and that member may
+// have served it meanwhile (from its backup copy: this member was marked
+// dead while asleep, say), so only that member's hand-back, or the
+// hand-off timeout, makes it servable, each merged with what was taken
+// back. Serving the taken-back states at once answered the checks queued
+// while this member slept from its own stale budget (bug G in
+// test/chaos/README.md: 42 admitted of 40).
+func (o *Owner) TakeBack(ctx context.Context, epoch uint64, parts []transport.PushPart, status []transport.PushStatus) {
+	now := o.now()
+	v := o.cell.Load()
+	if v == nil || epoch > v.Epoch() {
+		v = o.cell.Await(ctx, epoch, 0, epochWait)
+	}
+	for i := range parts {
+		status[i] = transport.PushRejected
+	}
+	if v == nil {
+		return
+	}
+	var late lateHandoffs
+	for i := range parts {
+		if int(parts[i].Partition) < len(o.moving) {
+			status[i] = o.takeBack(v, &parts[i], now, &late)
+		}
+	}
+	late.log(o.log, o.self)
+}
+
+// takeBack is TakeBack for one part.
+func (o *Owner) takeBack(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs) transport.PushStatus {
+	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
+		return transport.PushNotOwner
+	}
+	p := pt.Partition
+	g := &o.moving[p]
+	g.Lock()
+	defer g.Unlock()
+	switch o.getState(p) {
+	case partAway:
+		return transport.PushNotOwner // as in takeHandoff
+	case partServing:
+		return o.mergeHandoff(p, pt, now, late)
+	}
+	if pt.Lost {
+		return transport.PushOK // nothing to hold
+	}
+	if _, err := o.table.Import(p, pt.Data, now); err != nil {
+		o.log.Error("hand-off taken back does not decode", "partition", p, "err", err)
+		return transport.PushRejected
+	}
 	return transport.PushOK
 }
 
