@@ -806,7 +806,7 @@ func (n *Node) awaitOwnRemoval() {
 			return
 		case <-ch:
 		case <-t.C:
-			n.noteRemoved("the leader removed this member, but the removal never reached this member's log; leaving all the same")
+			n.noteRemoved("the leader removed this member, but the removal never reached this member's log; leaving all the same", false)
 			return
 		}
 	}

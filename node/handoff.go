@@ -555,6 +555,7 @@ func (n *Node) detectLoop() {
 	answered := map[string]time.Time{} // member → last answered ping only
 	var servers []raft.Server          // Raft's configuration at the last tick, while we lead
 	acked := map[string]time.Time{}    // scratch for leaderLease
+	orphans := orphanWatch{}           // Raft servers that are no members, while we lead
 	lease := leaderLease(n.cfg.DeadAfter)
 	leading := false
 	prevLeader := ""    // the leader this node last followed
@@ -588,6 +589,7 @@ func (n *Node) detectLoop() {
 			if leading {
 				lastSeen.reset()
 				servers = nil
+				clear(orphans)
 			}
 			leading = false
 			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
@@ -615,6 +617,7 @@ func (n *Node) detectLoop() {
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
+			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now))
 		}
 		lastSeen.retain(func(id string) bool {
 			if _, ok := snap.st.Member(id); !ok {

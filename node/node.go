@@ -221,6 +221,8 @@ type Node struct {
 	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion
 	// syncingVoters: a syncVoterFlagsLater run is under way.
 	syncingVoters atomic.Bool
+	// removingOrphans: a removeOrphansLater run is under way.
+	removingOrphans atomic.Bool
 	// leaderSince is when this node last became Raft leader (leaderLoop);
 	// nil before that.
 	leaderSince atomic.Pointer[time.Time]
@@ -515,13 +517,17 @@ func (n *Node) refresh() {
 		before = old.st
 	}
 	if _, member := st.Member(n.cfg.ID); !member && n.sawSelf(before) {
-		n.noteRemoved("this member was removed from the cluster")
+		n.noteRemoved("this member was removed from the cluster", true)
 	}
 }
 
 // noteRemoved is this member's exit from the cluster: once, it logs why,
 // hands off what it held (bounded) and calls OnRemoved.
-func (n *Node) noteRemoved(why string) {
+//
+// inRaft says this member may still be a Raft voter (its log shows its
+// removal from the ring, which a leave makes before the Raft removal): it
+// then stays until it is out of Raft's configuration (awaitOutOfRaft).
+func (n *Node) noteRemoved(why string, inRaft bool) {
 	if !n.removed.CompareAndSwap(false, true) {
 		return
 	}
@@ -532,9 +538,54 @@ func (n *Node) noteRemoved(why string) {
 			ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
 			_ = n.h.wait(ctx)
 			cancel()
+			if inRaft {
+				n.awaitOutOfRaft()
+			}
 			n.cfg.OnRemoved()
 		}()
 	}
+}
+
+// removedRaftWait bounds awaitOutOfRaft.
+const removedRaftWait = 15 * time.Second
+
+// awaitOutOfRaft waits, at most removedRaftWait, until this member, removed
+// from the cluster, is no voter of Raft's configuration as its log has it:
+// the second half of its leave (leaveTail), or, when the leader that ran
+// it went away in between, the next leader's removal of the orphan
+// (removeOrphansLater). A voter that exits first still counts toward
+// Raft's quorum and never answers: the next leader needs its vote to
+// commit that very removal when another voter is down.
+func (n *Node) awaitOutOfRaft() {
+	t := time.NewTicker(n.cfg.RaftTimeout)
+	defer t.Stop()
+	end := time.NewTimer(removedRaftWait)
+	defer end.Stop()
+	for n.raftVoter() {
+		select {
+		case <-t.C:
+		case <-end.C:
+			n.log.Warn("removed from the cluster but still a raft voter; stopping all the same", "waited", removedRaftWait.String())
+			return
+		case <-n.ctx.Done():
+			return
+		}
+	}
+}
+
+// raftVoter reports whether this member votes in Raft's configuration as
+// its log has it.
+func (n *Node) raftVoter() bool {
+	cf := n.raft.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == n.cfg.ID {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
 }
 
 // HandleBatch is the owner's: it decides the checks of partitions this
