@@ -126,6 +126,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			h.done(len(group))
 			return
 		}
+		changed := n.cell.Changed() // before this attempt reads the view
 		to := group[0].To
 		var batch, rest []Outgoing
 		for _, o := range group {
@@ -175,9 +176,18 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		}
 		group = append(rest, retry...)
 		if len(retry) > 0 {
+			// A new view ends the pause: the ring that moved on from a
+			// target that fails (dead, then marked so) names the part's
+			// owner now, which is sent it at once rather than a backoff
+			// (up to 1 s) later, while it serves the partition from its
+			// backup copy.
 			t := time.NewTimer(backoff)
 			select {
 			case <-t.C:
+			case <-changed:
+				var settled int
+				group, settled = h.readdress(n.cell.Load(), group)
+				h.done(settled)
 			case <-n.ctx.Done():
 			}
 			t.Stop()

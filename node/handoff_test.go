@@ -206,6 +206,53 @@ func TestTakenBackPartitionAwaitsTheHandBack(t *testing.T) {
 	})
 }
 
+// A hand-off whose target fails (it died) goes to the partition's next
+// owner as soon as the ring that moved on from the target is published,
+// not at the next retry of the backoff (up to 1 s later), while that
+// owner serves the partition from its backup copy.
+func TestFailingHandoffFollowsTheRingAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Hour}}
+		a, c := newOwner(t, "a"), newOwner(t, "c")
+		n := handoffNode(t, a, pushOwners{"c:1": c}) // b is out of reach
+		v1 := view.New(testRing(t, 1, "a", "c"), 9, rule, 1)
+		v2 := view.New(testRing(t, 2, "a", "b", "c"), 9, rule, 1)
+		v3 := view.New(testRing(t, 3, "c"), 9, rule, 1) // b is dead, a is down
+		var h uint64
+		var p uint32
+		for h = 1; ; h++ { // a partition that goes a → b
+			p = v2.Ring.Partition(h)
+			if o2, _ := v2.Ring.Owner(p); o2.ID == "b" {
+				if o1, _ := v1.Ring.Owner(p); o1.ID == "a" {
+					break
+				}
+			}
+		}
+		ck := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+		applyRing(n, nil, v1)
+		a.ExpireAwaiting(a.AwaitingParts())
+		c.Apply(v1, PlanMoves(nil, v1.Ring, "c", allAlive, false, false))
+		c.ExpireAwaiting(c.AwaitingParts())
+		spendAt(t, a, ck, 2)
+
+		n.h.send(2, applyRing(n, v1, v2))
+		time.Sleep(3 * time.Second) // b fails every push: the backoff is at 1 s
+		c.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "c", allAlive, false, false))
+		c.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "c", func(id string) bool { return id != "b" }, false, false))
+		start := time.Now()
+		n.cell.Store(v3) // as the node publishes it; a's own moves are not the point
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 0 {
+			t.Fatalf("the hand-off reached c %v after the ring named it, want at once", took)
+		}
+		if r := handle(c, 3, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+			t.Fatalf("3rd check, at c: %+v, want denied (a admitted 2 of 2)", r)
+		}
+	})
+}
+
 // A member that gives up a partition it never received (a Lost hand-off:
 // it holds nothing of it) and gets it back before the hand-off is taken
 // does not take its own Lost part back: that would promote the backup
