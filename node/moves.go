@@ -188,7 +188,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		case o.table.PartitionLen(p) > 0:
 			// It awaits its hand-off holding states of its own (a refused
 			// hand-off taken back, or what it kept across a rejoin: see
-			// takeBack): they go with the backup copy merged in.
+			// TakeBack): they go with the backup copy merged in.
 			if o.backup.PartitionLen(p) > 0 {
 				if _, err := o.table.Import(p, o.backup.Export(nil, p, now), now); err != nil {
 					o.log.Error("merging a backup copy into a partition moving out", "partition", p, "err", err)
@@ -253,7 +253,7 @@ func (o *Owner) promote(p uint32, now int64) {
 
 // promoteLocked is promote; the caller holds o.moving[p]. States the
 // table already holds for p (a partition that awaited its hand-off
-// holding states of its own: takeBack) are merged with the copy, not
+// holding states of its own: TakeBack) are merged with the copy, not
 // replaced by it: each is what some member admitted.
 func (o *Owner) promoteLocked(p uint32, now int64) {
 	data := o.backup.Export(nil, p, now)
@@ -343,7 +343,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		}
 		switch push.Kind {
 		case transport.PushHandoff:
-			ack.Status[i] = o.takeHandoff(v, pt, now, &late)
+			ack.Status[i] = o.takeHandoff(v, pt, now, &late, false)
 		case transport.PushBackup:
 			ack.Status[i] = o.takeBackup(v, pt, now)
 		}
@@ -398,7 +398,11 @@ func (l *lateHandoffs) log(log *slog.Logger, from string) {
 // what was merged, or came before, and the hand-off is refused as
 // NOT_OWNER so that its sender takes it to the new owner; the table, and
 // its fence, are never written for a partition this member has let go.
-func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs) transport.PushStatus {
+//
+// back says the part is this member's own, taken back (TakeBack): into a
+// partition that awaits its hand-off it is merged, and the partition
+// keeps waiting.
+func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs, back bool) transport.PushStatus {
 	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
 		return transport.PushNotOwner
 	}
@@ -414,14 +418,20 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	case partServing:
 		return o.mergeHandoff(p, pt, now, late)
 	}
-	if pt.Lost {
+	switch {
+	case pt.Lost && back:
+		return transport.PushOK // nothing to hold
+	case pt.Lost:
 		o.promoteLocked(p, now)
 		return transport.PushOK
 	}
-	// Merged with what the partition holds while it awaits (takeBack).
+	// Merged with what the partition holds while it awaits (taken back).
 	if _, err := o.table.Import(p, pt.Data, now); err != nil {
-		o.log.Error("hand-off does not decode", "partition", p, "err", err)
+		o.log.Error("hand-off does not decode", "partition", p, "back", back, "err", err)
 		return transport.PushRejected
+	}
+	if back {
+		return transport.PushOK
 	}
 	o.dropBackup(p)
 	o.setState(p, partServing)
@@ -459,35 +469,10 @@ func (o *Owner) TakeBack(ctx context.Context, epoch uint64, parts []transport.Pu
 	var late lateHandoffs
 	for i := range parts {
 		if int(parts[i].Partition) < len(o.moving) {
-			status[i] = o.takeBack(v, &parts[i], now, &late)
+			status[i] = o.takeHandoff(v, &parts[i], now, &late, true)
 		}
 	}
 	late.log(o.log, o.self)
-}
-
-// takeBack is TakeBack for one part.
-func (o *Owner) takeBack(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs) transport.PushStatus {
-	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
-		return transport.PushNotOwner
-	}
-	p := pt.Partition
-	g := &o.moving[p]
-	g.Lock()
-	defer g.Unlock()
-	switch o.getState(p) {
-	case partAway:
-		return transport.PushNotOwner // as in takeHandoff
-	case partServing:
-		return o.mergeHandoff(p, pt, now, late)
-	}
-	if pt.Lost {
-		return transport.PushOK // nothing to hold
-	}
-	if _, err := o.table.Import(p, pt.Data, now); err != nil {
-		o.log.Error("hand-off taken back does not decode", "partition", p, "err", err)
-		return transport.PushRejected
-	}
-	return transport.PushOK
 }
 
 // mergeHandoff merges a hand-off into partition p, which this member

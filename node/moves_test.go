@@ -217,7 +217,7 @@ func TestHandoffIntoServedPartition(t *testing.T) {
 	if len(out) == 0 {
 		t.Fatal("b hands nothing off")
 	}
-	if st := s.b.takeHandoff(s.v2, &transport.PushPart{Partition: s.p, Data: data}, s.clock.Load(), &lateHandoffs{}); st != transport.PushNotOwner {
+	if st := s.b.takeHandoff(s.v2, &transport.PushPart{Partition: s.p, Data: data}, s.clock.Load(), &lateHandoffs{}, false); st != transport.PushNotOwner {
 		t.Fatalf("hand-off into a partition moved out: %v, want NOT_OWNER", st)
 	}
 	if n := s.b.Table().PartitionLen(s.p); n != 0 || !s.b.Table().Fenced(s.p) || s.b.getState(s.p) != partAway {

@@ -61,18 +61,6 @@ func TestLeaveCutShortByTheLeadersCrashIsFinished(t *testing.T) {
 // inRaft reports whether id is a server of the leader's Raft
 // configuration.
 func inRaft(c *Cluster, id string) bool {
-	l := c.Leader()
-	if l == nil {
-		return false
-	}
-	cf := l.Node().Raft().GetConfiguration()
-	if cf.Error() != nil {
-		return false
-	}
-	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == id {
-			return true
-		}
-	}
-	return false
+	_, ok := raftServer(c, id)
+	return ok
 }

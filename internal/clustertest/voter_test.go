@@ -116,20 +116,26 @@ func otherThan(c *Cluster, id string) string {
 
 // raftVoter reports whether id votes in the leader's Raft configuration.
 func raftVoter(c *Cluster, id string) bool {
+	s, ok := raftServer(c, id)
+	return ok && s.Suffrage == raft.Voter
+}
+
+// raftServer returns id's entry in the leader's Raft configuration.
+func raftServer(c *Cluster, id string) (raft.Server, bool) {
 	l := c.Leader()
 	if l == nil {
-		return false
+		return raft.Server{}, false
 	}
 	cf := l.Node().Raft().GetConfiguration()
 	if cf.Error() != nil {
-		return false
+		return raft.Server{}, false
 	}
 	for _, s := range cf.Configuration().Servers {
 		if string(s.ID) == id {
-			return s.Suffrage == raft.Voter
+			return s, true
 		}
 	}
-	return false
+	return raft.Server{}, false
 }
 
 // flagsAgree reports whether every running member's state has every
