@@ -23,7 +23,7 @@ func LoadRulesFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := rules.Parse(data); err != nil {
+	if _, err := rules.ParseFile(data); err != nil {
 		return nil, err
 	}
 	return data, nil
@@ -31,9 +31,18 @@ func LoadRulesFile(path string) ([]byte, error) {
 
 // WatchRulesFile applies the rules file through Raft whenever its content
 // differs from what this node last applied from it, checking every
-// interval until ctx is done. An invalid file is refused whole with a log
+// interval until ctx is done. Changed content is applied once it reads
+// the same twice, rulesFileSettle apart. An invalid file, or one that
+// names no rules list (rules.ParseFile), is refused whole with a log
 // line; the rules in force stay.
 func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Duration) {
+	n.watchRulesFile(ctx, path, interval, n.applyRulesFile)
+}
+
+// watchRulesFile is WatchRulesFile applying each version with apply
+// (applyRulesFile; tests give their own), which reports whether to try
+// again.
+func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Duration, apply func(ctx context.Context, path string, data []byte) (retry bool)) {
 	var seen [32]byte // content last looked at
 	pending := false  // valid content not applied yet (no leader, say)
 	n.rulesFilePending.Store(true)
@@ -45,20 +54,33 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 	defer tick.Stop()
 	retry := time.NewTicker(50 * time.Millisecond) // while pending at start
 	defer retry.Stop()
+	var settling [32]byte // changed content read once, to be read again
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
 	for {
+		var settleC <-chan time.Time
 		data, err := os.ReadFile(path)
-		switch {
+		switch sum := sha256.Sum256(data); {
 		case err != nil:
 			if sum := sha256.Sum256([]byte(err.Error())); sum != seen {
 				seen = sum
 				n.log.Error("cannot read the rules file; the rules in force stay", "path", path, "err", err)
 				n.m.rulesFileLoaded(false)
 			}
-		case sha256.Sum256(data) != seen || pending:
-			seen = sha256.Sum256(data)
-			pending = n.applyRulesFile(ctx, path, data)
+		case sum != seen && sum != settling:
+			// Changed: applied only once a second read, rulesFileSettle later,
+			// finds the same content, so that a file caught in the middle of
+			// its write (truncated, or half written and still valid YAML:
+			// some rules missing) is not applied to the whole cluster.
+			settling = sum
+			settle.Reset(rulesFileSettle(interval))
+			settleC = settle.C
+		case sum != seen || pending:
+			seen, settling = sum, [32]byte{}
+			pending = apply(ctx, path, data)
 		}
-		if !pending {
+		if !pending && settleC == nil {
 			// In force (or refused, and the rules in force stay): ready.
 			n.rulesFilePending.Store(false)
 		}
@@ -70,14 +92,21 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 		case <-ctx.Done():
 			return
 		case <-wait:
+		case <-settleC:
 		}
 	}
+}
+
+// rulesFileSettle is how long WatchRulesFile waits to read changed
+// content again before applying it: 100 ms, or the interval if shorter.
+func rulesFileSettle(interval time.Duration) time.Duration {
+	return min(100*time.Millisecond, interval)
 }
 
 // applyRulesFile applies one version of the file; it reports whether it
 // must be tried again.
 func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (retry bool) {
-	written, err := rules.Parse(data)
+	written, err := rules.ParseFile(data)
 	if err != nil {
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
 		n.m.rulesFileLoaded(false)

@@ -147,3 +147,47 @@ func TestRulesFileMetrics(t *testing.T) {
 	}
 	check("invalid", 0, 1, 2)
 }
+
+// Changed content of the rules file is applied only once it reads the
+// same twice, rulesFileSettle apart: a file caught in the middle of its
+// write (here half written, and still a valid document with one rule of
+// two) is never applied, which removed the other rule from the whole
+// cluster for an interval.
+func TestRulesFileAppliedOnceSettled(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	one := "rules:\n  - {name: a, algorithm: gcra, limit: 10, period: 1s}\n"
+	two := one + "  - {name: b, algorithm: gcra, limit: 10, period: 1s}\n"
+	write := func(doc string) {
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(two)
+	synctest.Test(t, func(t *testing.T) {
+		n := &Node{log: slog.New(slog.DiscardHandler), m: newNodeMetrics(), cfg: Config{Registerer: prometheus.NewRegistry()}}
+		var applied []string
+		apply := func(_ context.Context, _ string, data []byte) bool {
+			applied = append(applied, string(data))
+			return false
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); n.watchRulesFile(ctx, path, time.Second, apply) }()
+		time.Sleep(rulesFileSettle(time.Second) + time.Millisecond)
+		synctest.Wait()
+		if len(applied) != 1 || applied[0] != two {
+			t.Fatalf("at start: applied %q, want the file once", applied)
+		}
+		time.Sleep(850 * time.Millisecond)                                     // 49 ms before the next tick
+		write(one)                                                             // the write begins...
+		time.Sleep(50 * time.Millisecond)                                      // ...the tick reads it...
+		write(two + "  - {name: c, algorithm: gcra, limit: 10, period: 1s}\n") // ...and it ends
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if len(applied) != 2 || strings.Count(applied[1], "name:") != 3 {
+			t.Fatalf("after a write read half-way: applied %q, want the whole new file once", applied)
+		}
+		cancel()
+		<-done
+	})
+}

@@ -292,3 +292,25 @@ func TestEffective(t *testing.T) {
 		})
 	}
 }
+
+// A rules file must name its rules list: an empty file (one caught between
+// its truncation and its write), comments alone or no "rules" entries are
+// refused, not read as "remove every rule"; "rules: []" is that, on
+// purpose. Anything else reads as Parse reads it.
+func TestParseFile(t *testing.T) {
+	for _, doc := range []string{"", "  \n", "# only a comment\n", "rules:\n", "rules: null\n", "routes: []\n", "{}"} {
+		if _, err := ParseFile([]byte(doc)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `"rules: []"`) {
+			t.Errorf("ParseFile(%q) = %v, want a refusal naming rules: []", doc, err)
+		}
+	}
+	if rs, err := ParseFile([]byte("rules: []\n")); err != nil || len(rs) != 0 {
+		t.Errorf(`ParseFile("rules: []") = %v, %v, want no rules`, rs, err)
+	}
+	rs, err := ParseFile([]byte("rules:\n  - {name: a, algorithm: token_bucket, limit: 1, period: 1s}\n"))
+	if err != nil || len(rs) != 1 || rs[0].Name != "a" {
+		t.Errorf("ParseFile of one rule = %v, %v", rs, err)
+	}
+	if _, err := ParseFile([]byte("rules: [1]\n")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("ParseFile of a bad rule = %v, want Parse's refusal", err)
+	}
+}
