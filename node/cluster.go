@@ -230,8 +230,10 @@ func (n *Node) leaderLoop() {
 			if err == nil {
 				err = n.apply(n.ctx, cmd)
 			}
-			if err != nil && !errors.Is(err, fsm.ErrInitialized) {
-				n.log.Error("initialising the cluster", "err", err)
+			if err != nil {
+				if !errors.Is(err, fsm.ErrInitialized) { // ErrInitialized: its log said so after all
+					n.log.Error("initialising the cluster", "err", err)
+				}
 				continue
 			}
 			n.log.Info("cluster initialised", "partitions", cfg.Partitions)
@@ -854,8 +856,16 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 		return err
 	}
 	defer n.membership.unlock()
-	if _, ok := n.fsm.State().Member(id); !ok {
+	st := n.fsm.State()
+	m, ok := st.Member(id)
+	if !ok {
 		return fmt.Errorf("%w: no member %q", api.ErrNotFound, id)
+	}
+	if s == fsm.Down && m.State == fsm.Active && len(st.Active()) == 1 {
+		// Down, it would own nothing, and nobody else would: the cluster's
+		// budgets would be dropped (a whole cluster stopped together).
+		// Stopped while active, it keeps them in its data dir (StopGracefully).
+		return fmt.Errorf("%w: %q is the last active member: nobody would take its partitions; stop it instead (it keeps them in its data dir)", api.ErrConflict, id)
 	}
 	cmd, err := fsm.SetMemberState(id, s)
 	if err != nil {
@@ -883,23 +893,34 @@ func (n *Node) lockMembership(ctx context.Context) error {
 // hangs) with an error wrapping api.ErrUnavailable: SetState honours
 // ctx in all its waits.
 func (n *Node) MarkDown(ctx context.Context) error {
+	_, err := n.markDown(ctx)
+	return err
+}
+
+// markDown is MarkDown; last reports that this member is the last active
+// one (the cluster refused to mark it down: SetState), so it keeps its
+// partitions, and receives those of the members marked down before it.
+func (n *Node) markDown(ctx context.Context) (last bool, err error) {
 	n.stopping.Store(true)
 	st := n.fsm.State()
 	if _, ok := st.Member(n.cfg.ID); !ok {
-		return nil
+		return false, nil
 	}
 	if active := st.Active(); len(active) == 1 && active[0].ID == n.cfg.ID {
-		return nil // the last active member: nobody to take its partitions
+		return true, nil // the last active member: nobody to take its partitions
 	}
 	if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
-		return err
+		if errors.Is(err, api.ErrConflict) {
+			return true, nil // the others were marked down first
+		}
+		return false, err
 	}
 	// Wait until this member's own ring shows it owning nothing, so that
 	// the hand-offs it implies have started (WaitHandoffs).
 	if _, gone := n.cell.AwaitFunc(ctx, func(v *view.View) bool { return v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 }); !gone {
-		return fmt.Errorf("%w: marked down, but this member's ring did not show it yet: %w", api.ErrUnavailable, ctx.Err())
+		return false, fmt.Errorf("%w: marked down, but this member's ring did not show it yet: %w", api.ErrUnavailable, ctx.Err())
 	}
-	return nil
+	return false, nil
 }
 
 // Rules returns the rules in force, default first.

@@ -762,12 +762,21 @@ func (n *Node) transferLeadership(ctx context.Context) error {
 // of an incomplete drain; the stop goes on regardless.
 func (n *Node) StopGracefully(ctx context.Context) error {
 	mctx, cancel := context.WithTimeout(ctx, markDownTimeout)
-	err := n.MarkDown(mctx)
+	last, err := n.markDown(mctx)
 	cancel()
-	if err != nil {
+	switch {
+	case err != nil:
 		err = fmt.Errorf("node: marking down: %w", err)
-	} else if werr := n.WaitHandoffs(ctx); werr != nil {
-		err = fmt.Errorf("node: handing off: %w (%d partitions left to their backup copies)", werr, n.h.Pending())
+	case last:
+		// The members stopping with it hand their partitions to it: keep
+		// them too (a whole cluster stopped together).
+		if werr := n.awaitAlone(ctx); werr != nil {
+			err = fmt.Errorf("node: the last active member taking the others' partitions: %w", werr)
+		}
+	default:
+		if werr := n.WaitHandoffs(ctx); werr != nil {
+			err = fmt.Errorf("node: handing off: %w (%d partitions left to their backup copies)", werr, n.h.Pending())
+		}
 	}
 	// What is still ours had nobody to go to (the last active member):
 	// keep it in the data dir for the next start.
@@ -780,6 +789,28 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	}
 	n.TransferLeadership()
 	return err
+}
+
+// awaitAlone waits, until ctx ends, for this member's ring to list no
+// other member and for every partition it gained to have its state.
+func (n *Node) awaitAlone(ctx context.Context) error {
+	for {
+		o := n.owner.Load()
+		if o == nil {
+			return nil
+		}
+		servable, changed := o.servable(), n.cell.Changed()
+		v := n.cell.Load()
+		if v != nil && len(v.Ring.Members()) == 1 && o.Awaiting() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%d partitions still awaited)", ctx.Err(), o.Awaiting())
+		case <-servable:
+		case <-changed:
+		}
+	}
 }
 
 // markDownTimeout bounds the attempt to mark a stopping member down.

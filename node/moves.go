@@ -433,6 +433,14 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	if back {
 		return transport.PushOK
 	}
+	if o.backup.PartitionLen(p) > 0 {
+		// Our copy may hold what the sender's state lacks: our own budgets
+		// saved at a stop (handOffLoaded) while the sender served the
+		// partition afresh. A copy of the sender's own history adds nothing.
+		if _, err := o.table.Import(p, o.backup.Export(nil, p, now), now); err != nil {
+			o.log.Error("merging a backup copy into a hand-off", "partition", p, "err", err)
+		}
+	}
 	o.dropBackup(p)
 	o.setState(p, partServing)
 	o.markWhole(p)

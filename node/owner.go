@@ -53,6 +53,7 @@ type Owner struct {
 	dirty  []atomic.Bool   // changed since the last backup push
 	whole  []atomic.Bool   // the next backup push sends the whole partition (see markWhole)
 	based  []atomic.Bool   // backup copies: a whole copy arrived, so deltas may follow
+	loaded []uint32        // partitions of the bucket file read at start-up, until handOffLoaded
 	// awaitFrom is, per partition in partAwaiting, the epoch of the ring
 	// under which it began awaiting (see ExpireAwaitingSince); guarded by
 	// its moving lock.

@@ -8,6 +8,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // A member's bucket state lives in memory, and in a cluster its backups
@@ -164,5 +167,36 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 			return 0, fmt.Errorf("partition %d: %w", pt.p, err)
 		}
 	}
+	for _, pt := range parts {
+		o.loaded = append(o.loaded, pt.p)
+	}
 	return len(parts), nil
+}
+
+// handOffLoaded returns, once, the hand-offs of the partitions a bucket
+// file loaded at start-up (loadBuckets) that v, this member's first
+// ring, gives to other members. A whole cluster stopped together leaves
+// every budget with the member that stopped last; when it starts again
+// the others may own most partitions: those of its copies go to their
+// owners, which take them as any hand-off (awaited, or merged into what
+// they serve) instead of serving them afresh. The copies this member owns
+// it keeps (promoted, or merged with the hand-off it awaits:
+// takeHandoff); those it neither owns nor backs up under v it drops.
+func (o *Owner) handOffLoaded(v *view.View) []Outgoing {
+	parts := o.loaded
+	o.loaded = nil
+	now := o.now()
+	var out []Outgoing
+	for _, p := range parts {
+		owner, ok := v.Ring.Owner(p)
+		if !ok || owner.ID == o.self {
+			continue
+		}
+		data := o.backup.Export(nil, p, now)
+		if b, ok := v.Ring.Backup(p); !ok || b.ID != o.self {
+			o.dropBackup(p)
+		}
+		out = append(out, Outgoing{To: owner, Part: transport.PushPart{Partition: p, Data: data}, At: now, src: o.backup})
+	}
+	return out
 }

@@ -99,3 +99,54 @@ func checkBucketFile(t *testing.T, dir string) {
 		t.Fatal("the first partition of a file whose second is damaged was kept")
 	}
 }
+
+// The member that stopped last restarts with every budget in its bucket
+// file, while its first ring gives some partitions to another member: it
+// hands those off, and the owner, awaiting them, serves them spent, not
+// afresh; one it owns again is merged with the hand-off it awaits.
+func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
+	dir := t.TempDir()
+	a, v1 := testOwner(t, 1, "a") // the last member: it owns everything
+	v2 := testView(t, 2, "a", "b")
+	hb, pb := partOf(v2, "b")
+	ha, pa := partOf(v2, "a")
+	toB := transport.Check{Rule: "r", KeyHash: hb, Partition: pb, Cost: 2}
+	toA := transport.Check{Rule: "r", KeyHash: ha, Partition: pa, Cost: 2}
+	for _, c := range []transport.Check{toB, toA} {
+		if r := handle(a, v1.Epoch(), c).Results[0]; !r.Allowed {
+			t.Fatalf("spend: %+v", r)
+		}
+	}
+	if _, err := a.saveBuckets(dir); err != nil {
+		t.Fatal(err)
+	}
+
+	a2, b := newOwner(t, "a"), newOwner(t, "b")
+	if n, err := a2.loadBuckets(dir); err != nil || n != 2 {
+		t.Fatalf("loaded %d partitions (err %v), want 2", n, err)
+	}
+	// Both start again; b's first ring names it too: it awaits its partitions.
+	a2.Apply(v2, PlanMoves(nil, v2.Ring, "a", allAlive, true, false))
+	b.Apply(v2, PlanMoves(nil, v2.Ring, "b", allAlive, false, false))
+	out := a2.handOffLoaded(v2)
+	if len(out) != 1 || out[0].To.ID != "b" || out[0].Part.Partition != pb {
+		t.Fatalf("hand-offs of the loaded buckets: %+v, want partition %d to b", out, pb)
+	}
+	if a2.handOffLoaded(v2) != nil {
+		t.Fatal("the loaded buckets are handed off twice")
+	}
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a", Parts: []transport.PushPart{a2.sendable(out[0], a2.now())}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	b.HandlePush(t.Context(), push, &ack)
+	if r := handle(b, 2, toB).Results[0]; ack.Status[0] != transport.PushOK || r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("at b after the hand-off (%v): %+v, want denied (2 of 2 spent before the stop)", ack.Status[0], r)
+	}
+	// a awaits its own partition from b (who never held it: Lost), and
+	// promotes its loaded copy then.
+	lost := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "b", Parts: []transport.PushPart{{Partition: pa, Lost: true}}}
+	ack = transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	a2.HandlePush(t.Context(), lost, &ack)
+	if r := handle(a2, 2, toA).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("at a after its own partition came: %+v, want denied", r)
+	}
+}

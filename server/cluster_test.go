@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,12 +66,21 @@ func startMember(t *testing.T, id, dir, join string) *Server {
 		DataDir: dir, Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
 		RaftTimeout: testRaftTimeout,
 		Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
+		Logger:      testLogger(),
 	}, ls)
 	if err != nil {
 		t.Fatal(err)
 	}
 	shutdownAtCleanup(t, s)
 	return s
+}
+
+// testLogger writes the members' logs to stderr when SERVERTEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("SERVERTEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func shutdownAtCleanup(t testing.TB, s *Server) {

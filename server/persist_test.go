@@ -2,12 +2,17 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
 )
 
 // A single member stopped gracefully keeps its budgets over a restart (at
@@ -52,4 +57,102 @@ func TestSingleMemberRestartKeepsBudgets(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "buckets.rlsnap")); !os.IsNotExist(err) {
 		t.Fatalf("bucket file still there after loading it: %v", err)
 	}
+}
+
+// A whole cluster stopped gracefully all at once (SIGTERM to every member
+// together, as README's "stop all its members together" does) keeps its
+// budgets over a restart: the member left last active receives the
+// others' partitions and writes them to its data dir. The leader marked
+// every member down, the last one included, so no member owned anything
+// and nothing was written: every key came back full.
+func TestWholeClusterStoppedTogetherKeepsBudgets(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	var ss []*Server
+	var addrs [][3]string
+	for i, dir := range dirs {
+		join := ""
+		if i > 0 {
+			join = ss[0].cfg.HTTPAdvertise
+		}
+		s := startMember(t, fmt.Sprintf("n%d", i+1), dir, join)
+		ss = append(ss, s)
+		addrs = append(addrs, [3]string{s.cfg.HTTPAdvertise, s.cfg.RaftAdvertise, s.cfg.PeerAdvertise})
+	}
+	waitSettled(t, ss, 3)
+	waitPromoted(t, ss)
+	putRules(t, ss, limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 2, Period: time.Hour})
+	const keys = 30
+	for k := range keys {
+		for i := range 2 {
+			if r := check(t, ss[k%3], "hourly", fmt.Sprint("k", k)); !r.Allowed || r.Degraded {
+				t.Fatalf("key %d, check %d: %+v", k, i, r)
+			}
+		}
+	}
+
+	var wg sync.WaitGroup
+	for _, s := range ss {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.Shutdown(ctx); err != nil {
+				t.Logf("stopping %s: %v", s.Node.ID(), err)
+			}
+		})
+	}
+	wg.Wait()
+	saved := 0
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "buckets.rlsnap")); err == nil {
+			saved++
+		}
+	}
+	if saved == 0 {
+		t.Error("no member wrote its bucket state")
+	}
+
+	ss = make([]*Server, 3)
+	for i := range dirs {
+		wg.Go(func() { ss[i] = restartMemberAt(t, fmt.Sprintf("n%d", i+1), dirs[i], addrs[i]) })
+	}
+	wg.Wait()
+	waitSettled(t, ss, 3)
+	denied := 0
+	for k := range keys {
+		r := check(t, ss[k%3], "hourly", fmt.Sprint("k", k))
+		if !r.Allowed && !r.Degraded {
+			denied++
+		}
+	}
+	if denied != keys {
+		t.Fatalf("after the restart %d of %d keys spent before the stop were denied, want all", denied, keys)
+	}
+}
+
+// restartMemberAt starts member id over dir at the addresses it had
+// (HTTP, Raft, peer): its peers' Raft configuration names them.
+func restartMemberAt(t *testing.T, id, dir string, addrs [3]string) *Server {
+	t.Helper()
+	var ls Listeners
+	for i, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
+		ln, err := net.Listen("tcp", addrs[i])
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		*l = ln
+	}
+	s, err := Start(Config{
+		ID: id, HTTPAdvertise: addrs[0], RaftAdvertise: addrs[1], PeerAdvertise: addrs[2],
+		DataDir: dir, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+		RaftTimeout: testRaftTimeout,
+		Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
+		Logger:      testLogger(),
+	}, ls)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	shutdownAtCleanup(t, s)
+	return s
 }
