@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // hclogger is an hclog.Logger that writes through a slog.Handler, so the
@@ -28,6 +30,12 @@ import (
 // SetLevel can only raise it (a handler at Info drops Debug whatever
 // SetLevel says), and, as in hclog, applies to every logger derived by
 // With and Named. GetLevel and the Is methods say what is logged.
+//
+// A line whose error is raft.ErrTransportShutdown is logged at Debug,
+// whatever its level (shutdownLevel): the network transport returns it
+// only once this member closed it, and logs it at Error ("failed to
+// decode incoming command") for each RPC a peer had in flight then —
+// at every normal shutdown of a member whose peers still run.
 //
 // Names (Named, ResetNamed) are the "module" attr ("raft", "raft-net",
 // "snapshot"); With's args and each line's args are attrs, written
@@ -126,6 +134,7 @@ func (l *hclogger) enabled(level hclog.Level) bool {
 // log writes one line; pcSkip is what runtime.Callers skips to reach the
 // caller of the exported method (0: no source).
 func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
+	level = shutdownLevel(level, args)
 	if !l.enabled(level) {
 		return
 	}
@@ -154,6 +163,24 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 	r := slog.NewRecord(now, sl, msg, pc)
 	r.AddAttrs(l.hclogAttrs(args)...)
 	_ = l.h.Handle(context.Background(), r)
+}
+
+// shutdownLevel is the level of a line at level with args: Debug if
+// one of its values is an error that is raft.ErrTransportShutdown (the
+// network transport says so only of RPCs it dropped because this member
+// closed it; a decode error proper is logged at its level).
+func shutdownLevel(level hclog.Level, args []any) hclog.Level {
+	switch level {
+	case hclog.NoLevel, hclog.Info, hclog.Warn, hclog.Error:
+	default: // already Debug or below; or Off
+		return level
+	}
+	for i := 1; i < len(args); i += 2 {
+		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
+			return hclog.Debug
+		}
+	}
+	return level
 }
 
 // peerArg returns the value of the first arg that names a peer, as text.

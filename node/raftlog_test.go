@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -335,6 +338,106 @@ func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
 	if ls := lines(); len(ls) != 0 {
 		t.Errorf("debug line at an Info handler: %v", ls)
 	}
+}
+
+// A transport's "transport shutdown" is not an error: hashicorp/raft's
+// network transport returns it only for RPCs it dropped because this
+// member closed it, which happens at every normal shutdown whose peers
+// still run. A decode error proper keeps its level.
+func TestHclogTransportShutdownIsDebug(t *testing.T) {
+	shutdown := raft.ErrTransportShutdown
+	for _, tc := range []struct {
+		level hclog.Level
+		err   error
+		want  string // the slog level; "" = not logged
+	}{
+		{hclog.Error, shutdown, "DEBUG"},
+		{hclog.Error, fmt.Errorf("handling: %w", shutdown), "DEBUG"},
+		{hclog.Warn, shutdown, "DEBUG"},
+		{hclog.NoLevel, shutdown, "DEBUG"},
+		{hclog.Trace, shutdown, "DEBUG"},
+		{hclog.Off, shutdown, ""},
+		{hclog.Error, errors.New("msgpack decode error [pos 3]: invalid length"), "ERROR"},
+		{hclog.Error, errors.New("transport shutdown"), "ERROR"}, // another error with the same text
+		{hclog.Error, io.ErrUnexpectedEOF, "ERROR"},
+	} {
+		for _, handler := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+			l, lines := jsonLogger(t, handler, time.Now)
+			l.Named("raft-net").Log(tc.level, "failed to decode incoming command", "error", tc.err)
+			want := tc.want
+			if want == "DEBUG" && handler > slog.LevelDebug {
+				want = ""
+			}
+			got := ""
+			if ls := lines(); len(ls) == 1 {
+				got = ls[0]["level"].(string)
+			}
+			if got != want {
+				t.Errorf("handler %v: Log(%v, error %v) wrote level %q, want %q", handler, tc.level, tc.err, got, want)
+			}
+		}
+	}
+}
+
+// The same through hashicorp/raft's own TCP transport: an RPC a peer
+// has in flight when the member closes its transport.
+func TestHclogTransportShutdownOfRaft(t *testing.T) {
+	var buf lockedBuffer
+	log := newHclogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), time.Now)
+	recv, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 1, 5*time.Second, log.Named("raft-net"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recv.Close()
+	send, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 1, 5*time.Second, log.Named("raft-net"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer send.Close()
+	sent := make(chan error, 1)
+	go func() {
+		var resp raft.AppendEntriesResponse
+		sent <- send.AppendEntries("n2", recv.LocalAddr(), &raft.AppendEntriesRequest{Term: 1, PrevLogEntry: 1}, &resp)
+	}()
+	<-recv.Consumer() // in flight: taken, never answered
+	recv.Close()
+	if err := <-sent; err == nil {
+		t.Fatal("the RPC was answered")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(buf.String(), "failed to decode incoming command") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line about the dropped RPC:\n%s", buf.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not JSON: %q", line)
+		}
+		if m["msg"] == "failed to decode incoming command" && (m["level"] != "DEBUG" || m["error"] != "transport shutdown" || m["module"] != "raft-net") {
+			t.Errorf("the dropped RPC's line is %s, want it at DEBUG with module raft-net and error \"transport shutdown\"", line)
+		}
+	}
+}
+
+// lockedBuffer is a buffer that goroutines write while a test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer // guarded by mu
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // jsonKeys returns the keys of the JSON object line, in order, repeats
