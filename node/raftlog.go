@@ -31,11 +31,22 @@ import (
 // SetLevel says), and, as in hclog, applies to every logger derived by
 // With and Named. GetLevel and the Is methods say what is logged.
 //
-// A line whose error is raft.ErrTransportShutdown is logged at Debug,
-// whatever its level (shutdownLevel): the network transport returns it
-// only once this member closed it, and logs it at Error ("failed to
-// decode incoming command") for each RPC a peer had in flight then —
-// at every normal shutdown of a member whose peers still run.
+// Two kinds of line are logged at another level than hashicorp/raft's
+// (lineLevel):
+//   - A line whose error is raft.ErrTransportShutdown is at Debug,
+//     whatever its level: the network transport returns it only once
+//     this member closed it, and logs it at Error ("failed to decode
+//     incoming command") for each RPC a peer had in flight then — at
+//     every normal shutdown of a member whose peers still run.
+//   - An error about another member (a line that names a peer, see
+//     below: "failed to heartbeat to", "failed to appendEntries to",
+//     "failed to make requestVote RPC", ...) is a Warn. This member's
+//     Raft works on without that peer (a quorum suffices); a peer that
+//     stopped — gracefully, too: it stays a member — is unreachable as
+//     one that crashed is; whether it is dead is the failure detector's
+//     call, which logs it at Warn ("member marked dead"); and a peer's
+//     own failure is logged at Error by that peer. Errors of this
+//     member's own (its log store, snapshots, decoding) keep Error.
 //
 // Names (Named, ResetNamed) are the "module" attr ("raft", "raft-net",
 // "snapshot"); With's args and each line's args are attrs, written
@@ -134,7 +145,7 @@ func (l *hclogger) enabled(level hclog.Level) bool {
 // log writes one line; pcSkip is what runtime.Callers skips to reach the
 // caller of the exported method (0: no source).
 func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
-	level = shutdownLevel(level, args)
+	level = lineLevel(level, args)
 	if !l.enabled(level) {
 		return
 	}
@@ -165,11 +176,12 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 	_ = l.h.Handle(context.Background(), r)
 }
 
-// shutdownLevel is the level of a line at level with args: Debug if
-// one of its values is an error that is raft.ErrTransportShutdown (the
-// network transport says so only of RPCs it dropped because this member
-// closed it; a decode error proper is logged at its level).
-func shutdownLevel(level hclog.Level, args []any) hclog.Level {
+// lineLevel is the level a line at level with args is logged at: Debug
+// if one of its values is an error that is raft.ErrTransportShutdown
+// (the network transport says so only of RPCs it dropped because this
+// member closed it; a decode error proper keeps its level); Warn for an
+// Error that names a peer; level otherwise.
+func lineLevel(level hclog.Level, args []any) hclog.Level {
 	switch level {
 	case hclog.NoLevel, hclog.Info, hclog.Warn, hclog.Error:
 	default: // already Debug or below; or Off
@@ -179,6 +191,9 @@ func shutdownLevel(level hclog.Level, args []any) hclog.Level {
 		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
 			return hclog.Debug
 		}
+	}
+	if _, ok := peerArg(args); ok && level == hclog.Error {
+		return hclog.Warn
 	}
 	return level
 }

@@ -318,7 +318,7 @@ func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
 		var got []line
 		for _, m := range lines() {
 			got = append(got, line{m["msg"].(string), m[step.key].(string)})
-			if lv, _ := slogLevel(step.level); m["level"] != lv.String() {
+			if lv, _ := slogLevel(min(step.level, hclog.Warn)); m["level"] != lv.String() { // an error about a peer is a warning
 				t.Errorf("step %d: level %v, want %v", i, m["level"], lv)
 			}
 			if strings.Contains(m["msg"].(string), "more in") && m["repeats"] != 2.0 {
@@ -340,30 +340,46 @@ func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
 	}
 }
 
-// A transport's "transport shutdown" is not an error: hashicorp/raft's
+// Two kinds of Raft's lines are logged at another level than Raft's:
+// a transport's "transport shutdown" is not an error (hashicorp/raft's
 // network transport returns it only for RPCs it dropped because this
 // member closed it, which happens at every normal shutdown whose peers
-// still run. A decode error proper keeps its level.
-func TestHclogTransportShutdownIsDebug(t *testing.T) {
+// still run), and an error about another member is a warning (a
+// graceful stop of a member makes the others fail to reach it). A
+// decode error proper, and this member's own errors, keep their level.
+func TestHclogLineLevel(t *testing.T) {
 	shutdown := raft.ErrTransportShutdown
+	refused := errors.New("dial tcp 127.0.0.1:8081: connect: connection refused")
 	for _, tc := range []struct {
 		level hclog.Level
-		err   error
+		msg   string
+		args  []any
 		want  string // the slog level; "" = not logged
 	}{
-		{hclog.Error, shutdown, "DEBUG"},
-		{hclog.Error, fmt.Errorf("handling: %w", shutdown), "DEBUG"},
-		{hclog.Warn, shutdown, "DEBUG"},
-		{hclog.NoLevel, shutdown, "DEBUG"},
-		{hclog.Trace, shutdown, "DEBUG"},
-		{hclog.Off, shutdown, ""},
-		{hclog.Error, errors.New("msgpack decode error [pos 3]: invalid length"), "ERROR"},
-		{hclog.Error, errors.New("transport shutdown"), "ERROR"}, // another error with the same text
-		{hclog.Error, io.ErrUnexpectedEOF, "ERROR"},
+		{hclog.Error, "failed to decode incoming command", []any{"error", shutdown}, "DEBUG"},
+		{hclog.Error, "failed to decode incoming command", []any{"error", fmt.Errorf("handling: %w", shutdown)}, "DEBUG"},
+		{hclog.Warn, "m", []any{"error", shutdown}, "DEBUG"},
+		{hclog.NoLevel, "m", []any{"error", shutdown}, "DEBUG"},
+		{hclog.Trace, "m", []any{"error", shutdown}, "DEBUG"},
+		{hclog.Off, "m", []any{"error", shutdown}, ""},
+		{hclog.Error, "m", []any{"peer", "n2", "error", shutdown}, "DEBUG"},
+		{hclog.Error, "failed to decode incoming command", []any{"error", errors.New("msgpack decode error [pos 3]: invalid length")}, "ERROR"},
+		{hclog.Error, "failed to decode incoming command", []any{"error", errors.New("transport shutdown")}, "ERROR"}, // another error with the same text
+		{hclog.Error, "failed to decode incoming command", []any{"error", io.ErrUnexpectedEOF}, "ERROR"},
+		{hclog.Error, "failed to flush response", []any{"error", shutdown.Error()}, "ERROR"}, // text, not the error
+		// About another member: at most a warning.
+		{hclog.Error, "failed to heartbeat to", []any{"peer", "127.0.0.1:8081", "backoff time", time.Second, "error", refused}, "WARN"},
+		{hclog.Error, "failed to appendEntries to", []any{"peer", raft.Server{ID: "n2"}, "error", refused}, "WARN"},
+		{hclog.Error, "failed to make requestVote RPC", []any{"target", raft.Server{ID: "n2"}, "error", refused, "term", 3}, "WARN"},
+		{hclog.Warn, "failed to contact", []any{"server-id", "n2", "time", time.Second}, "WARN"},
+		{hclog.Info, "pipelining replication", []any{"peer", raft.Server{ID: "n2"}}, "INFO"},
+		// This member's own.
+		{hclog.Error, "failed to append to logs", []any{"error", errors.New("disk full")}, "ERROR"},
+		{hclog.Error, "failed to open snapshot", []any{"id", "s1", "error", errors.New("EOF")}, "ERROR"},
 	} {
 		for _, handler := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
 			l, lines := jsonLogger(t, handler, time.Now)
-			l.Named("raft-net").Log(tc.level, "failed to decode incoming command", "error", tc.err)
+			l.Named("raft").Log(tc.level, tc.msg, tc.args...)
 			want := tc.want
 			if want == "DEBUG" && handler > slog.LevelDebug {
 				want = ""
@@ -373,7 +389,7 @@ func TestHclogTransportShutdownIsDebug(t *testing.T) {
 				got = ls[0]["level"].(string)
 			}
 			if got != want {
-				t.Errorf("handler %v: Log(%v, error %v) wrote level %q, want %q", handler, tc.level, tc.err, got, want)
+				t.Errorf("handler %v: Log(%v, %q, %v) wrote level %q, want %q", handler, tc.level, tc.msg, tc.args, got, want)
 			}
 		}
 	}
