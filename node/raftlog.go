@@ -56,8 +56,13 @@ import (
 // "target": hashicorp/raft's "failed to heartbeat to", "failed to
 // appendEntries to", "failed to make requestVote RPC", ...) are
 // throttled: the first of a message about one peer is logged, repeats
-// within repeatWindow are counted and the next one after it is logged as
-// "msg (N more in 30s)" (repeats).
+// within repeatWindow are counted, and when the window ends with repeats
+// held, the last of them is logged as "msg (N more in 30s)" with an attr
+// "repeats": N, which starts the next window (repeats). The end of a
+// window is a timer of the time package (time.AfterFunc), whatever now
+// says: a burst that stops is summed up 30s after its first line, with
+// no later line needed; a steady stream comes out as one line per
+// window. A summary due after the process exits is lost.
 //
 // An hclogger is safe for concurrent use.
 type hclogger struct {
@@ -78,8 +83,18 @@ type hclogShared struct {
 	epoch time.Time        // the throttle's origin (monotonic with time.Now)
 	taken map[string]bool  // keys a line has already: an arg's is renamed
 
-	mu  sync.Mutex
-	rep *repeats // guarded by mu
+	mu      sync.Mutex
+	rep     *repeats             // guarded by mu
+	pending map[string]*heldLine // guarded by mu: by repeats key, the last line held back in a window that a timer will end
+}
+
+// heldLine is a line the throttle held back, to be logged by l as the
+// summary of its window.
+type heldLine struct {
+	l     *hclogger
+	level hclog.Level
+	msg   string
+	args  []any
 }
 
 // repeatWindow is how long repeats of a message about one peer are
@@ -97,7 +112,7 @@ var throttledBy = []string{"peer", "server-id", "target"}
 // attrs), at now's time (time.Now in production). taken are the keys of
 // the attrs log adds: an arg with one of them is renamed (hclogAttrs).
 func newHclogger(log *slog.Logger, now func() time.Time, taken ...string) *hclogger {
-	sh := &hclogShared{now: now, epoch: now(), rep: newRepeats(repeatWindow, repeatKeys)}
+	sh := &hclogShared{now: now, epoch: now(), rep: newRepeats(repeatWindow, repeatKeys), pending: make(map[string]*heldLine)}
 	sh.taken = map[string]bool{slog.TimeKey: true, slog.LevelKey: true, slog.MessageKey: true, slog.SourceKey: true, "module": true}
 	for _, k := range taken {
 		sh.taken[k] = true
@@ -149,20 +164,29 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 	if !l.enabled(level) {
 		return
 	}
-	sl, _ := slogLevel(level)
 	now := l.now()
 	if level >= hclog.Warn {
 		if peer, ok := peerArg(args); ok {
+			key := l.name + "\x00" + msg + "\x00" + peer
 			l.mu.Lock()
-			logged, held := l.rep.seeAt(l.name+"\x00"+msg+"\x00"+peer, now.Sub(l.epoch))
+			at := now.Sub(l.epoch)
+			logged, held := l.rep.seeAt(key, at)
+			if logged {
+				delete(l.pending, key) // its held count is reported here
+			} else {
+				p := l.pending[key]
+				if p == nil {
+					p = &heldLine{}
+					l.pending[key] = p
+					time.AfterFunc(l.rep.left(key, at), func() { l.endWindow(key, p) })
+				}
+				*p = heldLine{l: l, level: level, msg: msg, args: args}
+			}
 			l.mu.Unlock()
 			if !logged {
 				return
 			}
-			if held > 0 {
-				msg = fmt.Sprintf("%s (%d more in %s)", msg, held, repeatWindow)
-				args = append(args[:len(args):len(args)], "repeats", held)
-			}
+			msg, args = summary(msg, args, held)
 		}
 	}
 	var pc uintptr
@@ -171,9 +195,49 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 		runtime.Callers(pcSkip+1, pcs[:]) // +1: log itself
 		pc = pcs[0]
 	}
+	l.write(now, level, msg, args, pc)
+}
+
+// write writes one line at now; pc is its source (0: none).
+func (l *hclogger) write(now time.Time, level hclog.Level, msg string, args []any, pc uintptr) {
+	sl, _ := slogLevel(level)
 	r := slog.NewRecord(now, sl, msg, pc)
 	r.AddAttrs(l.hclogAttrs(args)...)
 	_ = l.h.Handle(context.Background(), r)
+}
+
+// summary returns a line's msg and args as logged when held lines like
+// it were held back before it: "msg (N more in 30s)", "repeats": N.
+func summary(msg string, args []any, held int) (string, []any) {
+	if held == 0 {
+		return msg, args
+	}
+	return fmt.Sprintf("%s (%d more in %s)", msg, held, repeatWindow), append(args[:len(args):len(args)], "repeats", held)
+}
+
+// endWindow is the timer of the window of key in which p was held back:
+// unless a line of key logged since reported the count, it logs p's
+// last line as the summary of the window (repeats.endAt).
+func (l *hclogger) endWindow(key string, p *heldLine) {
+	l.mu.Lock()
+	if l.pending[key] != p {
+		l.mu.Unlock()
+		return
+	}
+	now := l.now()
+	held, left := l.rep.endAt(key, now.Sub(l.epoch))
+	if left > 0 { // now says the window is not over yet
+		time.AfterFunc(left, func() { l.endWindow(key, p) })
+		l.mu.Unlock()
+		return
+	}
+	delete(l.pending, key)
+	line := *p
+	l.mu.Unlock()
+	if held > 0 {
+		msg, args := summary(line.msg, line.args, held)
+		line.l.write(now, line.level, msg, args, 0)
+	}
 }
 
 // lineLevel is the level a line at level with args is logged at: Debug
@@ -380,18 +444,20 @@ func levelPrefix(s string) (hclog.Level, string) {
 
 // repeats decides which lines of a stream to log when the same one
 // (by key: a message and the peer it is about) comes again and again:
-// the first of a key is logged; repeats within window of the last one
-// logged are held back and counted; the first after the window is logged
-// with the count (held) and starts a new window. Repeats that stop within
-// a window are never reported (nothing is logged without a line to log).
+// the first of a key is logged and starts a window; repeats within it
+// are held back and counted. Its owner ends the window when it is over
+// (endAt, at left): the count held is then reported and starts a new
+// window. A line after a window that was not ended (its owner was late)
+// is logged with the count (held) and starts a new window.
 //
 // Time is an argument: a monotonic offset from any origin. A time before
 // the last logged one (a clock that went back) counts as within the
 // window.
 //
 // It remembers at most max keys: a new key when full first forgets the
-// keys whose window has passed (their held counts unreported), and if
-// none has, is logged and not remembered rather than grow the map.
+// keys whose window has passed with nothing held (those with lines held
+// are about to be reported), and if none has, is logged and not
+// remembered rather than grow the map.
 //
 // Not safe for concurrent use.
 type repeats struct {
@@ -430,10 +496,38 @@ func (r *repeats) seeAt(key string, now time.Duration) (log bool, held int) {
 	return true, e.held
 }
 
-// forget drops the keys whose window has passed at now.
+// left returns how long key's window has still to run at now: at most
+// window (a clock that went back); 0 when it is over or key is unknown.
+func (r *repeats) left(key string, now time.Duration) time.Duration {
+	e, ok := r.seen[key]
+	if !ok {
+		return 0
+	}
+	return min(max(r.window-(now-e.since), 0), r.window)
+}
+
+// endAt ends key's window at now if it is over: it returns the count of
+// lines held back in it (0: none, or key is unknown) and, when some
+// were, starts a new window at now, as a line logged at now would. If
+// the window is not over, it changes nothing and returns how long it
+// has still to run.
+func (r *repeats) endAt(key string, now time.Duration) (held int, left time.Duration) {
+	if left := r.left(key, now); left > 0 {
+		return 0, left
+	}
+	e, ok := r.seen[key]
+	if !ok || e.held == 0 {
+		return 0, 0
+	}
+	r.seen[key] = repeat{since: now}
+	return e.held, 0
+}
+
+// forget drops the keys whose window has passed at now with nothing
+// held back.
 func (r *repeats) forget(now time.Duration) {
 	for k, e := range r.seen {
-		if now-e.since >= r.window {
+		if now-e.since >= r.window && e.held == 0 {
 			delete(r.seen, k)
 		}
 	}

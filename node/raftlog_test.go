@@ -11,7 +11,9 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,12 +25,12 @@ import (
 // The logger's own attrs are "node": "n1".
 func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger, func() []map[string]any) {
 	t.Helper()
-	var buf bytes.Buffer
+	var buf lockedBuffer // the throttle's timers write too
 	h := slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level, AddSource: true})
 	return newHclogger(slog.New(h).With("node", "n1"), now, "node"), func() []map[string]any {
 		t.Helper()
 		var out []map[string]any
-		for _, line := range strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n") {
+		for _, line := range strings.Split(strings.TrimSuffix(buf.take(), "\n"), "\n") {
 			if line == "" {
 				continue
 			}
@@ -41,7 +43,6 @@ func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger
 			}
 			out = append(out, m)
 		}
-		buf.Reset()
 		return out
 	}
 }
@@ -282,62 +283,169 @@ func TestRepeats(t *testing.T) {
 	}
 }
 
-// Warnings and errors about one peer are throttled by message and peer;
-// other lines are not.
-func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
-	base := time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)
-	now := base
-	l, lines := jsonLogger(t, slog.LevelInfo, func() time.Time { return now })
-	raftLog := l.Named("raft")
+// The owner of a repeats ends each window (endAt, when left says): the
+// count held is reported then and starts the next window.
+func TestRepeatsEndAt(t *testing.T) {
 	s := time.Second
-	type line struct{ msg, peer string }
+	r := newRepeats(30*s, 2)
 	for i, step := range []struct {
-		at    time.Duration
-		level hclog.Level
-		msg   string
-		key   string // the peer's arg
-		peer  string
-		want  []line
+		op       string // "see", "end" (endAt) or "left"
+		at       time.Duration
+		key      string
+		wantLog  bool          // see
+		wantHeld int           // see, end
+		wantLeft time.Duration // end, left
 	}{
-		{0, hclog.Error, "failed to heartbeat to", "peer", "n2", []line{{"failed to heartbeat to", "n2"}}},
-		{1 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
-		{1 * s, hclog.Error, "failed to heartbeat to", "peer", "n3", []line{{"failed to heartbeat to", "n3"}}},
-		{1 * s, hclog.Error, "failed to appendEntries to", "peer", "n2", []line{{"failed to appendEntries to", "n2"}}},
-		{2 * s, hclog.Warn, "failed to contact", "server-id", "n2", []line{{"failed to contact", "n2"}}},
-		{3 * s, hclog.Warn, "failed to contact", "server-id", "n2", nil},
-		{3 * s, hclog.Error, "failed to make requestVote RPC", "target", "n2", []line{{"failed to make requestVote RPC", "n2"}}},
-		{4 * s, hclog.Error, "failed to make requestVote RPC", "target", "n2", nil},
-		{5 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"pipelining replication", "n2"}}},
-		{6 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"pipelining replication", "n2"}}}, // Info: not throttled
-		{20 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
-		{30 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", []line{{"failed to heartbeat to (2 more in 30s)", "n2"}}},
-		{31 * s, hclog.Error, "failed to heartbeat to", "peer", "n2", nil},
+		{"see", 0, "a", true, 0, 0},
+		{"end", 10 * s, "a", false, 0, 20 * s}, // not over: nothing changes
+		{"see", 5 * s, "a", false, 0, 0},
+		{"left", 5 * s, "a", false, 0, 25 * s},
+		{"end", 30 * s, "a", false, 1, 0}, // over: reported, a new window from 30s
+		{"see", 40 * s, "a", false, 0, 0},
+		{"see", 59 * s, "a", false, 0, 0},
+		{"end", 61 * s, "a", false, 2, 0}, // a late owner: a new window from 61s
+		{"end", 70 * s, "a", false, 0, 21 * s},
+		{"end", 91 * s, "a", false, 0, 0}, // over with nothing held
+		{"see", 92 * s, "a", true, 0, 0},
+		{"left", 80 * s, "a", false, 0, 30 * s}, // the clock went back: at most a window
+		{"see", 100 * s, "a", false, 0, 0},
+		{"see", 130 * s, "a", true, 1, 0}, // a line before the owner ended the window reports it
+		{"end", 131 * s, "a", false, 0, 29 * s},
+		{"end", 131 * s, "b", false, 0, 0}, // unknown
+		{"left", 131 * s, "b", false, 0, 0},
+		// Bounded: the keys whose window passed with lines held are not
+		// forgotten to make room (they are about to be reported).
+		{"see", 140 * s, "a", false, 0, 0},
+		{"see", 141 * s, "b", true, 0, 0},
+		{"see", 200 * s, "c", true, 0, 0}, // b is forgotten, a is kept
+		{"see", 201 * s, "d", true, 0, 0}, // no room: logged, not remembered
+		{"see", 202 * s, "d", true, 0, 0},
+		{"end", 203 * s, "a", false, 1, 0},
 	} {
-		now = base.Add(step.at)
-		raftLog.Log(step.level, step.msg, step.key, step.peer, "error", "dial tcp: connection refused")
-		var got []line
-		for _, m := range lines() {
-			got = append(got, line{m["msg"].(string), m[step.key].(string)})
-			if lv, _ := slogLevel(min(step.level, hclog.Warn)); m["level"] != lv.String() { // an error about a peer is a warning
-				t.Errorf("step %d: level %v, want %v", i, m["level"], lv)
-			}
-			if strings.Contains(m["msg"].(string), "more in") && m["repeats"] != 2.0 {
-				t.Errorf("step %d: repeats = %v, want 2", i, m["repeats"])
-			}
-			if m["time"] != now.Format(time.RFC3339) {
-				t.Errorf("step %d: time %v, want %v", i, m["time"], now)
-			}
+		var log bool
+		var held int
+		var left time.Duration
+		switch step.op {
+		case "see":
+			log, held = r.seeAt(step.key, step.at)
+		case "end":
+			held, left = r.endAt(step.key, step.at)
+		case "left":
+			left = r.left(step.key, step.at)
 		}
-		if !reflect.DeepEqual(got, step.want) {
-			t.Errorf("step %d: at %v %v %q %s=%s wrote %v, want %v", i, step.at, step.level, step.msg, step.key, step.peer, got, step.want)
+		if log != step.wantLog || held != step.wantHeld || left != step.wantLeft {
+			t.Errorf("step %d: %s(%q, %v) = log %v, held %d, left %v; want %v, %d, %v", i, step.op, step.key, step.at, log, held, left, step.wantLog, step.wantHeld, step.wantLeft)
 		}
 	}
-	// Below the handler's level nothing is counted: at Info, a Debug
-	// repeat neither logs nor holds anything.
-	raftLog.Debug("failed to heartbeat to", "peer", "n9")
-	if ls := lines(); len(ls) != 0 {
-		t.Errorf("debug line at an Info handler: %v", ls)
-	}
+}
+
+// Warnings and errors about one peer are throttled by message and peer;
+// other lines are not. A window that ends with lines held back is summed
+// up then, with no later line needed (a timer: the test runs in a
+// synctest bubble, whose clock is the lines' too).
+func TestHclogThrottlesRepeatsAboutAPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := time.Now()
+		l, lines := jsonLogger(t, slog.LevelInfo, time.Now)
+		raftLog := l.Named("raft")
+		s := time.Second
+		type line struct {
+			level, msg, peer string
+			repeats          int // the attr
+			at               time.Duration
+		}
+		const hb, ae, contact, vote = "failed to heartbeat to", "failed to appendEntries to", "failed to contact", "failed to make requestVote RPC"
+		for i, step := range []struct {
+			at    time.Duration
+			level hclog.Level // NoLevel: no line, only the time passing
+			msg   string
+			key   string // the peer's arg
+			peer  string
+			want  []line // written since the last step, up to this one's own
+		}{
+			{0, hclog.Error, hb, "peer", "n2", []line{{"WARN", hb, "n2", 0, 0}}}, // an error about a peer is a warning
+			{1 * s, hclog.Error, hb, "peer", "n2", nil},
+			{1 * s, hclog.Error, hb, "peer", "n3", []line{{"WARN", hb, "n3", 0, 1 * s}}},
+			{1 * s, hclog.Error, ae, "peer", "n2", []line{{"WARN", ae, "n2", 0, 1 * s}}},
+			{2 * s, hclog.Warn, contact, "server-id", "n2", []line{{"WARN", contact, "n2", 0, 2 * s}}},
+			{3 * s, hclog.Warn, contact, "server-id", "n2", nil},
+			{3 * s, hclog.Error, vote, "target", "n2", []line{{"WARN", vote, "n2", 0, 3 * s}}},
+			{4 * s, hclog.Error, vote, "target", "n2", nil},
+			{5 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"INFO", "pipelining replication", "n2", 0, 5 * s}}},
+			{6 * s, hclog.Info, "pipelining replication", "peer", "n2", []line{{"INFO", "pipelining replication", "n2", 0, 6 * s}}}, // Info: not throttled
+			{20 * s, hclog.Error, hb, "peer", "n2", nil},
+			// The window of n2's heartbeats ends at 30s with 2 held: summed
+			// up then; the summary starts the next window, which holds 31s.
+			{31 * s, hclog.Error, hb, "peer", "n2", []line{{"WARN", hb + " (2 more in 30s)", "n2", 2, 30 * s}}},
+			// Bursts that stopped: summed up at the end of their window,
+			// with no later line. n3's window held nothing: no summary.
+			{34 * s, hclog.NoLevel, "", "", "", []line{{"WARN", contact + " (1 more in 30s)", "n2", 1, 32 * s}, {"WARN", vote + " (1 more in 30s)", "n2", 1, 33 * s}}},
+			{61 * s, hclog.Error, hb, "peer", "n2", []line{{"WARN", hb + " (1 more in 30s)", "n2", 1, 60 * s}}},
+			{100 * s, hclog.NoLevel, "", "", "", []line{{"WARN", hb + " (1 more in 30s)", "n2", 1, 90 * s}}},
+			{130 * s, hclog.NoLevel, "", "", "", nil}, // the window from 90s held nothing
+			{131 * s, hclog.Error, hb, "peer", "n2", []line{{"WARN", hb, "n2", 0, 131 * s}}},
+			{132 * s, hclog.Error, hb, "peer", "n2", nil},
+			{200 * s, hclog.NoLevel, "", "", "", []line{{"WARN", hb + " (1 more in 30s)", "n2", 1, 161 * s}}},
+		} {
+			time.Sleep(time.Until(base.Add(step.at)))
+			synctest.Wait() // the timers due by now have written
+			if step.level != hclog.NoLevel {
+				raftLog.Log(step.level, step.msg, step.key, step.peer, "error", "dial tcp: connection refused")
+			}
+			var got []line
+			for _, m := range lines() {
+				ts, _ := time.Parse(time.RFC3339Nano, m["time"].(string))
+				peer, _ := m["peer"].(string)
+				for _, k := range throttledBy {
+					if p, ok := m[k].(string); ok {
+						peer = p
+					}
+				}
+				repeats, _ := m["repeats"].(float64)
+				got = append(got, line{m["level"].(string), m["msg"].(string), peer, int(repeats), ts.Sub(base)})
+			}
+			if !reflect.DeepEqual(got, step.want) {
+				t.Errorf("step %d: at %v %v %q %s=%s wrote %v, want %v", i, step.at, step.level, step.msg, step.key, step.peer, got, step.want)
+			}
+		}
+		// Below the handler's level nothing is counted: at Info, a Debug
+		// repeat neither logs nor holds anything.
+		raftLog.Debug("failed to heartbeat to", "peer", "n9")
+		raftLog.Debug("failed to heartbeat to", "peer", "n9")
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if ls := lines(); len(ls) != 0 {
+			t.Errorf("debug line at an Info handler: %v", ls)
+		}
+	})
+}
+
+// A clock that falls behind the timers (now is a parameter; the
+// window's timer is the time package's) ends a window when the clock
+// says so.
+func TestHclogThrottleClockBehindTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := time.Now()
+		var lag atomic.Int64
+		l, lines := jsonLogger(t, slog.LevelInfo, func() time.Time { return time.Now().Add(-time.Duration(lag.Load())) })
+		l.Warn("failed to contact", "server-id", "n2")
+		l.Warn("failed to contact", "server-id", "n2")
+		lag.Store(int64(5 * time.Second))
+		time.Sleep(31 * time.Second) // the timer fired at 30s; the clock said 25s
+		synctest.Wait()
+		if ls := lines(); len(ls) != 1 {
+			t.Fatalf("by 31s (the clock: 26s): %d lines, want the first only", len(ls))
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		ls := lines()
+		if len(ls) != 1 || ls[0]["msg"] != "failed to contact (1 more in 30s)" || ls[0]["repeats"] != 1.0 {
+			t.Fatalf("by 36s (the clock: 31s): %v, want the summary", ls)
+		}
+		if at, _ := time.Parse(time.RFC3339Nano, ls[0]["time"].(string)); at.Sub(base) != 30*time.Second {
+			t.Errorf("summary at %v, want at the clock's 30s", at.Sub(base))
+		}
+	})
 }
 
 // Two kinds of Raft's lines are logged at another level than Raft's:
@@ -448,6 +556,15 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+// take returns what was written since the last take.
+func (b *lockedBuffer) take() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	b.buf.Reset()
+	return s
 }
 
 func (b *lockedBuffer) String() string {
