@@ -197,6 +197,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return fail2(err)
 	}
+	logs.Use(log.Handler()) // bbolt's lines too (embedded mode)
 	if soft := gctune.SoftLimit(getenv, ""); soft > 0 {
 		log.Debug("soft memory limit from the cgroup", "soft_memory_limit", soft)
 	}

@@ -8,9 +8,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+
+	"github.com/ringlimit/ringlimit/internal/proclog"
 )
 
 const usage = `ringlimit — a rate limiter cluster with no shared store
@@ -29,7 +33,16 @@ Every flag may also come from the environment as RINGLIMIT_<FLAG>.
 Run 'ringlimit <command> -h' for the flags of a command.
 `
 
+// logs is where the process-wide loggers of libraries write — gRPC's
+// and the standard library's default one, bbolt's (proclog): main
+// installs it before anything runs; serve, router and gateway point it
+// at their own logger. Until then, and in the short-lived commands, it
+// writes slog JSON on stderr at Info.
+var logs = proclog.NewSink(slog.NewJSONHandler(os.Stderr, nil))
+
 func main() {
+	verbosity, _ := strconv.Atoi(os.Getenv("GRPC_GO_LOG_VERBOSITY_LEVEL")) // as gRPC's own logger
+	proclog.Install(logs, verbosity)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		// After the first signal, the next one is the system's own: a

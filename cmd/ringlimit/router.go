@@ -167,6 +167,7 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return fail(stderr, "router", err)
 	}
+	logs.Use(log.Handler()) // gRPC's lines too
 	if len(ff.members()) == 0 {
 		return fail(stderr, "router", errors.New("--cluster: at least one member address is required"))
 	}

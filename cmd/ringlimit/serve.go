@@ -56,6 +56,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logs.Use(log.Handler()) // gRPC's and bbolt's lines too
 	fail := func(format string, a ...any) int {
 		log.Error(fmt.Sprintf(format, a...))
 		return 2
