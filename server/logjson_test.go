@@ -73,8 +73,9 @@ func topKeys(line string) int {
 // Every line members write, from start to shutdown, is slog's JSON:
 // Raft's too (hashicorp/raft, its TCP transport, its snapshot store),
 // which used to come out as hclog's JSON, and at shutdown as hclog's
-// text. And a member that is down makes the leader log Raft's failed
-// heartbeats to it once, not every half second.
+// text. None is at ERROR while they start. And a member that is down
+// makes the leader log Raft's failed heartbeats to it once, not every
+// half second.
 func TestEveryLogLineIsSlogJSON(t *testing.T) {
 	var out lockedBuffer
 	log := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -122,6 +123,13 @@ func TestEveryLogLineIsSlogJSON(t *testing.T) {
 	})
 	if err := lead.Node.Raft().Snapshot().Error(); err != nil { // the snapshot store's lines
 		t.Fatal(err)
+	}
+	// A normal start logs no error (Raft's errors about another member
+	// are warnings; a transport's "transport shutdown" is debug).
+	for _, l := range out.lines(t) {
+		if l["level"] == "ERROR" {
+			t.Errorf("an ERROR line while 3 members start: %v", l)
+		}
 	}
 	for _, s := range ss {
 		if s != lead {
