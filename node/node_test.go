@@ -674,3 +674,38 @@ func raftServers(specs []string, port string) []raft.Server {
 	}
 	return servers
 }
+
+// A batch that reaches an owner whose lease ran out a second or more ago
+// (it was paused, or cut off, and the batch waited in its socket) is
+// answered UNAVAILABLE at once and spends nothing: its sender has answered
+// it by the rule's failure mode already. One that reaches an owner whose
+// lease lapsed only just waits for the next grant, as before.
+func TestLongLapsedLeaseAnswersAtOnceWithoutSpending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, v := testOwner(t, 1, "a")
+		a.EnableLease(true)
+		a.SetLeaseUntil(time.Now().Add(time.Second))
+		h, p := partOf(v, "a")
+		c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1} // limit 2 a minute
+		time.Sleep(time.Second + staleLease) // paused: the lease ran out a second ago
+		start := time.Now()
+		if r := handle(a, 1, c).Results[0]; r.Status != transport.StatusUnavailable || time.Since(start) != 0 {
+			t.Fatalf("a batch %v after the lease ran out: %+v after %v, want UNAVAILABLE at once", staleLease, r, time.Since(start))
+		}
+		a.SetLeaseUntil(time.Now().Add(time.Second)) // the next grant
+		for i := range 2 {
+			if r := handle(a, 1, c).Results[0]; !r.Allowed {
+				t.Fatalf("check %d after the next grant: %+v, want allowed (nothing spent while lapsed)", i+1, r)
+			}
+		}
+
+		time.Sleep(time.Second + staleLease/2) // lapsed only just
+		got := make(chan transport.Result, 1)
+		go func() { got <- handle(a, 1, transport.Check{Rule: "r", KeyHash: h + 1, Partition: v.Ring.Partition(h + 1), Cost: 1}).Results[0] }()
+		synctest.Wait()
+		a.SetLeaseUntil(time.Now().Add(time.Second))
+		if r := <-got; r.Status != transport.StatusOK {
+			t.Fatalf("a batch %v after the lease ran out: %+v, want it to wait for the grant and be decided", staleLease/2, r)
+		}
+	})
+}

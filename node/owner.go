@@ -237,6 +237,25 @@ func (o *Owner) leaseRemainingAt(elapsed time.Duration) (time.Duration, bool) {
 	return max(time.Duration(o.leaseUntil.Load())-elapsed, 0), true
 }
 
+// staleLease is how long after its lease ran out an owner stops waiting
+// for the next one to decide a batch (lapsedLong).
+const staleLease = time.Second
+
+// lapsedLong reports whether this owner's lease ran out staleLease ago or
+// more (it had one). A batch that reaches it now was most likely sent
+// long ago: held in its socket while this process was paused (SIGSTOP,
+// a VM's stall) or its network cut, and its sender has answered it by
+// its rule's failure mode already. Waiting for the lease and deciding it
+// then spent budget for an answer nobody reads — a denied request that
+// counted (seen by a new user: a 10 s pause spent one unit per degraded
+// answer given meanwhile). Such a batch is answered UNAVAILABLE at once,
+// spending nothing; a lease that lapsed only just (a leader's election)
+// is still waited for.
+func (o *Owner) lapsedLong() bool {
+	until := o.leaseUntil.Load()
+	return o.leaseOn.Load() && until > 0 && int64(time.Since(o.start))-until >= int64(staleLease)
+}
+
 func (o *Owner) leased() bool {
 	return !o.leaseOn.Load() || int64(time.Since(o.start)) < o.leaseUntil.Load()
 }
@@ -321,7 +340,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 		return
 	}
 	resp.Epoch = v.Epoch()
-	if !o.leased() && !o.awaitLease(ctx) {
+	if !o.leased() && (o.lapsedLong() || !o.awaitLease(ctx)) {
 		for i := range resp.Results {
 			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
 		}
