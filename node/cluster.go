@@ -1076,8 +1076,19 @@ func (n *Node) WaitView(ctx context.Context, afterEpoch, afterRules uint64, wait
 	})
 }
 
-// Ready returns nil when this member has a leader, a ring, and is active
-// in it; otherwise an error wrapping api.ErrUnavailable saying why.
+// Ready returns nil when this member has a leader, a ring that has
+// caught up with its log (viewCurrent), and is active in it; otherwise an
+// error wrapping api.ErrUnavailable saying why.
+//
+// The ring must be current, not just the log: whether the member is
+// registered is read from the log, what it owns and awaits from the
+// ring, and a member whose ring still lags its own registration (the
+// bootstrapper at the empty ring of the cluster's Init, a moment before
+// its ring shows it) would be taken for ready while it owns nothing yet.
+// A cluster that waits for a member to be ready before adding the next
+// one (a deployment's readiness gate, clustertest's New) then made its
+// ring jump several members at once, and the member took its own
+// partitions for ones to await.
 func (n *Node) Ready() error {
 	behind := n.notCaughtUp()
 	switch {
@@ -1091,6 +1102,8 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("%w: %s", api.ErrUnavailable, behind)
 	case n.snap.Load() == nil:
 		return fmt.Errorf("%w: cluster not initialised", api.ErrUnavailable)
+	case !n.viewCurrent():
+		return fmt.Errorf("%w: its ring (epoch %d) has not caught up with its log (membership epoch %d)", api.ErrUnavailable, n.View().Epoch(), n.fsm.State().MembershipIndex)
 	case n.needsRecovery():
 		return fmt.Errorf("%w: restarted: recovering this member's partitions from their backups", api.ErrUnavailable)
 	case n.Owner().Awaiting() > 0:
