@@ -287,7 +287,7 @@ func (n *Node) registerLoop() {
 		case !caught && replaying.IsZero() && n.raft.hasState && !n.moved():
 			replaying = time.Now()
 			n.log.Info("re-registering: waiting for the Raft leader to confirm the log this member restarted with",
-				"applied", n.fsm.Applied(), "of", n.startIndex)
+				"applied", n.applied(), "of", n.startIndex)
 		case caught && !replaying.IsZero():
 			n.log.Info("re-registering: log confirmed by the leader", "waited", time.Since(replaying).Round(time.Millisecond).String())
 			replaying = time.Time{}

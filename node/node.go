@@ -394,7 +394,7 @@ func (n *Node) caughtUp() bool { return n.caughtUpTo(n.fsm.State()) }
 // now or a moment ago: the FSM has applied the log the node started
 // with, and st includes this member's own join (joinedIn).
 func (n *Node) caughtUpTo(st *fsm.State) bool {
-	return n.fsm.Applied() >= n.startIndex && n.joinedIn(st)
+	return n.applied() >= n.startIndex && n.joinedIn(st)
 }
 
 // joinedIn reports whether st includes the join of this member that
@@ -439,8 +439,8 @@ func (n *Node) noteJoin(epoch uint64) {
 func (n *Node) notCaughtUp() string {
 	st := n.fsm.State()
 	switch e := n.joinEpoch.Load(); {
-	case n.fsm.Applied() < n.startIndex:
-		return fmt.Sprintf("replaying its raft log (%d of %d)", n.fsm.Applied(), n.startIndex)
+	case n.applied() < n.startIndex:
+		return fmt.Sprintf("replaying its raft log (%d of %d)", n.applied(), n.startIndex)
 	case e == joinPending:
 		return "joining: waiting for the answer to its join"
 	case st.MembershipIndex < e:

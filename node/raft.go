@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -51,6 +52,9 @@ type raftParts struct {
 	// stopRetries ends the retries of failed replication calls
 	// (retryReplication) before Raft shuts down.
 	stopRetries func()
+	// fsm is the node's FSM as Raft drives it, which knows the index of
+	// the snapshot it restored last (Node.applied).
+	fsm *restoreWatch
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -128,7 +132,8 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		closeAll()
 		return nil, fmt.Errorf("%w: member %q left the cluster (ringlimit leave): this data dir's log holds its removal; start it over an empty --data-dir (or another --id) to join again as a new member", ErrDataDir, cfg.ID)
 	}
-	r, err := raft.NewRaft(rc, fsm, logs, stable, snaps, trans)
+	parts.fsm = &restoreWatch{FSM: fsm}
+	r, err := raft.NewRaft(rc, parts.fsm, logs, stable, indexedSnapshots{snaps}, trans)
 	started.Store(r)
 	if err != nil {
 		closeAll()
@@ -149,6 +154,77 @@ func (p *raftParts) close() error {
 		}
 	}
 	return err
+}
+
+// applied is the index of the last log entry the FSM's state reflects:
+// the last command it applied, or the snapshot it restored last when
+// that is later. A snapshot stands for every entry it covers, which the
+// FSM then never applies: a member restarted over its data dir whose
+// leader has compacted away the entries it missed gets the leader's
+// snapshot (InstallSnapshot) instead, and counting only the commands
+// applied, it took itself for still replaying the log it restarted with
+// until the cluster's next command (which nothing it waited for would
+// write: it marks itself down only once it has caught up).
+func (n *Node) applied() uint64 {
+	a := n.fsm.Applied()
+	if n.raft != nil && n.raft.fsm != nil {
+		a = max(a, n.raft.fsm.restored.Load())
+	}
+	return a
+}
+
+// restoreWatch is the node's FSM as Raft drives it: the same FSM, which
+// also keeps the log index of the last snapshot it restored (from
+// indexedSnapshots, as raft.FSM's Restore is not told it).
+type restoreWatch struct {
+	raft.FSM
+	restored atomic.Uint64 // the last restored snapshot's index; 0: none
+}
+
+// Restore restores the snapshot and, once it is the FSM's state, keeps
+// its index: after the FSM has published it, so that nothing takes an
+// index for reached before its state is there.
+func (f *restoreWatch) Restore(rc io.ReadCloser) error {
+	if err := f.FSM.Restore(rc); err != nil {
+		return err
+	}
+	if i, ok := snapshotIndex(rc); ok {
+		f.restored.Store(i)
+	}
+	return nil
+}
+
+// snapshotIndex is the log index of the snapshot rc reads, when
+// indexedSnapshots opened it (through Raft's wrappers around it).
+func snapshotIndex(rc io.ReadCloser) (uint64, bool) {
+	for {
+		switch r := rc.(type) {
+		case *snapshotSource:
+			return r.index, true
+		case raft.ReadCloserWrapper:
+			rc = r.WrappedReadCloser()
+		default:
+			return 0, false
+		}
+	}
+}
+
+// indexedSnapshots is Raft's snapshot store, whose snapshots, as Open
+// returns them, say at which log index they are (snapshotIndex).
+type indexedSnapshots struct{ raft.SnapshotStore }
+
+// snapshotSource is a snapshot opened by indexedSnapshots.
+type snapshotSource struct {
+	io.ReadCloser
+	index uint64
+}
+
+func (s indexedSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+	meta, rc, err := s.SnapshotStore.Open(id)
+	if err != nil || meta == nil {
+		return meta, rc, err
+	}
+	return meta, &snapshotSource{ReadCloser: rc, index: meta.Index}, nil
 }
 
 // lastCommand finds the last LogCommand entry after the latest snapshot.
