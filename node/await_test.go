@@ -25,7 +25,7 @@ func (f stuckFuture) Error() error { <-f.release; return nil }
 func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		n := &Node{ctx: ctx, cfg: Config{RaftTimeout: time.Second}}
+		n := &Node{ctx: ctx, cfg: Config{RaftTimeout: time.Second}, raft: &raftParts{}}
 		f := stuckFuture{make(chan struct{})}
 		defer close(f.release) // the waiter left behind ends with the test
 
@@ -54,7 +54,7 @@ func TestAwaitBoundsAFutureRaftNeverAnswers(t *testing.T) {
 		}
 
 		want := errors.New("raft's own answer")
-		if answered, err := (&Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}).await(context.Background(), answeredFuture{want}, "write"); !answered || err != want {
+		if answered, err := (&Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}, raft: &raftParts{}}).await(context.Background(), answeredFuture{want}, "write"); !answered || err != want {
 			t.Fatalf("await of an answered future = %v, %v; want answered, %v", answered, err, want)
 		}
 	})
@@ -69,7 +69,7 @@ func (f answeredFuture) Error() error { return f.err }
 // and keeps Raft's error reachable.
 func TestRaftUnavailableWrapsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}}
+		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}, raft: &raftParts{}}
 		f := stuckFuture{make(chan struct{})}
 		defer close(f.release)
 		_, gaveUp := n.await(n.ctx, f, "membership change")
@@ -84,6 +84,42 @@ func TestRaftUnavailableWrapsOnce(t *testing.T) {
 			if got.Error() != tc.want || !errors.Is(got, api.ErrUnavailable) || !errors.Is(got, tc.err) {
 				t.Errorf("raftUnavailable(%q) = %q, want %q wrapping api.ErrUnavailable and the cause", tc.err, got, tc.want)
 			}
+		}
+	})
+}
+
+// raftParts.close lets Raft answer the futures await gave up on before
+// it shuts Raft down (Raft drops some when it does, and their waiters
+// then wait forever), for at most its bound: answers.wait returns as soon
+// as none is left, or at the bound with how many are.
+func TestAnswersWaitIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var a answers
+		start := time.Now()
+		if k := a.wait(time.Second); k != 0 || time.Since(start) != 0 {
+			t.Fatalf("wait with nothing pending = %d after %v, want 0 at once", k, time.Since(start))
+		}
+		answered, stuck := stuckFuture{make(chan struct{})}, stuckFuture{make(chan struct{})}
+		a.of(answered)
+		done := a.of(stuck)
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			close(answered.release)
+		}()
+		start = time.Now()
+		if k := a.wait(time.Second); k != 1 || time.Since(start) != time.Second {
+			t.Fatalf("wait with one future answered at 300ms and one never = %d after %v, want 1 after 1s", k, time.Since(start))
+		}
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			close(stuck.release)
+		}()
+		start = time.Now()
+		if k := a.wait(time.Second); k != 0 || time.Since(start) != 200*time.Millisecond {
+			t.Fatalf("wait with the last future answered at 200ms = %d after %v, want 0 after 200ms", k, time.Since(start))
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("answer = %v, want the future's (nil)", err)
 		}
 	})
 }

@@ -67,8 +67,9 @@ func (n *Node) commitTimeout() time.Duration { return applyTimeout + 2*n.cfg.Raf
 //
 // The goroutine that waits on Raft's answer outlives apply when it
 // returns early; it ends when Raft answers, which it does on every path
-// but the two above. Each lost answer leaks that one goroutine; a hung
-// disk holds Raft's own goroutines as well.
+// but the two above. Close lets Raft answer it before shutting Raft down
+// (raftParts.close), so only a leader whose disk hangs past that leaves
+// it waiting; a hung disk holds Raft's own goroutines as well.
 //
 // A non-leader gets an error wrapping api.ErrUnavailable too.
 func (n *Node) apply(ctx context.Context, cmd []byte) error {
@@ -137,12 +138,12 @@ func (n *Node) outcome(ctx context.Context, f raft.ApplyFuture) error {
 // gave up; err then wraps api.ErrUnavailable (and ctx's error, when ctx
 // ended) and says that the outcome of what (a "write", a "membership
 // change", …) is unknown. Otherwise err is Raft's answer. Giving up
-// leaves one goroutine waiting on f until Raft answers it.
+// leaves one goroutine waiting on f until Raft answers it, which Close
+// waits for (answers).
 func (n *Node) await(ctx context.Context, f raft.Future, what string) (answered bool, err error) {
 	bound := time.NewTimer(n.commitTimeout())
 	defer bound.Stop()
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	done := n.raft.answers.of(f)
 	select {
 	case err = <-done:
 		return true, err

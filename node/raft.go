@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -55,6 +56,12 @@ type raftParts struct {
 	// fsm is the node's FSM as Raft drives it, which knows the index of
 	// the snapshot it restored last (Node.applied).
 	fsm *restoreWatch
+	// answers are the goroutines waiting for Raft's answers to the
+	// futures the node awaits, which close lets Raft answer, for at most
+	// answerWait, before it shuts Raft down.
+	answers    answers
+	answerWait time.Duration
+	log        *slog.Logger
 }
 
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
@@ -75,7 +82,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("node: raft config: %w", err)
 	}
-	parts := &raftParts{}
+	parts := &raftParts{answerWait: 2 * cfg.RaftTimeout, log: cfg.Logger.With("node", cfg.ID)}
 	var started atomic.Pointer[raft.Raft] // for the Raft guard, once running
 	logs, stable, snaps, trans := cfg.LogStore, cfg.StableStore, cfg.SnapshotStore, cfg.RaftTransport
 	if trans == nil {
@@ -145,7 +152,24 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	return parts, nil
 }
 
+// close shuts Raft down, once Raft has answered every future the node
+// awaits (answers), or answerWait has passed.
+//
+// Raft drops some of the futures it holds when it shuts down, unanswered
+// (hashicorp/raft#498): an entry committed as it stops, whose answer was
+// queued for its FSM goroutine, or a leadership transfer still in its
+// queue. The goroutine that waits for such an answer (await) then waited
+// forever: a leak in a process, and a deadlock that fails a synctest
+// bubble at its end. While Raft runs it answers each of them soon: a
+// committed entry once applied, the others when a leader without a
+// quorum steps down (after LeaderLeaseTimeout, half a Raft timeout) or a
+// leadership transfer ends (an election timeout); answerWait, two Raft
+// timeouts, covers those. Only a Raft that does not work (a disk that
+// hangs, which Shutdown waits for anyway) leaves one waiting past it.
 func (p *raftParts) close() error {
+	if k := p.answers.wait(p.answerWait); k > 0 {
+		p.log.Warn("shutting raft down before it answered every request the node waited on: their outcome stays unknown", "requests", k)
+	}
 	p.stopRetries()
 	err := p.raft.Shutdown().Error()
 	for _, c := range p.closers {
@@ -225,6 +249,58 @@ func (s indexedSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, er
 		return meta, rc, err
 	}
 	return meta, &snapshotSource{ReadCloser: rc, index: meta.Index}, nil
+}
+
+// answers counts the goroutines that wait for Raft's answers to futures
+// (of), so that raftParts.close can let Raft answer them before it shuts
+// down. The zero value is ready to use.
+type answers struct {
+	mu      sync.Mutex
+	pending int           // goroutines waiting; guarded by mu
+	idle    chan struct{} // closed when pending drops to 0; guarded by mu
+}
+
+// of returns where Raft's answer to f arrives: a goroutine waits for it
+// (f.Error, which watches nothing else) and ends when Raft answers.
+func (a *answers) of(f raft.Future) <-chan error {
+	a.mu.Lock()
+	if a.pending == 0 {
+		a.idle = make(chan struct{})
+	}
+	a.pending++
+	a.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		done <- f.Error()
+		a.mu.Lock()
+		if a.pending--; a.pending == 0 {
+			close(a.idle)
+		}
+		a.mu.Unlock()
+	}()
+	return done
+}
+
+// wait waits until no goroutine waits for an answer, at most d, and
+// returns how many still do.
+func (a *answers) wait(d time.Duration) int {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		a.mu.Lock()
+		pending, idle := a.pending, a.idle
+		a.mu.Unlock()
+		if pending == 0 {
+			return 0
+		}
+		select {
+		case <-idle:
+		case <-t.C:
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.pending
+		}
+	}
 }
 
 // lastCommand finds the last LogCommand entry after the latest snapshot.
