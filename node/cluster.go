@@ -394,7 +394,7 @@ func (n *Node) register(ctx context.Context) error {
 		if !n.fsm.State().Initialized {
 			return errors.New("cluster not initialised yet")
 		}
-		epoch, err := n.join(req)
+		epoch, err := n.join(ctx, req)
 		if err == nil {
 			n.noteJoin(epoch)
 		}
@@ -446,6 +446,16 @@ func (n *Node) register(ctx context.Context) error {
 // the member's record, its join or a later one. A forwarded join
 // returns the leader's answer, 0 when the leader is of a version that
 // does not give one.
+//
+// It answers by ctx's deadline: the probes of the member's addresses,
+// the wait for the membership change before it, and Raft's taking and
+// answering each of its two changes (the Raft configuration, then the
+// ring) all honour ctx. When ctx ends first the error wraps
+// api.ErrUnavailable and says what was not done or is of unknown
+// outcome; the joining member asks again until it is answered, and a
+// join asked again finishes one cut short (a member already in Raft at
+// its address is not added again, one listed as it asks is answered at
+// once).
 func (n *Node) Join(ctx context.Context, req api.JoinRequest) (epoch uint64, err error) {
 	if req.ID == "" || req.HTTP == "" || req.Raft == "" || req.Peer == "" {
 		return 0, fmt.Errorf("%w: id, http, raft and peer are required", api.ErrBadRequest)
@@ -457,17 +467,19 @@ func (n *Node) Join(ctx context.Context, req api.JoinRequest) (epoch uint64, err
 		}
 		return n.cfg.Forward.Join(ctx, addr, req)
 	}
-	return n.join(req)
+	return n.join(ctx, req)
 }
 
 // join runs on the leader: Raft configuration first (so the new member
 // receives the log), then the ring membership. It returns the epoch of
 // the member's record once listed (see Join).
-func (n *Node) join(req api.JoinRequest) (epoch uint64, err error) {
-	if err := n.checkJoin(n.ctx, req); err != nil {
+func (n *Node) join(ctx context.Context, req api.JoinRequest) (epoch uint64, err error) {
+	if err := n.checkJoin(ctx, req); err != nil {
 		return 0, err
 	}
-	n.membership.lock()
+	if err := n.lockMembership(ctx); err != nil {
+		return 0, err
+	}
 	defer n.membership.unlock()
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
@@ -490,17 +502,21 @@ func (n *Node) join(req api.JoinRequest) (epoch uint64, err error) {
 	default:
 		// New, or back with another address (AddVoter/AddNonvoter update
 		// the address of a server already present).
+		enqueue, err := enqueueTimeout(ctx, "membership change")
+		if err != nil {
+			return 0, raftUnavailable("adding "+req.ID+" to raft", err)
+		}
 		var f raft.IndexFuture
 		// A new member starts as a non-voter and is promoted once it has
 		// caught up (promoteLater), so a member that dies while joining
 		// never costs the cluster its quorum.
 		if existing != nil && existing.Suffrage == raft.Voter || existing == nil && voters < MaxVoters && !n.promotesLater() {
 			suffrage = raft.Voter
-			f = n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
+			f = n.raft.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, enqueue)
 		} else {
-			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, applyTimeout)
+			f = n.raft.raft.AddNonvoter(raft.ServerID(req.ID), raft.ServerAddress(req.Raft), 0, enqueue)
 		}
-		if _, err := n.await(n.ctx, f, "membership change"); err != nil {
+		if _, err := n.await(ctx, f, "membership change"); err != nil {
 			return 0, raftUnavailable("adding "+req.ID+" to raft", err)
 		}
 	}
@@ -515,7 +531,7 @@ func (n *Node) join(req api.JoinRequest) (epoch uint64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := n.apply(n.ctx, cmd); err != nil {
+	if err := n.apply(ctx, cmd); err != nil {
 		return 0, err
 	}
 	// Every membership change is made under n.membership, which this
