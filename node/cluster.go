@@ -400,34 +400,52 @@ func (n *Node) register(ctx context.Context) error {
 		}
 		return err
 	}
-	if addr, err := n.leaderHTTP(); err == nil {
-		epoch, err := n.cfg.Forward.Join(ctx, addr, req)
-		if err == nil {
-			n.noteJoin(epoch)
-		}
-		return err
-	}
-	// No leader in sight: we are new, or back at other addresses the
-	// leader does not know yet. Ask the member we were told about, then
-	// every member we know of; any of them forwards to the leader (which
-	// is why the request is not marked forwarded: a new member whose
-	// --join names a follower would otherwise be refused until that
-	// follower happened to lead).
+	// No leader in sight, or the leader's HTTP address does not answer
+	// from here: we are new, or back at other addresses the leader does
+	// not know yet, or only our path to the leader's HTTP port fails
+	// (while Raft's works: a member whose join's answer was lost then
+	// knew the leader, asked it alone, and stayed unready). Ask the
+	// member we were told about, then every member we know of; any of
+	// them forwards to the leader (which is why the request is not
+	// marked forwarded: a new member whose --join names a follower would
+	// otherwise be refused until that follower happened to lead).
+	leader, lerr := n.leaderHTTP()
 	var tried []string
-	if n.cfg.Join != "" {
-		tried = append(tried, n.cfg.Join)
-	}
-	for _, m := range n.fsm.State().Members {
-		if m.ID != n.cfg.ID && m.HTTP != "" {
-			tried = append(tried, m.HTTP)
-		}
-	}
-	for id, addr := range n.raft.knownHTTP {
-		if id != n.cfg.ID && addr != "" && !slices.Contains(tried, addr) {
+	add := func(addr string) {
+		if addr != "" && addr != leader && !slices.Contains(tried, addr) {
 			tried = append(tried, addr)
 		}
 	}
+	add(n.cfg.Join)
+	for _, m := range n.fsm.State().Members {
+		if m.ID != n.cfg.ID {
+			add(m.HTTP)
+		}
+	}
+	for id, addr := range n.raft.knownHTTP {
+		if id != n.cfg.ID {
+			add(addr)
+		}
+	}
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
+	if lerr == nil {
+		// The leader first, with half of what is left when there are
+		// others to ask: a path that drops packets hangs to the deadline.
+		lctx, cancel := ctx, context.CancelFunc(func() {})
+		if dl, ok := ctx.Deadline(); ok && len(tried) > 0 {
+			lctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		}
+		var epoch uint64
+		epoch, err = n.cfg.Forward.Join(lctx, leader, req)
+		cancel()
+		if err == nil {
+			n.noteJoin(epoch)
+			return nil
+		}
+		if !errors.Is(err, api.ErrUnavailable) || ctx.Err() != nil {
+			return err // the leader answered (a refusal), or no time is left
+		}
+	}
 	for _, addr := range tried {
 		var epoch uint64
 		if epoch, err = n.cfg.Forward.JoinVia(ctx, addr, req); err == nil {

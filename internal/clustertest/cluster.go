@@ -90,8 +90,9 @@ type Cluster struct {
 	net  *network
 
 	mu      sync.Mutex
-	changed chan struct{} // closed at every view or leader change; guarded by mu
-	order   []string      // member ids in creation order; guarded by mu
+	changed chan struct{}      // closed at every view or leader change; guarded by mu
+	order   []string           // member ids in creation order; guarded by mu
+	httpCut map[[2]string]bool // (from, to) → HTTP calls dropped (CutHTTP); guarded by mu
 }
 
 // Member is one cluster member and its stores.
@@ -169,7 +170,7 @@ func New(t testing.TB, n int, opts Options) *Cluster {
 	if opts.RouterTimeout == 0 {
 		opts.RouterTimeout = 250 * time.Millisecond
 	}
-	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{})}
+	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{}), httpCut: map[[2]string]bool{}}
 	t.Cleanup(c.close)
 	for i := range n {
 		c.add(fmt.Sprintf("n%d", i+1), i > 0)
@@ -497,12 +498,25 @@ func (c *Cluster) Leave(id string) {
 // both ways, on Raft and on the data plane.
 func (c *Cluster) Partition(ids ...string) { c.cutBetween(ids, func(l *link) { l.cut = true }) }
 
-// Heal restores every link (cuts and delays).
+// Heal restores every link (cuts and delays, CutHTTP's too).
 func (c *Cluster) Heal() {
 	c.net.mu.Lock()
 	clear(c.net.links)
 	c.net.mu.Unlock()
+	c.mu.Lock()
+	clear(c.httpCut)
+	c.mu.Unlock()
 	c.relink()
+}
+
+// CutHTTP drops the calls member from makes to member to's HTTP API
+// (joins, leaves, state changes and rules writes, forwarded or not): they
+// hang until their deadline, as over a path that drops packets. Raft and
+// the data plane pass both ways. Heal restores it.
+func (c *Cluster) CutHTTP(from, to string) {
+	c.mu.Lock()
+	c.httpCut[[2]string{from, to}] = true
+	c.mu.Unlock()
 }
 
 // SetLink sets the data-plane link from → to: cut drops its calls (they
@@ -744,6 +758,13 @@ func (f forwarder) reach(ctx context.Context, addr string) (*node.Node, error) {
 	f.c.net.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: no member at %s", api.ErrUnavailable, addr)
+	}
+	f.c.mu.Lock()
+	cut := f.c.httpCut[[2]string{f.from, id}]
+	f.c.mu.Unlock()
+	if cut {
+		<-ctx.Done()
+		return nil, fmt.Errorf("%w: %w", api.ErrUnavailable, ctx.Err())
 	}
 	m, err := f.c.net.route(ctx, f.from, f.c.Member(id).peerAddr())
 	if err != nil {
