@@ -687,7 +687,7 @@ func TestLongLapsedLeaseAnswersAtOnceWithoutSpending(t *testing.T) {
 		a.SetLeaseUntil(time.Now().Add(time.Second))
 		h, p := partOf(v, "a")
 		c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1} // limit 2 a minute
-		time.Sleep(time.Second + staleLease) // paused: the lease ran out a second ago
+		time.Sleep(time.Second + staleLease)                               // paused: the lease ran out a second ago
 		start := time.Now()
 		if r := handle(a, 1, c).Results[0]; r.Status != transport.StatusUnavailable || time.Since(start) != 0 {
 			t.Fatalf("a batch %v after the lease ran out: %+v after %v, want UNAVAILABLE at once", staleLease, r, time.Since(start))
@@ -701,7 +701,9 @@ func TestLongLapsedLeaseAnswersAtOnceWithoutSpending(t *testing.T) {
 
 		time.Sleep(time.Second + staleLease/2) // lapsed only just
 		got := make(chan transport.Result, 1)
-		go func() { got <- handle(a, 1, transport.Check{Rule: "r", KeyHash: h + 1, Partition: v.Ring.Partition(h + 1), Cost: 1}).Results[0] }()
+		go func() {
+			got <- handle(a, 1, transport.Check{Rule: "r", KeyHash: h + 1, Partition: v.Ring.Partition(h + 1), Cost: 1}).Results[0]
+		}()
 		synctest.Wait()
 		a.SetLeaseUntil(time.Now().Add(time.Second))
 		if r := <-got; r.Status != transport.StatusOK {
