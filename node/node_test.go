@@ -709,5 +709,18 @@ func TestLongLapsedLeaseAnswersAtOnceWithoutSpending(t *testing.T) {
 		if r := <-got; r.Status != transport.StatusOK {
 			t.Fatalf("a batch %v after the lease ran out: %+v, want it to wait for the grant and be decided", staleLease/2, r)
 		}
+
+		// Long lapsed, but sent under a newer ring than the last grant's
+		// (this member is back in it): it waits for the grant too.
+		a.Publish(testView(t, 2, "a"))
+		time.Sleep(time.Second + staleLease)
+		go func() {
+			got <- handle(a, 2, transport.Check{Rule: "r", KeyHash: h + 2, Partition: v.Ring.Partition(h + 2), Cost: 1}).Results[0]
+		}()
+		synctest.Wait()
+		a.SetLeaseUntil(time.Now().Add(time.Second))
+		if r := <-got; r.Status != transport.StatusOK {
+			t.Fatalf("a batch of a newer ring than the last grant's, long after it ran out: %+v, want it to wait for the grant and be decided", r)
+		}
 	})
 }

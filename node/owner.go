@@ -67,6 +67,7 @@ type Owner struct {
 	// lease needed (a single member, or tests).
 	leaseUntil atomic.Int64
 	leaseOn    atomic.Bool
+	leaseEpoch atomic.Uint64 // the view's epoch at the last grant (lapsedLong)
 	start      time.Time
 
 	awaiting atomic.Int64 // partitions in partAwaiting
@@ -208,6 +209,9 @@ func (o *Owner) SetLeaseUntil(t time.Time) {
 	was := o.leased()
 	if until := int64(t.Sub(o.start)); until > o.leaseUntil.Load() {
 		o.leaseUntil.Store(until)
+		if v := o.cell.Load(); v != nil {
+			o.leaseEpoch.Store(v.Epoch())
+		}
 	}
 	if !was && o.leased() {
 		o.broadcast()
@@ -242,15 +246,20 @@ func (o *Owner) leaseRemainingAt(elapsed time.Duration) (time.Duration, bool) {
 const staleLease = time.Second
 
 // lapsedLong reports whether this owner's lease ran out staleLease ago or
-// more (it had one). A batch that reaches it now was most likely sent
-// long ago: held in its socket while this process was paused (SIGSTOP,
-// a VM's stall) or its network cut, and its sender has answered it by
-// its rule's failure mode already. Waiting for the lease and deciding it
-// then spent budget for an answer nobody reads — a denied request that
-// counted (seen by a new user: a 10 s pause spent one unit per degraded
-// answer given meanwhile). Such a batch is answered UNAVAILABLE at once,
-// spending nothing; a lease that lapsed only just (a leader's election)
-// is still waited for.
+// more (it had one). A batch that reaches it then, sent under a ring no
+// newer than the one of its last grant (leaseEpoch), was most likely sent
+// long ago: held in its socket while this process was paused (SIGSTOP, a
+// VM's stall) or its network cut, and its sender has answered it by its
+// rule's failure mode already. Waiting for the lease and deciding it then
+// spent budget for an answer nobody reads — a denied request that counted
+// (seen by a new user: a 10 s pause spent one unit per degraded answer
+// given meanwhile). Such a batch is answered UNAVAILABLE at once,
+// spending nothing. A batch sent under a newer ring (this member is back
+// in it: marked dead and active again) or to a lease that lapsed only
+// just (a leader's election) still waits for the next grant. A pause
+// short of the dead mark leaves the ring as it was: the batches sent
+// during it and read at the wake before the next grant are refused too,
+// those read after it are decided.
 func (o *Owner) lapsedLong() bool {
 	until := o.leaseUntil.Load()
 	return o.leaseOn.Load() && until > 0 && int64(time.Since(o.start))-until >= int64(staleLease)
@@ -340,7 +349,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 		return
 	}
 	resp.Epoch = v.Epoch()
-	if !o.leased() && (o.lapsedLong() || !o.awaitLease(ctx)) {
+	if !o.leased() && (o.lapsedLong() && req.Epoch <= o.leaseEpoch.Load() || !o.awaitLease(ctx)) {
 		for i := range resp.Results {
 			resp.Results[i] = transport.Result{Status: transport.StatusUnavailable}
 		}
