@@ -981,12 +981,7 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 	if err := rules.Validate(written); err != nil {
 		return nil, err
 	}
-	// Store the canonical form: burst spelled out (it is the capacity), so
-	// a rule reads the same whichever way it was written or forwarded.
-	written = append([]limiter.Rule(nil), written...)
-	for i := range written {
-		written[i].Burst = written[i].Capacity()
-	}
+	written = canonicalRules(written)
 	if !n.isLeader() {
 		addr, err := n.forwardTo(ctx)
 		if err != nil {
@@ -1002,6 +997,29 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 		}
 		return set, nil
 	}
+	st, err := n.writeRules(ctx, written)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.awaitRules(ctx, func(v *view.View) bool { return v.RulesVersion >= st.RulesIndex }); err != nil {
+		return nil, err
+	}
+	return rules.Effective(st.Rules), nil
+}
+
+// writeRules writes the canonical rules written through Raft, on the
+// leader, and returns the state after it; rules equal to those in force
+// are not written again (every member of a cluster given one rules file
+// applies it, mostly at the same instant: three writes, three versions,
+// for one change). Writes are serialised so that the comparison holds.
+func (n *Node) writeRules(ctx context.Context, written []limiter.Rule) (*fsm.State, error) {
+	if err := n.rulesWrite.lockCtx(ctx); err != nil {
+		return nil, fmt.Errorf("%w: waiting for another rules write to finish, nothing written: %w", api.ErrUnavailable, err)
+	}
+	defer n.rulesWrite.unlock()
+	if st := n.fsm.State(); len(written) > 0 && rules.Fingerprint(st.Rules) == rules.Fingerprint(written) {
+		return st, nil
+	}
 	cmd, err := fsm.PutRules(written)
 	if err != nil {
 		return nil, err
@@ -1009,11 +1027,18 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 	if err := n.apply(ctx, cmd); err != nil {
 		return nil, err
 	}
-	st := n.fsm.State()
-	if err := n.awaitRules(ctx, func(v *view.View) bool { return v.RulesVersion >= st.RulesIndex }); err != nil {
-		return nil, err
+	return n.fsm.State(), nil
+}
+
+// canonicalRules returns a copy of written in the form the cluster state
+// stores: burst spelled out (it is the capacity), so that a rule reads
+// the same whichever way it was written or forwarded.
+func canonicalRules(written []limiter.Rule) []limiter.Rule {
+	out := append([]limiter.Rule(nil), written...)
+	for i := range out {
+		out[i].Burst = out[i].Capacity()
 	}
-	return rules.Effective(st.Rules), nil
+	return out
 }
 
 // rulesWait bounds how long a rules write waits to be in force locally.

@@ -221,6 +221,8 @@ type Node struct {
 	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion
 	// syncingVoters: a syncVoterFlagsLater run is under way.
 	syncingVoters atomic.Bool
+	// rulesWrite serialises the leader's rules writes (writeRules).
+	rulesWrite chanLock
 	// removingOrphans: a removeOrphansLater run is under way.
 	removingOrphans atomic.Bool
 	// leaderSince is when this node last became Raft leader (leaderLoop);
@@ -257,7 +259,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if cfg.BackupInterval == 0 {
 		cfg.BackupInterval = 20 * time.Millisecond
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
 	if n.now == nil {

@@ -121,6 +121,14 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	if !n.caughtUp() || n.View() == nil {
 		return true // the log is still replaying: the file may already be in it
 	}
+	if rules.Fingerprint(n.fsm.State().Rules) == rules.Fingerprint(canonicalRules(written)) {
+		// In force already: another member with the same file wrote it
+		// (every member watches its own copy), or a PUT did. Writing it
+		// again would only bump the rules version once per member.
+		n.recordRulesFile(marker, fp)
+		n.m.rulesFileLoaded(true)
+		return false
+	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := n.PutRules(actx, written); err != nil {
@@ -132,10 +140,16 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 		n.log.Warn("rules file not applied yet; will retry", "path", path, "err", err)
 		return true
 	}
-	if err := os.WriteFile(marker, []byte(fp+"\n"), 0o644); err != nil {
-		n.log.Error("recording the applied rules file", "err", err)
-	}
+	n.recordRulesFile(marker, fp)
 	n.log.Info("rules file applied", "path", path, "rules", len(written))
 	n.m.rulesFileLoaded(true)
 	return false
+}
+
+// recordRulesFile writes fp, the fingerprint of the rules file's content
+// now in force, to the data dir's marker.
+func (n *Node) recordRulesFile(marker, fp string) {
+	if err := os.WriteFile(marker, []byte(fp+"\n"), 0o644); err != nil {
+		n.log.Error("recording the applied rules file", "err", err)
+	}
 }

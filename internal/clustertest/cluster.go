@@ -51,6 +51,11 @@ type Options struct {
 	// then start as non-voters and are promoted once it says they caught
 	// up, as over real TCP. Without one they join as voters at once.
 	Prober node.Prober
+	// DataDirs gives every member a data dir of its own (a test's
+	// temporary dir, kept over restarts) for what a node keeps in one
+	// besides Raft: the rules file's marker, the bucket file of a stop.
+	// Without it members have none.
+	DataDirs bool
 	// ProbeLinks gives every member a Prober that reaches addresses
 	// through the links, as the default one dials them over TCP: a member
 	// the leader cannot reach is not let back in after it is marked dead
@@ -111,6 +116,7 @@ type Member struct {
 	up     atomic.Bool
 	disk   atomic.Pointer[chan struct{}] // closed when a stalled disk resumes; nil: not stalled
 	joined bool                          // started with a join (not the bootstrapper)
+	dir    string                        // its data dir (Options.DataDirs), kept over restarts
 	gen    int                           // address generation: RestartAt moves the member
 	// stopped is closed once the process started last has wholly
 	// stopped (kill has returned: its running flag drops first); guarded
@@ -193,6 +199,9 @@ func (c *Cluster) Join(id string) *Member {
 
 func (c *Cluster) add(id string, join bool) *Member {
 	m := &Member{ID: id, c: c, logs: raft.NewInmemStore(), stable: raft.NewInmemStore(), snaps: raft.NewInmemSnapshotStore(), joined: join}
+	if c.opts.DataDirs {
+		m.dir = c.t.TempDir()
+	}
 	c.net.mu.Lock()
 	c.net.members[id] = m
 	c.net.byPeer[m.peerAddr()] = id
@@ -233,7 +242,7 @@ func (c *Cluster) start(m *Member) {
 		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: raftTrans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
-		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter,
+		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter, DataDir: m.dir,
 		Forward: forwarder{c, m.ID},
 		Prober:  c.prober(m.ID),
 		Logger:  c.logger(),
