@@ -31,7 +31,7 @@ import (
 // SetLevel says), and, as in hclog, applies to every logger derived by
 // With and Named. GetLevel and the Is methods say what is logged.
 //
-// Two kinds of line are logged at another level than hashicorp/raft's
+// Three kinds of line are logged at another level than hashicorp/raft's
 // (lineLevel):
 //   - A line whose error is raft.ErrTransportShutdown is at Debug,
 //     whatever its level: the network transport returns it only once
@@ -47,6 +47,7 @@ import (
 //     call, which logs it at Warn ("member marked dead"); and a peer's
 //     own failure is logged at Error by that peer. Errors of this
 //     member's own (its log store, snapshots, decoding) keep Error.
+//   - The Warn lines of a member catching up (catchUp) are Info.
 //
 // Names (Named, ResetNamed) are the "module" attr ("raft", "raft-net",
 // "snapshot"); With's args and each line's args are attrs, written
@@ -160,7 +161,7 @@ func (l *hclogger) enabled(level hclog.Level) bool {
 // log writes one line; pcSkip is what runtime.Callers skips to reach the
 // caller of the exported method (0: no source).
 func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
-	level = lineLevel(level, args)
+	level = lineLevel(level, msg, args)
 	if !l.enabled(level) {
 		return
 	}
@@ -245,11 +246,14 @@ func (l *hclogger) endWindow(key string, p *heldLine) {
 // (the network transport says so only of RPCs it dropped because this
 // member closed it; a decode error proper keeps its level); Warn for an
 // Error that names a peer; level otherwise.
-func lineLevel(level hclog.Level, args []any) hclog.Level {
+func lineLevel(level hclog.Level, msg string, args []any) hclog.Level {
 	switch level {
 	case hclog.NoLevel, hclog.Info, hclog.Warn, hclog.Error:
 	default: // already Debug or below; or Off
 		return level
+	}
+	if level == hclog.Warn && catchUp(msg, args) {
+		return hclog.Info
 	}
 	for i := 1; i < len(args); i += 2 {
 		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
@@ -260,6 +264,28 @@ func lineLevel(level hclog.Level, args []any) hclog.Level {
 		return hclog.Warn
 	}
 	return level
+}
+
+// catchUp reports whether a Warn line of hashicorp/raft's is the normal
+// course of a member catching up rather than a fault, logged at Info: a
+// follower whose log lacks the leader's previous entry ("failed to get
+// previous log") and the leader then sending older entries
+// ("appendEntries rejected, sending older logs") at every join and
+// restart, and the first election of a member that never had a leader
+// (a bootstrap: "heartbeat timeout reached, starting election" with no
+// last leader). A new user took them for trouble on a healthy cluster.
+func catchUp(msg string, args []any) bool {
+	switch msg {
+	case "failed to get previous log", "appendEntries rejected, sending older logs":
+		return true
+	case "heartbeat timeout reached, starting election":
+		for i := 0; i+1 < len(args); i += 2 {
+			if k, ok := args[i].(string); ok && k == "last-leader-addr" {
+				return fmt.Sprint(args[i+1]) == ""
+			}
+		}
+	}
+	return false
 }
 
 // peerArg returns the value of the first arg that names a peer, as text.

@@ -481,6 +481,11 @@ func TestHclogLineLevel(t *testing.T) {
 		{hclog.Error, "failed to make requestVote RPC", []any{"target", raft.Server{ID: "n2"}, "error", refused, "term", 3}, "WARN"},
 		{hclog.Warn, "failed to contact", []any{"server-id", "n2", "time", time.Second}, "WARN"},
 		{hclog.Info, "pipelining replication", []any{"peer", raft.Server{ID: "n2"}}, "INFO"},
+		// A member catching up: Info.
+		{hclog.Warn, "failed to get previous log", []any{"previous-index", 7, "last-index", 3, "error", raft.ErrLogNotFound}, "INFO"},
+		{hclog.Warn, "appendEntries rejected, sending older logs", []any{"peer", raft.Server{ID: "n2"}, "next", 4}, "INFO"},
+		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress(""), "last-leader-id", raft.ServerID("")}, "INFO"},
+		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress("10.0.0.1:8081"), "last-leader-id", raft.ServerID("n1")}, "WARN"},
 		// This member's own.
 		{hclog.Error, "failed to append to logs", []any{"error", errors.New("disk full")}, "ERROR"},
 		{hclog.Error, "failed to open snapshot", []any{"id", "s1", "error", errors.New("EOF")}, "ERROR"},
