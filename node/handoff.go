@@ -648,6 +648,13 @@ func (n *Node) detectLoop() {
 			seen := lastSeen.seen(m.ID, now)
 			if since := now.Sub(seen); since >= n.cfg.DeadAfter {
 				if err := n.markDead(m.ID); err != nil {
+					if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+						// Deposed meanwhile (a leader woken from a pause
+						// finds everyone silent, and its lead gone): the
+						// new leader decides.
+						n.log.Debug("marking a member dead: no longer the leader", "id", m.ID, "err", err)
+						continue
+					}
 					n.log.Warn("marking a member dead", "id", m.ID, "err", err)
 					continue
 				}
