@@ -78,8 +78,8 @@ func yamlToJSON(data []byte) (js []byte, err error) {
 	return yaml.YAMLToJSONStrict(data)
 }
 
-// ParseFile is Parse for a rules file (serve --rules), which must name its
-// rules list: a document that is empty, holds only comments, or has no
+// ParseFile is Parse for a rules file (serve --rules) or a PUT's body,
+// which must name its rules list: a document that is empty, holds only comments, or has no
 // "rules" list ("rules:" alone included) is refused, where Parse reads it
 // as no rules. A file is read while it may be being written (truncated,
 // then filled: a shell's ">" redirection, most editors); read as no rules,
@@ -91,7 +91,7 @@ func ParseFile(data []byte) ([]limiter.Rule, error) {
 		js = bytes.TrimSpace(js)
 		var top map[string]json.RawMessage
 		if isNull(js) || len(js) == 0 || js[0] == '{' && json.Unmarshal(js, &top) == nil && (len(bytes.TrimSpace(top["rules"])) == 0 || isNull(bytes.TrimSpace(top["rules"]))) {
-			return nil, &Error{Index: -1, Msg: `names no rules list (an empty file, only comments, or no "rules:" entries; a write in progress?): write "rules: []" to remove every rule`}
+			return nil, &Error{Index: -1, Msg: `names no rules list (an empty file, only comments, or no "rules:" entries; a write in progress?): write "rules: []" (JSON: {"rules": []}) to remove every rule`}
 		}
 	}
 	return Parse(data)

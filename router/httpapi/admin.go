@@ -139,7 +139,7 @@ func (h *handler) serveRules(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, rulesBody(h.admin.Rules()))
 }
 
-// A write that waits on Raft (rules, leave, member state) answers within
+// A write that waits on Raft (rules, join, leave, member state) answers within
 // writeBudget of its handler's start, 2s inside the server's
 // writeTimeout (room to read the body and write the answer): the node's
 // own bounds add up to more (a rules write: up to 12s for the Raft write
@@ -184,7 +184,7 @@ func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
 			Message: `rules document: empty body; send {"rules": []} to remove every written rule`})
 		return
 	}
-	written, err := rules.Parse(data)
+	written, err := rules.ParseFile(data) // a document naming no rules list is refused too
 	if err != nil {
 		writeError(w, h.errorOf(r, err))
 		return
@@ -218,7 +218,9 @@ func (h *handler) serveJoin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	epoch, err := h.admin.Join(r.Context(), req)
+	ctx, cancel := withWriteBudget(r)
+	defer cancel()
+	epoch, err := h.admin.Join(ctx, req)
 	if err != nil {
 		writeError(w, h.errorOf(r, err))
 		return

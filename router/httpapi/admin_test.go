@@ -174,6 +174,8 @@ func TestRulesPutErrors(t *testing.T) {
 		{"duplicate", "rules:\n- {name: why, algorithm: gcra, limit: 1, period: 1s}\n- {name: why, algorithm: gcra, limit: 1, period: 1s}\n", nil, 400, api.CodeInvalidRules, "duplicate name"},
 		{"not yaml", "rules: [", nil, 400, api.CodeInvalidRules, "not valid YAML or JSON"},
 		{"empty", "  \n", nil, 400, api.CodeInvalidRules, "empty body"},
+		{"no rules list", `{}`, nil, 400, api.CodeInvalidRules, `names no rules list`},
+		{"comments only", "# rules to come\n", nil, 400, api.CodeInvalidRules, `names no rules list`},
 		{"over 1 MiB", "rules: []\n" + strings.Repeat("#", api.MaxBodySize), nil, 413, api.CodeTooLarge, "request body over"},
 		{"no leader", `{"rules":[]}`, fmt.Errorf("node: %w: no leader", api.ErrUnavailable), 503, api.CodeUnavailable, "no leader"},
 		{"node rejects", `{"rules":[]}`, fmt.Errorf("node: %w", &rules.Error{Index: -1, Field: "rules", Msg: "too many"}), 400, api.CodeInvalidRules, "too many"},
