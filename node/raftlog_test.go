@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -18,6 +16,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // jsonLogger returns an hclogger over a JSON handler at level into a
@@ -25,12 +25,12 @@ import (
 // The logger's own attrs are "node": "n1".
 func jsonLogger(t *testing.T, level slog.Level, now func() time.Time) (*hclogger, func() []map[string]any) {
 	t.Helper()
-	var buf lockedBuffer // the throttle's timers write too
+	var buf logbuf.Buffer // the throttle's timers write too
 	h := slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level, AddSource: true})
 	return newHclogger(slog.New(h).With("node", "n1"), now, "node"), func() []map[string]any {
 		t.Helper()
 		var out []map[string]any
-		for _, line := range strings.Split(strings.TrimSuffix(buf.take(), "\n"), "\n") {
+		for _, line := range strings.Split(strings.TrimSuffix(buf.Take(), "\n"), "\n") {
 			if line == "" {
 				continue
 			}
@@ -511,7 +511,7 @@ func TestHclogLineLevel(t *testing.T) {
 // The same through hashicorp/raft's own TCP transport: an RPC a peer
 // has in flight when the member closes its transport.
 func TestHclogTransportShutdownOfRaft(t *testing.T) {
-	var buf lockedBuffer
+	var buf logbuf.Buffer
 	log := newHclogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), time.Now)
 	recv, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 1, 5*time.Second, log.Named("raft-net"))
 	if err != nil {
@@ -549,33 +549,6 @@ func TestHclogTransportShutdownOfRaft(t *testing.T) {
 			t.Errorf("the dropped RPC's line is %s, want it at DEBUG with module raft-net and error \"transport shutdown\"", line)
 		}
 	}
-}
-
-// lockedBuffer is a buffer that goroutines write while a test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer // guarded by mu
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// take returns what was written since the last take.
-func (b *lockedBuffer) take() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
-	b.buf.Reset()
-	return s
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // jsonKeys returns the keys of the JSON object line, in order, repeats

@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,62 +11,10 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 )
-
-// lockedBuffer is a buffer that members write while the test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer // guarded by mu
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns every line written so far, each parsed; it fails the
-// test on a line that is not a JSON object or has a key twice.
-func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for line := range strings.SplitSeq(strings.TrimSuffix(b.buf.String(), "\n"), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("a line that is not JSON: %q", line)
-		}
-		if n := topKeys(line); n != len(m) {
-			t.Fatalf("a line with a key twice: %q", line)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-// topKeys counts the keys of the JSON object line, repeats included
-// (json.Unmarshal keeps the last of a repeated key); -1 if it is not one.
-func topKeys(line string) int {
-	dec := json.NewDecoder(strings.NewReader(line))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return -1
-	}
-	n := 0
-	for dec.More() {
-		var v json.RawMessage
-		if _, err := dec.Token(); err != nil {
-			return -1
-		}
-		if err := dec.Decode(&v); err != nil {
-			return -1
-		}
-		n++
-	}
-	return n
-}
 
 // Every line members write, from start to shutdown, is slog's JSON:
 // Raft's too (hashicorp/raft, its TCP transport, its snapshot store),
@@ -77,7 +23,7 @@ func topKeys(line string) int {
 // makes the leader log Raft's failed heartbeats to it once, not every
 // half second.
 func TestEveryLogLineIsSlogJSON(t *testing.T) {
-	var out lockedBuffer
+	var out logbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var ss []*Server
 	var stops []func() error
@@ -126,7 +72,7 @@ func TestEveryLogLineIsSlogJSON(t *testing.T) {
 	}
 	// A normal start logs no error (Raft's errors about another member
 	// are warnings; a transport's "transport shutdown" is debug).
-	for _, l := range out.lines(t) {
+	for _, l := range logbuf.Parse(t, out.String()) {
 		if l["level"] == "ERROR" {
 			t.Errorf("an ERROR line while 3 members start: %v", l)
 		}
@@ -155,7 +101,7 @@ func TestEveryLogLineIsSlogJSON(t *testing.T) {
 	}
 	eventually(t, "4 failed heartbeats", func() bool { return failed.Load() >= 4 })
 	var heartbeats int
-	for _, l := range out.lines(t) {
+	for _, l := range logbuf.Parse(t, out.String()) {
 		if msg, _ := l["msg"].(string); strings.HasPrefix(msg, "failed to heartbeat to") && l["peer"] == down.cfg.RaftAdvertise {
 			heartbeats++
 		}
@@ -172,7 +118,7 @@ func TestEveryLogLineIsSlogJSON(t *testing.T) {
 		}
 	}
 	modules := map[string]int{}
-	for _, l := range out.lines(t) {
+	for _, l := range logbuf.Parse(t, out.String()) {
 		for _, k := range []string{"time", "level", "msg"} {
 			if _, ok := l[k].(string); !ok {
 				t.Fatalf("a line without slog's %q: %v", k, l)

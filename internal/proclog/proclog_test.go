@@ -1,8 +1,6 @@
 package proclog
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"log"
 	"log/slog"
@@ -15,6 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/grpclog"
+
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // sink is the Sink of this test process, installed once (Install's
@@ -26,45 +26,21 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// lockedBuffer is a buffer that goroutines write while a test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer // guarded by mu
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// take returns the lines written since the last take, parsed; it fails
-// the test on one that is not a JSON object.
-func (b *lockedBuffer) take(t *testing.T) []map[string]any {
+// take returns the lines b got since the last take, parsed, without
+// their time; it fails the test on one that is not a JSON object.
+func take(t *testing.T, b *logbuf.Buffer) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	s := b.buf.String()
-	b.buf.Reset()
-	b.mu.Unlock()
-	var out []map[string]any
-	for line := range strings.SplitSeq(strings.TrimSuffix(s, "\n"), "\n") {
-		if line == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("a line that is not JSON: %q", line)
-		}
+	out := logbuf.Parse(t, b.Take())
+	for _, m := range out {
 		delete(m, "time")
-		out = append(out, m)
 	}
 	return out
 }
 
 // use points the process's sink at a JSON handler at level into a
 // buffer, for the test's duration.
-func use(t *testing.T, level slog.Level) *lockedBuffer {
-	var buf lockedBuffer
+func use(t *testing.T, level slog.Level) *logbuf.Buffer {
+	var buf logbuf.Buffer
 	sink.Use(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level}))
 	t.Cleanup(func() { sink.Use(slog.NewJSONHandler(os.Stderr, nil)) })
 	return &buf
@@ -96,7 +72,7 @@ func TestGRPCLevels(t *testing.T) {
 		if tc.want != nil {
 			want = []map[string]any{tc.want}
 		}
-		if got := buf.take(t); !reflect.DeepEqual(got, want) {
+		if got := take(t, buf); !reflect.DeepEqual(got, want) {
 			t.Errorf("handler %v: wrote %v, want %v", tc.handler, got, want)
 		}
 	}
@@ -128,7 +104,7 @@ func TestGRPCServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var created bool
-	for _, l := range buf.take(t) {
+	for _, l := range take(t, buf) {
 		if l["module"] != "grpc" || l["component"] != "core" {
 			t.Errorf("a line of gRPC's server without module grpc, component core: %v", l)
 		}
@@ -152,19 +128,19 @@ func TestStandardLogger(t *testing.T) {
 		{"level": "WARN", "msg": "bolt.Close(): funlock error: bad file descriptor", "module": "log"},
 		{"level": "WARN", "msg": "two\nlines", "module": "log"},
 	}
-	if got := buf.take(t); !reflect.DeepEqual(got, want) {
+	if got := take(t, buf); !reflect.DeepEqual(got, want) {
 		t.Errorf("wrote %v, want %v", got, want)
 	}
 	use(t, slog.LevelError)
 	log.Print("dropped")
-	if got := buf.take(t); len(got) != 0 {
+	if got := take(t, buf); len(got) != 0 {
 		t.Errorf("at Error: wrote %v", got)
 	}
 }
 
 // Use may swap the handler while lines are written.
 func TestSinkUseWhileWriting(t *testing.T) {
-	var a, b lockedBuffer
+	var a, b logbuf.Buffer
 	sink.Use(slog.NewJSONHandler(&a, nil))
 	t.Cleanup(func() { sink.Use(slog.NewJSONHandler(os.Stderr, nil)) })
 	var wg sync.WaitGroup
@@ -177,7 +153,7 @@ func TestSinkUseWhileWriting(t *testing.T) {
 	}
 	sink.Use(slog.NewJSONHandler(&b, nil))
 	wg.Wait()
-	if n := len(a.take(t)) + len(b.take(t)); n != 400 {
+	if n := len(take(t, &a)) + len(take(t, &b)); n != 400 {
 		t.Errorf("%d lines, want 400", n)
 	}
 }
