@@ -271,12 +271,15 @@ func lineLevel(level hclog.Level, msg string, args []any) hclog.Level {
 // follower whose log lacks the leader's previous entry ("failed to get
 // previous log") and the leader then sending older entries
 // ("appendEntries rejected, sending older logs") at every join and
-// restart, and the first election of a member that never had a leader
+// restart, a voter refusing a pre-vote to a candidate behind it (every
+// election of a cluster restarted together), and the first election of a member that never had a leader
 // (a bootstrap: "heartbeat timeout reached, starting election" with no
 // last leader). A new user took them for trouble on a healthy cluster.
 func catchUp(msg string, args []any) bool {
 	switch msg {
-	case "failed to get previous log", "appendEntries rejected, sending older logs":
+	case "failed to get previous log", "appendEntries rejected, sending older logs",
+		"rejecting pre-vote request since our last term is greater",
+		"rejecting pre-vote request since our last index is greater":
 		return true
 	case "heartbeat timeout reached, starting election":
 		for i := 0; i+1 < len(args); i += 2 {

@@ -484,6 +484,8 @@ func TestHclogLineLevel(t *testing.T) {
 		// A member catching up: Info.
 		{hclog.Warn, "failed to get previous log", []any{"previous-index", 7, "last-index", 3, "error", raft.ErrLogNotFound}, "INFO"},
 		{hclog.Warn, "appendEntries rejected, sending older logs", []any{"peer", raft.Server{ID: "n2"}, "next", 4}, "INFO"},
+		{hclog.Warn, "rejecting pre-vote request since our last term is greater", []any{"candidate", "n2", "candidate-term", 3, "last-term", 4}, "INFO"},
+		{hclog.Warn, "rejecting pre-vote request since node is not in configuration", []any{"from", "n9"}, "WARN"},
 		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress(""), "last-leader-id", raft.ServerID("")}, "INFO"},
 		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress("10.0.0.1:8081"), "last-leader-id", raft.ServerID("n1")}, "WARN"},
 		// This member's own.
