@@ -33,6 +33,10 @@ type fakeAPI struct {
 	// with these statuses (503 unavailable, 404 not found, 200) before
 	// the usual 200s.
 	leaveAnswers []int
+	// leaveGone, when set, makes leave requests after that many answered
+	// go without an answer (the connection drops), as from a member that
+	// left and stopped.
+	leaveGone int
 
 	checks             atomic.Int64 // checks decided
 	requests           atomic.Int64 // check requests received
@@ -89,6 +93,10 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		var req api.LeaveRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		f.mu.Lock()
+		if f.leaveGone > 0 && len(f.leaveIDs) >= f.leaveGone {
+			f.mu.Unlock()
+			panic(http.ErrAbortHandler)
+		}
 		f.leaveIDs = append(f.leaveIDs, req.ID)
 		status := http.StatusOK
 		if len(f.leaveAnswers) > 0 {

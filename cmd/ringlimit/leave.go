@@ -36,6 +36,7 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 	c := client.New(baseURL(*addr), client.WithAdminToken(*token))
 	defer c.CloseIdleConnections()
 	target := *id
+	askers := []*client.Client{c}
 	if target == "" {
 		cl, err := c.Cluster(ctx)
 		if err != nil {
@@ -44,8 +45,17 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 		if target, err = memberAt(cl, hostPort(*addr)); err != nil {
 			return fail(stderr, "leave", err)
 		}
+		// The member asked leaves and stops: if it goes before its answer
+		// reaches us, the others say how the leave ended.
+		for _, m := range cl.Members {
+			if m.ID != target && m.HTTP != "" {
+				o := client.New(baseURL(m.HTTP), client.WithAdminToken(*token))
+				defer o.CloseIdleConnections()
+				askers = append(askers, o)
+			}
+		}
 	}
-	if err := leaveRetrying(ctx, c, target, stderr); err != nil {
+	if err := leaveRetrying(ctx, askers, target, stderr); err != nil {
 		return fail(stderr, "leave", fmt.Errorf("member %q: %w", target, err))
 	}
 	fmt.Fprintf(stdout, "member %s left the cluster\n", target)
@@ -56,13 +66,15 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 // pause doubles, up to leaveRetryMax.
 var leaveRetry, leaveRetryMax = 250 * time.Millisecond, 4 * time.Second
 
-// leaveRetrying asks for id's removal until it is done, the answer is an
-// error other than 503, or ctx ends (see runLeave).
-func leaveRetrying(ctx context.Context, c *client.Client, id string, stderr io.Writer) error {
+// leaveRetrying asks askers[0] for id's removal until it is done, the
+// answer is an error other than 503, or ctx ends (see runLeave). When the
+// member asked stops answering after an attempt (it is the one leaving,
+// and it left and stopped), the next of askers is asked instead.
+func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stderr io.Writer) error {
 	wait := leaveRetry
-	var unavailable error // the last 503, once there was one
+	var unavailable error // the last 503 or silence, once there was one
 	for {
-		err := c.Leave(ctx, id)
+		err := askers[0].Leave(ctx, id)
 		var ae *api.Error
 		switch {
 		case err == nil:
@@ -71,6 +83,10 @@ func leaveRetrying(ctx context.Context, c *client.Client, id string, stderr io.W
 			return nil // an earlier attempt removed it; its answer was lost
 		case unavailable != nil && ctx.Err() != nil:
 			return fmt.Errorf("%w (gave up: %w)", unavailable, ctx.Err())
+		case unavailable != nil && !errors.As(err, &ae) && len(askers) > 1:
+			askers = askers[1:]
+			fmt.Fprintf(stderr, "ringlimit leave: %v; asking another member\n", err)
+			continue
 		case !errors.As(err, &ae) || ae.Code != api.CodeUnavailable:
 			return err
 		}

@@ -118,3 +118,25 @@ func TestMemberAt(t *testing.T) {
 		}
 	}
 }
+
+// The member at --addr, asked to leave, answers 503 (no leader yet) and
+// then stops before it answers again (it left and exited): the leave is
+// asked of another member, whose 404 says it is done.
+func TestLeaveOfTheMemberAskedEndsThroughAnother(t *testing.T) {
+	leaveRetry, leaveRetryMax = time.Millisecond, 4*time.Millisecond
+	t.Cleanup(func() { leaveRetry, leaveRetryMax = 250*time.Millisecond, 4*time.Second })
+	leaving, other := newFakeAPI(t), newFakeAPI(t)
+	leaving.cluster.Members[0].HTTP = other.addr // n1 is at the other fake
+	leaving.leaveAnswers, leaving.leaveGone = []int{503}, 1
+	other.leaveAnswers = []int{404}
+	code, out, errs := runCmd(context.Background(), runLeave, nil, "--addr", leaving.addr)
+	if code != 0 || !strings.Contains(out, "member n2 left") || !strings.Contains(errs, "asking another member") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want n2 left, asked of another member", code, out, errs)
+	}
+	if got := leaving.left(); len(got) != 1 {
+		t.Fatalf("the member leaving answered %d leave requests, want 1", len(got))
+	}
+	if got := other.left(); len(got) != 1 || got[0] != "n2" {
+		t.Fatalf("the other member was asked to remove %q, want [n2]", got)
+	}
+}
