@@ -90,10 +90,14 @@ type Member struct {
 
 // Cluster is the body of GET /v1/cluster.
 type Cluster struct {
-	Leader     string   `json:"leader"`
-	Epoch      uint64   `json:"epoch"`
-	Partitions int      `json:"partitions"`
-	Members    []Member `json:"members"`
+	Leader     string `json:"leader"`
+	Epoch      uint64 `json:"epoch"`
+	Partitions int    `json:"partitions"`
+	// RulesVersion is the Raft index of the rules write in force on the
+	// node that answers (0: the built-in rules only); members that agree
+	// show the same number.
+	RulesVersion uint64   `json:"rules_version"`
+	Members      []Member `json:"members"`
 }
 
 // ClusterView is what a router that is not a member needs to send checks to

@@ -1100,7 +1100,7 @@ func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 		}
 	}
 	counts := snap.v.Ring.Counts()
-	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions}
+	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions, RulesVersion: snap.v.RulesVersion}
 	for _, m := range snap.st.Members {
 		vm := view.Member{ID: m.ID, State: string(m.State),
 			HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]}

@@ -153,8 +153,9 @@ type Member struct {
 // ("" when unknown), the ring's epoch, the partition count and every
 // member (whatever its state), sorted by id.
 type Cluster struct {
-	Leader     string
-	Epoch      uint64
-	Partitions int
-	Members    []Member
+	Leader       string
+	Epoch        uint64
+	Partitions   int
+	RulesVersion uint64 // the Raft index of the rules write in force here (0: the built-in rules)
+	Members      []Member
 }

@@ -57,7 +57,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	f.addr = strings.TrimPrefix(f.srv.URL, "http://")
-	f.cluster = api.Cluster{Leader: "n1", Epoch: 42, Partitions: 1024, Members: []api.Member{
+	f.cluster = api.Cluster{Leader: "n1", Epoch: 42, Partitions: 1024, RulesVersion: 7, Members: []api.Member{
 		{ID: "n1", State: "active", HTTP: "10.0.0.1:8080", Raft: "10.0.0.1:8081", Peer: "10.0.0.1:8082", Partitions: 512, Voter: new(true)},
 		{ID: "n2", State: "draining", HTTP: f.addr, Raft: "127.0.0.1:9", Peer: "127.0.0.1:10", Partitions: 512, Voter: new(false)},
 	}}

@@ -49,9 +49,11 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 
 // writeStatus prints the cluster as a table:
 //
-//	leader      n1
-//	epoch       42
-//	partitions  1024
+//	leader         n1
+//	epoch          42
+//	partitions     1024
+//	members        1
+//	rules version  7
 //
 //	ID  STATE   HTTP            RAFT            PEER            PARTITIONS  VOTER
 //	n1  active  127.0.0.1:8080  127.0.0.1:8081  127.0.0.1:8082  341         yes
@@ -70,6 +72,7 @@ func writeStatus(w io.Writer, cl api.Cluster) error {
 	fmt.Fprintf(tw, "epoch\t%d\n", cl.Epoch)
 	fmt.Fprintf(tw, "partitions\t%d\n", cl.Partitions)
 	fmt.Fprintf(tw, "members\t%d\n", len(cl.Members))
+	fmt.Fprintf(tw, "rules version\t%d\n", cl.RulesVersion)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

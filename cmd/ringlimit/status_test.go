@@ -19,8 +19,8 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("exit %d; stderr: %s", code, errs)
 	}
 	lines := strings.Split(out, "\n")
-	head := "leader      n1\nepoch       42\npartitions  1024\nmembers     2\n\n"
-	if !strings.HasPrefix(out, head) || len(lines) != 9 {
+	head := "leader         n1\nepoch          42\npartitions     1024\nmembers        2\nrules version  7\n\n"
+	if !strings.HasPrefix(out, head) || len(lines) != 10 {
 		t.Fatalf("table:\n%s\nwant it to start with:\n%s", out, head)
 	}
 	for i, want := range []string{
@@ -28,14 +28,14 @@ func TestStatusCommand(t *testing.T) {
 		"n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512 yes",
 		"n2 draining " + f.addr + " 127.0.0.1:9 127.0.0.1:10 512 no",
 	} {
-		if got := strings.Join(strings.Fields(lines[5+i]), " "); got != want {
-			t.Errorf("table line %d = %q, want %q", 5+i, lines[5+i], want)
+		if got := strings.Join(strings.Fields(lines[6+i]), " "); got != want {
+			t.Errorf("table line %d = %q, want %q", 6+i, lines[6+i], want)
 		}
 	}
 	// Columns are aligned: every row starts its HTTP column where the
 	// header's does.
-	col := strings.Index(lines[5], "HTTP")
-	for _, l := range lines[6:8] {
+	col := strings.Index(lines[6], "HTTP")
+	for _, l := range lines[7:9] {
 		if len(l) <= col || l[col-1] != ' ' || l[col] == ' ' {
 			t.Errorf("row %q not aligned with HTTP at column %d", l, col)
 		}
@@ -51,7 +51,7 @@ func TestStatusCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil || !reflect.DeepEqual(got, f.cluster) {
 		t.Errorf("--json printed %s (%v), want %+v", out, err, f.cluster)
 	}
-	if !strings.Contains(out, `"leader":"n1","epoch":42,"partitions":1024,"members":[{"id":"n1","state":"active","http":"10.0.0.1:8080"`) ||
+	if !strings.Contains(out, `"leader":"n1","epoch":42,"partitions":1024,"rules_version":7,"members":[{"id":"n1","state":"active","http":"10.0.0.1:8080"`) ||
 		!strings.Contains(out, `"partitions":512,"voter":false}`) {
 		t.Errorf("--json printed %s, not the wire form", out)
 	}
@@ -69,7 +69,7 @@ func TestStatusVoterNotReported(t *testing.T) {
 		t.Fatalf("exit %d; stderr: %s", code, errs)
 	}
 	lines := strings.Split(out, "\n")
-	if got, want := strings.Join(strings.Fields(lines[6]), " "), "n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512 -"; got != want {
+	if got, want := strings.Join(strings.Fields(lines[7]), " "), "n1 * active 10.0.0.1:8080 10.0.0.1:8081 10.0.0.1:8082 512 -"; got != want {
 		t.Errorf("row = %q, want %q", got, want)
 	}
 }
@@ -80,7 +80,7 @@ func TestStatusNoLeader(t *testing.T) {
 	f := newFakeAPI(t)
 	f.cluster.Leader = ""
 	code, out, _ := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
-	if code != 0 || !strings.Contains(out, "leader      (none)") || !strings.Contains(out, "members     2") {
+	if code != 0 || !strings.Contains(out, "leader         (none)") || !strings.Contains(out, "members        2") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
 }
