@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -245,7 +246,8 @@ func (l *hclogger) endWindow(key string, p *heldLine) {
 // if one of its values is an error that is raft.ErrTransportShutdown
 // (the network transport says so only of RPCs it dropped because this
 // member closed it; a decode error proper keeps its level); Warn for an
-// Error that names a peer; level otherwise.
+// Error that names a peer, or whose error is a connection the other side
+// reset; level otherwise.
 func lineLevel(level hclog.Level, msg string, args []any) hclog.Level {
 	switch level {
 	case hclog.NoLevel, hclog.Info, hclog.Warn, hclog.Error:
@@ -258,6 +260,13 @@ func lineLevel(level hclog.Level, msg string, args []any) hclog.Level {
 	for i := 1; i < len(args); i += 2 {
 		if err, ok := args[i].(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
 			return hclog.Debug
+		}
+	}
+	for i := 1; i < len(args); i += 2 {
+		if err, ok := args[i].(error); ok && level == hclog.Error && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+			// The other side dropped the connection: a peer that stopped
+			// (its Raft RPCs in flight are reset at its exit), as below.
+			return hclog.Warn
 		}
 	}
 	if _, ok := peerArg(args); ok && level == hclog.Error {

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -474,7 +477,8 @@ func TestHclogLineLevel(t *testing.T) {
 		{hclog.Error, "failed to decode incoming command", []any{"error", errors.New("msgpack decode error [pos 3]: invalid length")}, "ERROR"},
 		{hclog.Error, "failed to decode incoming command", []any{"error", errors.New("transport shutdown")}, "ERROR"}, // another error with the same text
 		{hclog.Error, "failed to decode incoming command", []any{"error", io.ErrUnexpectedEOF}, "ERROR"},
-		{hclog.Error, "failed to flush response", []any{"error", shutdown.Error()}, "ERROR"}, // text, not the error
+		{hclog.Error, "failed to decode incoming command", []any{"error", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}}, "WARN"}, // a peer's exit
+		{hclog.Error, "failed to flush response", []any{"error", shutdown.Error()}, "ERROR"},                                                                                  // text, not the error
 		// About another member: at most a warning.
 		{hclog.Error, "failed to heartbeat to", []any{"peer", "127.0.0.1:8081", "backoff time", time.Second, "error", refused}, "WARN"},
 		{hclog.Error, "failed to appendEntries to", []any{"peer", raft.Server{ID: "n2"}, "error", refused}, "WARN"},
