@@ -627,7 +627,7 @@ func (n *Node) detectLoop() {
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
-			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now))
+			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now, orphanVoterGrace(n.cfg.DeadAfter)))
 		}
 		lastSeen.retain(func(id string) bool {
 			if _, ok := snap.st.Member(id); !ok {

@@ -539,8 +539,9 @@ func (n *Node) noteRemoved(why string, inRaft bool) {
 	n.log.Info(why)
 	if n.cfg.OnRemoved != nil {
 		go func() {
-			// Hand off what we held before going.
-			ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+			// Hand off what we held before going: long enough for a ring
+			// that marks a dead target dead, and names the next owner.
+			ctx, cancel := context.WithTimeout(n.ctx, max(10*time.Second, n.cfg.DeadAfter+5*time.Second))
 			_ = n.h.wait(ctx)
 			cancel()
 			if inRaft {
@@ -551,8 +552,11 @@ func (n *Node) noteRemoved(why string, inRaft bool) {
 	}
 }
 
-// removedRaftWait bounds awaitOutOfRaft.
-const removedRaftWait = 15 * time.Second
+// removedRaftWait bounds awaitOutOfRaft: past the next leader's removal
+// of an orphan voter (orphanVoterGrace).
+func (n *Node) removedRaftWait() time.Duration {
+	return max(15*time.Second, orphanVoterGrace(n.cfg.DeadAfter)+5*time.Second)
+}
 
 // awaitOutOfRaft waits, at most removedRaftWait, until this member, removed
 // from the cluster, is no voter of Raft's configuration as its log has it:
@@ -564,13 +568,14 @@ const removedRaftWait = 15 * time.Second
 func (n *Node) awaitOutOfRaft() {
 	t := time.NewTicker(n.cfg.RaftTimeout)
 	defer t.Stop()
-	end := time.NewTimer(removedRaftWait)
+	wait := n.removedRaftWait()
+	end := time.NewTimer(wait)
 	defer end.Stop()
 	for n.raftVoter() {
 		select {
 		case <-t.C:
 		case <-end.C:
-			n.log.Warn("removed from the cluster but still a raft voter; stopping all the same", "waited", removedRaftWait.String())
+			n.log.Warn("removed from the cluster but still a raft voter; stopping all the same", "waited", wait.String())
 			return
 		case <-n.ctx.Done():
 			return

@@ -8,6 +8,16 @@ import (
 	"github.com/ringlimit/ringlimit/fsm"
 )
 
+// orphanVoterGrace is how long a voter may stay in Raft's configuration
+// without a record in the cluster state: a leave cut short by its
+// leader's death leaves one, whose member is still handing its partitions
+// off, the dead leader's included. It must see the ring that marks the
+// leader dead (DeadAfter) to send those to their next owners, and it sees
+// rings only while it is in Raft; then it leaves Raft, or the next leader
+// removes it. Its vote counts meanwhile (it runs until it is out of Raft:
+// awaitOutOfRaft).
+func orphanVoterGrace(deadAfter time.Duration) time.Duration { return deadAfter + 2*time.Second }
+
 // orphanGrace is how long a non-voter may stay in Raft's configuration
 // without a record in the cluster state before the leader removes it from
 // Raft (removeOrphansLater). A join adds the server to Raft (a non-voter,
@@ -32,11 +42,11 @@ const orphanGrace = 10 * time.Second
 type orphanWatch map[raft.ServerID]time.Time
 
 // update records the orphans of servers given the state st as of now, and
-// returns those due for removal: voters at once, non-voters once they
-// have been orphans for orphanGrace. This node counts only when removed
+// returns those due for removal: voters once they have been orphans for
+// voterGrace (orphanVoterGrace), non-voters for orphanGrace. This node counts only when removed
 // (it left, and leads until it is out of Raft too); a node that has not
 // registered yet (just bootstrapped) is no orphan.
-func (w orphanWatch) update(st *fsm.State, servers []raft.Server, self string, removed bool, now time.Time) (due []raft.ServerID) {
+func (w orphanWatch) update(st *fsm.State, servers []raft.Server, self string, removed bool, now time.Time, voterGrace time.Duration) (due []raft.ServerID) {
 	seen := map[raft.ServerID]bool{}
 	for _, s := range raftOrphans(st, servers, self, removed) {
 		seen[s.ID] = true
@@ -44,7 +54,11 @@ func (w orphanWatch) update(st *fsm.State, servers []raft.Server, self string, r
 		if !ok {
 			w[s.ID], since = now, now
 		}
-		if s.Suffrage == raft.Voter || now.Sub(since) >= orphanGrace {
+		grace := orphanGrace
+		if s.Suffrage == raft.Voter {
+			grace = voterGrace
+		}
+		if now.Sub(since) >= grace {
 			due = append(due, s.ID)
 		}
 	}

@@ -16,7 +16,8 @@ import (
 // the next leader lost its quorum and stepped down (no leader, no lease,
 // every check degraded). Now the leaving member stays a Raft voter until
 // it is out of Raft's configuration, and the next leader removes the
-// orphan at once: the 3 others keep a leader and take writes.
+// orphan (after the dead-after and a margin): the 3 others keep a leader
+// and take writes.
 func TestLeaveCutShortByTheLeadersCrashIsFinished(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 4, Options{})
@@ -63,4 +64,67 @@ func TestLeaveCutShortByTheLeadersCrashIsFinished(t *testing.T) {
 func inRaft(c *Cluster, id string) bool {
 	_, ok := raftServer(c, id)
 	return ok
+}
+
+// A member leaving while the leader dies hands its partitions to their
+// new owners, the dead leader's included: it stays in Raft (an orphan the
+// next leader removes only after the dead-after and a margin) long enough
+// to see the ring that marks the leader dead, and readdresses to the
+// partitions' owners then. Removed from Raft at once, it never saw that
+// ring: the partitions bound for the leader were served afresh (a new user
+// saw 27-35 of 25 admitted).
+func TestLeaveAsTheLeaderDiesLosesNoHandoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 4, Options{})
+		l := c.Leader()
+		victim := otherThan(c, l.ID)
+		rule := limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 2, Period: time.Hour, FailureMode: limiter.FailClosed}
+		c.PutRules(l.ID, rule)
+		var keys []string
+		for i := range 24 {
+			k := c.KeyOwnedBy(victim, i)
+			keys = append(keys, k)
+			for range 2 {
+				if r := c.Check(victim, "hourly", k, 1); !r.Allowed || r.Degraded {
+					t.Fatalf("spend of %s: %+v", k, r)
+				}
+			}
+		}
+		// The victim's hand-offs to the leader never arrive (it dies), and
+		// the leader's removal of the victim from Raft is cut short.
+		c.CutCalls(victim, l.ID)
+		c.CutCalls(l.ID, victim)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = l.Node().Leave(ctx, victim)
+		}()
+		c.WaitFor(victim+" out of the leader's ring", 10*time.Second, func() bool {
+			v := l.Node().View()
+			if v == nil {
+				return false
+			}
+			_, in := v.Ring.Member(victim)
+			return !in
+		})
+		c.Crash(l.ID)
+		c.WaitFor(victim+" stopped", 60*time.Second, func() bool { return !c.Member(victim).Running() })
+		var via string
+		for _, m := range c.Members() {
+			if m.Running() {
+				via = m.ID
+				break
+			}
+		}
+		c.WaitSettled(2)
+		admitted := 0
+		for _, k := range keys {
+			if r := c.Check(via, "hourly", k, 1); r.Allowed {
+				admitted++
+			}
+		}
+		if admitted > 0 {
+			t.Fatalf("%d of %d keys spent before the leave admitted again after it", admitted, len(keys))
+		}
+	})
 }
