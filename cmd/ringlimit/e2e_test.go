@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // These tests build the real binary and drive `ringlimit serve`
@@ -67,28 +68,9 @@ func freePort(t *testing.T) string {
 type proc struct {
 	id, http, dir string
 	cmd           *exec.Cmd
-	log           *syncBuffer
+	log           *logbuf.Buffer
 	done          chan struct{}
 	exitErr       error
-}
-
-// syncBuffer is a locked buffer; it does not embed bytes.Buffer, whose
-// ReadFrom would let exec's copier bypass the lock.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func startServe(t *testing.T, id, dir string, extra ...string) *proc {
@@ -120,7 +102,7 @@ func launchServe(t *testing.T, id, dir string, extra ...string) *proc {
 	p := &proc{id: id, http: freePort(t), dir: dir, done: make(chan struct{})}
 	args := append([]string{"serve", "--id", id, "--http", p.http, "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir, "--log-level", "debug"}, extra...)
 	p.cmd = exec.Command(binary(t), args...)
-	p.log = &syncBuffer{}
+	p.log = &logbuf.Buffer{}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // The normal life of a 3-member cluster of real processes and a router —
@@ -58,7 +59,7 @@ func TestServeLogsAreSlogJSONWithoutErrors(t *testing.T) {
 	if leader == nil {
 		t.Fatalf("leader %q is none of the members", view.Leader)
 	}
-	rt := &proc{id: "router", http: freePort(t), done: make(chan struct{}), log: &syncBuffer{}}
+	rt := &proc{id: "router", http: freePort(t), done: make(chan struct{}), log: &logbuf.Buffer{}}
 	rt.cmd = exec.Command(binary(t), "router", "--http", rt.http, "--cluster", n2.http+","+n1.http, "--grpc", freePort(t), "--log-level", "debug")
 	rt.cmd.Stderr = rt.log
 	if err := rt.cmd.Start(); err != nil {

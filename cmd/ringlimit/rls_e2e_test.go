@@ -12,6 +12,8 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // `serve --grpc --envoy-config` answers Envoy's ShouldRateLimit with the
@@ -74,7 +76,7 @@ func TestRouterEnvoyRLS(t *testing.T) {
 	m := startServe(t, "m1", filepath.Join(dir, "data"), "--grpc", memberGRPC, "--envoy-config", file)
 	routerHTTP, routerGRPC := freePort(t), freePort(t)
 	cmd := exec.Command(binary(t), "router", "--http", routerHTTP, "--cluster", m.http, "--grpc", routerGRPC, "--envoy-config", file)
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

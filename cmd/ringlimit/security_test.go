@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 )
 
 // runToExit runs `ringlimit args...` and returns its exit code and stderr.
@@ -164,7 +165,7 @@ func TestServeClusterSecret(t *testing.T) {
 	router := func(forwardTimeout string, extra ...string) string {
 		addr := freePort(t)
 		cmd := exec.Command(bin, append([]string{"router", "--http", addr, "--cluster", n1.http, "--forward-timeout", forwardTimeout}, extra...)...)
-		log := &syncBuffer{}
+		log := &logbuf.Buffer{}
 		cmd.Stderr = log
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -299,7 +300,7 @@ func TestServeFloods(t *testing.T) {
 	p := &proc{id: "n1", http: freePort(t), dir: t.TempDir(), done: make(chan struct{})}
 	raftAddr, peerAddr := freePort(t), freePort(t)
 	p.cmd = exec.Command(bin, "serve", "--id", "n1", "--http", p.http, "--raft", raftAddr, "--peer", peerAddr, "--data-dir", p.dir)
-	p.log = &syncBuffer{}
+	p.log = &logbuf.Buffer{}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -220,13 +221,13 @@ type env struct {
 	c     *fakeChecker
 	a     *fakeAdmin
 	reg   *prometheus.Registry
-	logs  *syncBuffer
+	logs  *logbuf.Buffer
 	token string
 }
 
 func newEnv(t testing.TB, token string) *env {
 	t.Helper()
-	e := &env{c: newFakeChecker(), a: &fakeAdmin{}, reg: prometheus.NewRegistry(), logs: &syncBuffer{}, token: token}
+	e := &env{c: newFakeChecker(), a: &fakeAdmin{}, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}, token: token}
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
 	e.h = New(Config{AdminToken: token, Logger: log, Registry: e.reg}, e.c, e.a)
 	return e
@@ -297,24 +298,6 @@ func decodeOK(t *testing.T, w *httptest.ResponseRecorder, v any) {
 	if err := dec.Decode(v); err != nil {
 		t.Fatalf("body %q: %v", w.Body, err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // fixedClock returns a clock that advances by step per reading.
