@@ -60,7 +60,16 @@ func listen(t testing.TB) Listeners {
 
 func startMember(t *testing.T, id, dir, join string) *Server {
 	t.Helper()
-	ls := listen(t)
+	s, err := startMemberOn(t, id, dir, join, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startMemberOn starts member id over dir on ls, advertising ls's
+// addresses, with the tests' settings; it stops at the test's cleanup.
+func startMemberOn(t testing.TB, id, dir, join string, ls Listeners) (*Server, error) {
 	s, err := Start(Config{
 		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
 		DataDir: dir, Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
@@ -69,10 +78,10 @@ func startMember(t *testing.T, id, dir, join string) *Server {
 		Logger:      testLogger(),
 	}, ls)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	shutdownAtCleanup(t, s)
-	return s
+	return s, nil
 }
 
 // testLogger writes the members' logs to stderr when SERVERTEST_LOG is set.

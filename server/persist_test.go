@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
-	"github.com/ringlimit/ringlimit/ring"
-	"github.com/ringlimit/ringlimit/router"
 )
 
 // A single member stopped gracefully keeps its budgets over a restart (at
@@ -142,17 +140,9 @@ func restartMemberAt(t *testing.T, id, dir string, addrs [3]string) *Server {
 		}
 		*l = ln
 	}
-	s, err := Start(Config{
-		ID: id, HTTPAdvertise: addrs[0], RaftAdvertise: addrs[1], PeerAdvertise: addrs[2],
-		DataDir: dir, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
-		RaftTimeout: testRaftTimeout,
-		Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
-		Logger:      testLogger(),
-	}, ls)
+	s, err := startMemberOn(t, id, dir, "", ls)
 	if err != nil {
 		t.Error(err)
-		return nil
 	}
-	shutdownAtCleanup(t, s)
 	return s
 }

@@ -27,20 +27,7 @@ func TestLeaveCutShortByTheLeadersCrashIsFinished(t *testing.T) {
 		// Raft half (awaitRemovalSeen): cutting its calls to the victim
 		// holds it there, and it crashes meanwhile.
 		c.CutCalls(l.ID, victim)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = l.Node().Leave(ctx, victim) // the leader crashes under it
-		}()
-		c.WaitFor(victim+" out of the leader's ring", 10*time.Second, func() bool {
-			v := l.Node().View()
-			if v == nil {
-				return false
-			}
-			_, in := v.Ring.Member(victim)
-			return !in
-		})
-		c.Crash(l.ID)
+		leaveAndCrashLeader(c, l, victim)
 		c.Heal()
 		c.WaitFor(victim+" out of Raft under a new leader", 20*time.Second, func() bool {
 			n := c.Leader()
@@ -57,6 +44,27 @@ func TestLeaveCutShortByTheLeadersCrashIsFinished(t *testing.T) {
 			t.Fatalf("no leader 15s after the crash")
 		}
 	})
+}
+
+// leaveAndCrashLeader has leader l remove victim and crashes l once the
+// removal is in l's ring, before l has finished the leave (the caller
+// holds l's calls to victim, on which it waits before the Raft half).
+func leaveAndCrashLeader(c *Cluster, l *Member, victim string) {
+	c.t.Helper()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = l.Node().Leave(ctx, victim) // the leader crashes under it
+	}()
+	c.WaitFor(victim+" out of the leader's ring", 10*time.Second, func() bool {
+		v := l.Node().View()
+		if v == nil {
+			return false
+		}
+		_, in := v.Ring.Member(victim)
+		return !in
+	})
+	c.Crash(l.ID)
 }
 
 // inRaft reports whether id is a server of the leader's Raft
@@ -94,20 +102,7 @@ func TestLeaveAsTheLeaderDiesLosesNoHandoff(t *testing.T) {
 		// the leader's removal of the victim from Raft is cut short.
 		c.CutCalls(victim, l.ID)
 		c.CutCalls(l.ID, victim)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = l.Node().Leave(ctx, victim)
-		}()
-		c.WaitFor(victim+" out of the leader's ring", 10*time.Second, func() bool {
-			v := l.Node().View()
-			if v == nil {
-				return false
-			}
-			_, in := v.Ring.Member(victim)
-			return !in
-		})
-		c.Crash(l.ID)
+		leaveAndCrashLeader(c, l, victim)
 		c.WaitFor(victim+" stopped", 60*time.Second, func() bool { return !c.Member(victim).Running() })
 		var via string
 		for _, m := range c.Members() {
