@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -341,18 +342,27 @@ func (n *Node) voterFlagFixes() ([]fsm.Member, error) {
 // (detectLoop) calls it whenever a tick finds a stale flag, the first
 // tick after it gains the lead included, so a failed run is retried.
 func (n *Node) syncVoterFlagsLater() {
-	if !n.syncingVoters.CompareAndSwap(false, true) {
+	n.leaderChoreLater(&n.syncingVoters, "setting members' voter flags as Raft has them", n.syncVoterFlags)
+}
+
+// leaderChoreLater runs chore in the background under the membership
+// lock (no other membership change runs meanwhile) if this node then
+// leads, unless a run flagged by busy is under way; a chore's error is
+// logged as a warning about what. Its caller, the leader's liveness loop
+// (detectLoop), asks again at a later tick while there is work left.
+func (n *Node) leaderChoreLater(busy *atomic.Bool, what string, chore func() error) {
+	if !busy.CompareAndSwap(false, true) {
 		return
 	}
 	n.goLoop(func() {
-		defer n.syncingVoters.Store(false)
+		defer busy.Store(false)
 		n.membership.lock()
 		defer n.membership.unlock()
 		if !n.isLeader() {
 			return
 		}
-		if err := n.syncVoterFlags(); err != nil {
-			n.log.Warn("setting members' voter flags as Raft has them", "err", err)
+		if err := chore(); err != nil {
+			n.log.Warn(what, "err", err)
 		}
 	})
 }

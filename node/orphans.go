@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -86,44 +87,40 @@ func raftOrphans(st *fsm.State, servers []raft.Server, self string, removed bool
 }
 
 // removeOrphansLater removes the orphans ids from Raft in the background
-// while this node leads, unless a run is under way. It holds the
-// membership lock, so no join or leave runs meanwhile, and looks again
-// once the log is applied (a leader early in its term may not have
-// applied the join of a member it would otherwise take for an orphan).
-// A failed run is retried at a later tick of detectLoop.
+// while this node leads, unless a run is under way (leaderChoreLater: it
+// holds the membership lock, so no join or leave runs meanwhile). A
+// failed run is retried at a later tick of detectLoop.
 func (n *Node) removeOrphansLater(ids []raft.ServerID) {
-	if len(ids) == 0 || !n.removingOrphans.CompareAndSwap(false, true) {
+	if len(ids) == 0 {
 		return
 	}
-	n.goLoop(func() {
-		defer n.removingOrphans.Store(false)
-		n.membership.lock()
-		defer n.membership.unlock()
-		if !n.isLeader() {
-			return
+	n.leaderChoreLater(&n.removingOrphans, "removing servers that are no members from raft", func() error { return n.removeOrphans(ids) })
+}
+
+// removeOrphans removes those of ids that are still orphans from Raft,
+// looking again once the log is applied (a leader early in its term may
+// not have applied the join of a member it would otherwise take for an
+// orphan). The caller holds n.membership and leads.
+func (n *Node) removeOrphans(ids []raft.ServerID) error {
+	if _, err := n.await(n.ctx, n.raft.raft.Barrier(applyTimeout), "barrier"); err != nil {
+		return raftUnavailable("waiting for the log", err)
+	}
+	cf := n.raft.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	still := map[raft.ServerID]bool{}
+	for _, s := range raftOrphans(n.fsm.State(), cf.Configuration().Servers, n.cfg.ID, n.removed.Load()) {
+		still[s.ID] = true
+	}
+	for _, id := range ids {
+		if !still[id] {
+			continue
 		}
-		if _, err := n.await(n.ctx, n.raft.raft.Barrier(applyTimeout), "barrier"); err != nil {
-			n.log.Warn("removing servers that are no members from raft", "err", raftUnavailable("waiting for the log", err))
-			return
+		if err := n.removeFromRaft(n.ctx, string(id)); err != nil {
+			return fmt.Errorf("%s: %w", id, err)
 		}
-		cf := n.raft.raft.GetConfiguration()
-		if err := cf.Error(); err != nil {
-			n.log.Warn("removing servers that are no members from raft", "err", err)
-			return
-		}
-		still := map[raft.ServerID]bool{}
-		for _, s := range raftOrphans(n.fsm.State(), cf.Configuration().Servers, n.cfg.ID, n.removed.Load()) {
-			still[s.ID] = true
-		}
-		for _, id := range ids {
-			if !still[id] {
-				continue
-			}
-			if err := n.removeFromRaft(n.ctx, string(id)); err != nil {
-				n.log.Warn("removing a server that is no member from raft", "id", string(id), "err", err)
-				return
-			}
-			n.log.Warn("removed a server that is no member from raft (a leave or join cut short)", "id", string(id))
-		}
-	})
+		n.log.Warn("removed a server that is no member from raft (a leave or join cut short)", "id", string(id))
+	}
+	return nil
 }
