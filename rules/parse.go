@@ -40,7 +40,11 @@ var algorithmList = func() string {
 // case-sensitively), values of the wrong type, duplicate YAML keys,
 // duplicate rule names and everything limiter's Rule.Validate rejects. A
 // document over MaxDocumentSize bytes or MaxRules rules is refused.
-func Parse(data []byte) ([]limiter.Rule, error) {
+func Parse(data []byte) ([]limiter.Rule, error) { return parse(data, false) }
+
+// parse is Parse; needList refuses a document that names no rules list
+// (ParseFile).
+func parse(data []byte, needList bool) ([]limiter.Rule, error) {
 	if len(data) > MaxDocumentSize {
 		return nil, &Error{Index: -1, Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(data), MaxDocumentSize)}
 	}
@@ -50,9 +54,12 @@ func Parse(data []byte) ([]limiter.Rule, error) {
 		msg := strings.Join(strings.Fields(err.Error()), " ")
 		return nil, &Error{Index: -1, Msg: "not valid YAML or JSON: " + msg}
 	}
-	items, err := ruleList(js)
+	items, named, err := ruleList(js)
 	if err != nil {
 		return nil, err
+	}
+	if needList && !named {
+		return nil, &Error{Index: -1, Msg: `names no rules list (an empty file, only comments, or no "rules:" entries; a write in progress?): write "rules: []" (JSON: {"rules": []}) to remove every rule`}
 	}
 	rs := make([]limiter.Rule, len(items))
 	for i, raw := range items {
@@ -85,45 +92,36 @@ func yamlToJSON(data []byte) (js []byte, err error) {
 // then filled: a shell's ">" redirection, most editors); read as no rules,
 // that instant removed every written rule of the cluster. "rules: []"
 // removes them all on purpose.
-func ParseFile(data []byte) ([]limiter.Rule, error) {
-	js, err := yamlToJSON(data)
-	if err == nil {
-		js = bytes.TrimSpace(js)
-		var top map[string]json.RawMessage
-		if isNull(js) || len(js) == 0 || js[0] == '{' && json.Unmarshal(js, &top) == nil && (len(bytes.TrimSpace(top["rules"])) == 0 || isNull(bytes.TrimSpace(top["rules"]))) {
-			return nil, &Error{Index: -1, Msg: `names no rules list (an empty file, only comments, or no "rules:" entries; a write in progress?): write "rules: []" (JSON: {"rules": []}) to remove every rule`}
-		}
-	}
-	return Parse(data)
-}
+func ParseFile(data []byte) ([]limiter.Rule, error) { return parse(data, true) }
 
-// ruleList returns the elements of the document's "rules" list.
-func ruleList(js []byte) ([]json.RawMessage, error) {
+// ruleList returns the elements of the document's "rules" list; named
+// is false when the document names none (it is empty, or its "rules" is
+// missing or null).
+func ruleList(js []byte) (items []json.RawMessage, named bool, err error) {
 	js = bytes.TrimSpace(js)
 	if isNull(js) {
-		return nil, nil
+		return nil, false, nil
 	}
 	var top map[string]json.RawMessage
 	if js[0] != '{' || json.Unmarshal(js, &top) != nil {
-		return nil, &Error{Index: -1, Msg: "must be a mapping with a \"rules\" list, got " + rawText(js)}
+		return nil, false, &Error{Index: -1, Msg: "must be a mapping with a \"rules\" list, got " + rawText(js)}
 	}
 	for _, k := range sortedKeys(top) {
 		if k != "rules" && k != "routes" { // routes: read by ParseRoutes
-			return nil, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
+			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
 		}
 	}
 	raw := bytes.TrimSpace(top["rules"])
 	if len(raw) == 0 || isNull(raw) {
-		return nil, nil
+		return nil, false, nil
 	}
-	var items []json.RawMessage
 	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
-		return nil, &Error{Index: -1, Field: "rules", Msg: "must be a list of rules, got " + rawText(raw)}
+		return nil, true, &Error{Index: -1, Field: "rules", Msg: "must be a list of rules, got " + rawText(raw)}
 	}
 	if len(items) > MaxRules {
-		return nil, &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules, over the limit of %d", len(items), MaxRules)}
+		return nil, true, &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules, over the limit of %d", len(items), MaxRules)}
 	}
-	return items, nil
+	return items, true, nil
 }
 
 // parseRule decodes and validates the i-th rule of a document into r.
