@@ -627,18 +627,7 @@ func TestLeaderCrashMembershipWritesResume(t *testing.T) {
 func TestLeaveCutShortIsFinishedByAskingAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 4, Options{})
-		inRaft := func(id string) bool {
-			cf := c.Leader().Node().Raft().GetConfiguration()
-			if err := cf.Error(); err != nil {
-				t.Fatal(err)
-			}
-			for _, s := range cf.Configuration().Servers {
-				if string(s.ID) == id {
-					return true
-				}
-			}
-			return false
-		}
+		inRaft := func(id string) bool { return inRaftOf(t, c.Leader(), id) }
 		cmd, err := fsm.RemoveMember("n4")
 		if err != nil {
 			t.Fatal(err)

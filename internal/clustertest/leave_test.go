@@ -219,12 +219,8 @@ func inRaftOf(t *testing.T, m *Member, id string) bool {
 	if err := cf.Error(); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == id {
-			return true
-		}
-	}
-	return false
+	_, ok := findServer(cf.Configuration().Servers, id)
+	return ok
 }
 
 // A member that asks to leave while it is behind on the Raft log (its

@@ -130,7 +130,12 @@ func raftServer(c *Cluster, id string) (raft.Server, bool) {
 	if cf.Error() != nil {
 		return raft.Server{}, false
 	}
-	for _, s := range cf.Configuration().Servers {
+	return findServer(cf.Configuration().Servers, id)
+}
+
+// findServer returns id's entry among servers.
+func findServer(servers []raft.Server, id string) (raft.Server, bool) {
+	for _, s := range servers {
 		if string(s.ID) == id {
 			return s, true
 		}
