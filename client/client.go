@@ -133,7 +133,13 @@ func (c *Client) CloseIdleConnections() { c.hc.CloseIdleConnections() }
 // false, not an error.
 func (c *Client) Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
 	var d api.Decision
-	err := c.do(ctx, http.MethodPost, "/v1/check", false, api.CheckRequest{Rule: rule, Key: key, Cost: &cost}, &d)
+	body := appendCheck(make([]byte, 0, len(rule)+len(key)+48), rule, key, cost)
+	err := c.send(ctx, http.MethodPost, "/v1/check", false, bytes.NewReader(body), "application/json", func(data []byte) error {
+		if parseDecision(data, &d) {
+			return nil
+		}
+		return json.Unmarshal(data, &d)
+	})
 	return d, err
 }
 
@@ -146,7 +152,15 @@ func (c *Client) CheckBatch(ctx context.Context, checks []api.CheckRequest) ([]a
 		return []api.Decision{}, nil
 	}
 	var resp api.BatchResponse
-	if err := c.do(ctx, http.MethodPost, "/v1/check", false, api.BatchRequest{Checks: checks}, &resp); err != nil {
+	body := appendBatch(make([]byte, 0, bodySize(checks)), checks)
+	err := c.send(ctx, http.MethodPost, "/v1/check", false, bytes.NewReader(body), "application/json", func(data []byte) error {
+		if ds, ok := parseResults(data, len(checks)); ok {
+			resp.Results = ds
+			return nil
+		}
+		return json.Unmarshal(data, &resp)
+	})
+	if err != nil {
 		return nil, err
 	}
 	if len(resp.Results) != len(checks) {
@@ -172,7 +186,7 @@ func (c *Client) PutRules(ctx context.Context, doc []byte, contentType string) (
 		contentType = "application/json"
 	}
 	var rs api.Rules
-	if err := c.send(ctx, http.MethodPut, "/v1/rules", true, bytes.NewReader(doc), contentType, &rs); err != nil {
+	if err := c.send(ctx, http.MethodPut, "/v1/rules", true, bytes.NewReader(doc), contentType, jsonInto(&rs)); err != nil {
 		return nil, err
 	}
 	return rs.Rules, nil
@@ -244,10 +258,29 @@ func (c *Client) do(ctx context.Context, method, path string, admin bool, in, ou
 		}
 		body, contentType = bytes.NewReader(b), "application/json"
 	}
-	return c.send(ctx, method, path, admin, body, contentType, out)
+	return c.send(ctx, method, path, admin, body, contentType, jsonInto(out))
 }
 
-func (c *Client) send(ctx context.Context, method, path string, admin bool, body io.Reader, contentType string, out any) error {
+// jsonInto returns the decoder of a JSON answer into out (nil for none:
+// the answer's body is not read as JSON).
+func jsonInto(out any) func([]byte) error {
+	if out == nil {
+		return nil
+	}
+	return func(data []byte) error {
+		if m, ok := out.(maybeEmpty); ok {
+			if len(bytes.TrimSpace(data)) == 0 {
+				return nil
+			}
+			return json.Unmarshal(data, m.v)
+		}
+		return json.Unmarshal(data, out)
+	}
+}
+
+// send sends a request and hands a 2xx answer's body to decode (if not
+// nil), whose error is the call's; the body is only valid during decode.
+func (c *Client) send(ctx context.Context, method, path string, admin bool, body io.Reader, contentType string, decode func([]byte) error) error {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return fmt.Errorf("client: %s %s: %w", method, path, err)
@@ -271,7 +304,13 @@ func (c *Client) send(ctx context.Context, method, path string, admin bool, body
 		return fmt.Errorf("client: %s %s%s: %w", method, c.base, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	buf := bodies.Get().(*[]byte)
+	defer func() {
+		if cap(*buf) <= maxPooledBody {
+			bodies.Put(buf)
+		}
+	}()
+	data, err := readBody(resp.Body, buf, resp.ContentLength, maxResponse)
 	if err != nil {
 		return fmt.Errorf("client: %s %s: reading response: %w", method, path, err)
 	}
@@ -281,16 +320,10 @@ func (c *Client) send(ctx context.Context, method, path string, admin bool, body
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return decodeError(resp.StatusCode, data)
 	}
-	if out == nil {
+	if decode == nil {
 		return nil
 	}
-	if m, ok := out.(maybeEmpty); ok {
-		if len(bytes.TrimSpace(data)) == 0 {
-			return nil
-		}
-		out = m.v
-	}
-	if err := json.Unmarshal(data, out); err != nil {
+	if err := decode(data); err != nil {
 		return fmt.Errorf("client: %s %s: decoding response: %w", method, path, err)
 	}
 	return nil

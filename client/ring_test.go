@@ -2,13 +2,16 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
@@ -165,5 +168,36 @@ func TestRingFallsBackToHTTP(t *testing.T) {
 	}
 	if allowed != 3 || rc.Ready() || rc.HTTPFallbacks() != 5 {
 		t.Fatalf("admitted %d of 5 (want 3), ready %v (want false), %d over HTTP (want 5)", allowed, rc.Ready(), rc.HTTPFallbacks())
+	}
+}
+
+// Keys that are not UTF-8 are refused by the member, over HTTP as over
+// the data plane, instead of being merged: the Client once sent every
+// one of them as U+FFFD (json.Marshal), so "\xff" and "\xfe" spent one
+// bucket.
+func TestKeysThatAreNotUTF8AreRefusedNotMerged(t *testing.T) {
+	m := startMembers(t, 1, limiter.Rule{Name: "one", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	c := client.New(m.http[0])
+	for _, key := range []string{"\xff", "\xfe"} {
+		_, err := c.Check(t.Context(), "one", key, 1)
+		var e *api.Error
+		if !errors.As(err, &e) || e.Status != 400 || !strings.Contains(e.Message, "UTF-8") {
+			t.Fatalf("Check(key %q) = %v; want a 400 naming UTF-8", key, err)
+		}
+	}
+	_, err := c.CheckBatch(t.Context(), []api.CheckRequest{{Rule: "one", Key: "ok"}, {Rule: "one", Key: "a\xc3"}})
+	var e *api.Error
+	if !errors.As(err, &e) || e.Status != 400 || !strings.Contains(e.Message, "checks[1]") {
+		t.Fatalf("CheckBatch with key %q second = %v; want a 400 naming checks[1]", "a\xc3", err)
+	}
+	// Nothing was spent, the valid key of the refused batch included.
+	if d, err := c.Check(t.Context(), "one", "ok", 1); err != nil || !d.Allowed {
+		t.Fatalf("Check(ok) after the refused batch = %+v, %v; want allowed", d, err)
+	}
+	// The characters JSON escapes reach their own buckets.
+	for _, key := range []string{`"`, `\`, "\n", "\x00", "ü"} {
+		if d, err := c.Check(t.Context(), "one", key, 1); err != nil || !d.Allowed {
+			t.Fatalf("Check(%q) = %+v, %v; want allowed (a bucket of its own)", key, d, err)
+		}
 	}
 }
