@@ -61,6 +61,8 @@ require (
 	github.com/hashicorp/memberlist v0.5.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/lesismal/llib v1.2.2 // indirect
+	github.com/lesismal/nbio v1.6.8 // indirect
 	github.com/mailgun/errors v0.1.5 // indirect
 	github.com/mailgun/holster/v4 v4.19.0 // indirect
 	github.com/miekg/dns v1.1.50 // indirect
@@ -101,6 +103,7 @@ require (
 	go.uber.org/zap v1.21.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/net v0.62.0 // indirect

@@ -1,7 +1,9 @@
 // Command httpfloor measures what an HTTP server costs on this machine
 // before any rate limiting: the server CPU per POST /v1/check request of
 // a handler that reads the body and answers a fixed decision, served by
-// net/http and by github.com/valyala/fasthttp, and by a raw loop of
+// net/http, by github.com/valyala/fasthttp, by the event loop (epoll) of
+// github.com/lesismal/nbio's nbhttp (the same net/http handler, run by
+// its goroutine pool, or inline on the poller), and by a raw loop of
 // this command's own that does no more per request than one read and one
 // write on the connection (the least any server over TCP does, here in
 // Go); and what Redis spends answering PING (the least a C event loop
@@ -37,6 +39,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lesismal/nbio/nbhttp"
 	"github.com/valyala/fasthttp"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -58,7 +61,7 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
 func main() {
-	serve := flag.String("serve", "", "internal: serve the floor with nethttp or fasthttp on --addr")
+	serve := flag.String("serve", "", "internal: serve the floor with nethttp, fasthttp, nbhttp, nbhttp-inline or rawtcp on --addr")
 	addr := flag.String("addr", "127.0.0.1:0", "internal: listen address of -serve")
 	var rls multi
 	flag.Var(&rls, "ringlimit", "NAME=BINARY of a ringlimit to measure alongside (repeatable)")
@@ -66,7 +69,7 @@ func main() {
 	rounds := flag.Int("rounds", 2, "rounds of interleaved rows")
 	concs := flag.String("concurrency", "32", "callers (comma-separated)")
 	batch := flag.Int("batch", 1, "checks per request")
-	floors := flag.Bool("floors", true, "measure the net/http, fasthttp and raw TCP floors")
+	floors := flag.Bool("floors", true, "measure the net/http, fasthttp, nbhttp and raw TCP floors")
 	redisServer := flag.String("redis-server", "", "the redis-server binary: also measure Redis answering PING")
 	flag.Parse()
 	if *serve != "" {
@@ -115,22 +118,36 @@ func serveFloor(kind, addr string) error {
 		return err
 	}
 	log.Printf("%s floor listening on %s", kind, ln.Addr())
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/check" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		buf := bodies.Get().(*bytes.Buffer)
+		defer bodies.Put(buf)
+		buf.Reset()
+		_, _ = buf.ReadFrom(http.MaxBytesReader(w, r.Body, api.MaxBodySize))
+		hd := w.Header()
+		hd["Content-Type"] = []string{"application/json"}
+		hd["X-Content-Type-Options"] = []string{"nosniff"}
+		_, _ = w.Write(floorAnswer(buf.Bytes()))
+	})
 	switch kind {
+	case "nbhttp", "nbhttp-inline":
+		// An event loop (epoll) instead of a goroutine per connection;
+		// the same net/http handler, run by nbhttp's goroutine pool or,
+		// inline, on the poller that read the request.
+		cfg := nbhttp.Config{Network: "tcp", Addrs: []string{addr}, Handler: h, KeepaliveTime: 120 * time.Second,
+			Listen: func(string, string) (net.Listener, error) { return ln, nil }}
+		if kind == "nbhttp-inline" {
+			cfg.ServerExecutor = func(f func()) { f() }
+		}
+		e := nbhttp.NewEngine(cfg)
+		if err := e.Start(); err != nil {
+			return err
+		}
+		select {}
 	case "nethttp":
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path != "/v1/check" || r.Method != http.MethodPost {
-				http.NotFound(w, r)
-				return
-			}
-			buf := bodies.Get().(*bytes.Buffer)
-			defer bodies.Put(buf)
-			buf.Reset()
-			_, _ = buf.ReadFrom(http.MaxBytesReader(w, r.Body, api.MaxBodySize))
-			hd := w.Header()
-			hd["Content-Type"] = []string{"application/json"}
-			hd["X-Content-Type-Options"] = []string{"nosniff"}
-			_, _ = w.Write(floorAnswer(buf.Bytes()))
-		})
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 		return srv.Serve(ln)
@@ -160,7 +177,7 @@ func serveFloor(kind, addr string) error {
 			go serveRaw(c)
 		}
 	}
-	return fmt.Errorf("-serve %q: want nethttp, fasthttp or rawtcp", kind)
+	return fmt.Errorf("-serve %q: want nethttp, fasthttp, nbhttp, nbhttp-inline or rawtcp", kind)
 }
 
 // serveRaw answers the HTTP/1.1 requests of one keep-alive connection
@@ -239,7 +256,7 @@ func run(rls []string, floors bool, redisServer string, dur time.Duration, round
 	// exits, and WaitUp says so with the end of its log.
 	var kinds []string
 	if floors {
-		kinds = []string{"nethttp", "fasthttp", "rawtcp"}
+		kinds = []string{"nethttp", "fasthttp", "nbhttp", "nbhttp-inline", "rawtcp"}
 	}
 	ports, err := proc.FreePorts(len(kinds) + 3*len(rls))
 	if err != nil {
