@@ -218,7 +218,7 @@ func TestRulesPutAnswersWithinTheWriteTimeout(t *testing.T) {
 				w := e.do("PUT", "/v1/rules", `{"rules":[]}`, tc.hdr...)
 				took := time.Since(start)
 				got := apiError(t, w, http.StatusServiceUnavailable, api.CodeUnavailable)
-				if took != tc.want || took >= NewServer("", nil).WriteTimeout || !strings.Contains(got.Message, "ran out of time (context deadline exceeded)") {
+				if took != tc.want || took >= writeTimeout || !strings.Contains(got.Message, "ran out of time (context deadline exceeded)") {
 					t.Errorf("PUT /v1/rules answered %q after %v; want the node's reason after %v, within the write timeout", got.Message, took, tc.want)
 				}
 			})
@@ -540,9 +540,12 @@ func TestNilRegistry(t *testing.T) {
 func TestNewServer(t *testing.T) {
 	h := http.NotFoundHandler()
 	s := NewServer("127.0.0.1:0", h)
-	if s.ConnContext == nil || s.Addr != "127.0.0.1:0" || s.Handler == nil || s.ReadHeaderTimeout != 5*time.Second || s.ReadTimeout != 10*time.Second ||
-		s.WriteTimeout != 10*time.Second || s.IdleTimeout != 120*time.Second || s.MaxHeaderBytes != 64<<10 {
-		t.Errorf("server = %+v", s)
+	if s.Handler == nil || s.api != nil || s.fs.ReadTimeout != 10*time.Second || s.fs.WriteTimeout != 10*time.Second ||
+		s.fs.IdleTimeout != 120*time.Second || s.fs.ReadBufferSize != 16<<10 || s.fs.MaxRequestBodySize != api.MaxBodySize {
+		t.Errorf("server = %+v", s.fs)
+	}
+	if s := NewServer("", New(Config{}, newFakeChecker(), &fakeAdmin{})); s.api == nil {
+		t.Error("New's handler: the check path is not served natively")
 	}
 }
 

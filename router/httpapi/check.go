@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -189,10 +190,22 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 	s := h.scratch.Get().(*checkScratch)
 	defer h.scratch.Put(s)
 	s.reset()
-	batch, e := s.decode(limitBody(w, r))
-	if e != nil {
+	in, err := readBody(s.in, limitBody(w, r))
+	s.in = in
+	if e := h.decideCheck(r.Context(), s, in, err); e != nil {
 		writeError(w, e)
 		return
+	}
+	writeBody(w, http.StatusOK, s.buf)
+}
+
+// decideCheck decodes the check body in (readErr: the error that ended
+// its read, if any), decides it under ctx and leaves the answer in
+// s.buf; or returns the error answer. in is not kept.
+func (h *handler) decideCheck(ctx context.Context, s *checkScratch, in []byte, readErr error) *api.Error {
+	batch, e := s.decode(in, readErr)
+	if e != nil {
+		return e
 	}
 	if len(s.reqs) > 0 {
 		if cap(s.out) < len(s.reqs) {
@@ -200,8 +213,8 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 		}
 		out := s.out[:len(s.reqs)]
 		clear(out)
-		if err := h.checker.Check(r.Context(), s.reqs, out); err != nil {
-			e := h.errorOf(r, err)
+		if err := h.checker.Check(ctx, s.reqs, out); err != nil {
+			e := h.errorAt(http.MethodPost, endpointNames[epCheck], err)
 			var ie *router.ItemError
 			if errors.As(err, &ie) {
 				e.Message = reason(ie.Err)
@@ -209,8 +222,7 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 					e.Message = "checks[" + strconv.Itoa(ie.Index) + "]: " + e.Message
 				}
 			}
-			writeError(w, e)
-			return
+			return e
 		}
 		s.out = out
 	}
@@ -220,24 +232,23 @@ func (h *handler) serveCheck(w http.ResponseWriter, r *http.Request) {
 		s.buf = appendDecision(s.buf, &s.out[0])
 		s.buf = append(s.buf, '\n')
 	}
-	writeBodyOnce(w, corkOf(r.Context()), http.StatusOK, s.buf)
+	return nil
 }
 
-// decode reads a check body into s.body and s.reqs and validates what
-// needs no rule: the shape, names, key lengths and cost signs, so that
-// such an entry is named before the router sees the batch. The router
-// checks rules and costs against them. batch says which shape the body
-// had.
-func (s *checkScratch) decode(body io.Reader) (batch bool, e *api.Error) {
+// decode reads the check body in (readErr: the error that ended its
+// read) into s.body and s.reqs and validates what needs no rule: the
+// shape, names, key lengths and cost signs, so that such an entry is
+// named before the router sees the batch. The router checks rules and
+// costs against them. batch says which shape the body had. in is not
+// kept: the requests' keys are copied out of it.
+func (s *checkScratch) decode(in []byte, readErr error) (batch bool, e *api.Error) {
 	defer s.trim()
-	in, err := readBody(s.in, body)
-	s.in = in
 	p := fastParser{b: in, rules: &s.rules, keys: s.keys[:0], kbuf: s.kbuf, reqs: s.reqs[:0]}
-	ok := err == nil && p.parse(&s.body, api.MaxBatch)
+	ok := readErr == nil && p.parse(&s.body, api.MaxBatch)
 	s.keys, s.kbuf, s.reqs = p.keys, p.kbuf, p.reqs
 	if !ok {
 		s.reqs = s.reqs[:0]
-		if e := s.decodeJSON(in, err); e != nil {
+		if e := s.decodeJSON(in, readErr); e != nil {
 			return false, e
 		}
 	}

@@ -578,7 +578,9 @@ func BenchmarkDecodeBatch(b *testing.B) {
 	for b.Loop() {
 		s.reset()
 		rd.Reset(body)
-		if _, e := s.decode(&rd); e != nil || len(s.reqs) != 100 {
+		in, err := readBody(s.in, &rd)
+		s.in = in
+		if _, e := s.decode(in, err); e != nil || len(s.reqs) != 100 {
 			b.Fatal(e)
 		}
 	}
@@ -600,7 +602,7 @@ func TestCheckScratchDropsOldRequests(t *testing.T) {
 		{`{`, 0},
 	} {
 		s.reset()
-		_, _ = s.decode(strings.NewReader(tt.body))
+		_, _ = s.decode([]byte(tt.body), nil)
 		if len(s.reqs) != tt.n {
 			t.Errorf("%s: %d requests, want %d", tt.body, len(s.reqs), tt.n)
 		}

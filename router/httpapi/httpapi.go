@@ -307,6 +307,11 @@ func (h *handler) serveReady(w http.ResponseWriter, _ *http.Request) {
 // answer. Errors it does not know are logged and answered 500 without
 // their text.
 func (h *handler) errorOf(r *http.Request, err error) *api.Error {
+	return h.errorAt(r.Method, r.URL.Path, err)
+}
+
+// errorAt is errorOf for a request of method on path.
+func (h *handler) errorAt(method, path string, err error) *api.Error {
 	e := &api.Error{Message: reason(err)}
 	switch {
 	case errors.Is(err, rules.ErrInvalid):
@@ -323,7 +328,7 @@ func (h *handler) errorOf(r *http.Request, err error) *api.Error {
 		// A canceled context means the caller left; the answer is moot.
 		e.Status, e.Code = http.StatusServiceUnavailable, api.CodeUnavailable
 	default:
-		h.log.Error("httpapi: unexpected error", "endpoint", r.URL.Path, "method", r.Method, "err", err)
+		h.log.Error("httpapi: unexpected error", "endpoint", path, "method", method, "err", err)
 		e.Status, e.Code, e.Message = http.StatusInternalServerError, api.CodeInternal, "internal error"
 	}
 	return e
@@ -344,12 +349,20 @@ func reason(err error) string {
 
 // writeJSON answers status with v as JSON and a trailing newline.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeBody(w, status, marshalLine(v))
+}
+
+// marshalLine is v as JSON and a trailing newline.
+func marshalLine(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil { // the bodies are plain wire types: cannot happen
 		panic("httpapi: marshal " + err.Error())
 	}
-	writeBody(w, status, append(b, '\n'))
+	return append(b, '\n')
 }
+
+// marshalError is the body of the error answer e.
+func marshalError(e *api.Error) []byte { return marshalLine(e) }
 
 // writeBody answers status with body, which is JSON.
 func writeBody(w http.ResponseWriter, status int, body []byte) {

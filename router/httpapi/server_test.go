@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,94 +12,28 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
 )
 
-// countingWriter counts the writes that reach a connection.
-type countingWriter struct {
-	w io.Writer
+// countingConn counts the writes that reach a connection.
+type countingConn struct {
+	net.Conn
 	n atomic.Int64
 }
 
-func (c *countingWriter) Write(p []byte) (int, error) {
+func (c *countingConn) Write(p []byte) (int, error) {
 	c.n.Add(1)
-	return c.w.Write(p)
+	return c.Conn.Write(p)
 }
 
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (server *net.TCPConn, client net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); client.Close() })
-	return c.(*net.TCPConn), client
-}
-
-// Between cork and uncork, writes are gathered and then written in one;
-// outside, each write goes through.
-func TestCorkConn(t *testing.T) {
-	tc, peer := tcpPair(t)
-	out := &countingWriter{w: tc}
-	c := &corkConn{TCPConn: tc, out: out}
-	write := func(s string) {
-		t.Helper()
-		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
-	write("a")
-	c.cork()
-	write("bc")
-	write(strings.Repeat("d", 5000))
-	if n := out.n.Load(); n != 1 {
-		t.Fatalf("%d writes reached the connection while corked, want the 1 before", n)
-	}
-	if err := c.uncork(); err != nil {
-		t.Fatal(err)
-	}
-	write("e")
-	if n := out.n.Load(); n != 3 {
-		t.Fatalf("%d writes reached the connection, want 3 (a, the gathered ones, e)", n)
-	}
-	want := "abc" + strings.Repeat("d", 5000) + "e"
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(peer, got); err != nil || string(got) != want {
-		t.Fatalf("peer read %d bytes (%v), want them in order", len(got), err)
-	}
-
-	c.cork() // nothing gathered: no write
-	if err := c.uncork(); err != nil || out.n.Load() != 3 {
-		t.Fatalf("empty uncork: %v, %d writes", err, out.n.Load())
-	}
-	fail := errors.New("gone")
-	c.out = errWriter{fail}
-	c.cork()
-	write("x")
-	if err := c.uncork(); !errors.Is(err, fail) {
-		t.Fatalf("uncork after a failed write = %v, want %v", err, fail)
-	}
-}
-
-type errWriter struct{ err error }
-
-func (w errWriter) Write([]byte) (int, error) { return 0, w.err }
-
-// countingListener is corkListener with the connections' writes counted.
+// countingListener hands out its connections' write counters.
 type countingListener struct {
 	net.Listener
-	conns chan *countingWriter
+	conns chan *countingConn
 }
 
 func (l countingListener) Accept() (net.Conn, error) {
@@ -106,80 +41,257 @@ func (l countingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc := c.(*net.TCPConn)
-	out := &countingWriter{w: tc}
-	l.conns <- out
-	return &corkConn{TCPConn: tc, out: out}, nil
+	cc := &countingConn{Conn: c}
+	l.conns <- cc
+	return cc, nil
 }
 
-// Through NewServer's connections a batch answer leaves in one write
-// (net/http alone writes one over its 4 KiB buffer in two), intact and
-// with its length, on a connection that stays open for the next request;
-// an error answer that closes the connection still reaches the client.
-func TestServerAnswersInOneWrite(t *testing.T) {
-	e := newEnv(t, "")
+// serveEnv serves e's handler with a Server on a loopback listener until
+// the test ends; the listener reports each connection it accepts.
+func serveEnv(t *testing.T, e *env) (*Server, countingListener) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := NewServer(ln.Addr().String(), e.h)
-	cl := countingListener{Listener: ln, conns: make(chan *countingWriter, 2)}
+	cl := countingListener{Listener: ln, conns: make(chan *countingConn, 16)}
 	done := make(chan error, 1)
-	go func() { done <- s.Server.Serve(cl) }()
-	defer func() {
-		s.Close()
-		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+	go func() { done <- s.Serve(cl) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
 			t.Error(err)
 		}
-	}()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve after Shutdown = %v, want http.ErrServerClosed", err)
+		}
+	})
+	return s, cl
+}
 
-	c, err := net.Dial("tcp", ln.Addr().String())
+// rawConn is a client connection that writes requests by hand.
+type rawConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// do writes req and reads the answer whole.
+func (r *rawConn) do(req string) (*http.Response, []byte) {
+	r.t.Helper()
+	if _, err := io.WriteString(r.c, req); err != nil {
+		r.t.Fatal(err)
+	}
+	var sent *http.Request // the answer to a HEAD has no body, whatever its length says
+	if strings.HasPrefix(req, "HEAD ") {
+		sent = &http.Request{Method: http.MethodHead}
+	}
+	resp, err := http.ReadResponse(r.br, sent)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return resp, body
+}
+
+func postCheck(body string) string {
+	return fmt.Sprintf("POST /v1/check HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// A check answer is the API's: intact, with its length and headers, and a
+// batch of 100 leaves in one write, on a connection that stays open for
+// the next request.
+func TestServerAnswersChecks(t *testing.T) {
+	e := newEnv(t, "")
+	_, cl := serveEnv(t, e)
+	c := dialRaw(t, cl.Addr().String())
 	out := <-cl.conns
-	br := bufio.NewReader(c)
-	post := func(body string, n int) {
-		t.Helper()
+	for _, n := range []int{100, 3, 300} {
 		before := out.n.Load()
-		fmt.Fprintf(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
+		resp, got := c.do(postCheck(batchBody(n, -1, "")))
+		if resp.StatusCode != 200 || resp.ContentLength != int64(len(got)) {
+			t.Fatalf("%d checks: %d, Content-Length %d, %d bytes", n, resp.StatusCode, resp.ContentLength, len(got))
 		}
-		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != 200 || resp.ContentLength != int64(len(got)) {
-			t.Fatalf("%d checks: %d, Content-Length %d, %d bytes, %v", n, resp.StatusCode, resp.ContentLength, len(got), err)
+		if ct, ns := resp.Header.Get("Content-Type"), resp.Header.Get("X-Content-Type-Options"); ct != "application/json" || ns != "nosniff" {
+			t.Errorf("%d checks: Content-Type %q, X-Content-Type-Options %q", n, ct, ns)
 		}
 		var b api.BatchResponse
 		if err := json.Unmarshal(got, &b); err != nil || len(b.Results) != n {
 			t.Fatalf("%d checks: answer %.80s…: %v", n, got, err)
 		}
-		if w := out.n.Load() - before; w != 1 {
+		if w := out.n.Load() - before; n <= 100 && w != 1 {
 			t.Errorf("%d checks: the answer (%d bytes) took %d writes, want 1", n, len(got), w)
 		}
 	}
-	post(batchBody(100, -1, ""), 100)
-	post(batchBody(3, -1, ""), 3)
-	post(batchBody(300, -1, ""), 300)
+	resp, got := c.do(postCheck(`{"rule":"default","key":"k"}`))
+	var d api.Decision
+	if err := json.Unmarshal(got, &d); err != nil || resp.StatusCode != 200 || !d.Allowed || d.Remaining != 199 {
+		t.Fatalf("single check: %d %s", resp.StatusCode, got)
+	}
+	if m := scrape(t, e); !strings.Contains(m, `ringlimit_http_requests_total{code="200",endpoint="/v1/check"} 4`) {
+		t.Errorf("the checks are not counted as 4 answered 200:\n%s", m)
+	}
 
-	// A body declared over the limit: 413, then the server closes the
-	// connection (net/http half-closes it first, through the TCPConn).
-	c2, err := net.Dial("tcp", ln.Addr().String())
+	// The API's errors, as the handler answers them.
+	resp, got = c.do(postCheck(`{"rule":"nope","key":"k"}`))
+	var ae api.Error
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 404 || ae.Code != api.CodeUnknownRule {
+		t.Errorf("unknown rule: %d %s", resp.StatusCode, got)
+	}
+	resp, got = c.do(postCheck(`{"rule":"default"`))
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 400 || ae.Code != api.CodeBadRequest {
+		t.Errorf("truncated body: %d %s", resp.StatusCode, got)
+	}
+}
+
+// Every other request reaches the handler through net/http's types: its
+// routes, methods, headers and the caller's address.
+func TestServerServesTheRestThroughTheHandler(t *testing.T) {
+	e := newEnv(t, "")
+	_, cl := serveEnv(t, e)
+	c := dialRaw(t, cl.Addr().String())
+	resp, got := c.do("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp.StatusCode != 200 || strings.TrimSpace(string(got)) != `{"status":"ok"}` {
+		t.Errorf("GET /healthz: %d %s", resp.StatusCode, got)
+	}
+	resp, _ = c.do("GET /v1/check HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Errorf("GET /v1/check: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+	resp, _ = c.do("GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp.StatusCode != 404 {
+		t.Errorf("GET /nope: %d", resp.StatusCode)
+	}
+	// An admin call from loopback without a token is allowed: the
+	// handler saw the caller's address.
+	resp, got = c.do("GET /v1/cluster/view HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /v1/cluster/view from loopback: %d %s", resp.StatusCode, got)
+	}
+	resp, _ = c.do("HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Errorf("HEAD /healthz: %d", resp.StatusCode)
+	}
+}
+
+// A body over the limit is answered 413 as the API answers it, and the
+// connection is closed; so is a request whose headers do not fit.
+func TestServerRefusesOversizedRequests(t *testing.T) {
+	e := newEnv(t, "")
+	_, cl := serveEnv(t, e)
+	c := dialRaw(t, cl.Addr().String())
+	fmt.Fprintf(c.c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{", api.MaxBodySize+1)
+	resp, err := http.ReadResponse(c.br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c2.Close()
-	<-cl.conns
-	fmt.Fprintf(c2, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{", api.MaxBodySize+1)
-	resp, err := http.ReadResponse(bufio.NewReader(c2), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
-		t.Fatalf("oversized body: %d", resp.StatusCode)
+	var ae api.Error
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 413 || ae.Code != api.CodeTooLarge {
+		t.Fatalf("oversized body: %d %s", resp.StatusCode, got)
+	}
+	if _, err := c.br.ReadByte(); err == nil {
+		t.Error("the connection stayed open after a 413")
+	}
+
+	c2 := dialRaw(t, cl.Addr().String())
+	resp, _ = c2.do("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", readBufferSize) + "\r\n\r\n")
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("headers over %d bytes: %d", readBufferSize, resp.StatusCode)
+	}
+}
+
+// A panic in the check path is the API's 500 and the server goes on.
+func TestServerCheckPanicIs500(t *testing.T) {
+	e := newEnv(t, "")
+	e.c.decide = func(q router.Request) router.Result {
+		if q.Key == "boom" {
+			panic("boom")
+		}
+		return router.Result{}
+	}
+	_, cl := serveEnv(t, e)
+	c := dialRaw(t, cl.Addr().String())
+	resp, got := c.do(postCheck(`{"rule":"default","key":"boom"}`))
+	var ae api.Error
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 500 || ae.Code != api.CodeInternal {
+		t.Fatalf("panicking check: %d %s", resp.StatusCode, got)
+	}
+	if !strings.Contains(e.logs.String(), "panic in handler") {
+		t.Error("the panic was not logged")
+	}
+	c = dialRaw(t, cl.Addr().String())
+	if resp, _ := c.do(postCheck(`{"rule":"default","key":"ok"}`)); resp.StatusCode != 200 {
+		t.Fatalf("after the panic: %d", resp.StatusCode)
+	}
+}
+
+// Shutdown lets a check in progress finish and answer before Serve
+// returns.
+func TestServerShutdownFinishesChecksInProgress(t *testing.T) {
+	e := newEnv(t, "")
+	started, release := make(chan struct{}), make(chan struct{})
+	e.c.decide = func(q router.Request) router.Result {
+		if q.Key == "slow" {
+			close(started)
+			<-release
+		}
+		return router.Result{Decision: limiter.Decision{Allowed: true}}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln.Addr().String(), e.h)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	c := dialRaw(t, ln.Addr().String())
+	answered := make(chan int, 1)
+	go func() {
+		if _, err := io.WriteString(c.c, postCheck(`{"rule":"default","key":"slow"}`)); err != nil {
+			answered <- 0
+			return
+		}
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	<-started
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		stopped <- s.Shutdown(ctx)
+	}()
+	close(release)
+	if code := <-answered; code != 200 {
+		t.Fatalf("the check in progress answered %d, want 200", code)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Shutdown = %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Serve = %v, want http.ErrServerClosed", err)
 	}
 }

@@ -48,10 +48,13 @@ func TestViewLongPollThroughServer(t *testing.T) {
 		tr := &http.Transport{DialContext: ln.DialContext}
 		defer func() {
 			tr.CloseIdleConnections()
-			s.Close()
+			if err := s.Shutdown(context.Background()); err != nil {
+				t.Error(err)
+			}
 			if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 				t.Error(err)
 			}
+			time.Sleep(workerIdle) // fake time: fasthttp's worker-pool cleaner sees the stop and ends
 		}()
 		hc := &http.Client{Transport: tr}
 
