@@ -184,7 +184,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 
 	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
 	s.http = httpapi.NewServer(ls.HTTP.Addr().String(), h)
-	s.http.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn) // net/http's own lines
+	s.http.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	s.goServe("http", func() error { return s.http.Serve(ls.HTTP) }, http.ErrServerClosed)
 	if s.rls != nil {
 		s.goServe("envoy rls", func() error { return s.rls.Serve(ls.GRPC) }, nil)
