@@ -1,12 +1,14 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log"
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +32,7 @@ import (
 // to either. fasthttp reuses a request's memory and goroutine for the
 // next one; it speaks HTTP/1.1 only (as net/http does without TLS).
 //
-// Limits against slow or oversized clients: 10 s to read a request, 10 s
+// Limits against slow or oversized clients: 5 s to read a request, 10 s
 // to write an answer, 120 s for an idle keep-alive connection, 16 KiB of
 // request line and headers, bodies up to api.MaxBodySize (413 and the
 // connection closed beyond it).
@@ -48,14 +50,15 @@ type Server struct {
 	base     context.Context         // the checks' context: ends once Shutdown is done
 	cancel   context.CancelFunc
 	shutdown atomic.Bool
-
-	dateSec atomic.Int64           // the second of dateVal
-	dateVal atomic.Pointer[[]byte] // the Date header's value for that second
 }
 
 // Timeouts and sizes of a Server (see Server).
 const (
-	readTimeout  = 10 * time.Second
+	// readTimeout bounds the read of a whole request, headers and body:
+	// as net/http's header timeout did, it keeps a client that trickles
+	// its headers from holding a member's stop (its drain, 10 s by
+	// default) for long.
+	readTimeout  = 5 * time.Second
 	writeTimeout = 10 * time.Second // handlers that wait answer well inside it (writeBudget)
 	idleTimeout  = 120 * time.Second
 	// readBufferSize bounds the request line and headers (fasthttp
@@ -80,6 +83,7 @@ func NewServer(addr string, h http.Handler) *Server {
 	s.fs = &fasthttp.Server{
 		Handler:                      s.serve,
 		ErrorHandler:                 s.serveError,
+		ExpectHandler:                s.expect,
 		ReadTimeout:                  readTimeout,
 		WriteTimeout:                 writeTimeout,
 		IdleTimeout:                  idleTimeout,
@@ -90,7 +94,6 @@ func NewServer(addr string, h http.Handler) *Server {
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,
 		NoDefaultContentType:         true,
-		NoDefaultDate:                true, // its refresh goroutine is process-wide (Server.date instead)
 		CloseOnShutdown:              true,
 		Logger:                       discard{},
 	}
@@ -127,47 +130,70 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // serve routes a request: POST /v1/check to the API's check path, the
-// rest to Handler.
+// rest to Handler. The path is compared as the client wrote it (fasthttp
+// normalises //v1/check and /x/../v1/check to /v1/check; Handler sees
+// them as they are, and answers 404).
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
-	if s.api != nil && ctx.IsPost() && string(ctx.Path()) == "/v1/check" {
+	if s.api != nil && ctx.IsPost() && isCheckPath(ctx.Request.Header.RequestURI()) {
 		s.api.serveCheckFast(s.base, ctx)
-	} else {
-		s.other(ctx)
-	}
-	ctx.Response.Header.SetBytesKV(headerDate, s.date())
-}
-
-// date is the Date header's value now, formatted once a second.
-func (s *Server) date() []byte {
-	now := time.Now()
-	if sec := now.Unix(); s.dateSec.Load() != sec || s.dateVal.Load() == nil {
-		b := now.UTC().AppendFormat(make([]byte, 0, len(http.TimeFormat)), http.TimeFormat)
-		s.dateVal.Store(&b)
-		s.dateSec.Store(sec)
-		return b
-	}
-	return *s.dateVal.Load()
-}
-
-// serveError answers a request fasthttp could not read: a body over the
-// limit as the API answers one (413, then the connection is closed),
-// anything else as fasthttp does.
-func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		e := tooLarge(&http.MaxBytesError{Limit: api.MaxBodySize})
-		writeFast(ctx, e.Status, marshalError(e))
-		ctx.SetConnectionClose()
 		return
 	}
+	s.other(ctx)
+}
+
+// isCheckPath reports whether the request target uri is /v1/check, with
+// or without a query.
+func isCheckPath(uri []byte) bool {
+	const p = "/v1/check"
+	return len(uri) >= len(p) && string(uri[:len(p)]) == p && (len(uri) == len(p) || uri[len(p)] == '?')
+}
+
+// endpoint is the metrics endpoint of a request fasthttp read (its
+// headers at least); epOther for headers it could not read or dropped
+// (their RequestURI is then "/").
+func endpoint(h *fasthttp.RequestHeader) int {
+	uri := h.RequestURI()
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		uri = uri[:i]
+	}
+	return endpointOf(string(uri))
+}
+
+// expect answers a request that expects 100-continue: 413 at once for a
+// declared body over the limit, before the client sends it (fasthttp
+// allows no body on this answer); else 100.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	if ctx.Request.Header.ContentLength() > api.MaxBodySize {
+		s.count(endpoint(&ctx.Request.Header), http.StatusRequestEntityTooLarge)
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusContinue
+}
+
+// count records an answer fasthttp wrote itself in the API's metrics.
+func (s *Server) count(ep, status int) {
+	if s.api != nil {
+		s.api.eps[ep].observe(status, 0)
+	}
+}
+
+// serveError answers a request fasthttp could not read, in the API's
+// error form, counted in its metrics, and closes the connection: a body
+// over the limit 413 as the API answers one, headers over the read
+// buffer 431, a request not read in time 408, anything else 400.
+func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
+	e := &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest, Message: "malformed request: " + truncate(err.Error())}
 	var se *fasthttp.ErrSmallBuffer
 	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = tooLarge(&http.MaxBytesError{Limit: api.MaxBodySize})
 	case errors.As(err, &se):
-		ctx.Error("Request Header Fields Too Large", fasthttp.StatusRequestHeaderFieldsTooLarge)
+		e.Status, e.Message = http.StatusRequestHeaderFieldsTooLarge, "request line and headers over "+strconv.Itoa(readBufferSize)+" bytes"
 	case isTimeout(err):
-		ctx.Error("Request Timeout", fasthttp.StatusRequestTimeout)
-	default:
-		ctx.Error("Bad Request", fasthttp.StatusBadRequest)
+		e.Status, e.Message = http.StatusRequestTimeout, "request not read within "+readTimeout.String()
 	}
+	s.count(endpoint(&ctx.Request.Header), e.Status) // other when fasthttp dropped the headers
+	writeFast(ctx, e.Status, marshalError(e))
 	ctx.SetConnectionClose()
 }
 
@@ -215,6 +241,5 @@ func writeFast(ctx *fasthttp.RequestCtx, status int, body []byte) {
 var (
 	contentTypeJSONBytes = []byte("application/json")
 	headerNoSniff        = []byte("X-Content-Type-Options")
-	headerDate           = []byte("Date")
 	noSniffBytes         = []byte("nosniff")
 )

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
@@ -44,6 +46,14 @@ func (l countingListener) Accept() (net.Conn, error) {
 	cc := &countingConn{Conn: c}
 	l.conns <- cc
 	return cc, nil
+}
+
+// startDateRefresh starts fasthttp's process-wide Date refresh (a
+// goroutine it starts at its first answer) outside any synctest bubble,
+// which would otherwise own it and never end.
+func startDateRefresh() {
+	var h fasthttp.ResponseHeader
+	_ = h.AppendBytes(nil)
 }
 
 // serveEnv serves e's handler with a Server on a loopback listener until
@@ -131,6 +141,9 @@ func TestServerAnswersChecks(t *testing.T) {
 		if ct, ns := resp.Header.Get("Content-Type"), resp.Header.Get("X-Content-Type-Options"); ct != "application/json" || ns != "nosniff" {
 			t.Errorf("%d checks: Content-Type %q, X-Content-Type-Options %q", n, ct, ns)
 		}
+		if d, err := http.ParseTime(resp.Header.Get("Date")); err != nil || time.Since(d).Abs() > time.Minute {
+			t.Errorf("%d checks: Date %q (%v)", n, resp.Header.Get("Date"), err)
+		}
 		var b api.BatchResponse
 		if err := json.Unmarshal(got, &b); err != nil || len(b.Results) != n {
 			t.Fatalf("%d checks: answer %.80s…: %v", n, got, err)
@@ -167,8 +180,18 @@ func TestServerServesTheRestThroughTheHandler(t *testing.T) {
 	_, cl := serveEnv(t, e)
 	c := dialRaw(t, cl.Addr().String())
 	resp, got := c.do("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-	if resp.StatusCode != 200 || strings.TrimSpace(string(got)) != `{"status":"ok"}` {
-		t.Errorf("GET /healthz: %d %s", resp.StatusCode, got)
+	if resp.StatusCode != 200 || strings.TrimSpace(string(got)) != `{"status":"ok"}` || resp.Header.Get("Date") == "" {
+		t.Errorf("GET /healthz: %d %s, Date %q", resp.StatusCode, got, resp.Header.Get("Date"))
+	}
+	// A path fasthttp would normalise to /v1/check is the handler's, as
+	// written: 404, as net/http answered it.
+	for _, path := range []string{"//v1/check", "/x/../v1/check", "/v1/./check"} {
+		if resp, _ := c.do("POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}"); resp.StatusCode != 404 {
+			t.Errorf("POST %s: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	if resp, _ := c.do(postCheck(`{"rule":"default","key":"q"}`)[:len("POST /v1/check")] + "?x=1" + postCheck(`{"rule":"default","key":"q"}`)[len("POST /v1/check"):]); resp.StatusCode != 200 {
+		t.Errorf("POST /v1/check?x=1: %d", resp.StatusCode)
 	}
 	resp, _ = c.do("GET /v1/check HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
@@ -212,9 +235,43 @@ func TestServerRefusesOversizedRequests(t *testing.T) {
 	}
 
 	c2 := dialRaw(t, cl.Addr().String())
-	resp, _ = c2.do("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", readBufferSize) + "\r\n\r\n")
-	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Errorf("headers over %d bytes: %d", readBufferSize, resp.StatusCode)
+	resp, got = c2.do("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", readBufferSize) + "\r\n\r\n")
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("headers over %d bytes: %d %s", readBufferSize, resp.StatusCode, got)
+	}
+
+	// A body that is not HTTP (a bad chunk size): the API's 400.
+	c3 := dialRaw(t, cl.Addr().String())
+	resp, got = c3.do("POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 400 || ae.Code != api.CodeBadRequest {
+		t.Errorf("bad chunk size: %d %s", resp.StatusCode, got)
+	}
+
+	// Expect: 100-continue with a declared body over the limit: 413 before
+	// the body, no 100 first.
+	c4 := dialRaw(t, cl.Addr().String())
+	fmt.Fprintf(c4.c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", api.MaxBodySize+1)
+	resp, err = http.ReadResponse(c4.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("100-continue over the limit: %d, want 413 at once", resp.StatusCode)
+	}
+
+	// What fasthttp answered itself is in the API's metrics: under its
+	// endpoint while fasthttp still holds the request's headers, else
+	// under other (it drops them when a chunked body fails).
+	m := scrape(t, e)
+	for _, want := range []string{
+		`ringlimit_http_requests_total{code="413",endpoint="/v1/check"} 2`,
+		`ringlimit_http_requests_total{code="400",endpoint="other"} 1`,
+		`ringlimit_http_requests_total{code="431",endpoint="other"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, m)
+		}
 	}
 }
 

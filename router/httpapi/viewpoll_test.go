@@ -38,6 +38,7 @@ func (a *waitingAdmin) WaitView(ctx context.Context, afterEpoch, afterRules uint
 // rules: a parameter not given is no condition (it once defaulted to 0,
 // which any view is newer than, so `after` alone answered at once).
 func TestViewLongPollThroughServer(t *testing.T) {
+	startDateRefresh()
 	synctest.Test(t, func(t *testing.T) {
 		a := &waitingAdmin{epoch: 5, rules: 3}
 		h := New(Config{AdminToken: "tok"}, newFakeChecker(), a)
