@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -111,7 +112,7 @@ func (s *Server) Serve(l net.Listener) error {
 	if s.ErrorLog != nil {
 		s.fs.Logger = s.ErrorLog
 	}
-	err := s.fs.Serve(l)
+	err := s.fs.Serve(lingerListener{l})
 	if s.shutdown.Load() {
 		return http.ErrServerClosed
 	}
@@ -165,6 +166,7 @@ func endpoint(h *fasthttp.RequestHeader) int {
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if ctx.Request.Header.ContentLength() > api.MaxBodySize {
 		s.count(endpoint(&ctx.Request.Header), http.StatusRequestEntityTooLarge)
+		lingerOnClose(ctx)
 		return http.StatusRequestEntityTooLarge
 	}
 	return http.StatusContinue
@@ -195,6 +197,51 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 	s.count(endpoint(&ctx.Request.Header), e.Status) // other when fasthttp dropped the headers
 	writeFast(ctx, e.Status, marshalError(e))
 	ctx.SetConnectionClose()
+	lingerOnClose(ctx)
+}
+
+// lingerOnClose makes the close of ctx's connection, which follows an
+// answer given before the whole request was read, linger (lingerConn).
+func lingerOnClose(ctx *fasthttp.RequestCtx) {
+	if c, ok := ctx.Conn().(*lingerConn); ok {
+		c.linger.Store(true)
+	}
+}
+
+// lingerListener hands out lingerConns.
+type lingerListener struct{ net.Listener }
+
+func (l lingerListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &lingerConn{Conn: c}, nil
+}
+
+// lingerConn closes a connection whose request was answered before it was
+// read whole (a body over the limit, a malformed one) as net/http does:
+// it ends its side first and reads what the client still sends, for at
+// most lingerFor, before closing. Closed at once, the unread bytes made
+// the kernel reset the connection, and a client still writing its body
+// saw the reset instead of the 413 (cmd/ringlimit's e2e test, once).
+type lingerConn struct {
+	net.Conn
+	linger atomic.Bool // the answer went before the request was read whole
+}
+
+// lingerFor bounds the discard before a lingering close.
+const lingerFor = 500 * time.Millisecond
+
+func (c *lingerConn) Close() error {
+	if c.linger.Load() {
+		if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		_ = c.Conn.SetReadDeadline(time.Now().Add(lingerFor))
+		_, _ = io.Copy(io.Discard, c.Conn)
+	}
+	return c.Conn.Close()
 }
 
 func isTimeout(err error) bool {

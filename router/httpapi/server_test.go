@@ -352,3 +352,31 @@ func TestServerShutdownFinishesChecksInProgress(t *testing.T) {
 		t.Fatalf("Serve = %v, want http.ErrServerClosed", err)
 	}
 }
+
+// A client still writing a body over the limit reads the 413, not a
+// reset connection: the server reads and drops what it sends for a while
+// before closing (lingerConn). Closed at once, Go's own client failed
+// with "connection reset by peer" on some of these.
+func TestServerOversizedBodyIsAnsweredNotReset(t *testing.T) {
+	e := newEnv(t, "")
+	_, cl := serveEnv(t, e)
+	go func() { // the listener's write counters are not read here
+		for range cl.conns {
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	body := `{"rule":"default","key":"` + strings.Repeat("x", 2<<20) + `"}`
+	for i := range 40 {
+		resp, err := hc.Post("http://"+cl.Addr().String()+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("post %d of a 2 MiB body: %v, want the 413", i, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var ae api.Error
+		if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 413 || ae.Code != api.CodeTooLarge {
+			t.Fatalf("post %d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+}
