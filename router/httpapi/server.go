@@ -160,14 +160,16 @@ func endpoint(h *fasthttp.RequestHeader) int {
 	return endpointOf(string(uri))
 }
 
-// expect answers a request that expects 100-continue: 413 at once for a
-// declared body over the limit, before the client sends it (fasthttp
-// allows no body on this answer); else 100.
+// expect answers a request that expects 100-continue: the API's 413 at
+// once for a declared body over the limit, before the client sends it;
+// else 100.
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if ctx.Request.Header.ContentLength() > api.MaxBodySize {
-		s.count(endpoint(&ctx.Request.Header), http.StatusRequestEntityTooLarge)
+		e := tooLarge(&http.MaxBytesError{Limit: api.MaxBodySize})
+		s.count(endpoint(&ctx.Request.Header), e.Status)
+		writeFast(ctx, e.Status, marshalError(e))
 		lingerOnClose(ctx)
-		return http.StatusRequestEntityTooLarge
+		return e.Status
 	}
 	return http.StatusContinue
 }

@@ -255,9 +255,10 @@ func TestServerRefusesOversizedRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	got, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
-		t.Errorf("100-continue over the limit: %d, want 413 at once", resp.StatusCode)
+	if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || ae.Code != api.CodeTooLarge {
+		t.Errorf("100-continue over the limit: %d %q, want the API's 413 at once", resp.StatusCode, got)
 	}
 
 	// What fasthttp answered itself is in the API's metrics: under its
