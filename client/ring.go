@@ -8,10 +8,12 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -213,10 +215,31 @@ func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Dec
 			return DecisionOf(out[0]), nil
 		}
 		if !errors.Is(err, api.ErrUnavailable) {
-			return api.Decision{}, err
+			return api.Decision{}, apiErrorOf(err)
 		}
 	}
 	return c.checkHTTP(ctx, rule, key, cost)
+}
+
+// apiErrorOf turns the router's refusal of a check (a *router.ItemError:
+// an unknown rule, a bad key or cost) into the *api.Error a member
+// answers over HTTP for it (404 unknown_rule, 400 bad_request), so that
+// a caller reads one error type whichever way the Ring took; any other
+// error is returned as it is.
+func apiErrorOf(err error) error {
+	ie, ok := errors.AsType[*router.ItemError](err)
+	if !ok {
+		return err
+	}
+	msg := ie.Err.Error()
+	switch {
+	case errors.Is(err, router.ErrUnknownRule):
+		return &api.Error{Status: http.StatusNotFound, Code: api.CodeUnknownRule, Message: msg}
+	case errors.Is(err, api.ErrBadRequest), errors.Is(err, limiter.ErrCost):
+		msg, _ = strings.CutPrefix(msg, api.ErrBadRequest.Error()+": ")
+		return &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest, Message: msg}
+	}
+	return err
 }
 
 // Period returns the period of a rule in the view (for the headers'

@@ -201,3 +201,45 @@ func TestKeysThatAreNotUTF8AreRefusedNotMerged(t *testing.T) {
 		}
 	}
 }
+
+// The Ring refuses a bad check with the *api.Error a member answers over
+// HTTP, whether it has the view (the data plane's router refuses it) or
+// falls back to HTTP: it once returned a *router.ItemError with no status
+// once it had the view.
+func TestRingRefusalsAreAPIErrors(t *testing.T) {
+	m := startMembers(t, 1, limiter.Rule{Name: "ten", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour})
+	cases := []struct {
+		rule, key string
+		cost      int64
+		status    int
+		code      string
+	}{
+		{"ten", "\xff", 1, 400, api.CodeBadRequest},
+		{"ten", "", 1, 400, api.CodeBadRequest},
+		{"ten", "k", 11, 400, api.CodeBadRequest},
+		{"nope", "k", 1, 404, api.CodeUnknownRule},
+	}
+	check := func(rc *client.Ring, how string) {
+		t.Helper()
+		for _, tc := range cases {
+			_, err := rc.Check(t.Context(), tc.rule, tc.key, tc.cost)
+			var e *api.Error
+			if !errors.As(err, &e) || e.Status != tc.status || e.Code != tc.code || e.Message == "" {
+				t.Errorf("%s: Check(%q, %q, %d) = %v; want %d %s", how, tc.rule, tc.key, tc.cost, err, tc.status, tc.code)
+			}
+		}
+	}
+	viewless, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: "not-the-token", Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viewless.Close()
+	check(viewless, "over HTTP")
+	rc, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: testToken, Refresh: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	eventually(t, "the ring client's first view", rc.Ready)
+	check(rc, "on the data plane")
+}
