@@ -183,7 +183,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	s.goServe("data plane", func() error { return s.peer.Serve(ls.Peer) }, transport.ErrServerClosed)
 
 	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
-	s.http = httpapi.NewServer(ls.HTTP.Addr().String(), h)
+	s.http = httpapi.NewServer(h)
 	s.http.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	s.goServe("http", func() error { return s.http.Serve(ls.HTTP) }, http.ErrServerClosed)
 	if s.rls != nil {

@@ -130,7 +130,7 @@ func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerPr
 	}
 	rt := rc.Router()
 	h := httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, httpapi.RouterFront(rt))
-	p := &routerProc{reg: reg, ring: rc, srv: httpapi.NewServer(ln.Addr().String(), h), done: make(chan error, 1)}
+	p := &routerProc{reg: reg, ring: rc, srv: httpapi.NewServer(h), done: make(chan error, 1)}
 	p.srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	go func() { p.done <- p.srv.Serve(ln) }()
 	return p, nil

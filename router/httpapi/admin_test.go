@@ -539,12 +539,12 @@ func TestNilRegistry(t *testing.T) {
 
 func TestNewServer(t *testing.T) {
 	h := http.NotFoundHandler()
-	s := NewServer("127.0.0.1:0", h)
+	s := NewServer(h)
 	if s.Handler == nil || s.api != nil || s.fs.ReadTimeout != 5*time.Second || s.fs.WriteTimeout != 10*time.Second ||
 		s.fs.IdleTimeout != 120*time.Second || s.fs.ReadBufferSize != 16<<10 || s.fs.MaxRequestBodySize != api.MaxBodySize {
 		t.Errorf("server = %+v", s.fs)
 	}
-	if s := NewServer("", New(Config{}, newFakeChecker(), &fakeAdmin{})); s.api == nil {
+	if s := NewServer(New(Config{}, newFakeChecker(), &fakeAdmin{})); s.api == nil {
 		t.Error("New's handler: the check path is not served natively")
 	}
 }

@@ -74,10 +74,8 @@ const (
 	workerIdle = 10 * time.Second
 )
 
-// NewServer returns a Server for h; addr is informational (Serve takes
-// the listener).
-func NewServer(addr string, h http.Handler) *Server {
-	_ = addr
+// NewServer returns a Server for h; Serve takes the listener.
+func NewServer(h http.Handler) *Server {
 	s := &Server{Handler: h, other: fasthttpadaptor.NewFastHTTPHandler(h)}
 	s.api, _ = h.(*handler)
 	s.base, s.cancel = context.WithCancel(context.Background())

@@ -64,7 +64,7 @@ func serveEnv(t *testing.T, e *env) (*Server, countingListener) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(ln.Addr().String(), e.h)
+	s := NewServer(e.h)
 	cl := countingListener{Listener: ln, conns: make(chan *countingConn, 16)}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(cl) }()
@@ -317,7 +317,7 @@ func TestServerShutdownFinishesChecksInProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(ln.Addr().String(), e.h)
+	s := NewServer(e.h)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
 	c := dialRaw(t, ln.Addr().String())

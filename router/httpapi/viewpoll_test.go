@@ -42,7 +42,7 @@ func TestViewLongPollThroughServer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := &waitingAdmin{epoch: 5, rules: 3}
 		h := New(Config{AdminToken: "tok"}, newFakeChecker(), a)
-		s := NewServer("pipe", h)
+		s := NewServer(h)
 		ln := pipenet.NewListener()
 		served := make(chan error, 1)
 		go func() { served <- s.Serve(ln) }()
