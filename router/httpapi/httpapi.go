@@ -361,9 +361,6 @@ func marshalLine(v any) []byte {
 	return append(b, '\n')
 }
 
-// marshalError is the body of the error answer e.
-func marshalError(e *api.Error) []byte { return marshalLine(e) }
-
 // writeBody answers status with body, which is JSON.
 func writeBody(w http.ResponseWriter, status int, body []byte) {
 	hd := w.Header()

@@ -165,7 +165,7 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if ctx.Request.Header.ContentLength() > api.MaxBodySize {
 		e := tooLarge(&http.MaxBytesError{Limit: api.MaxBodySize})
 		s.count(endpoint(&ctx.Request.Header), e.Status)
-		writeFast(ctx, e.Status, marshalError(e))
+		writeFast(ctx, e.Status, marshalLine(e))
 		lingerOnClose(ctx)
 		return e.Status
 	}
@@ -195,7 +195,7 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 		e.Status, e.Message = http.StatusRequestTimeout, "request not read within "+readTimeout.String()
 	}
 	s.count(endpoint(&ctx.Request.Header), e.Status) // other when fasthttp dropped the headers
-	writeFast(ctx, e.Status, marshalError(e))
+	writeFast(ctx, e.Status, marshalLine(e))
 	ctx.SetConnectionClose()
 	lingerOnClose(ctx)
 }
@@ -261,7 +261,7 @@ func (h *handler) serveCheckFast(base context.Context, ctx *fasthttp.RequestCtx)
 				"panic", p, "stack", string(debug.Stack()))
 			status = http.StatusInternalServerError
 			ctx.Response.Reset()
-			writeFast(ctx, status, marshalError(&api.Error{Status: status, Code: api.CodeInternal, Message: "internal error"}))
+			writeFast(ctx, status, marshalLine(&api.Error{Status: status, Code: api.CodeInternal, Message: "internal error"}))
 		}
 		h.eps[epCheck].observe(status, h.now().Sub(start))
 	}()
@@ -270,7 +270,7 @@ func (h *handler) serveCheckFast(base context.Context, ctx *fasthttp.RequestCtx)
 	s.reset()
 	if e := h.decideCheck(base, s, ctx.PostBody(), nil); e != nil {
 		status = e.Status
-		writeFast(ctx, status, marshalError(e))
+		writeFast(ctx, status, marshalLine(e))
 		return
 	}
 	writeFast(ctx, status, s.buf)
