@@ -499,6 +499,22 @@ func (n *Node) join(ctx context.Context, req api.JoinRequest) (epoch uint64, err
 		return 0, err
 	}
 	defer n.membership.unlock()
+	if req.ID != n.cfg.ID && len(n.fsm.State().Members) == 0 {
+		// The member that bootstrapped the cluster is listed first, so it
+		// is in the first ring. Started together, the joining members
+		// ask it as soon as it leads, and its own registration raced
+		// theirs: a first ring of a joiner alone gave that joiner every
+		// partition for one epoch, and the bootstrapper then awaited, for
+		// the hand-off timeout, hand-offs nobody would send.
+		if _, err := n.joinLocked(ctx, n.self()); err != nil {
+			return 0, fmt.Errorf("registering the leader itself first: %w", err)
+		}
+	}
+	return n.joinLocked(ctx, req)
+}
+
+// joinLocked is join under the membership lock.
+func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint64, err error) {
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return 0, fmt.Errorf("%w: %w", api.ErrUnavailable, err)

@@ -283,12 +283,16 @@ func lineLevel(level hclog.Level, msg string, args []any) hclog.Level {
 // restart, a voter refusing a pre-vote to a candidate behind it (every
 // election of a cluster restarted together), and the first election of a member that never had a leader
 // (a bootstrap: "heartbeat timeout reached, starting election" with no
-// last leader). A new user took them for trouble on a healthy cluster.
+// last leader), and a joining member's Raft, configured by nobody yet,
+// declining to stand ("no known peers, aborting election", once per
+// start of every member started together with the first). A new user
+// took them for trouble on a healthy cluster.
 func catchUp(msg string, args []any) bool {
 	switch msg {
 	case "failed to get previous log", "appendEntries rejected, sending older logs",
 		"rejecting pre-vote request since our last term is greater",
-		"rejecting pre-vote request since our last index is greater":
+		"rejecting pre-vote request since our last index is greater",
+		"no known peers, aborting election":
 		return true
 	case "heartbeat timeout reached, starting election":
 		for i := 0; i+1 < len(args); i += 2 {

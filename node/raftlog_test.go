@@ -491,6 +491,8 @@ func TestHclogLineLevel(t *testing.T) {
 		{hclog.Warn, "rejecting pre-vote request since our last term is greater", []any{"candidate", "n2", "candidate-term", 3, "last-term", 4}, "INFO"},
 		{hclog.Warn, "rejecting pre-vote request since node is not in configuration", []any{"from", "n9"}, "WARN"},
 		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress(""), "last-leader-id", raft.ServerID("")}, "INFO"},
+		{hclog.Warn, "no known peers, aborting election", nil, "INFO"},
+		{hclog.Warn, "not part of stable configuration, aborting election", nil, "WARN"},
 		{hclog.Warn, "heartbeat timeout reached, starting election", []any{"last-leader-addr", raft.ServerAddress("10.0.0.1:8081"), "last-leader-id", raft.ServerID("n1")}, "WARN"},
 		// This member's own.
 		{hclog.Error, "failed to append to logs", []any{"error", errors.New("disk full")}, "ERROR"},

@@ -164,6 +164,19 @@ func (m *Member) Running() bool { return m.running() }
 // be called inside a synctest bubble; everything is stopped at cleanup.
 func New(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
+	c := newCluster(t, opts)
+	for i := range n {
+		c.add(fmt.Sprintf("n%d", i+1), i > 0)
+		if i == 0 {
+			c.WaitFor("n1 leads", 10*time.Second, func() bool { return c.Member("n1").Node().Ready() == nil })
+		}
+	}
+	c.WaitSettled(n)
+	return c
+}
+
+// newCluster is a cluster of no members yet, stopped at cleanup.
+func newCluster(t testing.TB, opts Options) *Cluster {
 	if opts.Partitions == 0 {
 		opts.Partitions = 64
 	}
@@ -178,13 +191,6 @@ func New(t testing.TB, n int, opts Options) *Cluster {
 	}
 	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{}), httpCut: map[[2]string]bool{}}
 	t.Cleanup(c.close)
-	for i := range n {
-		c.add(fmt.Sprintf("n%d", i+1), i > 0)
-		if i == 0 {
-			c.WaitFor("n1 leads", 10*time.Second, func() bool { return c.Member("n1").Node().Ready() == nil })
-		}
-	}
-	c.WaitSettled(n)
 	return c
 }
 
