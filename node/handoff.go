@@ -58,12 +58,90 @@ type handoffs struct {
 	mu      sync.Mutex
 	pending int           // partitions not yet acknowledged; guarded by mu
 	idle    chan struct{} // closed when pending drops to 0; guarded by mu
+	// under is the deliveries under way (deliver); guarded by mu.
+	under map[*delivery]struct{}
+	// given is closed by abandon: the deliveries stop; guarded by mu
+	// (abandoned, once closed).
+	given     chan struct{}
+	abandoned bool
+}
+
+// delivery is what one deliver loop has left to push.
+type delivery struct {
+	group []Outgoing // guarded by handoffs.mu
+	// failing is since when its pushes fail without an answer (the
+	// target unreachable); zero once one is answered. Guarded by
+	// handoffs.mu.
+	failing time.Time
 }
 
 func newHandoffs(n *Node) *handoffs {
-	h := &handoffs{n: n, idle: make(chan struct{})}
+	h := &handoffs{n: n, idle: make(chan struct{}), under: map[*delivery]struct{}{}, given: make(chan struct{})}
 	close(h.idle)
 	return h
+}
+
+// track records d's progress: what it has left, and whether its last
+// push failed unanswered. It reports whether the hand-offs were
+// abandoned meanwhile (the caller stops: what it had left was taken).
+func (h *handoffs) track(d *delivery, group []Outgoing, unanswered bool) (abandoned bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d.group = group
+	switch {
+	case !unanswered:
+		d.failing = time.Time{}
+	case d.failing.IsZero():
+		d.failing = time.Now()
+	}
+	return h.abandoned
+}
+
+// stranded reports whether every hand-off left has failed unanswered for
+// at least strandedAfter while v's ring lists one member, not this one:
+// the last active member of a cluster stopped together, which the
+// cluster never marks down, and whose process is gone (or cut off).
+// Nobody else will own these partitions; waiting out the drain gains
+// nothing.
+func (h *handoffs) stranded(v *view.View) bool {
+	if v == nil {
+		return false
+	}
+	ms := v.Ring.Members()
+	if len(ms) != 1 || ms[0].ID == h.n.cfg.ID {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pending == 0 || len(h.under) == 0 {
+		return false
+	}
+	for d := range h.under {
+		if len(d.group) > 0 && (d.failing.IsZero() || time.Since(d.failing) < strandedAfter) {
+			return false
+		}
+	}
+	return true
+}
+
+// strandedAfter is how long a stopping member keeps pushing hand-offs
+// to a sole remaining member that does not answer (stranded).
+const strandedAfter = time.Second
+
+// abandon stops every delivery under way and returns what they had left
+// to push (some may land meanwhile: a duplicate is merged as one).
+func (h *handoffs) abandon() []Outgoing {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.abandoned {
+		h.abandoned = true
+		close(h.given)
+	}
+	var left []Outgoing
+	for d := range h.under {
+		left = append(left, d.group...)
+	}
+	return left
 }
 
 // send pushes out to their owners in the background.
@@ -121,6 +199,15 @@ func (h *handoffs) Pending() int {
 func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 	n := h.n
 	backoff := 20 * time.Millisecond
+	d := &delivery{group: group}
+	h.mu.Lock()
+	h.under[d] = struct{}{}
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.under, d)
+		h.mu.Unlock()
+	}()
 	for len(group) > 0 {
 		if n.ctx.Err() != nil {
 			h.done(len(group))
@@ -175,6 +262,10 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			epoch = max(epoch, ack.Epoch)
 		}
 		group = append(rest, retry...)
+		if h.track(d, group, err != nil) {
+			h.done(len(group))
+			return
+		}
 		if len(retry) > 0 {
 			// A new view ends the pause: the ring that moved on from a
 			// target that fails (dead, then marked so) names the part's
@@ -189,9 +280,14 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 				group, settled = h.readdress(n.cell.Load(), group)
 				h.done(settled)
 			case <-n.ctx.Done():
+			case <-h.given:
 			}
 			t.Stop()
 			backoff = min(2*backoff, time.Second)
+			if h.track(d, group, err != nil) {
+				h.done(len(group))
+				return
+			}
 		}
 	}
 }
@@ -781,14 +877,20 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 			err = fmt.Errorf("node: the last active member taking the others' partitions: %w", werr)
 		}
 	default:
-		if werr := n.WaitHandoffs(ctx); werr != nil {
-			err = fmt.Errorf("node: handing off: %w (%d partitions left to their backup copies)", werr, n.h.Pending())
+		switch werr := n.waitHandoffsStopping(ctx); {
+		case errors.Is(werr, errStranded):
+			n.log.Info("hand-offs to the last active member are not answered (stopped with the others?): keeping them for the next start",
+				"member", n.cell.Load().Ring.Members()[0].ID, "partitions", n.h.Pending())
+		case werr != nil:
+			err = fmt.Errorf("node: handing off: %w (%d partitions not handed off)", werr, n.h.Pending())
 		}
 	}
-	// What is still ours had nobody to go to (the last active member):
-	// keep it in the data dir for the next start.
+	// What is still ours had nobody to go to (the last active member),
+	// and the hand-offs that did not land: keep them in the data dir for
+	// the next start, which hands them to their owners.
+	left := n.h.abandon()
 	if o := n.Owner(); o != nil {
-		if k, serr := o.saveBuckets(n.cfg.DataDir); serr != nil {
+		if k, serr := o.saveBuckets(n.cfg.DataDir, left); serr != nil {
 			err = errors.Join(err, serr)
 		} else if k > 0 {
 			n.log.Info("bucket state saved for the next start", "partitions", k, "file", filepath.Join(n.cfg.DataDir, bucketFile))
@@ -796,6 +898,31 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	}
 	n.TransferLeadership()
 	return err
+}
+
+// errStranded: the hand-offs left cannot land (handoffs.stranded).
+var errStranded = errors.New("node: hand-offs stranded")
+
+// waitHandoffsStopping is WaitHandoffs for a member that stops: it also
+// ends, with errStranded, once the hand-offs left are stranded.
+func (n *Node) waitHandoffsStopping(ctx context.Context) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n.h.mu.Lock()
+		idle := n.h.idle
+		n.h.mu.Unlock()
+		select {
+		case <-idle:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if n.h.stranded(n.cell.Load()) {
+				return errStranded
+			}
+		}
+	}
 }
 
 // awaitAlone waits, until ctx ends, for this member's ring to list no

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
@@ -31,12 +32,13 @@ const (
 )
 
 // saveBuckets writes the partitions this member still serves under its
-// current view to dir/bucketFile (atomically: a temporary file renamed
-// over it) and returns how many it wrote; none writes no file. Each
-// partition stops serving as it is written (checks that come later are
-// answered by their rule's failure mode, as at an old owner after a
-// hand-off), so no spend is made after its state was saved.
-func (o *Owner) saveBuckets(dir string) (int, error) {
+// current view, and the hand-offs it could not deliver (left, as
+// exported), to dir/bucketFile (atomically: a temporary file renamed
+// over it) and returns how many partitions it wrote; none writes no
+// file. Each partition stops serving as it is written (checks that come
+// later are answered by their rule's failure mode, as at an old owner
+// after a hand-off), so no spend is made after its state was saved.
+func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	v := o.cell.Load()
 	if v == nil || dir == "" {
 		return 0, nil
@@ -48,18 +50,32 @@ func (o *Owner) saveBuckets(dir string) (int, error) {
 			parts = append(parts, p)
 		}
 	}
+	var streams [][]byte
+	for _, og := range left {
+		if og.Part.Lost || len(og.Part.Data) == 0 || slices.Contains(parts, og.Part.Partition) {
+			continue
+		}
+		parts = append(parts, og.Part.Partition)
+		streams = append(streams, o.sendable(og, now).Data)
+	}
 	if len(parts) == 0 {
 		return 0, nil
 	}
 	b := append([]byte(bucketMagic), 0, 0, 0, 0, 0, 0, 0, 0)
 	binary.LittleEndian.PutUint64(b[len(bucketMagic):], uint64(now))
 	b = binary.AppendUvarint(b, uint64(len(parts)))
-	for _, p := range parts {
-		g := &o.moving[p]
-		g.Lock()
-		o.setState(p, partAway) // fenced first: no check is decided after its export
-		stream := o.table.Export(nil, p, now)
-		g.Unlock()
+	served := len(parts) - len(streams)
+	for i, p := range parts {
+		var stream []byte
+		if i < served {
+			g := &o.moving[p]
+			g.Lock()
+			o.setState(p, partAway) // fenced first: no check is decided after its export
+			stream = o.table.Export(nil, p, now)
+			g.Unlock()
+		} else {
+			stream = streams[i-served]
+		}
 		b = binary.AppendUvarint(b, uint64(p))
 		b = binary.AppendUvarint(b, uint64(len(stream)))
 		b = append(b, stream...)

@@ -27,7 +27,7 @@ func checkBucketFile(t *testing.T, dir string) {
 	if r := handle(a, 1, c).Results[0]; !r.Allowed {
 		t.Fatalf("spend: %+v", r)
 	}
-	n, err := a.saveBuckets(dir)
+	n, err := a.saveBuckets(dir, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("saved %d partitions (err %v), want 1", n, err)
 	}
@@ -46,12 +46,12 @@ func checkBucketFile(t *testing.T, dir string) {
 		t.Fatalf("file still there after loading: %v", err)
 	}
 
-	if _, err := a.saveBuckets(dir); err != nil { // nothing served any more: no file
+	if _, err := a.saveBuckets(dir, nil); err != nil { // nothing served any more: no file
 		t.Fatal(err)
 	}
 	d, _ := testOwner(t, 1, "a")
 	handle(d, 1, c)
-	if _, err := d.saveBuckets(dir); err != nil {
+	if _, err := d.saveBuckets(dir, nil); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, bucketFile)
@@ -82,7 +82,7 @@ func checkBucketFile(t *testing.T, dir string) {
 			}
 		}
 	}
-	if n, err := f.saveBuckets(dir); err != nil || n != 2 {
+	if n, err := f.saveBuckets(dir, nil); err != nil || n != 2 {
 		t.Fatalf("saved %d partitions (err %v), want 2", n, err)
 	}
 	two, _ := os.ReadFile(path)
@@ -117,7 +117,7 @@ func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
 			t.Fatalf("spend: %+v", r)
 		}
 	}
-	if _, err := a.saveBuckets(dir); err != nil {
+	if _, err := a.saveBuckets(dir, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -148,5 +148,31 @@ func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
 	a2.HandlePush(t.Context(), lost, &ack)
 	if r := handle(a2, 2, toA).Results[0]; r.Status != transport.StatusOK || r.Allowed {
 		t.Fatalf("at a after its own partition came: %+v, want denied", r)
+	}
+}
+
+// Hand-offs a stopping member could not deliver are saved with what it
+// serves, as they were exported, and read back as backup copies.
+func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {
+	dir := t.TempDir()
+	a, v := testOwner(t, 1, "a")
+	h, p := partOf(v, "a")
+	if r := handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}).Results[0]; !r.Allowed {
+		t.Fatalf("spend: %+v", r)
+	}
+	now := a.now()
+	og := Outgoing{Part: transport.PushPart{Partition: p, Data: a.table.Export(nil, p, now)}, At: now, src: a.table}
+	lost := Outgoing{Part: transport.PushPart{Partition: p + 1, Lost: true}}
+
+	x, _ := testOwner(t, 1, "a") // serves nothing spent: only the hand-off is saved
+	if n, err := x.saveBuckets(dir, []Outgoing{og, lost}); err != nil || n != 1 {
+		t.Fatalf("saved %d partitions (err %v), want the 1 undelivered hand-off that holds state", n, err)
+	}
+	b, _ := testOwner(t, 1, "a")
+	if n, err := b.loadBuckets(dir); err != nil || n != 1 {
+		t.Fatalf("loaded %d partitions (err %v), want 1", n, err)
+	}
+	if k := b.BackupTable().PartitionLen(p); k != 1 {
+		t.Fatalf("backup copy of %d holds %d states, want the hand-off's 1", p, k)
 	}
 }
