@@ -156,13 +156,39 @@ func (h *handoffs) send(epoch uint64, out []Outgoing) {
 	h.pending += len(out)
 	h.mu.Unlock()
 	byOwner := map[string][]Outgoing{}
+	var later []Outgoing
 	for _, o := range out {
+		if o.awaited {
+			later = append(later, o)
+			continue
+		}
 		byOwner[o.To.ID] = append(byOwner[o.To.ID], o)
 	}
 	for _, group := range byOwner {
 		h.n.goLoop(func() { h.deliver(epoch, group) })
 	}
+	if len(later) > 0 {
+		// A Lost part makes its receiver serve the partition at once,
+		// from its backup copy or from nothing. For a partition this
+		// member awaited, the state is on its way here: refused now, its
+		// sender takes it to the new owner, whom it should reach first.
+		h.n.goLoop(func() {
+			t := time.NewTimer(lostDelay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-h.n.ctx.Done():
+			case <-h.given:
+			}
+			h.deliver(epoch, later)
+		})
+	}
 }
+
+// lostDelay is how long a Lost part for a partition this member awaited
+// itself waits before it goes (handoffs.send): longer than a hand-off
+// refused here takes to be pushed again to the new owner.
+const lostDelay = 500 * time.Millisecond
 
 func (h *handoffs) done(k int) {
 	h.mu.Lock()

@@ -145,6 +145,11 @@ type Outgoing struct {
 	Part transport.PushPart
 	At   int64          // when Part.Data was exported, on the owner's clock (ns)
 	src  *limiter.Table // the table that exported Part.Data; nil for a Lost part
+	// awaited says Part is Lost because this member awaited the
+	// partition's hand-off itself when the ring moved on: the state is
+	// on its way from the member before, whose push this member now
+	// refuses, so that it goes to the new owner next (see lostDelay).
+	awaited bool
 }
 
 // sendable is og's part as it goes out at now (the owner's clock, ns):
@@ -182,6 +187,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		o.setState(p, partAway)
 		part := transport.PushPart{Partition: p}
 		var src *limiter.Table
+		awaited := false
 		switch {
 		case st == partServing:
 			src = o.table
@@ -201,6 +207,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			src = o.backup
 		default:
 			part.Lost = true
+			awaited = st == partAwaiting
 		}
 		if src != nil {
 			part.Data = src.Export(nil, p, now)
@@ -212,7 +219,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			continue
 		}
 		if mem, ok := next.Ring.Member(to); ok {
-			out = append(out, Outgoing{To: mem, Part: part, At: now, src: src})
+			out = append(out, Outgoing{To: mem, Part: part, At: now, src: src, awaited: awaited})
 		}
 	}
 	for _, p := range m.Unback {
