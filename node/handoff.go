@@ -190,13 +190,19 @@ func (h *handoffs) send(epoch uint64, out []Outgoing) {
 // refused here takes to be pushed again to the new owner.
 const lostDelay = 500 * time.Millisecond
 
+// done counts k partitions handed off (or given up). Zero changes
+// nothing: a delivery that ends with nothing left may be the last, and
+// idle is closed already.
 func (h *handoffs) done(k int) {
+	if k == 0 {
+		return
+	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.pending -= k
 	if h.pending == 0 {
 		close(h.idle)
 	}
-	h.mu.Unlock()
 }
 
 // wait waits until every hand-off was taken or ctx ends.

@@ -371,3 +371,34 @@ func TestHandoffWaitOutlastsTheOldOwnersLease(t *testing.T) {
 		}
 	})
 }
+
+// A delivery that ends with nothing left after the hand-offs were
+// abandoned (a stop gives up on them) counts nothing more. It counted
+// zero parts done, which closed the idle channel a second time: the
+// panic, under the handoffs' lock, then deadlocked on that lock in the
+// delivery's own cleanup, and the node's Close waited for it for ever
+// (a harness run hung once in ~400).
+func TestDeliveryEndingAfterAbandonEndsCleanly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Hour}}
+		a, b := newOwner(t, "a"), newOwner(t, "b")
+		n := handoffNode(t, a, pushOwners{"b:1": b})
+		v1, v2 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		applyRing(n, nil, v1)
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false))
+		out := applyRing(n, v1, v2)
+		if len(out) == 0 {
+			t.Fatal("b gains nothing of a's")
+		}
+		n.h.abandon()
+		n.h.send(2, out)
+		if err := n.h.wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the delivery has ended, or hangs
+		if p := n.h.Pending(); p != 0 {
+			t.Fatalf("%d hand-offs still pending", p)
+		}
+	})
+}
