@@ -960,15 +960,35 @@ func (n *Node) markDown(ctx context.Context) (last bool, err error) {
 	if active := st.Active(); len(active) == 1 && active[0].ID == n.cfg.ID {
 		return true, nil // the last active member: nobody to take its partitions
 	}
-	if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
+	gone := func(v *view.View) bool { return v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 }
+	for {
+		err := n.SetState(ctx, n.cfg.ID, string(fsm.Down))
+		if err == nil {
+			break
+		}
 		if errors.Is(err, api.ErrConflict) {
 			return true, nil // the others were marked down first
 		}
-		return false, err
+		if !errors.Is(err, api.ErrUnavailable) || ctx.Err() != nil {
+			return false, err
+		}
+		// The leader stops too (a whole cluster stopped together), or
+		// the write's outcome is unknown: it may have been taken (this
+		// member's ring then shows it), or the next leader takes the
+		// request again.
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, took := n.cell.AwaitFunc(wctx, gone)
+		cancel()
+		if took {
+			break
+		}
+		if ctx.Err() != nil {
+			return false, err
+		}
 	}
 	// Wait until this member's own ring shows it owning nothing, so that
 	// the hand-offs it implies have started (WaitHandoffs).
-	if _, gone := n.cell.AwaitFunc(ctx, func(v *view.View) bool { return v != nil && len(v.Ring.PartitionsOf(n.cfg.ID)) == 0 }); !gone {
+	if _, ok := n.cell.AwaitFunc(ctx, gone); !ok {
 		return false, fmt.Errorf("%w: marked down, but this member's ring did not show it yet: %w", api.ErrUnavailable, ctx.Err())
 	}
 	return false, nil
