@@ -98,17 +98,17 @@ func (h *handoffs) track(d *delivery, group []Outgoing, unanswered bool) (abando
 }
 
 // stranded reports whether every hand-off left has failed unanswered for
-// at least strandedAfter while v's ring lists one member, not this one:
-// the last active member of a cluster stopped together, which the
-// cluster never marks down, and whose process is gone (or cut off).
-// Nobody else will own these partitions; waiting out the drain gains
-// nothing.
+// at least strandedAfter while v's ring lists one member, not this one
+// (the last active member of a cluster stopped together, which the
+// cluster never marks down, and whose process is gone or cut off), or
+// while there is no Raft leader (several stopped together: the members
+// left cannot mark the gone ones down). The ring will not move these
+// partitions elsewhere; waiting out the drain gains nothing.
 func (h *handoffs) stranded(v *view.View) bool {
 	if v == nil {
 		return false
 	}
-	ms := v.Ring.Members()
-	if len(ms) != 1 || ms[0].ID == h.n.cfg.ID {
+	if ms := v.Ring.Members(); (len(ms) != 1 || ms[0].ID == h.n.cfg.ID) && !h.n.leaderless() {
 		return false
 	}
 	h.mu.Lock()
@@ -967,17 +967,44 @@ func (n *Node) awaitAlone(ctx context.Context) error {
 		}
 		servable, changed := o.servable(), n.cell.Changed()
 		v := n.cell.Load()
-		if v != nil && len(v.Ring.Members()) == 1 && o.Awaiting() == 0 {
+		if o.Awaiting() == 0 && (v != nil && len(v.Ring.Members()) == 1 || n.leaderless()) {
+			// Alone, or nothing more can come: the ring lists members
+			// that could not be marked down before the cluster lost its
+			// leader (several stopped together), and will not change.
 			return nil
 		}
+		t := time.NewTimer(100 * time.Millisecond) // for the leader's loss, which the view does not show
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return fmt.Errorf("%w (%d partitions still awaited)", ctx.Err(), o.Awaiting())
 		case <-servable:
 		case <-changed:
+		case <-t.C:
 		}
+		t.Stop()
 	}
 }
+
+// leaderless reports whether this member has known no Raft leader for
+// leaderlessAfter: the ring cannot change until one is elected.
+func (n *Node) leaderless() bool {
+	if n.raft.raft.Leader() != "" {
+		n.noLeaderSince.Store(nil)
+		return false
+	}
+	now := time.Now()
+	since := n.noLeaderSince.Load()
+	if since == nil {
+		n.noLeaderSince.CompareAndSwap(nil, &now)
+		return false
+	}
+	return now.Sub(*since) >= leaderlessAfter
+}
+
+// leaderlessAfter is how long a stopping member waits for a new Raft
+// leader before it takes the ring for final (leaderless).
+const leaderlessAfter = time.Second
 
 // markDownTimeout bounds the attempt to mark a stopping member down.
 const markDownTimeout = 2 * time.Second

@@ -228,6 +228,9 @@ type Node struct {
 	// leaderSince is when this node last became Raft leader (leaderLoop);
 	// nil before that.
 	leaderSince atomic.Pointer[time.Time]
+	// noLeaderSince is when a stopping member first saw no Raft leader
+	// (leaderless); nil while it sees one.
+	noLeaderSince atomic.Pointer[time.Time]
 	// gainedLead wakes the failure detector when this node becomes Raft
 	// leader (leaderLoop), so its first pings, and so its own lease and
 	// the leases it grants, do not wait for its next tick.

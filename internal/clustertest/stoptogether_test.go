@@ -59,7 +59,41 @@ func TestWholeClusterRestartedTogetherKeepsBudgets(t *testing.T) {
 				}
 				c.WaitSettled(3)
 				for i := range 30 {
-					if r := c.Check(fmt.Sprintf("n%d", i%3+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
+					if r := c.Check(fmt.Sprintf("n%d", i%len(c.Members())+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
+						t.Errorf("k%d, spent before the stop, admitted after the restart: %+v", i, r)
+					}
+				}
+			})
+		})
+	}
+}
+
+// Five members stopped together stop within a few seconds and keep
+// every budget across a restart of them all. Their Raft loses its quorum
+// as they go, so the last ones cannot be marked down (their mark-down
+// fails after its 2s bound) and the ring keeps listing members that are
+// gone: the member the cluster kept active waited for a ring of itself
+// alone, and members pushing to a gone one retried, until the drain
+// ended (10s; 3 in 60 runs). A stopping member now takes the ring for
+// final once it has seen no leader for a second.
+func TestFiveMembersStoppedTogetherStopAndKeepBudgets(t *testing.T) {
+	for run := range 15 {
+		t.Run(fmt.Sprint(run), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 5, Options{DataDirs: true})
+				spendTogether(t, c, 40)
+				took, errs := stopTogether(c)
+				for i, m := range c.Members() {
+					if took[i] > 5*time.Second {
+						t.Errorf("%s stopped in %v: %v", m.ID, took[i], errs[i])
+					}
+				}
+				for _, m := range c.Members() {
+					c.Restart(m.ID)
+				}
+				c.WaitSettled(5)
+				for i := range 40 {
+					if r := c.Check(fmt.Sprintf("n%d", i%5+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
 						t.Errorf("k%d, spent before the stop, admitted after the restart: %+v", i, r)
 					}
 				}
@@ -74,7 +108,7 @@ func spendTogether(t *testing.T, c *Cluster, n int) {
 	t.Helper()
 	c.PutRules("n1", tightRule)
 	for i := range n {
-		if r := c.Check(fmt.Sprintf("n%d", i%3+1), tightRule.Name, fmt.Sprintf("k%d", i), tightRule.Limit); !r.Allowed || r.Degraded {
+		if r := c.Check(fmt.Sprintf("n%d", i%len(c.Members())+1), tightRule.Name, fmt.Sprintf("k%d", i), tightRule.Limit); !r.Allowed || r.Degraded {
 			t.Fatalf("spending k%d: %+v", i, r)
 		}
 	}
