@@ -50,6 +50,8 @@ type Server struct {
 	other    fasthttp.RequestHandler // Handler through fasthttpadaptor
 	base     context.Context         // the checks' context: ends once Shutdown is done
 	cancel   context.CancelFunc
+	stopping context.Context // the other requests' context: ends as Shutdown begins
+	stop     context.CancelFunc
 	shutdown atomic.Bool
 }
 
@@ -76,9 +78,11 @@ const (
 
 // NewServer returns a Server for h; Serve takes the listener.
 func NewServer(h http.Handler) *Server {
-	s := &Server{Handler: h, other: fasthttpadaptor.NewFastHTTPHandler(h)}
+	s := &Server{Handler: h}
 	s.api, _ = h.(*handler)
 	s.base, s.cancel = context.WithCancel(context.Background())
+	s.stopping, s.stop = context.WithCancel(context.Background())
+	s.other = fasthttpadaptor.NewFastHTTPHandler(s.detached(h))
 	s.fs = &fasthttp.Server{
 		Handler:                      s.serve,
 		ErrorHandler:                 s.serveError,
@@ -97,6 +101,22 @@ func NewServer(h http.Handler) *Server {
 		Logger:                       discard{},
 	}
 	return s
+}
+
+// detached serves h with a request context of its own, ended as
+// Shutdown begins (as fasthttp's was). fasthttpadaptor gives a request
+// fasthttp's RequestCtx as its context, which fasthttp resets for the
+// next request once the handler returns, while a context derived from
+// it may still read it then: a long poll's timeout firing cancels from
+// its timer's goroutine, which looks up the parent's values as the
+// handler, woken by that very cancel, returns (a data race, seen once
+// in CI under -race).
+func (s *Server) detached(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(s.stopping)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // discard is a fasthttp.Logger that drops its lines.
@@ -123,6 +143,7 @@ func (s *Server) Serve(l net.Listener) error {
 // their context canceled.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Store(true)
+	s.stop()
 	err := s.fs.ShutdownWithContext(ctx)
 	s.cancel()
 	return err
