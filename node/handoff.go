@@ -911,8 +911,8 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	default:
 		switch werr := n.waitHandoffsStopping(ctx); {
 		case errors.Is(werr, errStranded):
-			n.log.Info("hand-offs to the last active member are not answered (stopped with the others?): keeping them for the next start",
-				"member", n.cell.Load().Ring.Members()[0].ID, "partitions", n.h.Pending())
+			n.log.Info("hand-offs not answered, and the ring will not move them (its last active member, or no Raft leader: stopped with the others?); those holding state are kept in the bucket file for the next start",
+				"partitions", n.h.Pending())
 		case werr != nil:
 			err = fmt.Errorf("node: handing off: %w (%d partitions not handed off)", werr, n.h.Pending())
 		}
