@@ -207,15 +207,19 @@ func (h *handoffs) done(k int) {
 
 // wait waits until every hand-off was taken or ctx ends.
 func (h *handoffs) wait(ctx context.Context) error {
-	h.mu.Lock()
-	ch := h.idle
-	h.mu.Unlock()
 	select {
-	case <-ch:
+	case <-h.idleCh():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// idleCh is closed once every hand-off sent so far was taken.
+func (h *handoffs) idleCh() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.idle
 }
 
 // Pending is how many partitions this member still has to hand off.
@@ -941,11 +945,8 @@ func (n *Node) waitHandoffsStopping(ctx context.Context) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		n.h.mu.Lock()
-		idle := n.h.idle
-		n.h.mu.Unlock()
 		select {
-		case <-idle:
+		case <-n.h.idleCh():
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()

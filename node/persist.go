@@ -50,35 +50,36 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 			parts = append(parts, p)
 		}
 	}
-	var streams [][]byte
+	var kept []transport.PushPart // the undelivered hand-offs that hold state, as of now
 	for _, og := range left {
-		if og.Part.Lost || len(og.Part.Data) == 0 || slices.Contains(parts, og.Part.Partition) {
+		p := og.Part.Partition
+		if og.Part.Lost || len(og.Part.Data) == 0 || slices.Contains(parts, p) ||
+			slices.ContainsFunc(kept, func(k transport.PushPart) bool { return k.Partition == p }) {
 			continue
 		}
-		parts = append(parts, og.Part.Partition)
-		streams = append(streams, o.sendable(og, now).Data)
+		kept = append(kept, o.sendable(og, now))
 	}
-	if len(parts) == 0 {
+	if len(parts)+len(kept) == 0 {
 		return 0, nil
 	}
 	b := append([]byte(bucketMagic), 0, 0, 0, 0, 0, 0, 0, 0)
 	binary.LittleEndian.PutUint64(b[len(bucketMagic):], uint64(now))
-	b = binary.AppendUvarint(b, uint64(len(parts)))
-	served := len(parts) - len(streams)
-	for i, p := range parts {
-		var stream []byte
-		if i < served {
-			g := &o.moving[p]
-			g.Lock()
-			o.setState(p, partAway) // fenced first: no check is decided after its export
-			stream = o.table.Export(nil, p, now)
-			g.Unlock()
-		} else {
-			stream = streams[i-served]
-		}
+	b = binary.AppendUvarint(b, uint64(len(parts)+len(kept)))
+	add := func(p uint32, stream []byte) {
 		b = binary.AppendUvarint(b, uint64(p))
 		b = binary.AppendUvarint(b, uint64(len(stream)))
 		b = append(b, stream...)
+	}
+	for _, p := range parts {
+		g := &o.moving[p]
+		g.Lock()
+		o.setState(p, partAway) // fenced first: no check is decided after its export
+		stream := o.table.Export(nil, p, now)
+		g.Unlock()
+		add(p, stream)
+	}
+	for _, k := range kept {
+		add(k.Partition, k.Data)
 	}
 	tmp := filepath.Join(dir, bucketFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
@@ -99,7 +100,7 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		os.Remove(tmp)
 		return 0, fmt.Errorf("node: saving bucket state: %w", err)
 	}
-	return len(parts), nil
+	return len(parts) + len(kept), nil
 }
 
 // loadBuckets reads dir/bucketFile, if there is one, into the backup

@@ -20,23 +20,11 @@ import (
 // in 20 runs here) and were lost. The member now keeps them in its
 // bucket file once the last member has not answered for a second.
 func TestWholeClusterStopsTogetherWithinMoments(t *testing.T) {
-	for run := range 40 {
-		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				c := New(t, 3, Options{DataDirs: true})
-				spendTogether(t, c, 30)
-				took, errs := stopTogether(c)
-				for i, m := range c.Members() {
-					// An error may say the stop was incomplete (a mark-down
-					// with no leader left to take it: its partitions are
-					// saved); the stop must not wait out its drain.
-					if took[i] > 3*time.Second {
-						t.Errorf("%s stopped in %v: %v", m.ID, took[i], errs[i])
-					}
-				}
-			})
-		})
-	}
+	eachRun(t, 40, func(t *testing.T) {
+		c := New(t, 3, Options{DataDirs: true})
+		spendTogether(t, c, 30)
+		stoppedWithin(t, c, 3*time.Second)
+	})
 }
 
 // A whole cluster stopped together and started again together keeps
@@ -51,16 +39,12 @@ func TestWholeClusterStopsTogetherWithinMoments(t *testing.T) {
 // 40 runs). A Lost part for a partition its sender awaited now waits
 // lostDelay, so the state gets there first.
 func TestWholeClusterRestartedTogetherKeepsBudgets(t *testing.T) {
-	for run := range 20 {
-		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				c := New(t, 3, Options{DataDirs: true})
-				spendTogether(t, c, 30)
-				stopTogether(c)
-				restartAndCheckSpent(t, c, 30)
-			})
-		})
-	}
+	eachRun(t, 20, func(t *testing.T) {
+		c := New(t, 3, Options{DataDirs: true})
+		spendTogether(t, c, 30)
+		stopTogether(c)
+		restartAndCheckSpent(t, c, 30)
+	})
 }
 
 // Five members stopped together stop within a few seconds. Their Raft
@@ -74,19 +58,32 @@ func TestWholeClusterRestartedTogetherKeepsBudgets(t *testing.T) {
 // checked across a restart here: about 1 run in 45 still admits a spent
 // key again.)
 func TestFiveMembersStoppedTogetherStopWithinSeconds(t *testing.T) {
-	for run := range 15 {
-		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				c := New(t, 5, Options{DataDirs: true})
-				spendTogether(t, c, 40)
-				took, errs := stopTogether(c)
-				for i, m := range c.Members() {
-					if took[i] > 5*time.Second {
-						t.Errorf("%s stopped in %v: %v", m.ID, took[i], errs[i])
-					}
-				}
-			})
-		})
+	eachRun(t, 15, func(t *testing.T) {
+		c := New(t, 5, Options{DataDirs: true})
+		spendTogether(t, c, 40)
+		stoppedWithin(t, c, 5*time.Second)
+	})
+}
+
+// eachRun runs f n times, each a subtest in a synctest bubble of its
+// own: what these tests look for depends on the order goroutines run in.
+func eachRun(t *testing.T, n int, f func(t *testing.T)) {
+	for run := range n {
+		t.Run(fmt.Sprint(run), func(t *testing.T) { synctest.Test(t, f) })
+	}
+}
+
+// stoppedWithin stops every member together (stopTogether) and fails
+// for each whose graceful stop took longer than d. An error alone may
+// say the stop was incomplete (a mark-down with no leader left to take
+// it: its partitions are saved); the stop must not wait out its drain.
+func stoppedWithin(t *testing.T, c *Cluster, d time.Duration) {
+	t.Helper()
+	took, errs := stopTogether(c)
+	for i, m := range c.Members() {
+		if took[i] > d {
+			t.Errorf("%s stopped in %v: %v", m.ID, took[i], errs[i])
+		}
 	}
 }
 
