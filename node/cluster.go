@@ -383,6 +383,13 @@ func (n *Node) leaderKnown() bool { id, _ := n.leader(); return id != "" }
 func (n *Node) register(ctx context.Context) error {
 	if n.needsRecovery() {
 		if err := n.SetState(ctx, n.cfg.ID, string(fsm.Down)); err != nil {
+			if errors.Is(err, api.ErrConflict) {
+				// The last active member's mark-down is refused (SetState):
+				// another member listed active, restarted with this one,
+				// was marked down first. Not a second process holding the
+				// id: retried, this member needs no recovery any more.
+				return fmt.Errorf("node: marking down to recover: %v", err)
+			}
 			return err
 		}
 		n.log.Info("restarted while listed active: marked down first, so the backups serve what was lost")

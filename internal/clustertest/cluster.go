@@ -344,9 +344,24 @@ func (c *Cluster) WaitFor(what string, timeout time.Duration, cond func() bool) 
 }
 
 // WaitSettled waits until every running member is ready and sees the
-// same ring of n active members at one epoch.
+// same ring of n active members at one epoch. When it fails it logs what
+// each member sees and why it is not ready.
 func (c *Cluster) WaitSettled(n int) {
 	c.t.Helper()
+	defer func() {
+		if c.t.Failed() {
+			for _, m := range c.Members() {
+				if !m.running() {
+					continue
+				}
+				if v := m.Node().View(); v != nil {
+					c.t.Logf("clustertest: %s: epoch %d, ring of %d, ready: %v", m.ID, v.Epoch(), len(v.Ring.Members()), m.Node().Ready())
+				} else {
+					c.t.Logf("clustertest: %s: no view yet", m.ID)
+				}
+			}
+		}
+	}()
 	c.WaitFor(fmt.Sprintf("%d members settled", n), 30*time.Second, func() bool {
 		var epoch uint64
 		first := true
