@@ -91,6 +91,25 @@ func (n *Node) propose(ctx context.Context, cmd []byte) (raft.ApplyFuture, error
 	return n.raft.raft.Apply(cmd, enqueue), nil
 }
 
+// barrier waits, by ctx, until this leader has applied every write
+// before it (what is the change that needs them: "marking n2 down"). Its
+// error wraps api.ErrUnavailable and says that nothing was written.
+func (n *Node) barrier(ctx context.Context, what string) error {
+	enqueue, err := enqueueTimeout(ctx, "barrier")
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	answered, err := n.await(ctx, n.raft.raft.Barrier(enqueue), "barrier")
+	if err == nil {
+		return nil
+	}
+	why := "raft did not answer in time"
+	if answered {
+		why = err.Error() // raft's own: leadership lost, enqueue timed out
+	}
+	return fmt.Errorf("%w: %s: the log before it was not confirmed (%s); nothing written", api.ErrUnavailable, what, why)
+}
+
 // enqueueTimeout is how long a Raft call may block its caller until
 // Raft's main loop takes it: applyTimeout, and no later than a little
 // before ctx's deadline. Raft watches no context there, only this
@@ -914,6 +933,16 @@ func (n *Node) SetState(ctx context.Context, id, state string) error {
 		return err
 	}
 	defer n.membership.unlock()
+	if s == fsm.Down {
+		// The check below must see every write before it: a mark-down
+		// whose apply gave up (no quorum for a while) may still commit,
+		// and two members each taken for one of two active ones left the
+		// cluster with none (five stopped together, then restarted: the
+		// first to join served every partition afresh).
+		if err := n.barrier(ctx, "marking "+id+" down"); err != nil {
+			return err
+		}
+	}
 	st := n.fsm.State()
 	m, ok := st.Member(id)
 	if !ok {

@@ -82,7 +82,8 @@ func newHandoffs(n *Node) *handoffs {
 }
 
 // track records d's progress: what it has left, and whether its last
-// push failed unanswered. It reports whether the hand-offs were
+// push failed unanswered (or was refused whole, which stranded counts
+// the same). It reports whether the hand-offs were
 // abandoned meanwhile (the caller stops: what it had left was taken).
 func (h *handoffs) track(d *delivery, group []Outgoing, unanswered bool) (abandoned bool) {
 	h.mu.Lock()
@@ -266,6 +267,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
 		cancel()
 		var retry []Outgoing
+		refused := err != nil
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
 			// The target may have died since (and the ring moved on):
@@ -286,6 +288,10 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 					retry = append(retry, batch[i])
 				}
 			}
+			// Every part refused: the target cannot take them now (it
+			// is stopping and has saved its own state, say), which for
+			// stranded counts as no answer.
+			refused = len(retry) == len(batch)
 			if taken > 0 {
 				n.m.handoffParts.Add(float64(taken))
 			}
@@ -298,7 +304,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			epoch = max(epoch, ack.Epoch)
 		}
 		group = append(rest, retry...)
-		if h.track(d, group, err != nil) {
+		if h.track(d, group, refused) {
 			h.done(len(group))
 			return
 		}
@@ -320,7 +326,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			}
 			t.Stop()
 			backoff = min(2*backoff, time.Second)
-			if h.track(d, group, err != nil) {
+			if h.track(d, group, refused) {
 				h.done(len(group))
 				return
 			}

@@ -409,6 +409,11 @@ func (l *lateHandoffs) log(log *slog.Logger, from string) {
 // back says the part is this member's own, taken back (TakeBack): into a
 // partition that awaits its hand-off it is merged, and the partition
 // keeps waiting.
+//
+// A sealed owner (stopping, its state saved: saveBuckets) refuses every
+// part as PushRejected: taken now, it would be lost with the process.
+// Its sender keeps it (in its own bucket file if it stops too: see
+// handoffs.stranded) or takes it to the next owner the ring names.
 func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, late *lateHandoffs, back bool) transport.PushStatus {
 	if owner, ok := v.Ring.Owner(pt.Partition); !ok || owner.ID != o.self {
 		return transport.PushNotOwner
@@ -417,6 +422,9 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	g := &o.moving[p]
 	g.Lock()
 	defer g.Unlock()
+	if o.sealed.Load() {
+		return transport.PushRejected
+	}
 	switch o.getState(p) {
 	case partAway:
 		// v names us, but a newer ring is moving p out right now (Apply

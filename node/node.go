@@ -497,9 +497,7 @@ func (n *Node) refresh() {
 		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, rejoined)
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := o.Apply(next, moves)
-		if prev == nil {
-			out = append(out, o.handOffLoaded(next)...)
-		}
+		out = append(out, o.handOffLoaded(next)...)
 		n.h.send(next.Epoch(), out)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)

@@ -71,6 +71,9 @@ type Owner struct {
 	start      time.Time
 
 	awaiting atomic.Int64 // partitions in partAwaiting
+	// sealed: the member's stop has saved what it serves (saveBuckets);
+	// hand-offs that come later are refused, not taken and then lost.
+	sealed atomic.Bool
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 

@@ -35,25 +35,40 @@ const (
 // current view, and the hand-offs it could not deliver (left, as
 // exported), to dir/bucketFile (atomically: a temporary file renamed
 // over it) and returns how many partitions it wrote; none writes no
-// file. Each partition stops serving as it is written (checks that come
-// later are answered by their rule's failure mode, as at an old owner
-// after a hand-off), so no spend is made after its state was saved.
+// file. Each partition it serves stops serving as it is written (checks
+// that come later are answered by their rule's failure mode, as at an
+// old owner after a hand-off), so no spend is made after its state was
+// saved; and the owner is sealed first, so it refuses every hand-off that
+// comes later (a ring it learns of after the save may still give it
+// partitions: their senders keep them, see takeHandoff).
 func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	v := o.cell.Load()
 	if v == nil || dir == "" {
 		return 0, nil
 	}
+	o.sealed.Store(true)
 	now := o.now()
-	var parts []uint32
+	type saved struct {
+		p      uint32
+		stream []byte
+	}
+	var parts []saved
 	for _, p := range v.Ring.PartitionsOf(o.self) {
-		if o.getState(p) == partServing && o.table.PartitionLen(p) > 0 {
-			parts = append(parts, p)
+		g := &o.moving[p]
+		g.Lock()
+		if o.getState(p) == partServing {
+			o.setState(p, partAway) // fenced first: no check is decided after its export
+			if o.table.PartitionLen(p) > 0 {
+				parts = append(parts, saved{p, o.table.Export(nil, p, now)})
+			}
 		}
+		g.Unlock()
 	}
 	var kept []transport.PushPart // the undelivered hand-offs that hold state, as of now
 	for _, og := range left {
 		p := og.Part.Partition
-		if og.Part.Lost || len(og.Part.Data) == 0 || slices.Contains(parts, p) ||
+		if og.Part.Lost || len(og.Part.Data) == 0 ||
+			slices.ContainsFunc(parts, func(s saved) bool { return s.p == p }) ||
 			slices.ContainsFunc(kept, func(k transport.PushPart) bool { return k.Partition == p }) {
 			continue
 		}
@@ -70,13 +85,8 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		b = binary.AppendUvarint(b, uint64(len(stream)))
 		b = append(b, stream...)
 	}
-	for _, p := range parts {
-		g := &o.moving[p]
-		g.Lock()
-		o.setState(p, partAway) // fenced first: no check is decided after its export
-		stream := o.table.Export(nil, p, now)
-		g.Unlock()
-		add(p, stream)
+	for _, s := range parts {
+		add(s.p, s.stream)
 	}
 	for _, k := range kept {
 		add(k.Partition, k.Data)
@@ -191,15 +201,20 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 }
 
 // handOffLoaded returns, once, the hand-offs of the partitions a bucket
-// file loaded at start-up (loadBuckets) that v, this member's first
-// ring, gives to other members. A whole cluster stopped together leaves
-// every budget with the member that stopped last; when it starts again
-// the others may own most partitions: those of its copies go to their
-// owners, which take them as any hand-off (awaited, or merged into what
-// they serve) instead of serving them afresh. The copies this member owns
-// it keeps (promoted, or merged with the hand-off it awaits:
+// file loaded at start-up (loadBuckets) that v, the first ring this
+// member sees that lists any member, gives to other members. A whole
+// cluster stopped together leaves every budget with the member that
+// stopped last (or, when the last could not be told apart, with several:
+// the ring may then list nobody until one joins again); when it starts
+// again the others may own most partitions: those of its copies go to
+// their owners, which take them as any hand-off (awaited, or merged into
+// what they serve) instead of serving them afresh. The copies this member
+// owns it keeps (promoted, or merged with the hand-off it awaits:
 // takeHandoff); those it neither owns nor backs up under v it drops.
 func (o *Owner) handOffLoaded(v *view.View) []Outgoing {
+	if len(v.Ring.Members()) == 0 {
+		return nil // kept for a ring with an owner in it
+	}
 	parts := o.loaded
 	o.loaded = nil
 	now := o.now()

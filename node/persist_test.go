@@ -151,6 +151,65 @@ func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
 	}
 }
 
+// A member whose first ring lists nobody (every member down: several
+// stopped together, each holding some budgets) keeps its loaded buckets
+// for the first ring with an owner in it, rather than dropping them then
+// and leaving the first member to join to serve them afresh.
+func TestLoadedBucketsWaitForARingWithMembers(t *testing.T) {
+	dir := t.TempDir()
+	a, v1 := testOwner(t, 1, "a")
+	h, p := partOf(v1, "a")
+	if r := handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}).Results[0]; !r.Allowed {
+		t.Fatalf("spend: %+v", r)
+	}
+	if _, err := a.saveBuckets(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	a2 := newOwner(t, "a")
+	if n, err := a2.loadBuckets(dir); err != nil || n != 1 {
+		t.Fatalf("loaded %d partitions (err %v), want 1", n, err)
+	}
+	empty := testView(t, 2)
+	a2.Apply(empty, PlanMoves(nil, empty.Ring, "a", allAlive, true, false))
+	if out := a2.handOffLoaded(empty); out != nil {
+		t.Fatalf("hand-offs under a ring of nobody: %+v", out)
+	}
+	v3 := testView(t, 3, "b")
+	a2.Apply(v3, PlanMoves(empty.Ring, v3.Ring, "a", allAlive, false, false))
+	out := a2.handOffLoaded(v3)
+	if len(out) != 1 || out[0].To.ID != "b" || out[0].Part.Partition != p || len(out[0].Part.Data) == 0 {
+		t.Fatalf("hand-offs once b is the owner: %+v, want partition %d to b, with its state", out, p)
+	}
+}
+
+// A member that has saved its state for the next start refuses the
+// hand-offs that come after (a ring it learnt of after the save gave it
+// partitions): taken, they would be lost with the process; refused,
+// their sender keeps them.
+func TestSavedOwnerRefusesLaterHandoffs(t *testing.T) {
+	dir := t.TempDir()
+	a, v1 := testOwner(t, 1, "a", "b")
+	if _, err := a.saveBuckets(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	// b leaves after a's save: a gains b's partitions, awaiting them.
+	v2 := testView(t, 2, "a")
+	a.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", allAlive, false, false))
+	hq, q := partOf(v1, "b")
+	b := newOwner(t, "b")
+	b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+	b.ExpireAwaiting(b.AwaitingParts())
+	if r := handle(b, 1, transport.Check{Rule: "r", KeyHash: hq, Partition: q, Cost: 2}).Results[0]; !r.Allowed {
+		t.Fatalf("spend at b: %+v", r)
+	}
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "b", Parts: []transport.PushPart{{Partition: q, Data: b.table.Export(nil, q, b.now())}}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	a.HandlePush(t.Context(), push, &ack)
+	if ack.Status[0] != transport.PushRejected {
+		t.Fatalf("a hand-off after the save: %v, want PushRejected (taken, it is lost with the process)", ack.Status[0])
+	}
+}
+
 // Hand-offs a stopping member could not deliver are saved with what it
 // serves, as they were exported, and read back as backup copies.
 func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {

@@ -763,6 +763,13 @@ func (c *Cluster) close() {
 	for _, m := range c.Members() {
 		c.kill(m, false)
 	}
+	// hashicorp/raft's Shutdown does not wait for a leadership transfer
+	// it started (a graceful stop's last step): its TimeoutNow to a member
+	// already gone waits on the in-memory transport, up to twice 10 × its
+	// 500ms timeout. The bubble's clock stops once the test's goroutine
+	// returns, and a goroutine still waiting then is a deadlock panic:
+	// let those waits run out here (virtual time).
+	time.Sleep(10*time.Second + time.Millisecond)
 }
 
 // forwarder is the in-memory leader client: it calls the member at an

@@ -19,8 +19,9 @@ import (
 // on the leader or is forwarded to it, and whether Raft took the write
 // and never answered it, never took it (its main loop hangs on the
 // first), or another membership change that Raft does not answer holds
-// the leader's membership lock. The node's own bounds are 5s for Raft
-// to take a write and 5.4s for its answer. (A forwarded write that Raft
+// the leader's membership lock. (A mark-down waits for the log before
+// it, a barrier, which is what Raft takes first.) The node's own bounds
+// are 5s for Raft to take a write and 5.4s for its answer. (A forwarded write that Raft
 // never took fails 10ms before the deadline; the member then looks for
 // the mark in its ring, and asks again, until the deadline.)
 func TestMarkDownAnswersByItsDeadlineOnAStalledLeader(t *testing.T) {
@@ -33,7 +34,7 @@ func TestMarkDownAnswersByItsDeadlineOnAStalledLeader(t *testing.T) {
 		want   time.Duration
 		says   string
 	}{
-		{"taken, never answered", nil, "", 2 * time.Second, "raft had not answered the write when the request ended"},
+		{"taken, never answered", nil, "", 2 * time.Second, "the log before it was not confirmed (raft did not answer in time); nothing written"},
 		{"never taken, forwarded", func(c *Cluster, leader *Member) { putRulesAsync(leader, tightRule); synctest.Wait() },
 			"follower", 2 * time.Second, "timed out enqueuing operation"},
 		{"behind an unanswered membership change", func(c *Cluster, leader *Member) {

@@ -1,8 +1,17 @@
 package clustertest
 
 import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/fsm"
 )
 
 // Two members listed active restarted together (crashed, or stopped
@@ -24,5 +33,58 @@ func TestMembersListedActiveRestartedTogetherBothServe(t *testing.T) {
 			c.Restart(id)
 		}
 		c.WaitSettled(3)
+	})
+}
+
+// The cluster refuses to mark its last active member down; that check
+// must count a mark-down whose write is still pending. Here the first of
+// two asked (for B) answers "unavailable" while the leader's disk hangs
+// on storing it, and commits once the disk is back: the second (for the
+// leader itself) was checked against the state before the first and
+// written too, which left the cluster with no active member (seen with
+// five members stopped together: the first to join again served every
+// partition afresh). It now waits for the log first, and answers
+// "unavailable" having written nothing.
+func TestMarkDownsPendingTogetherLeaveOneActive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			armed  atomic.Bool
+			c      *Cluster
+			leader *Member
+			others []*Member
+			resume = make(chan func(), 1)
+		)
+		c = New(t, 3, Options{DeadAfter: time.Hour, OnStore: func(member string, logs []*raft.Log) {
+			if armed.Load() && member == others[1].ID && slices.ContainsFunc(logs, func(l *raft.Log) bool { return l.Type == raft.LogCommand }) &&
+				armed.CompareAndSwap(true, false) {
+				resume <- c.StallDisk(member) // the write of this command hangs
+			}
+		}})
+		leader = c.Leader()
+		for _, m := range c.Members() {
+			if m.ID != leader.ID {
+				others = append(others, m)
+			}
+		}
+		c.Stop(others[0].ID, 10*time.Second)
+		armed.Store(true)
+		// Both stop (so neither registers again once marked down).
+		for _, m := range []*Member{others[1], leader} {
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			err := m.Node().MarkDown(ctx)
+			cancel()
+			if !errors.Is(err, api.ErrUnavailable) {
+				t.Fatalf("marking %s down on a leader whose disk hangs: %v, want unavailable", m.ID, err)
+			}
+		}
+		(<-resume)()
+		c.WaitFor(others[1].ID+" marked down", 10*time.Second, func() bool {
+			m, _ := leader.Node().State().Member(others[1].ID)
+			return m.State == fsm.Down
+		})
+		time.Sleep(time.Second) // anything else written commits meanwhile (virtual time)
+		if active := leader.Node().State().Active(); len(active) != 1 {
+			t.Fatalf("active members after both writes: %v, want the leader alone", active)
+		}
 	})
 }
