@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,6 +72,7 @@ type proc struct {
 	log           *logbuf.Buffer
 	done          chan struct{}
 	exitErr       error
+	quitAt        int // length of log when await sent SIGQUIT; 0 if it did not
 }
 
 func startServe(t *testing.T, id, dir string, extra ...string) *proc {
@@ -111,10 +113,20 @@ func launchServe(t *testing.T, id, dir string, extra ...string) *proc {
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
-			t.Logf("log of %s:\n%s", id, lastLines(p.log.String(), 40))
+			t.Logf("log of %s:\n%s", id, lastLines(p.logText(), 40))
 		}
 	})
 	return p
+}
+
+// logText is the process's log up to the goroutine dump, if await took
+// one (the failure that asked for it shows the dump).
+func (p *proc) logText() string {
+	s := p.log.String()
+	if p.quitAt > 0 {
+		s = s[:p.quitAt]
+	}
+	return s
 }
 
 func lastLines(s string, n int) string {
@@ -125,7 +137,7 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// stop sends SIGTERM and waits for a clean exit.
+// stop sends SIGINT and waits for the process to exit.
 func (p *proc) stop(t *testing.T) {
 	select {
 	case <-p.done:
@@ -133,13 +145,31 @@ func (p *proc) stop(t *testing.T) {
 	default:
 	}
 	_ = p.cmd.Process.Signal(os.Interrupt)
+	if dump, ok := p.await(20 * time.Second); !ok {
+		t.Errorf("%s did not stop within 20s of SIGINT; its goroutines then:\n%s", p.id, dump)
+	}
+}
+
+// await waits up to d for the process to exit and reports whether it
+// did. If it did not, await sends it SIGQUIT, on which the Go runtime
+// writes every goroutine's stack to stderr and exits, and returns what
+// the process wrote from then on: that dump (the process is killed if
+// it is still running 10s later).
+func (p *proc) await(d time.Duration) (dump string, exited bool) {
 	select {
 	case <-p.done:
-	case <-time.After(20 * time.Second):
+		return "", true
+	case <-time.After(d):
+	}
+	p.quitAt = len(p.log.String())
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		t.Errorf("%s did not stop within 20s of SIGINT", p.id)
 	}
+	return p.log.String()[p.quitAt:], false
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -465,10 +495,8 @@ func TestServeThreeProcesses(t *testing.T) {
 		}
 		return err == nil
 	})
-	select {
-	case <-n3.done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("n3 still running 20s after leave")
+	if dump, ok := n3.await(20 * time.Second); !ok {
+		t.Fatalf("n3 still running 20s after leave; its goroutines then:\n%s", dump)
 	}
 	waitFor(t, "n3 gone from the cluster", func() bool {
 		var c api.Cluster
@@ -486,10 +514,8 @@ func TestServeDuplicateIDExits(t *testing.T) {
 	n1 := startServe(t, "n1", t.TempDir())
 	n2 := startServe(t, "n2", t.TempDir(), "--join", n1.http)
 	dup := launchServe(t, "n2", t.TempDir(), "--join", n1.http)
-	select {
-	case <-dup.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the duplicate is still running after 30s")
+	if dump, ok := dup.await(30 * time.Second); !ok {
+		t.Fatalf("the duplicate is still running after 30s; its goroutines then:\n%s", dump)
 	}
 	var ee *exec.ExitError
 	if !errors.As(dup.exitErr, &ee) || ee.ExitCode() != 1 {
@@ -497,6 +523,9 @@ func TestServeDuplicateIDExits(t *testing.T) {
 	}
 	if !strings.Contains(dup.log.String(), "held by another live process") {
 		t.Fatalf("duplicate's log does not say why:\n%s", lastLines(dup.log.String(), 10))
+	}
+	if strings.Contains(dup.log.String(), errShutdownHung.Error()) {
+		t.Fatalf("the duplicate's stop hung; it exited on serve's bound:\n%s", lastLines(dup.log.String(), 10))
 	}
 	var c api.Cluster
 	if get(n1.http, "/v1/cluster", &c) != 200 {

@@ -69,7 +69,7 @@ func TestServeLogsAreSlogJSONWithoutErrors(t *testing.T) {
 	t.Cleanup(func() {
 		rt.stop(t)
 		if t.Failed() {
-			t.Logf("log of the router:\n%s", lastLines(rt.log.String(), 40))
+			t.Logf("log of the router:\n%s", lastLines(rt.logText(), 40))
 		}
 	})
 	waitFor(t, "router ready", func() bool { return get(rt.http, "/readyz", nil) == 200 })

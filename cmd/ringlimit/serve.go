@@ -139,7 +139,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		log.Error(fmt.Sprintf("member id %q is held by another live process; exiting without touching it: %v", *id, err))
 		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Abort(actx)
+		if err := within(5*time.Second+shutdownGrace, func() error { return srv.Abort(actx) }); err != nil {
+			log.Error("stopping", "err", err)
+		}
 		return 1
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
@@ -153,10 +155,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 // shutdownGrace is how long serve waits for a member's shutdown past
-// --drain-timeout before it exits all the same: hashicorp/raft's
-// Shutdown waits for its log store, and a disk that never answers would
-// hold the process forever. Raft's stores are transactional, so exiting
-// then loses nothing a crash would not.
+// --drain-timeout (an abort past its own 5s) before it exits all the
+// same: hashicorp/raft's Shutdown waits for its log store, and a disk
+// that never answers would hold the process forever. Raft's stores are
+// transactional, so exiting then loses nothing a crash would not.
 const shutdownGrace = 10 * time.Second
 
 // errShutdownHung is within's error when f has not returned in time.

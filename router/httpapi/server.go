@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,10 @@ type Server struct {
 	stopping context.Context // the other requests' context: ends as Shutdown begins
 	stop     context.CancelFunc
 	shutdown atomic.Bool
+	// mu orders Serve's taking a listener with Shutdown: fasthttp's
+	// Shutdown closes only the listeners its Serve has taken already.
+	mu        sync.Mutex
+	listeners []net.Listener // guarded by mu: Serve's, closed by Shutdown
 }
 
 // Timeouts and sizes of a Server (see Server).
@@ -127,9 +132,17 @@ func (discard) Printf(string, ...any) {}
 // Serve serves connections from l until Shutdown, and then returns
 // http.ErrServerClosed (as http.Server.Serve does).
 func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.shutdown.Load() {
+		s.mu.Unlock()
+		_ = l.Close()
+		return http.ErrServerClosed
+	}
+	s.listeners = append(s.listeners, l)
 	if s.ErrorLog != nil {
 		s.fs.Logger = s.ErrorLog
 	}
+	s.mu.Unlock()
 	err := s.fs.Serve(lingerListener{l})
 	if s.shutdown.Load() {
 		return http.ErrServerClosed
@@ -141,10 +154,21 @@ func (s *Server) Serve(l net.Listener) error {
 // finish, closes the connections and returns; ctx bounds the wait (its
 // error is returned when it ends first). Checks still running then see
 // their context canceled.
+//
+// A Serve called after Shutdown returns http.ErrServerClosed, and one
+// called just before, whose fasthttp Serve has not taken its listener
+// yet (fasthttp's Shutdown would not see it), ends as well: Shutdown
+// closes the listeners Serve was given.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
 	s.shutdown.Store(true)
+	listeners := s.listeners
+	s.mu.Unlock()
 	s.stop()
 	err := s.fs.ShutdownWithContext(ctx)
+	for _, l := range listeners {
+		_ = l.Close() // after fasthttp's own Close, which reports a second one as an error
+	}
 	s.cancel()
 	return err
 }

@@ -301,6 +301,37 @@ func TestServerCheckPanicIs500(t *testing.T) {
 	}
 }
 
+// Serve called after Shutdown (a member stopped right after it started:
+// its serving goroutine had not run yet) returns http.ErrServerClosed at
+// once and closes its listener, as net/http's does. It used to accept for
+// ever: fasthttp's Shutdown closes only the listeners its Serve has
+// taken, and the member's stop waited for that Serve.
+func TestServeAfterShutdownReturns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(http.NotFoundHandler())
+	if err := s.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	select {
+	case err := <-served:
+		if !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve after Shutdown = %v, want http.ErrServerClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = ln.Close()
+		t.Fatal("Serve after Shutdown still serving after 10s")
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Error("the listener still accepts after Serve returned")
+	}
+}
+
 // Shutdown lets a check in progress finish and answer before Serve
 // returns.
 func TestServerShutdownFinishesChecksInProgress(t *testing.T) {
