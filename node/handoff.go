@@ -912,10 +912,18 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	switch {
 	case err != nil:
 		err = fmt.Errorf("node: marking down: %w", err)
+		// Still listed active: hand-offs to it may be on their way (the
+		// members stopping with it, when the cluster has lost its
+		// leader). Take those before saving; an awaited partition whose
+		// sender is gone is served from its backup copy after
+		// handoffWait.
+		if werr := n.awaitAlone(ctx, false); werr != nil {
+			err = errors.Join(err, fmt.Errorf("node: taking the hand-offs on their way: %w", werr))
+		}
 	case last:
 		// The members stopping with it hand their partitions to it: keep
 		// them too (a whole cluster stopped together).
-		if werr := n.awaitAlone(ctx); werr != nil {
+		if werr := n.awaitAlone(ctx, true); werr != nil {
 			err = fmt.Errorf("node: the last active member taking the others' partitions: %w", werr)
 		}
 	default:
@@ -964,9 +972,10 @@ func (n *Node) waitHandoffsStopping(ctx context.Context) error {
 	}
 }
 
-// awaitAlone waits, until ctx ends, for this member's ring to list no
-// other member and for every partition it gained to have its state.
-func (n *Node) awaitAlone(ctx context.Context) error {
+// awaitAlone waits, until ctx ends, for every partition this member
+// gained to have its state and, when alone is set, for its ring to list
+// no other member.
+func (n *Node) awaitAlone(ctx context.Context, alone bool) error {
 	for {
 		o := n.owner.Load()
 		if o == nil {
@@ -974,7 +983,7 @@ func (n *Node) awaitAlone(ctx context.Context) error {
 		}
 		servable, changed := o.servable(), n.cell.Changed()
 		v := n.cell.Load()
-		if o.Awaiting() == 0 && (v != nil && len(v.Ring.Members()) == 1 || n.leaderless()) {
+		if o.Awaiting() == 0 && (!alone || v != nil && len(v.Ring.Members()) == 1 || n.leaderless()) {
 			// Alone, or nothing more can come: the ring lists members
 			// that could not be marked down before the cluster lost its
 			// leader (several stopped together), and will not change.

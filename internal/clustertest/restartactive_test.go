@@ -88,3 +88,57 @@ func TestMarkDownsPendingTogetherLeaveOneActive(t *testing.T) {
 		}
 	})
 }
+
+// A member whose mark-down fails (it cannot reach the leader) while a
+// hand-off to it is on its way takes the hand-off before it saves its
+// state. It saved at once, and refused the hand-off from then on
+// (sealed), so its sender, stopping too, waited out its whole drain.
+func TestStopWithFailedMarkDownTakesHandoffsOnTheirWay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DataDirs: true, DeadAfter: time.Hour})
+		leader := c.Leader().ID
+		var from, to string
+		for _, m := range c.Members() {
+			switch {
+			case m.ID == leader:
+			case from == "":
+				from = m.ID
+			default:
+				to = m.ID
+			}
+		}
+		c.PutRules(leader, tightRule)
+		for i := range 8 { // some of them go to `to` when `from` leaves
+			if r := c.Check(leader, tightRule.Name, c.KeyOwnedBy(from, i), tightRule.Limit); !r.Allowed {
+				t.Fatalf("spending: %+v", r)
+			}
+		}
+		c.SetLink(from, to, true, 0) // from's hand-offs to `to` hang
+		took := make(chan time.Duration, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			if err := c.Member(from).Node().StopGracefully(ctx); err != nil {
+				t.Errorf("stopping %s: %v", from, err)
+			}
+			took <- time.Since(start)
+			c.Crash(from)
+		}()
+		c.WaitFor(to+" awaiting "+from+"'s hand-offs", 10*time.Second, func() bool {
+			return c.Member(to).Node().Owner().Awaiting() > 0
+		})
+		c.CutHTTP(to, leader) // its mark-down fails after its 2s bound
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			c.Stop(to, 10*time.Second)
+		}()
+		time.Sleep(2500 * time.Millisecond)
+		c.SetLink(from, to, false, 0)
+		if d := <-took; d > 5*time.Second {
+			t.Errorf("%s stopped in %v: its hand-offs to %s, which had saved its state, waited out its drain", from, d, to)
+		}
+		<-stopped
+	})
+}
