@@ -441,6 +441,25 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	})
 }
 
+// dropLoadedLater drops the loaded copies of parts that handOffLoaded
+// kept, once handoffWait has passed: by then their hand-offs have landed,
+// or been kept by their owners' backup copies' promotion.
+func (h *handoffs) dropLoadedLater(parts []uint32) {
+	n := h.n
+	n.goLoop(func() {
+		t := time.NewTimer(n.handoffWait())
+		defer t.Stop()
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if o := n.owner.Load(); o != nil {
+			o.dropLoadedAway(parts)
+		}
+	})
+}
+
 // WaitHandoffs waits until this member has handed off every partition it
 // gave up, or ctx ends.
 func (n *Node) WaitHandoffs(ctx context.Context) error { return n.h.wait(ctx) }

@@ -498,6 +498,9 @@ func (n *Node) refresh() {
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := o.Apply(next, moves)
 		out = append(out, o.handOffLoaded(next)...)
+		if away := o.takeLoadedAway(); len(away) > 0 {
+			n.h.dropLoadedLater(away)
+		}
 		n.h.send(next.Epoch(), out)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)

@@ -54,6 +54,9 @@ type Owner struct {
 	whole  []atomic.Bool   // the next backup push sends the whole partition (see markWhole)
 	based  []atomic.Bool   // backup copies: a whole copy arrived, so deltas may follow
 	loaded []uint32        // partitions of the bucket file read at start-up, until handOffLoaded
+	// loadedAway: loaded copies handed to other owners, kept until
+	// takeLoadedAway (both only on the goroutine that applies views)
+	loadedAway []uint32
 	// awaitFrom is, per partition in partAwaiting, the epoch of the ring
 	// under which it began awaiting (see ExpireAwaitingSince); guarded by
 	// its moving lock.

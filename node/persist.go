@@ -210,7 +210,12 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 // their owners, which take them as any hand-off (awaited, or merged into
 // what they serve) instead of serving them afresh. The copies this member
 // owns it keeps (promoted, or merged with the hand-off it awaits:
-// takeHandoff); those it neither owns nor backs up under v it drops.
+// takeHandoff). Those it neither owns nor backs up under v it keeps too,
+// for a while (dropLoadedAway): the ring may give the partition to this
+// member before its hand-off has landed (members rejoining one after
+// another), and it is then merged into what the previous owner hands
+// over, rather than arriving later, chasing the partition from owner to
+// owner, while they serve it without it (a spent key admitted again).
 func (o *Owner) handOffLoaded(v *view.View) []Outgoing {
 	if len(v.Ring.Members()) == 0 {
 		return nil // kept for a ring with an owner in it
@@ -226,9 +231,35 @@ func (o *Owner) handOffLoaded(v *view.View) []Outgoing {
 		}
 		data := o.backup.Export(nil, p, now)
 		if b, ok := v.Ring.Backup(p); !ok || b.ID != o.self {
-			o.dropBackup(p)
+			o.loadedAway = append(o.loadedAway, p)
 		}
 		out = append(out, Outgoing{To: owner, Part: transport.PushPart{Partition: p, Data: data}, At: now, src: o.backup})
 	}
 	return out
+}
+
+// takeLoadedAway returns, once, the partitions whose loaded copies
+// handOffLoaded handed to other owners and kept.
+func (o *Owner) takeLoadedAway() []uint32 {
+	parts := o.loadedAway
+	o.loadedAway = nil
+	return parts
+}
+
+// dropLoadedAway drops the kept loaded copies (handOffLoaded) of those
+// of parts that this member neither owns nor backs up under its view now.
+func (o *Owner) dropLoadedAway(parts []uint32) {
+	v := o.cell.Load()
+	if v == nil {
+		return
+	}
+	for _, p := range parts {
+		g := &o.moving[p]
+		g.Lock()
+		owner, _ := v.Ring.Owner(p)
+		if b, ok := v.Ring.Backup(p); owner.ID != o.self && (!ok || b.ID != o.self) {
+			o.dropBackup(p)
+		}
+		g.Unlock()
+	}
 }

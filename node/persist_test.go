@@ -182,6 +182,74 @@ func TestLoadedBucketsWaitForARingWithMembers(t *testing.T) {
 	}
 }
 
+// A loaded copy handed to another owner is kept for a while: when the
+// ring gives the partition to this member before the hand-off has
+// landed (the owner served it afresh, and now hands that on), it is
+// merged into what comes, so the key stays spent; once this member
+// neither owns nor backs up the partition, dropLoadedAway drops it.
+func TestLoadedBucketsHandedOnAreKeptUntilDropped(t *testing.T) {
+	dir := t.TempDir()
+	a, v1 := testOwner(t, 1, "a")
+	v2 := testView(t, 2, "a", "b", "c")
+	var h uint64
+	var p uint32
+	for h = 1; ; h++ { // a key of a partition b owns and c backs up under v2
+		p = v2.Ring.Partition(h)
+		o, _ := v2.Ring.Owner(p)
+		b, _ := v2.Ring.Backup(p)
+		if o.ID == "b" && b.ID == "c" {
+			break
+		}
+	}
+	c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}
+	if r := handle(a, v1.Epoch(), c).Results[0]; !r.Allowed {
+		t.Fatalf("spend: %+v", r)
+	}
+	if _, err := a.saveBuckets(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	dir2 := t.TempDir() // a second copy of the file, for the drop below
+	if b, err := os.ReadFile(filepath.Join(dir, bucketFile)); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(filepath.Join(dir2, bucketFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a2 := newOwner(t, "a")
+	if _, err := a2.loadBuckets(dir); err != nil {
+		t.Fatal(err)
+	}
+	a2.Apply(v2, PlanMoves(nil, v2.Ring, "a", allAlive, true, false))
+	if out := a2.handOffLoaded(v2); len(out) != 1 || out[0].To.ID != "b" {
+		t.Fatalf("hand-offs of the loaded buckets: %+v, want partition %d to b", out, p)
+	}
+	kept := a2.takeLoadedAway()
+	if len(kept) != 1 || a2.BackupTable().PartitionLen(p) != 1 {
+		t.Fatalf("kept %v, backup copy of %d holds %d states; want the copy kept", kept, p, a2.BackupTable().PartitionLen(p))
+	}
+	// b and c stop before the hand-off lands: a gains p, and b hands on
+	// what it served, from nothing.
+	v3 := testView(t, 3, "a")
+	a2.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "a", allAlive, false, false))
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "b", Parts: []transport.PushPart{{Partition: p, Data: newOwner(t, "b").table.Export(nil, p, a2.now())}}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	a2.HandlePush(t.Context(), push, &ack)
+	if r := handle(a2, 3, c).Results[0]; ack.Status[0] != transport.PushOK || r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("at a after b's empty hand-off (%v): %+v, want denied (spent before the stop)", ack.Status[0], r)
+	}
+
+	// Dropped once a neither owns nor backs it up (here: at once, under v2).
+	a3 := newOwner(t, "a")
+	if _, err := a3.loadBuckets(dir2); err != nil {
+		t.Fatal(err)
+	}
+	a3.Apply(v2, PlanMoves(nil, v2.Ring, "a", allAlive, true, false))
+	a3.handOffLoaded(v2)
+	a3.dropLoadedAway(a3.takeLoadedAway())
+	if k := a3.BackupTable().PartitionLen(p); k != 0 {
+		t.Fatalf("after dropLoadedAway under a ring where b owns and c backs up %d: %d states kept", p, k)
+	}
+}
+
 // A member that has saved its state for the next start refuses the
 // hand-offs that come after (a ring it learnt of after the save gave it
 // partitions): taken, they would be lost with the process; refused,
