@@ -424,19 +424,9 @@ func (n *Node) handoffWait() time.Duration {
 // handoffWait has passed; one that began awaiting afresh under a newer
 // ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
-	n := h.n
-	n.goLoop(func() {
-		t := time.NewTimer(n.handoffWait())
-		defer t.Stop()
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if o := n.owner.Load(); o != nil {
-			if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
-				n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k)
-			}
+	h.afterHandoffWait(func(o *Owner) {
+		if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
+			h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k)
 		}
 	})
 }
@@ -445,6 +435,12 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 // kept, once handoffWait has passed: by then their hand-offs have landed,
 // or been kept by their owners' backup copies' promotion.
 func (h *handoffs) dropLoadedLater(parts []uint32) {
+	h.afterHandoffWait(func(o *Owner) { o.dropLoadedAway(parts) })
+}
+
+// afterHandoffWait calls f with the owner once handoffWait has passed,
+// unless the member closes first.
+func (h *handoffs) afterHandoffWait(f func(o *Owner)) {
 	n := h.n
 	n.goLoop(func() {
 		t := time.NewTimer(n.handoffWait())
@@ -455,7 +451,7 @@ func (h *handoffs) dropLoadedLater(parts []uint32) {
 		case <-t.C:
 		}
 		if o := n.owner.Load(); o != nil {
-			o.dropLoadedAway(parts)
+			f(o)
 		}
 	})
 }
