@@ -175,6 +175,21 @@ func New(t testing.TB, n int, opts Options) *Cluster {
 	return c
 }
 
+// NewTogether starts n members n1…nN at once, as README's cluster on one
+// machine is started (`&`): the first bootstraps, the others ask it to
+// join while it is still electing itself and registering (their joins
+// are retried until it answers). It waits until every member is ready in
+// one ring. It must be called inside a synctest bubble.
+func NewTogether(t testing.TB, n int, opts Options) *Cluster {
+	t.Helper()
+	c := newCluster(t, opts)
+	for i := range n {
+		c.add(fmt.Sprintf("n%d", i+1), i > 0)
+	}
+	c.WaitSettled(n)
+	return c
+}
+
 // newCluster is a cluster of no members yet, stopped at cleanup.
 func newCluster(t testing.TB, opts Options) *Cluster {
 	if opts.Partitions == 0 {
