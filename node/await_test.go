@@ -88,6 +88,29 @@ func TestRaftUnavailableWrapsOnce(t *testing.T) {
 	})
 }
 
+// A write Raft refuses because it cannot take writes now (not the
+// leader, leadership lost or being handed over, shutting down) answers
+// unavailable, which callers retry and the HTTP API answers 503; it
+// answered "raft apply: leadership transfer in progress", a 500 logged as
+// an ERROR, to members marking themselves down while a stopping leader
+// handed its leadership over (five members stopped together).
+func TestOutcomeOfAWriteRaftCannotTakeIsUnavailable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}, raft: &raftParts{}}
+		for _, err := range []error{raft.ErrNotLeader, raft.ErrLeadershipLost, raft.ErrEnqueueTimeout, raft.ErrRaftShutdown, raft.ErrLeadershipTransferInProgress} {
+			if got := n.outcome(n.ctx, refusedApply{answeredFuture{err}}); !errors.Is(got, api.ErrUnavailable) || !errors.Is(got, err) {
+				t.Errorf("outcome of a write refused with %q = %v, want it wrapped in api.ErrUnavailable", err, got)
+			}
+		}
+	})
+}
+
+// refusedApply is an ApplyFuture Raft has answered with an error.
+type refusedApply struct{ answeredFuture }
+
+func (refusedApply) Index() uint64         { return 0 }
+func (refusedApply) Response() interface{} { return nil }
+
 // raftParts.close lets Raft answer the futures await gave up on before
 // it shuts Raft down (Raft drops some when it does, and their waiters
 // then wait forever), for at most its bound: answers.wait returns as soon

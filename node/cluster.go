@@ -140,7 +140,8 @@ func (n *Node) outcome(ctx context.Context, f raft.ApplyFuture) error {
 		return err
 	}
 	if err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) || errors.Is(err, raft.ErrRaftShutdown) {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrEnqueueTimeout) ||
+			errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 		}
 		return fmt.Errorf("node: raft apply: %w", err)
