@@ -251,7 +251,15 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 	if markDown {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 		if err := s.Node.StopGracefully(dctx); err != nil {
-			s.log.Warn("graceful stop incomplete; the keys concerned are served from backup copies", "err", err)
+			// The partitions this member could not hand off are in its
+			// bucket file (StopGracefully), if it has a data dir; the
+			// cluster, which may still list it active, serves them from
+			// their backups once it is marked dead.
+			where := "kept in its data dir (buckets.rlsnap) for its next start, and served from backup copies"
+			if s.cfg.DataDir == "" {
+				where = "served from backup copies"
+			}
+			s.log.Warn("graceful stop incomplete: the partitions not handed off are "+where+" if the cluster marks this member dead before it returns", "err", err)
 		}
 		cancel()
 	}
