@@ -52,7 +52,11 @@ type Server struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// life orders Serve's start of the config poll with Shutdown's wait
+	// for it: a Serve that starts late (after Shutdown) starts none.
+	life    sync.Mutex
+	stopped bool // guarded by life
+	wg      sync.WaitGroup
 }
 
 // New loads the config (a config that does not load is an error here:
@@ -87,11 +91,13 @@ func (s *Server) Service() *Service { return s.svc }
 
 // Serve polls the config and serves gRPC on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	if s.opts.ConfigPath != "" && s.opts.Interval > 0 {
+	s.life.Lock()
+	if !s.stopped && s.opts.ConfigPath != "" && s.opts.Interval > 0 {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.watch(s.ctx) }()
 	}
-	err := s.gs.Serve(ln)
+	s.life.Unlock()
+	err := s.gs.Serve(ln) // after Shutdown: ErrServerStopped at once
 	if err == grpc.ErrServerStopped {
 		err = nil
 	}
@@ -101,6 +107,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // Shutdown stops the config poll, lets the calls in flight finish
 // (bounded by ctx) and stops the gRPC server.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.life.Lock()
+	s.stopped = true
+	s.life.Unlock()
 	s.cancel()
 	done := make(chan struct{})
 	go func() { s.gs.GracefulStop(); close(done) }()
