@@ -20,11 +20,7 @@ import (
 // in 20 runs here) and were lost. The member now keeps them in its
 // bucket file once the last member has not answered for a second.
 func TestWholeClusterStopsTogetherWithinMoments(t *testing.T) {
-	eachRun(t, 40, func(t *testing.T) {
-		c := New(t, 3, Options{DataDirs: true})
-		spendTogether(t, c, 30)
-		stoppedWithin(t, c, 3*time.Second)
-	})
+	stoppedTogetherWithin(t, 40, 3, 30, 3*time.Second)
 }
 
 // A whole cluster stopped together and started again together keeps
@@ -50,10 +46,17 @@ func TestWholeClusterRestartedTogetherKeepsBudgets(t *testing.T) {
 // the drain ended (10s; 3 in 60 runs). A stopping member now takes the
 // ring for final once it has seen no leader for a second.
 func TestFiveMembersStoppedTogetherStopWithinSeconds(t *testing.T) {
-	eachRun(t, 15, func(t *testing.T) {
-		c := New(t, 5, Options{DataDirs: true})
-		spendTogether(t, c, 40)
-		stoppedWithin(t, c, 5*time.Second)
+	stoppedTogetherWithin(t, 15, 5, 40, 5*time.Second)
+}
+
+// stoppedTogetherWithin runs, runs times, a cluster of members whose keys
+// k0…k(keys-1) are spent, then stopped together, and checks that each
+// member's stop took at most d.
+func stoppedTogetherWithin(t *testing.T, runs, members, keys int, d time.Duration) {
+	eachRun(t, runs, func(t *testing.T) {
+		c := New(t, members, Options{DataDirs: true})
+		spendTogether(t, c, keys)
+		stoppedWithin(t, c, d)
 	})
 }
 
