@@ -20,13 +20,22 @@ func TestBucketFile(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) { checkBucketFile(t, dir) })
 }
 
-func checkBucketFile(t *testing.T, dir string) {
+// spentOwner is testOwner "a" alone at epoch 1, with the budget of one
+// key spent by check c (cost 2 of the limit 2).
+func spentOwner(t *testing.T) (*Owner, transport.Check) {
+	t.Helper()
 	a, v := testOwner(t, 1, "a")
 	h, p := partOf(v, "a")
 	c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}
 	if r := handle(a, 1, c).Results[0]; !r.Allowed {
 		t.Fatalf("spend: %+v", r)
 	}
+	return a, c
+}
+
+func checkBucketFile(t *testing.T, dir string) {
+	a, c := spentOwner(t)
+	h, p := c.KeyHash, c.Partition
 	n, err := a.saveBuckets(dir, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("saved %d partitions (err %v), want 1", n, err)
@@ -72,7 +81,7 @@ func checkBucketFile(t *testing.T, dir string) {
 
 	// Two partitions, the second one's stream damaged (its framing
 	// intact): the first, already taken, is dropped again.
-	f, _ := testOwner(t, 1, "a")
+	f, v := testOwner(t, 1, "a")
 	handle(f, 1, c)
 	for h2 := h + 1; ; h2++ {
 		if p2 := v.Ring.Partition(h2); p2 != p {
@@ -157,11 +166,8 @@ func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
 // and leaving the first member to join to serve them afresh.
 func TestLoadedBucketsWaitForARingWithMembers(t *testing.T) {
 	dir := t.TempDir()
-	a, v1 := testOwner(t, 1, "a")
-	h, p := partOf(v1, "a")
-	if r := handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}).Results[0]; !r.Allowed {
-		t.Fatalf("spend: %+v", r)
-	}
+	a, c := spentOwner(t)
+	p := c.Partition
 	if _, err := a.saveBuckets(dir, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -282,11 +288,8 @@ func TestSavedOwnerRefusesLaterHandoffs(t *testing.T) {
 // serves, as they were exported, and read back as backup copies.
 func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {
 	dir := t.TempDir()
-	a, v := testOwner(t, 1, "a")
-	h, p := partOf(v, "a")
-	if r := handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}).Results[0]; !r.Allowed {
-		t.Fatalf("spend: %+v", r)
-	}
+	a, c := spentOwner(t)
+	p := c.Partition
 	now := a.now()
 	og := Outgoing{Part: transport.PushPart{Partition: p, Data: a.table.Export(nil, p, now)}, At: now, src: a.table}
 	lost := Outgoing{Part: transport.PushPart{Partition: p + 1, Lost: true}}

@@ -3,7 +3,6 @@ package chaos
 import (
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,7 +135,7 @@ func errorLines(t *testing.T, ms []*member) []string {
 			}
 		}
 	}
-	return slices.Clip(out)
+	return out
 }
 
 func fmtDurations(ds []time.Duration) string {
