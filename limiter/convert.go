@@ -44,19 +44,23 @@ func ConvertTAT(s TAT, from, to *Rule, at int64) TAT {
 	ti, tf := to.interval(), from.interval()
 	tau := to.Capacity() * ti // ≤ MaxTolerance
 	// The debt in units of cost is ahead/tf; in to's nanoseconds it is
-	// ahead × ti / tf, rounded up (the carried state never admits more).
-	q := min(divUp128(mul128(ahead, ti), tf), uint64(tau))
+	// ahead × ti / tf, rounded up (the carried state never admits more),
+	// saturated.
+	q := divUp128(mul128(ahead, ti), tf)
 	var out int64
 	if to.Algorithm == LeakyBucket {
-		out = int64(q) // the queue, capped at the new burst
+		out = int64(min(q, uint64(tau))) // the queue, capped at the new burst
 	} else {
 		// tokens' = min(capFrom − debt, capTo): debt' = capTo − tokens'
-		// = max(debt + capTo − capFrom, 0).
+		// = max(debt + capTo − capFrom, 0), at most capTo. The debt is
+		// capped after the capacities' difference is taken off: capped
+		// before, a debt larger than the new capacity came out smaller
+		// than it is, and a spent bucket refilled as its rule tightened.
 		cf, ct := from.Capacity(), to.Capacity()
 		if ct >= cf {
-			out = min(int64(q)+(ct-cf)*ti, tau)
+			out = min(int64(min(q, uint64(tau)))+(ct-cf)*ti, tau)
 		} else if d := mul128(cf-ct, ti); d.hi == 0 && d.lo < q {
-			out = int64(q - d.lo)
+			out = int64(min(q-d.lo, uint64(tau)))
 		}
 	}
 	if out <= 0 {

@@ -571,3 +571,46 @@ func TestRuleChangeSweep(t *testing.T) {
 		})
 	}
 }
+
+// A token bucket's tokens at a change of capacity are kept, capped at the
+// new capacity, whatever the debt: with the capacity lowered below what
+// had been spent, a spent bucket stays spent. Was: the debt was capped at
+// the new capacity before the difference of capacities was taken off, so
+// burst 200 → 100 after spending 200 left the bucket full.
+func TestRuleChangeLowerCapacityKeepsTokens(t *testing.T) {
+	for _, a := range []Algorithm{TokenBucket, GCRA} {
+		for _, tt := range []struct {
+			spent, burst, want int64 // of burst 200, then burst, remaining after
+		}{
+			{200, 100, 0}, // all spent: debt 200 ≥ the new capacity
+			{200, 150, 0},
+			{120, 100, 80}, // 80 left: kept
+			{150, 100, 50},
+			{50, 100, 100}, // 150 left: capped at 100
+			{0, 100, 100},
+		} {
+			from := Rule{Name: "x", Algorithm: a, Limit: 100, Period: time.Hour, Burst: 200, Version: 1}
+			to := from
+			to.Burst, to.Version = tt.burst, 2
+			tb := mustTable(t, 1)
+			if err := tb.SetRules(1, []Rule{from}, ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			if tt.spent > 0 {
+				if d, err := tb.Check(0, 42, &from, ruleT0, tt.spent); err != nil || !d.Allowed {
+					t.Fatalf("spending %d: %+v, %v", tt.spent, d, err)
+				}
+			}
+			if err := tb.SetRules(2, []Rule{to}, ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			d, err := tb.Check(0, 42, &to, ruleT0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Remaining != tt.want {
+				t.Errorf("%v: %d of burst 200 spent, burst lowered to %d: remaining %d, want %d", a, tt.spent, tt.burst, d.Remaining, tt.want)
+			}
+		}
+	}
+}
