@@ -90,14 +90,15 @@ func stepTAT(s TAT, r *Rule, now, cost int64, d *Decision) TAT {
 // current (sliding). DeadAt is the instant the state stops mattering —
 // the end of the current window for fixed_window, the end of the window
 // after it for sliding_window (when the current count stops weighing as
-// "previous") — plus Last, the offset in [0, Period) of the latest
-// admission from the start of the window that holds it (the current
-// window, or the previous one while the current count is 0). Windows are
-// aligned to multiples of Period, so the rule's Period splits DeadAt
-// back into the two (see split); Last is what lets a rule change place
-// the admissions in the windows of a new period (ConvertWindow). Read
-// without a rule, DeadAt is at most Last too late, so Dead never drops a
-// state early. The zero value, and any state whose Counts is 0, is a
+// "previous") — plus an offset in [Period/4, 3·Period/4] that holds
+// Last, the offset in [0, Period) of the latest admission from the start
+// of the window that holds it (the current window, or the previous one
+// while the current count is 0); see packDeadAt. Windows are aligned to
+// multiples of Period, so the rule's Period splits DeadAt back into the
+// two (see split); Last is what lets a rule change place the admissions
+// in the windows of a new period (ConvertWindow). Read without a rule,
+// DeadAt is at most 3·Period/4 too late, so Dead never drops a state
+// early. The zero value, and any state whose Counts is 0, is a
 // fresh key.
 type Window struct {
 	DeadAt int64
@@ -108,11 +109,27 @@ type Window struct {
 func (s Window) Dead(now int64) bool { return s.DeadAt <= now }
 
 // split returns the end DeadAt stands for (the window end for fixed,
-// the end of the next window for sliding) and Last, for period p.
+// the end of the next window for sliding) and Last, for period p (see
+// packDeadAt). A state packed by an older version, as end + Last, reads
+// as its end and a Last clamped into [0, p).
 func (s Window) split(p int64) (end, last int64) {
 	end = alignDown(s.DeadAt, p)
-	return end, s.DeadAt - end
+	return end, min(max(2*(s.DeadAt-end-p/4), 0), p-1)
 }
+
+// packDeadAt is the DeadAt of a state whose window ends at end (a
+// multiple of p) with its latest admission at last ∈ [0, p) from the
+// window's start: end + p/4 + ⌈last/2⌉, an offset in [p/4, 3p/4]. A
+// state crosses machines as times relative to its exporter's clock, and
+// the importer adds its own: the two clocks' difference and the time the
+// stream took shift DeadAt. Kept a quarter period clear of the window's
+// edges, a shift smaller than that still splits into the same window
+// (Last moves by twice the shift). Packed as end + last, as it was, an
+// admission made just after a window turned was read as one of the
+// window before, already over, by an importer 1 ns behind, and one made
+// just before it turned as one of the next window by an importer 1 ns
+// ahead: counts lost, or a whole window of denials.
+func packDeadAt(end, last, p int64) int64 { return end + p/4 + (last+1)/2 }
 
 // StepWindow decides a check for fixed_window and sliding_window.
 func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
@@ -139,7 +156,7 @@ func StepWindow(s Window, r *Rule, now, cost int64) (Window, Decision) {
 		return Window{}, d // a query on a fresh window stores nothing
 	}
 	d.ResetAfter = time.Duration(end - now)
-	return Window{DeadAt: end + last, Counts: uint64(count)}, d
+	return Window{DeadAt: packDeadAt(end, last, p), Counts: uint64(count)}, d
 }
 
 // stepSliding: estimate = prev × (P − elapsed)/P + cur; admit when
@@ -194,7 +211,7 @@ func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 	if prev == 0 && cur == 0 {
 		return Window{}, d
 	}
-	return Window{DeadAt: start + 2*p + last, Counts: uint64(prev)<<32 | uint64(cur)}, d
+	return Window{DeadAt: packDeadAt(start+2*p, last, p), Counts: uint64(prev)<<32 | uint64(cur)}, d
 }
 
 // slidingRetry is the exact wait until prev×(P−e)/P + cur + want ≤ limit,

@@ -82,12 +82,16 @@ func TestExportFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ms = uint64(time.Millisecond)
-	// A window's DeadAt is its end plus the offset of its latest
-	// admission from its start: now + 1s for an admission at now.
+	// A window's DeadAt is its end plus a quarter period plus half the
+	// offset of its latest admission from its start (packDeadAt), for an
+	// admission at now: now − off + 1s + 250ms + ⌈off/2⌉, off being
+	// now's offset in its second.
+	off := uint64(now % int64(time.Second))
+	win := 1000*ms - off + 250*ms + (off+1)/2
 	want := buildStream(2,
 		testRec{0, kindTAT, []uint64{100 * ms}, 0},
 		testRec{0x0201, kindTAT, []uint64{300 * ms}, 0},
-		testRec{0x0201, kindWindow, []uint64{1000 * ms, 4}, 0},
+		testRec{0x0201, kindWindow, []uint64{win, 4}, 0},
 		testRec{0x0201, kindLog, []uint64{2, 1000 * ms, 2, 1001 * ms, 1}, 0},
 	)
 	got := tb.Export([]byte("prefix"), 2, now)
@@ -575,4 +579,61 @@ func TestExportOlderSetStatePastItsTime(t *testing.T) {
 	if got.Remaining > want.Remaining || got.Remaining < want.Remaining-1 {
 		t.Fatalf("imported state: %d remaining, exporter's %d: want at most 1 fewer", got.Remaining, want.Remaining)
 	}
+}
+
+// A window state imported by a table whose clock differs from the
+// exporter's — two members' clocks, or the time a hand-off took to
+// arrive — stays in the window it was made in while the shift is under
+// a quarter period, whether its latest admission was just after the
+// window turned or just before it turns: windows are aligned to
+// multiples of the period, so both tables then decide alike at every
+// instant. Was: the state was packed as end + Last, so an importer 1 ns
+// behind read an admission made as the window turned as one of the
+// window before, already over (the count lost), and one 1 ms ahead read
+// an admission made just before the turn as one of the next window (a
+// whole window of denials).
+func TestWindowImportSurvivesClockShift(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	for _, a := range []Algorithm{FixedWindow, SlidingWindow} {
+		r := &Rule{Name: "w", Algorithm: a, Limit: 5, Period: time.Minute}
+		p := int64(r.Period)
+		w0 := alignDown(int64(1<<60), p) // a window start
+		for _, spendAt := range []int64{w0, w0 + p/2, w0 + p - ms/2} {
+			for _, shift := range []int64{-1, 1, -ms, ms, -p/4 + 1, p/4 - 1} {
+				src := mustTable(t, 1)
+				for range 5 {
+					if d, err := src.Check(0, 42, r, spendAt, 1); err != nil || !d.Allowed {
+						t.Fatalf("spend: %+v, %v", d, err)
+					}
+				}
+				exportAt := spendAt + ms/4
+				dst := mustTable(t, 1)
+				if _, err := dst.Import(0, src.Export(nil, 0, exportAt), exportAt+shift); err != nil {
+					t.Fatal(err)
+				}
+				for _, later := range []int64{0, ms, p / 3, p} {
+					at := exportAt + abs64(shift) + later
+					want, err := src.Check(0, 42, r, at, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := dst.Check(0, 42, r, at, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got != want {
+						t.Errorf("%v: spent at window start + %v, imported %v off, asked %v after the export: %+v, exporter %+v",
+							a, time.Duration(spendAt-w0), time.Duration(shift), time.Duration(at-exportAt), got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

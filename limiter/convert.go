@@ -157,11 +157,11 @@ func placeWindow(g admissions, to *Rule, at int64) Window {
 	prev, cur = min(prev, MaxLimit), min(cur, MaxLimit) // a tightened limit is met anyway
 	switch {
 	case to.Algorithm == FixedWindow && cur > 0:
-		return Window{DeadAt: start + p + lastCur, Counts: uint64(cur)}
+		return Window{DeadAt: packDeadAt(start+p, lastCur, p), Counts: uint64(cur)}
 	case to.Algorithm == SlidingWindow && cur > 0:
-		return Window{DeadAt: start + 2*p + lastCur, Counts: uint64(prev)<<32 | uint64(cur)}
+		return Window{DeadAt: packDeadAt(start+2*p, lastCur, p), Counts: uint64(prev)<<32 | uint64(cur)}
 	case to.Algorithm == SlidingWindow && prev > 0:
-		return Window{DeadAt: start + 2*p + lastPrev, Counts: uint64(prev) << 32}
+		return Window{DeadAt: packDeadAt(start+2*p, lastPrev, p), Counts: uint64(prev) << 32}
 	}
 	return Window{}
 }

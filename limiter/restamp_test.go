@@ -99,9 +99,12 @@ func TestRestampedImportDecidesAsTheExporter(t *testing.T) {
 		spends:   []int64{0, 0, 0, 0, 0},
 		exportAt: 0, sendAt: 300 * ms, want: 3,
 	}, {
-		rule:     Rule{Name: "fw", Algorithm: FixedWindow, Limit: 3, Period: time.Minute},
-		spends:   []int64{10 * s, 20 * s, 50 * s},
-		exportAt: 55 * s, sendAt: 65 * s, want: 3, // the next window
+		rule: Rule{Name: "fw", Algorithm: FixedWindow, Limit: 3, Period: time.Minute},
+		// The next window. Stale by 25 s, over a quarter period, the
+		// stream as exported reads as one of this window (a smaller
+		// shift splits into the right window: see packDeadAt).
+		spends:   []int64{10 * s, 20 * s, 40 * s},
+		exportAt: 40 * s, sendAt: 65 * s, want: 3,
 	}, {
 		rule:     Rule{Name: "sw", Algorithm: SlidingWindow, Limit: 4, Period: time.Minute},
 		spends:   []int64{10 * s, 20 * s, 30 * s, 40 * s},
