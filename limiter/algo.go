@@ -197,7 +197,9 @@ func stepSliding(s Window, r *Rule, now, cost int64) (Window, Decision) {
 		used = add128(used, mul128(cost, p))
 	}
 	if !d.Allowed {
-		d.RetryAfter = time.Duration(slidingRetry(prev, cur, want, r.Limit, p, elapsed))
+		// From elapsed, and a clock that went back waits to the window's
+		// start first.
+		d.RetryAfter = time.Duration(slidingRetry(prev, cur, want, r.Limit, p, elapsed) + max(start-now, 0))
 	}
 	if !less128(limitP, used) { // used > limit×P only after the rule shrank
 		d.Remaining = int64(div128(sub128(limitP, used), p))

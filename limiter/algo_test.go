@@ -363,6 +363,35 @@ func TestRetryAfterIsExact(t *testing.T) {
 	})
 }
 
+// RetryAfter stays exact when the clock has gone back, across a window's
+// start too. Was: sliding_window measured the wait from the start of the
+// window its state was in, so a check denied before that start waited
+// too little.
+func TestRetryAfterIsExactAfterClockBack(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		r := genRule(t, rapid.SampledFrom(allAlgorithms).Draw(t, "alg"))
+		s := &stepper{r: r}
+		now := alignDown(1<<50, int64(r.Period)) + rapid.Int64Range(0, int64(r.Period)-1).Draw(t, "offset")
+		for range rapid.IntRange(1, int(min(r.Capacity(), 50))).Draw(t, "warm") {
+			s.step(now, 1)
+		}
+		at := now - rapid.Int64Range(1, int64(r.Period)).Draw(t, "back")
+		cost := rapid.Int64Range(1, r.Capacity()).Draw(t, "cost")
+		probe := s.clone()
+		d := s.step(at, cost)
+		if d.Allowed {
+			return
+		}
+		then := at + int64(d.RetryAfter)
+		if early := probe.clone(); early.step(then-1, cost).Allowed {
+			t.Fatalf("denied at now−%v, RetryAfter %v, but passes 1ns earlier", time.Duration(now-at), d.RetryAfter)
+		}
+		if !probe.step(then, cost).Allowed {
+			t.Fatalf("denied at now−%v, RetryAfter %v, still denied then", time.Duration(now-at), d.RetryAfter)
+		}
+	})
+}
+
 func TestLeakyBucketDelays(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		r := genRule(t, LeakyBucket)
