@@ -31,6 +31,9 @@ import (
 // existed), and the states of streams from before versions (format 1).
 // Such a state, met under a versioned rule, is adopted: kept, but capped
 // to what the new rule can answer (AdoptTAT, AdoptWindow, Log.Adopt).
+// The unversioned set is never superseded: its states live by their own
+// times, whatever sets are registered after it (the node checks the
+// inline rules of Envoy descriptors, which no set holds, as unversioned).
 //
 // A state may be dropped when it is the same as a fresh key. For a state
 // of the newest set, that is when it is dead at now. For one of an older
@@ -103,7 +106,13 @@ func (g *ruleSets) index() {
 	for i := len(g.sets) - 1; i >= 0; i-- {
 		s := g.sets[i]
 		g.byTag[s.tag], g.pos[s.tag] = s, i
-		if i < len(g.sets)-1 {
+		// The unversioned set is never followed: its rules (a caller's
+		// that never registers sets, the inline rules of Envoy
+		// descriptors) are checked as they are, never converted, so its
+		// states live by their own times. Ended at the first versioned
+		// set, every inline state was dropped as soon as it was written
+		// once the newest set had been in force for its longest life.
+		if i < len(g.sets)-1 && s.tag != legacyTag {
 			g.life[s.tag] = tagLife{until: g.sets[i+1].since, dropAt: horizon}
 		}
 		horizon = max(horizon, satAdd(s.since, s.life))

@@ -661,3 +661,41 @@ func TestFenceLosesNoDecision(t *testing.T) {
 		t.Fatalf("export holds %d spent, %d were admitted", spent, admitted.Load())
 	}
 }
+
+// States of the unversioned set (rules checked as they are, such as the
+// inline rules of Envoy descriptors) live by their own times, however
+// many versioned sets come and go. Was: the unversioned set ended at the
+// first versioned one, so once the newest set had been in force for its
+// longest life, every such state was dropped as soon as it was written
+// and each check met a fresh key.
+func TestUnversionedStatesOutliveRuleSets(t *testing.T) {
+	const s = int64(time.Second)
+	t0 := int64(1 << 50)
+	for _, a := range allAlgorithms {
+		tb := mustTable(t, 1)
+		written := Rule{Name: "w", Algorithm: TokenBucket, Limit: 10, Period: time.Second, Version: 1}
+		if err := tb.SetRules(1, []Rule{written}, t0); err != nil {
+			t.Fatal(err)
+		}
+		inline := &Rule{Name: "rls:x", Algorithm: a, Limit: 3, Burst: 3, Period: time.Hour}
+		at := t0 + 10*s // set 1 has been in force longer than its rules live
+		for i := range 3 {
+			if d, err := tb.Check(0, 42, inline, at, 1); err != nil || !d.Allowed {
+				t.Fatalf("%v: check %d: %+v, %v", a, i, d, err)
+			}
+		}
+		written.Version, written.Limit = 2, 20
+		if err := tb.SetRules(2, []Rule{written}, at+s); err != nil {
+			t.Fatal(err)
+		}
+		for _, later := range []int64{2 * s, 30 * s} {
+			d, err := tb.Check(0, 42, inline, at+later, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed || d.Remaining != 0 {
+				t.Errorf("%v: %v after spending 3 of 3 per hour: %+v, want denied", a, time.Duration(later), d)
+			}
+		}
+	}
+}

@@ -46,3 +46,33 @@ func TestInlineRules(t *testing.T) {
 		}
 	}
 }
+
+// An inline rule's buckets outlive the written rules' sets: they are
+// checked as they are, under no set, so no later set retires them. Was:
+// once the newest rules had been in force for their longest life (a
+// rules write, a restart), every inline state was dropped as soon as it
+// was written, and each Envoy descriptor was answered from a fresh
+// bucket, allowed, for ever.
+func TestInlineRulesOutliveRuleSets(t *testing.T) {
+	now := int64(1e18)
+	o, err := NewOwner("a", 64, func() int64 { return now }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testView(t, 1, "a")
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	o.ExpireAwaiting(o.AwaitingParts())
+	kh, p := partOf(v, "a")
+	c := transport.Check{Rule: "rls:d.k#0", KeyHash: kh, Partition: p, Cost: 1,
+		Inline: transport.InlineRule{Algorithm: uint8(limiter.TokenBucket), Limit: 2, Burst: 2, Period: time.Hour}}
+	now += int64(time.Hour) // the written rules' sets have long been in force
+	for i, want := range []bool{true, true, false} {
+		if got := handle(o, 1, c).Results[0]; got.Status != transport.StatusOK || got.Allowed != want {
+			t.Fatalf("check %d: %v allowed %v, want allowed %v", i, got.Status, got.Allowed, want)
+		}
+	}
+	now += int64(time.Second)
+	if got := handle(o, 1, c).Results[0]; got.Allowed {
+		t.Errorf("a second later: allowed (remaining %d), want denied: the bucket was dropped", got.Remaining)
+	}
+}
