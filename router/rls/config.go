@@ -13,7 +13,7 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"sigs.k8s.io/yaml"
+	yaml "go.yaml.in/yaml/v2"
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/rules"
@@ -64,35 +64,40 @@ func (e *ConfigError) Unwrap() error { return ErrConfig }
 
 // The YAML form: envoyproxy/ratelimit's, plus ringlimit's extra fields
 // (rate_limits; algorithm, burst and failure_mode in a rate limit), which
-// its tooling never sees. Unknown fields are refused, as theirs are.
+// its tooling never sees. Unknown fields are refused, as theirs are. It
+// is decoded as theirs is, by a yaml.v2 decoder straight into these
+// fields, so a scalar read into a string field keeps its text as
+// written: `value: yes`, `value: 010` and `domain: y` are the strings
+// "yes", "010" and "y" (a decoder through JSON made them true, 8 and
+// "true", and such limits never matched).
 type yamlFile struct {
-	Domain      string           `json:"domain"`
-	Descriptors []yamlDescriptor `json:"descriptors"`
+	Domain      string           `yaml:"domain"`
+	Descriptors []yamlDescriptor `yaml:"descriptors"`
 }
 
 type yamlDescriptor struct {
-	Key            string           `json:"key"`
-	Value          string           `json:"value"`
-	RateLimit      *yamlRateLimit   `json:"rate_limit"`
-	RateLimits     []yamlRateLimit  `json:"rate_limits"`
-	Descriptors    []yamlDescriptor `json:"descriptors"`
-	ShadowMode     bool             `json:"shadow_mode"`
-	DetailedMetric bool             `json:"detailed_metric"`
+	Key            string           `yaml:"key"`
+	Value          string           `yaml:"value"`
+	RateLimit      *yamlRateLimit   `yaml:"rate_limit"`
+	RateLimits     []yamlRateLimit  `yaml:"rate_limits"`
+	Descriptors    []yamlDescriptor `yaml:"descriptors"`
+	ShadowMode     bool             `yaml:"shadow_mode"`
+	DetailedMetric bool             `yaml:"detailed_metric"`
 }
 
 type yamlRateLimit struct {
-	Unit            string        `json:"unit"`
-	RequestsPerUnit uint32        `json:"requests_per_unit"`
-	Unlimited       bool          `json:"unlimited"`
-	Name            string        `json:"name"`
-	Replaces        []yamlReplace `json:"replaces"`
-	Algorithm       string        `json:"algorithm"`
-	Burst           int64         `json:"burst"`
-	FailureMode     string        `json:"failure_mode"`
+	Unit            string        `yaml:"unit"`
+	RequestsPerUnit uint32        `yaml:"requests_per_unit"`
+	Unlimited       bool          `yaml:"unlimited"`
+	Name            string        `yaml:"name"`
+	Replaces        []yamlReplace `yaml:"replaces"`
+	Algorithm       string        `yaml:"algorithm"`
+	Burst           int64         `yaml:"burst"`
+	FailureMode     string        `yaml:"failure_mode"`
 }
 
 type yamlReplace struct {
-	Name string `json:"name"`
+	Name string `yaml:"name"`
 }
 
 // Config is a loaded, validated set of domains. It is immutable and safe
@@ -201,13 +206,40 @@ func ParseConfig(files ...File) (*Config, error) {
 	return c, nil
 }
 
-// yamlMessage shortens the YAML library's wrapping of JSON errors.
+// yamlMessage is the YAML decoder's error in the config's own terms: a
+// field it does not know, or a value of the wrong type, by line, without
+// the Go types it was decoded into.
 func yamlMessage(err error) string {
-	s := err.Error()
-	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
-		s = strings.TrimPrefix(s, p)
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return strings.TrimPrefix(err.Error(), "yaml: ")
 	}
-	return s
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		if f, ok := strings.CutPrefix(m[strings.Index(m, ": ")+2:], "field "); ok && strings.Contains(f, " not found in type ") {
+			m = m[:strings.Index(m, ": ")+2] + fmt.Sprintf("unknown field %q", f[:strings.Index(f, " not found in type ")])
+		}
+		for goType, want := range yamlTypeNames {
+			m = strings.ReplaceAll(m, " into "+goType, " into "+want)
+		}
+		msgs[i] = m
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// yamlTypeNames names the Go types of the YAML form's fields for errors.
+var yamlTypeNames = map[string]string{
+	"uint32":               "a whole number from 0 to 4294967295",
+	"int64":                "a whole number",
+	"bool":                 "true or false",
+	"string":               "a string",
+	"[]rls.yamlDescriptor": "a list of descriptors",
+	"[]rls.yamlRateLimit":  "a list of rate limits",
+	"[]rls.yamlReplace":    "a list of {name: ...}",
+	"rls.yamlRateLimit":    "a rate limit",
+	"rls.yamlDescriptor":   "a descriptor",
+	"rls.yamlReplace":      "{name: ...}",
+	"rls.yamlFile":         "a config file (domain, descriptors)",
 }
 
 type builder struct {

@@ -115,6 +115,36 @@ func TestNestedAndValueless(t *testing.T) {
 	})
 }
 
+// A scalar keeps its text as written, as envoyproxy/ratelimit's yaml.v2
+// decoder keeps it: `yes`, `off`, `010` and `1.50` are values to match
+// as they are, and `y` a domain. Was: decoded through JSON, they became
+// true, false, 8, 1.5 and the domain "true", and never matched.
+func TestConfigScalarsKeepTheirText(t *testing.T) {
+	const cfg = `
+domain: y
+descriptors:
+  - key: flag
+    value: yes
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: flag
+    value: off
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: code
+    value: 010
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: ver
+    value: 1.50
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+	e := newEnv(t, cfg, Options{})
+	for _, d := range []*commonpb.RateLimitDescriptor{desc("flag", "yes"), desc("flag", "off"), desc("code", "010"), desc("ver", "1.50")} {
+		e.run(t, []step{{"y", 0, d, ok, 0, 1, false}, {"y", 0, d, over, 0, 1, false}})
+	}
+	for _, d := range []*commonpb.RateLimitDescriptor{desc("flag", "true"), desc("flag", "false"), desc("code", "8"), desc("ver", "1.5")} {
+		e.run(t, []step{{"y", 0, d, ok, 0, 0, true}}) // unmatched
+	}
+}
+
 // shadow_mode answers OK past the limit and counts each would-be denial.
 func TestShadowMode(t *testing.T) {
 	e := newEnv(t, basicConfig, Options{})
@@ -318,7 +348,7 @@ func TestConfigErrors(t *testing.T) {
 		{"unit", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n        rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 			`rls config f.yaml: domain "d": descriptor "a.b_c": rate_limit: unit: invalid unit "fortnight"`},
 		{"unknown field", "domain: d\ndescriptors:\n  - key: a\n    rate_limt: {unit: second, requests_per_unit: 1}\n",
-			`rls config f.yaml: domain "d": unknown field "rate_limt"`},
+			`rls config f.yaml: domain "d": line 4: unknown field "rate_limt"`},
 		{"no domain", "descriptors: []\n", `rls config f.yaml: domain: missing`},
 		{"no key", "domain: d\ndescriptors:\n  - value: x\n", `rls config f.yaml: domain "d": descriptors[0]: key: missing`},
 		{"duplicate", "domain: d\ndescriptors:\n  - key: a\n  - key: a\n", `rls config f.yaml: domain "d": descriptor "a": duplicate descriptor`},
@@ -326,7 +356,7 @@ func TestConfigErrors(t *testing.T) {
 		{"algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n", `descriptor "a": rate_limit: algorithm: unknown algorithm "magic"`},
 		{"too fast", "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", `descriptor "a": rate_limits[1]: requests_per_unit: 2000000 per 1s is over`},
 		{"replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: lim, replaces: [{name: lim}], unit: second, requests_per_unit: 1}\n", `descriptor "a": rate_limit: replaces: names its own limit "lim"`},
-		{"negative", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n", `domain "d": cannot unmarshal number -1`},
+		{"negative", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "domain \"d\": line 4: cannot unmarshal !!int `-1` into a whole number from 0 to 4294967295"},
 		{"not yaml", "domain: [\n", `rls config f.yaml: `},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
