@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +12,9 @@ import (
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -77,6 +81,11 @@ func TestOwnerDownFailureMode(t *testing.T) {
 		}
 		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over || resp.OverallCode != over {
 			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
+		}
+		// The closed limit's denial says when to try again, as the HTTP
+		// API's retry_after_ms does (a period, at most 1 s). Was: 0s.
+		if got := resp.Statuses[1].DurationUntilReset.AsDuration(); got != time.Second {
+			t.Errorf("closed, owner down: duration_until_reset %v, want 1s", got)
 		}
 		if got := testutil.ToFloat64(m.degraded); got != 2 {
 			t.Fatalf("degraded counted %v, want 2", got)
@@ -197,5 +206,64 @@ func TestConfigMapLayout(t *testing.T) {
 	}
 	if _, ok := s.Service().Config().domains["second"]; !ok || s.Service().Config().Domains() != 1 {
 		t.Fatalf("after the swap: domains %v, want [second]", s.Service().Config().domains)
+	}
+}
+
+// The server answers gRPC's health checks, as envoyproxy/ratelimit's
+// does (Envoy health-checks its rate-limit cluster with them): SERVING
+// for the server and the RLS service, until Shutdown. Was: Unimplemented.
+// Real loopback gRPC: the deadline only bounds a hang.
+func TestHealthService(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte("domain: d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{ConfigPath: dir, Interval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health of %q: %v, %v; want SERVING", svc, resp, err)
+		}
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v, %v", r, err)
+	}
+	// An open watch (gRPC clients health-check with one) neither keeps
+	// Shutdown waiting nor outlives it: it sees NOT_SERVING, or its end.
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a health watch open: %v", err)
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			break
+		}
+		if r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("watch during Shutdown: %v; want NOT_SERVING or the stream's end", r)
+		}
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // Options configure a Server. The zero value serves an empty config.
@@ -39,11 +41,12 @@ type Options struct {
 // Server is the gRPC RateLimitService with its config loader. Create it
 // with New, run it with Serve, stop it with Shutdown.
 type Server struct {
-	opts Options
-	log  *slog.Logger
-	svc  *Service
-	m    *metrics
-	gs   *grpc.Server
+	opts   Options
+	log    *slog.Logger
+	svc    *Service
+	m      *metrics
+	gs     *grpc.Server
+	health *health.Server // grpc.health.v1: SERVING until Shutdown
 
 	mu      sync.Mutex // guards tried, sig and lastErr: one load at a time
 	tried   bool
@@ -83,6 +86,12 @@ func New(opts Options, checker Checker) (*Server, error) {
 	// most 1024 calls in flight.
 	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
 	rlspb.RegisterRateLimitServiceServer(s.gs, s.svc)
+	// gRPC's health service, as envoyproxy/ratelimit registers it, for
+	// Envoy's health checks of the rate-limit cluster: the server ("")
+	// and the RLS service are SERVING until Shutdown begins.
+	s.health = health.NewServer()
+	s.health.SetServingStatus(rlspb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s.gs, endingWatches{s.health, s.ctx})
 	return s, nil
 }
 
@@ -110,7 +119,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.life.Lock()
 	s.stopped = true
 	s.life.Unlock()
-	s.cancel()
+	s.health.Shutdown() // NOT_SERVING: health checks move Envoy on first
+	s.cancel()          // ends the health watches, which GracefulStop would wait for
 	done := make(chan struct{})
 	go func() { s.gs.GracefulStop(); close(done) }()
 	var err error
@@ -261,3 +271,27 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	return ParseConfig(files...)
 }
+
+// endingWatches is the health service with its Watch streams ended when
+// ctx is (Shutdown): a watch never ends by itself, and GracefulStop waits
+// for every stream.
+type endingWatches struct {
+	*health.Server
+	ctx context.Context
+}
+
+func (h endingWatches) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	return h.Server.Watch(in, watchStream{stream, ctx})
+}
+
+// watchStream is a Watch stream whose context ends with the server's.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (w watchStream) Context() context.Context { return w.ctx }

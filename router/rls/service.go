@@ -366,7 +366,14 @@ func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimit
 		cur.RequestsPerUnit = uint32(rule.Limit)
 		cur.Name = l.nameOf(j)
 		st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
-		st.DurationUntilReset = durationpb.New(r.ResetAfter)
+		reset := r.ResetAfter
+		if !r.Allowed {
+			// A denial's reset is never sooner than it may pass: a
+			// closed limit answered by its failure mode has no window
+			// to end, only a RetryAfter.
+			reset = max(reset, r.RetryAfter)
+		}
+		st.DurationUntilReset = durationpb.New(reset)
 	}
 	st.CurrentLimit = cur
 	result := resultWithin
@@ -401,16 +408,29 @@ func metricKey(l *limit, d *commonpb.RateLimitDescriptor) string {
 	return l.fullKey + "_" + es[len(es)-1].GetValue()
 }
 
-// addHeaders adds x-ratelimit-* for the limited descriptor with the least
-// remaining, in the form envoyproxy/ratelimit uses (the limit with its
-// window in seconds, the remaining count, seconds until reset).
+// addHeaders adds x-ratelimit-* for the limited descriptor that decides
+// the answer: one that is OVER_LIMIT, the latest to reset, when any is;
+// else the one with the least remaining. The form is that of Envoy's own
+// rate-limit filter (draft 03 of the IETF RateLimit header fields: the
+// limit with its window in seconds, the remaining count, seconds until
+// reset).
 func addHeaders(resp *rlspb.RateLimitResponse) {
 	var best *rlspb.RateLimitResponse_DescriptorStatus
+	over := func(st *rlspb.RateLimitResponse_DescriptorStatus) bool {
+		return st.Code == rlspb.RateLimitResponse_OVER_LIMIT
+	}
 	for _, st := range resp.Statuses {
 		if st.CurrentLimit == nil || st.LimitRemaining == math.MaxUint32 {
 			continue
 		}
-		if best == nil || st.LimitRemaining < best.LimitRemaining {
+		switch {
+		case best == nil, over(st) && !over(best):
+			best = st
+		case over(st) && over(best):
+			if st.DurationUntilReset.AsDuration() > best.DurationUntilReset.AsDuration() {
+				best = st
+			}
+		case !over(st) && !over(best) && st.LimitRemaining < best.LimitRemaining:
 			best = st
 		}
 	}

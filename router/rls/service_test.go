@@ -339,6 +339,27 @@ func TestResponseHeaders(t *testing.T) {
 			t.Errorf("%s = %q, want %q (all: %v)", k, got[k], v, got)
 		}
 	}
+	// The limit that denied is described, not one that passed with as
+	// little left. Was: the first with the least remaining, the passing
+	// 3 per minute here.
+	user := desc("plan", "free", "user", "hd")
+	e.call(t, "api", 0, user) // its 1 per second spent
+	tenant := desc("tenant", "hd2")
+	tenant.HitsAddend = wrapperspb.UInt64(3)
+	resp = e.call(t, "api", 0, tenant, user)
+	if resp.Statuses[0].Code != ok || resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[1].Code != over {
+		t.Fatalf("statuses %v, want OK with 0 left, then OVER_LIMIT", resp.Statuses)
+	}
+	got = map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	want = map[string]string{"x-ratelimit-limit": "1, 1;w=1", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("a denial: %s = %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
 }
 
 // Bad configs are refused with a message naming the file, the domain and
