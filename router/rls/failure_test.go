@@ -2,9 +2,11 @@ package rls
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/transport"
@@ -94,7 +97,9 @@ func TestOwnerDownFailureMode(t *testing.T) {
 }
 
 // The poll loop puts a changed file in force within one interval and
-// keeps the old config while the file is bad. Fake time: no waiting.
+// the settle wait (100 ms), keeps the old config while the file is bad,
+// and never puts in force a file caught while it is being written. Fake
+// time: no waiting.
 func TestWatchReloads(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
@@ -120,22 +125,39 @@ func TestWatchReloads(t *testing.T) {
 			return ds
 		}
 		write("domain: two\n")
-		time.Sleep(time.Second)
+		time.Sleep(time.Second + 100*time.Millisecond)
 		synctest.Wait()
 		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
 			t.Fatalf("after a change and one interval: domains %v, want [two]", ds)
 		}
 		write("domain: [\n")
-		time.Sleep(time.Second)
+		time.Sleep(time.Second + 100*time.Millisecond)
 		synctest.Wait()
 		if ds := domains(); len(ds) != 1 || ds[0] != "two" {
 			t.Fatalf("after a bad file: domains %v, want [two] still", ds)
 		}
 		write("domain: three\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
-		time.Sleep(time.Second)
+		time.Sleep(time.Second + 100*time.Millisecond)
 		synctest.Wait()
 		if ds := domains(); len(ds) != 1 || ds[0] != "three" || s.Service().Config().Limits() != 1 {
 			t.Fatalf("after a fix: domains %v, want [three]", ds)
+		}
+		// Half written at the poll, whole 50 ms later: the half is never
+		// in force (it is valid YAML, one limit short), the whole is at
+		// the next poll. Was: the half was put in force until then.
+		whole := "domain: four\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n"
+		write(whole[:strings.Index(whole, "  - key: b")]) // at 3.3 s; the poll at 4 s reads it
+		time.Sleep(750 * time.Millisecond)
+		write(whole) // at 4.05 s, in the settle wait
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "three" {
+			t.Fatalf("a file caught half written: domains %v, want [three] still", ds)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ds := domains(); len(ds) != 1 || ds[0] != "four" || s.Service().Config().Limits() != 2 {
+			t.Fatalf("the whole file at the next poll: domains %v with %d limits, want [four] with 2", ds, s.Service().Config().Limits())
 		}
 		cancel()
 	})
@@ -265,5 +287,37 @@ func TestHealthService(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A directory's config files are its *.yaml and *.yml files, whatever
+// the case of the extension (was: A.YAML skipped without a word); a
+// config that holds no domain (another layout, an empty directory) is
+// loaded, and said in a warning, since every call is then answered OK.
+func TestConfigDirectoryFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "A.YAML"), []byte("domain: upper\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{ConfigPath: dir, Interval: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Service().Config().domains["upper"]; !ok {
+		t.Fatalf("domains %v, want [upper] from A.YAML", s.Service().Config().domains)
+	}
+	var logs logbuf.Buffer
+	other := t.TempDir()
+	if err := os.Mkdir(filepath.Join(other, "config"), 0o755); err != nil { // envoyproxy/ratelimit's layout
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "config", "d.yaml"), []byte("domain: d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Options{ConfigPath: other, Interval: -1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN msg=\"envoy config holds no domain") {
+		t.Fatalf("no warning for a config with no domain; logs:\n%s", logs.String())
 	}
 }

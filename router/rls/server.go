@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -135,29 +136,57 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// watch reloads the config every Interval until ctx is done.
+// watch reloads the config every Interval until ctx is done. Changed
+// content is loaded once a second read, settleAfter later, finds the
+// same, so that a file caught in the middle of its write (half written
+// and still valid YAML: some limits missing) is not put in force, as
+// the rules file's watcher does.
 func (s *Server) watch(ctx context.Context) {
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
+	settle := min(100*time.Millisecond, s.opts.Interval)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		_ = s.Reload() // logged and counted by Reload
+		_, sig, err := readConfig(s.opts.ConfigPath)
+		s.mu.Lock()
+		changed := err == nil && (!s.tried || sig != s.sig)
+		s.mu.Unlock()
+		if !changed {
+			_ = s.reload(nil) // an error is logged and counted once by reload
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settle):
+		}
+		_ = s.reload(&sig) // still being written: tried again at the next tick
 	}
 }
 
 // Reload reads the config and, when its content changed, parses it and
 // puts it in force. A config that does not load is refused: the one in
 // force stays, the error is returned, logged once and counted.
-func (s *Server) Reload() error {
+func (s *Server) Reload() error { return s.reload(nil) }
+
+// errUnsettled: the config changed again between two reads.
+var errUnsettled = errors.New("rls config: still being written")
+
+// reload is Reload; with want, only content of that signature is loaded
+// (other content returns errUnsettled and changes nothing).
+func (s *Server) reload(want *[sha256.Size]byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	files, sig, err := readConfig(s.opts.ConfigPath)
 	if err == nil && s.tried && sig == s.sig {
 		return s.lastErr // nothing changed since the last attempt
+	}
+	if err == nil && want != nil && sig != *want {
+		return errUnsettled
 	}
 	var c *Config
 	if err == nil {
@@ -179,6 +208,11 @@ func (s *Server) Reload() error {
 	s.m.configOK.Set(1)
 	s.m.limits.Set(float64(c.Limits()))
 	s.log.Info("envoy config loaded", "path", s.opts.ConfigPath, "domains", c.Domains(), "limits", c.Limits())
+	if c.Domains() == 0 {
+		// A directory of another layout (envoyproxy/ratelimit's config/
+		// subdirectory, say) loads as no config at all.
+		s.log.Warn("envoy config holds no domain: every call is answered OK (a directory is read for *.yaml and *.yml files, not its subdirectories)", "path", s.opts.ConfigPath)
+	}
 	return nil
 }
 
@@ -202,7 +236,7 @@ func readConfig(path string) ([]File, [sha256.Size]byte, error) {
 		names = names[:0]
 		for _, e := range ents {
 			n := e.Name()
-			if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+			if ext := strings.ToLower(filepath.Ext(n)); strings.HasPrefix(n, ".") || ext != ".yaml" && ext != ".yml" {
 				continue // editors' and Kubernetes' (..data) entries
 			}
 			names = append(names, filepath.Join(path, n))
