@@ -45,7 +45,11 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 		if err != nil {
 			if ctx.Err() == nil {
 				r.m.viewErrors.Inc()
-				r.cfg.Logger.Warn("router: could not refresh the cluster view; keeping the one it has", "err", err)
+				if r.View() == nil {
+					r.cfg.Logger.Warn("router: could not fetch the cluster view; none yet, so checks answer unavailable", "err", err)
+				} else {
+					r.cfg.Logger.Warn("router: could not refresh the cluster view; keeping the one it has", "err", err)
+				}
 			}
 		} else {
 			r.install(v)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
@@ -42,6 +43,7 @@ type gatewayProc struct {
 	reg    *prometheus.Registry
 	ready  func() bool
 	member *server.Server // embedded mode
+	ring   *client.Ring   // cluster mode
 	stopFn func(context.Context) error
 }
 
@@ -83,10 +85,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, err
 		}
-		if !waitView(ctx, rc, 10*time.Second) {
-			log.Warn("no cluster view yet; requests answer 503 until one of --cluster answers GET /v1/cluster/view")
-		}
-		checker, p.ready = rc.Router(), rc.Ready
+		checker, p.ready, p.ring = rc.Router(), rc.Ready, rc
 		p.stopFn = func(context.Context) error { return rc.Close() }
 	}
 	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Routes: routes, Identity: o.identity,
@@ -248,6 +247,12 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		mode = "embedded"
 	}
 	log.Info("ringlimit gateway serving", "listen", ln.Addr().String(), "upstream", up.String(), "mode", mode)
+	// Serving already, as the router command does: waited for before it
+	// served, the first view held every connection for up to 10 s when
+	// the cluster could not be reached.
+	if p.ring != nil && !waitView(ctx, p.ring, 10*time.Second) && ctx.Err() == nil {
+		log.Warn("no cluster view yet; limited routes answer 503 until one of --cluster answers GET /v1/cluster/view")
+	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
