@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -220,7 +221,9 @@ func CheckRoutes(routes []Route, set []limiter.Rule) error {
 
 // MatchRoute returns the first route that matches the request's method,
 // path and client tier, or nil. A route without methods matches any
-// method, one without a tier any tier. Path patterns compare segment by
+// method, one without a tier any tier; one listing GET matches HEAD too
+// (an upstream serves HEAD as GET without the body, as net/http's
+// ServeMux routes it). Path patterns compare segment by
 // segment: "*" matches one segment, and a final "/*" matches the path
 // before it and anything below it ("/v1/chat/*" matches "/v1/chat",
 // "/v1/chat/x" and "/v1/chat/x/y"; "/*" matches every path).
@@ -230,7 +233,8 @@ func MatchRoute(routes []Route, method, path, tier string) *Route {
 		if r.Tier != "" && r.Tier != tier {
 			continue
 		}
-		if len(r.Methods) > 0 && !containsFold(r.Methods, method) {
+		if len(r.Methods) > 0 && !containsFold(r.Methods, method) &&
+			!(strings.EqualFold(method, http.MethodHead) && containsFold(r.Methods, http.MethodGet)) {
 			continue
 		}
 		if matchPath(r.Path, path) {

@@ -24,7 +24,9 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -132,13 +134,18 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := g.now()
 	who, err := g.cfg.Identity.identify(r, now)
+	if errors.Is(err, ErrAmbiguous) {
+		g.m.outcome("", "bad_request")
+		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, strings.TrimPrefix(err.Error(), "gateway: "))
+		return
+	}
 	if err != nil {
 		g.m.outcome("", "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 		client.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
 		return
 	}
-	route := rules.MatchRoute(g.cfg.Routes, r.Method, r.URL.Path, who.tier)
+	route := rules.MatchRoute(g.cfg.Routes, r.Method, matchPath(r.URL.Path), who.tier)
 	if route == nil {
 		g.m.outcome("", "unlimited")
 		g.next.ServeHTTP(w, r)
@@ -243,4 +250,20 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		g.m.outcome(route.Name, "error")
 		client.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
 	}
+}
+
+// matchPath is the path routes are matched against: r.URL.Path (decoded)
+// with its dot segments resolved and repeated slashes merged, a trailing
+// slash kept. The request is forwarded as it came, and an upstream that
+// resolves "/x/../chat" or "//chat" serves "/chat": matched as they came,
+// such paths went past "/chat"'s limits.
+func matchPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }

@@ -554,3 +554,96 @@ func TestShapedRouteReleasesAtTheRulesRate(t *testing.T) {
 		}
 	})
 }
+
+// A client named twice is refused (400) and spends nothing: two API key
+// headers, or two Authorization headers while JWTs are verified. The
+// gateway would key on one while the upstream may read the other. Was:
+// keyed on the first, both forwarded.
+func TestAmbiguousIdentityIsRefused(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key", JWT: mustJWT(t, ks.hsSecret)}})
+	tok := sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "a"})
+	for _, h := range []http.Header{
+		{"X-Api-Key": {"made-up", "real"}},
+		{"Authorization": {"Bearer " + tok, "Bearer " + tok}},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, s.URL+"/x", nil)
+		req.Header = h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "ambiguous client identity") {
+			t.Errorf("%v: %d %s, want 400 ambiguous", h, resp.StatusCode, body)
+		}
+	}
+	if len(c.keys()) != 0 || up.hits.Load() != 0 {
+		t.Fatalf("refused requests spent %v and reached the upstream %d times", c.keys(), up.hits.Load())
+	}
+	// Without JWTs, Authorization is the upstream's business.
+	noJWT := front(t, up, c, Config{})
+	req, _ := http.NewRequest(http.MethodGet, noJWT.URL+"/x", nil)
+	req.Header["Authorization"] = []string{"Basic a", "Basic b"}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("two Authorization headers without --jwt-key: %d, want 200", resp.StatusCode)
+	}
+}
+
+// Routes are matched against the path an upstream serves: dot segments
+// resolved and repeated slashes merged; and a route for GET limits HEAD.
+// Was: "//closed/a" and "/x/../closed/a" went past /closed/*'s limit
+// (forwarded as they came, to an upstream that serves them as
+// /closed/a), and HEAD past a GET route's.
+func TestRoutesMatchTheResolvedPath(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "one", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Routes: []rules.Route{
+		{Name: "closed", Path: "/closed/*", Methods: []string{"GET"}, Limits: []rules.Limit{{Rule: "one", Cost: 1}}},
+	}})
+	do := func(method, path string) int {
+		req, _ := http.NewRequest(method, s.URL, nil)
+		req.URL.Path = path // sent as written: Go's client resolves nothing
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := do(http.MethodGet, "/closed/a"); got != http.StatusOK {
+		t.Fatalf("first: %d", got)
+	}
+	for _, p := range []string{"//closed/a", "/x/../closed/a", "/closed/./a", "/closed//a"} {
+		if got := do(http.MethodGet, p); got != http.StatusTooManyRequests {
+			t.Errorf("GET %s: %d, want 429 (the route's limit is spent)", p, got)
+		}
+	}
+	if got := do(http.MethodHead, "/closed/a"); got != http.StatusTooManyRequests {
+		t.Errorf("HEAD on a GET route: %d, want 429", got)
+	}
+	if got := do(http.MethodPost, "/closed/a"); got != http.StatusOK {
+		t.Errorf("POST on a GET route: %d, want 200 (not routed)", got)
+	}
+	if up.hits.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2 (the first GET and the POST)", up.hits.Load())
+	}
+}
+
+func mustJWT(t *testing.T, key []byte) *JWTKeys {
+	t.Helper()
+	k, err := ParseJWTKeys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}

@@ -22,6 +22,12 @@ import (
 // fails verification; the gateway answers it 401 and spends nothing.
 var ErrUnauthorized = errors.New("gateway: unauthorized")
 
+// ErrAmbiguous: a request that names its client twice (two Authorization
+// headers while JWTs are verified, two API key headers). The gateway
+// keys on one value while the upstream may read the other, so a client
+// could spend another's budget, or a made-up one, and act as itself.
+var ErrAmbiguous = errors.New("gateway: ambiguous client identity")
+
 // JWTKeys verifies the tokens of Authorization: Bearer headers: an HS256
 // secret, an RSA or ECDSA public key, or a JWKS (keys chosen by kid).
 // Create one with ParseJWTKeys. It is immutable and safe for concurrent use.
@@ -151,8 +157,14 @@ type caller struct {
 }
 
 // identify returns who sent r. A bearer token that is presented while
-// JWT is set must verify, else the error wraps ErrUnauthorized.
+// JWT is set must verify, else the error wraps ErrUnauthorized; an
+// identity header given twice is an error wrapping ErrAmbiguous.
 func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
+	for _, h := range []string{"Authorization", id.APIKeyHeader} {
+		if h != "" && (h != "Authorization" || id.JWT != nil) && len(r.Header.Values(h)) > 1 {
+			return caller{}, fmt.Errorf("%w: %d %s headers", ErrAmbiguous, len(r.Header.Values(h)), http.CanonicalHeaderKey(h))
+		}
+	}
 	if id.JWT != nil {
 		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
 			claims, err := id.JWT.verify(tok, now)
