@@ -647,3 +647,23 @@ func mustJWT(t *testing.T, key []byte) *JWTKeys {
 	}
 	return k
 }
+
+// An API key too long for a bucket key, or not UTF-8, is limited under
+// its SHA-256, in a kind of its own. Was: 400 "checks[0]: bad request:
+// key is 1034 bytes", naming the gateway's internal batch.
+func TestLongOrBinaryAPIKeysAreHashed(t *testing.T) {
+	c := newChecker(t)
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key"}})
+	long := strings.Repeat("k", 2000)
+	for _, v := range []string{long, "\xff\xfe", "short"} {
+		if resp := get(t, s.URL+"/x", map[string]string{"X-Api-Key": v}); resp.StatusCode != http.StatusOK {
+			t.Errorf("API key of %d bytes: %d, want 200", len(v), resp.StatusCode)
+		}
+	}
+	got := c.keys()
+	if len(got) != 3 || !strings.HasPrefix(got[0], "keyh:") || len(got[0]) != len("keyh:")+64 ||
+		!strings.HasPrefix(got[1], "keyh:") || got[0] == got[1] || got[2] != "key:short" {
+		t.Fatalf("keys %q", got)
+	}
+}
