@@ -3,7 +3,9 @@
 // a handler that reads the body and answers a fixed decision, served by
 // net/http, by github.com/valyala/fasthttp, by the event loop (epoll) of
 // github.com/lesismal/nbio's nbhttp (the same net/http handler, run by
-// its goroutine pool, or inline on the poller), and by a raw loop of
+// its goroutine pool, or inline on the poller), by the event loops of
+// github.com/panjf2000/gnet/v2 (epoll driven by the loop itself, not by
+// the Go runtime's netpoller, answering inline), and by a raw loop of
 // this command's own that does no more per request than one read and one
 // write on the connection (the least any server over TCP does, here in
 // Go); and what Redis spends answering PING (the least a C event loop
@@ -61,7 +63,7 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
 func main() {
-	serve := flag.String("serve", "", "internal: serve the floor with nethttp, fasthttp, nbhttp, nbhttp-inline or rawtcp on --addr")
+	serve := flag.String("serve", "", "internal: serve the floor with nethttp, fasthttp, nbhttp, nbhttp-inline, gnet or rawtcp on --addr")
 	addr := flag.String("addr", "127.0.0.1:0", "internal: listen address of -serve")
 	var rls multi
 	flag.Var(&rls, "ringlimit", "NAME=BINARY of a ringlimit to measure alongside (repeatable)")
@@ -168,6 +170,8 @@ func serveFloor(kind, addr string) error {
 			NoDefaultServerHeader: true, NoDefaultDate: false,
 		}
 		return srv.Serve(ln)
+	case "gnet":
+		return serveGnet(ln)
 	case "rawtcp":
 		for {
 			c, err := ln.Accept()
@@ -177,7 +181,7 @@ func serveFloor(kind, addr string) error {
 			go serveRaw(c)
 		}
 	}
-	return fmt.Errorf("-serve %q: want nethttp, fasthttp, nbhttp, nbhttp-inline or rawtcp", kind)
+	return fmt.Errorf("-serve %q: want nethttp, fasthttp, nbhttp, nbhttp-inline, gnet or rawtcp", kind)
 }
 
 // serveRaw answers the HTTP/1.1 requests of one keep-alive connection
@@ -256,7 +260,7 @@ func run(rls []string, floors bool, redisServer string, dur time.Duration, round
 	// exits, and WaitUp says so with the end of its log.
 	var kinds []string
 	if floors {
-		kinds = []string{"nethttp", "fasthttp", "nbhttp", "nbhttp-inline", "rawtcp"}
+		kinds = []string{"nethttp", "fasthttp", "nbhttp", "nbhttp-inline", "gnet", "rawtcp"}
 	}
 	ports, err := proc.FreePorts(len(kinds) + 3*len(rls))
 	if err != nil {
