@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -119,6 +120,8 @@ func (c strictChecker) Check(_ context.Context, reqs []router.Request, out []rou
 			c.t.Fatalf("request %d: invalid inline rule %+v", i, q.Inline)
 		case q.Key == "" || len(q.Key) > api.MaxKeyLen:
 			c.t.Fatalf("request %d: key of %d bytes", i, len(q.Key))
+		case !utf8.ValidString(q.Key):
+			c.t.Fatalf("request %d: key %q is not UTF-8: the router refuses it", i, q.Key)
 		case q.Inline.CheckCost(q.Cost) != nil:
 			c.t.Fatalf("request %d: cost %d over %+v", i, q.Cost, q.Inline)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -346,9 +348,16 @@ func (s *Service) counterKey(sc *scratch, es []*commonpb.RateLimitDescriptor_Ent
 		b = append(b, e.GetValue()...)
 	}
 	sc.key = b
-	if len(b) > api.MaxKeyLen {
+	if len(b) > api.MaxKeyLen || !utf8.Valid(b) {
+		// A key must be UTF-8 (the router refuses others), and an entry
+		// of 128 bytes or more has a length byte that is not: such keys,
+		// and long ones, are the SHA-256 in hex. No key written as it is
+		// can be 64 hex digits (it has two length bytes per entry, each
+		// then ≥ '0', so ≥ 98 bytes), so the two never meet. Was: the raw
+		// bytes, refused, so a descriptor with any entry of 128 bytes or
+		// more failed the whole call (InvalidArgument).
 		sum := sha256.Sum256(b)
-		return string(sum[:])
+		return hex.EncodeToString(sum[:])
 	}
 	return string(b)
 }

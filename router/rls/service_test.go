@@ -145,6 +145,18 @@ descriptors:
 	}
 }
 
+// Entries of any length count: a value of 128 bytes or more, and one
+// that makes the key longer than a key may be, each have their own
+// counter. Was: InvalidArgument for the whole call (the counter's key
+// was not UTF-8, which the router refuses).
+func TestLongEntriesCount(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	for _, v := range []string{strings.Repeat("x", 127), strings.Repeat("x", 128), strings.Repeat("y", 200), strings.Repeat("z", 5000)} {
+		d := desc("tenant", v)
+		e.run(t, []step{{"api", 0, d, ok, 2, 3, false}, {"api", 0, d, ok, 1, 3, false}})
+	}
+}
+
 // shadow_mode answers OK past the limit and counts each would-be denial.
 func TestShadowMode(t *testing.T) {
 	e := newEnv(t, basicConfig, Options{})
