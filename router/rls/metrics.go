@@ -2,6 +2,7 @@ package rls
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,9 +16,11 @@ const (
 )
 
 // metrics are the service's Prometheus series. Labels come from the
-// config only (the key of a matched descriptor, with its value when
-// detailed_metric asks for it), never from an unknown domain or an
-// unmatched descriptor, so a client cannot grow them.
+// config (the key of a matched descriptor), never from an unknown domain
+// or an unmatched descriptor; the one label a client chooses is a
+// detailed_metric descriptor's value, and those are bounded: at most
+// MaxDetailedKeys of them in all, the values after that counted together
+// under the key and "_<other>".
 type metrics struct {
 	calls         *prometheus.CounterVec // code: ok, over_limit, error
 	descriptors   *prometheus.CounterVec // key, result
@@ -28,8 +31,18 @@ type metrics struct {
 	configOK      prometheus.Gauge
 	limits        prometheus.Gauge
 
-	cached sync.Map // [2]string{key, result} → prometheus.Counter
+	cached   sync.Map     // [2]string{key, result} → prometheus.Counter
+	detailed atomic.Int64 // distinct detailed keys in cached
+	capped   atomic.Bool  // MaxDetailedKeys was reached (logged once)
 }
+
+// MaxDetailedKeys bounds the detailed_metric keys (a descriptor's config
+// key with the request's value) that get series of their own.
+const MaxDetailedKeys = 1000
+
+// otherValues is the key suffix under which detailed_metric values past
+// MaxDetailedKeys are counted.
+const otherValues = "_<other>"
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -69,12 +82,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// descriptor counts one descriptor result.
-func (m *metrics) descriptor(key, result string) {
+// descriptor counts one descriptor result under key; base is the key
+// without a detailed_metric value ("" when key has none). It reports
+// whether this call found MaxDetailedKeys reached for the first time.
+func (m *metrics) descriptor(key, base, result string) (capped bool) {
 	k := [2]string{key, result}
 	c, ok := m.cached.Load(k)
+	if !ok && base != "" && m.detailed.Load() >= MaxDetailedKeys {
+		k[0] = base + otherValues
+		capped = !m.capped.Swap(true)
+		c, ok = m.cached.Load(k)
+	}
 	if !ok {
-		c, _ = m.cached.LoadOrStore(k, m.descriptors.WithLabelValues(key, result))
+		var loaded bool
+		c, loaded = m.cached.LoadOrStore(k, m.descriptors.WithLabelValues(k[0], result))
+		if !loaded && base != "" && k[0] == key {
+			m.detailed.Add(1)
+		}
 	}
 	c.(prometheus.Counter).Inc()
+	return capped
 }

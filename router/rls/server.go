@@ -78,6 +78,7 @@ func New(opts Options, checker Checker) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, m: m, svc: NewService(checker, opts.Headers, m)}
+	s.svc.log = opts.Logger
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.Reload(); err != nil {
 		s.cancel()

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
@@ -43,6 +44,7 @@ type Service struct {
 	checker Checker
 	headers bool
 	m       *metrics
+	log     *slog.Logger
 	cfg     atomic.Pointer[Config]
 	scratch sync.Pool // *scratch
 }
@@ -52,7 +54,7 @@ type Service struct {
 // x-ratelimit-remaining and x-ratelimit-reset for Envoy to add, from the
 // matched limit with the least remaining.
 func NewService(checker Checker, headers bool, m *metrics) *Service {
-	s := &Service{checker: checker, headers: headers, m: m}
+	s := &Service{checker: checker, headers: headers, m: m, log: slog.New(slog.DiscardHandler)}
 	s.cfg.Store(&Config{domains: map[string]*level{}})
 	s.scratch.New = func() any { return new(scratch) }
 	return s
@@ -171,7 +173,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			s.m.unmatched.Inc()
 			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 		case l.unlimited:
-			s.m.descriptor(metricKey(l, d), resultUnlimited)
+			s.count(l, d, resultUnlimited)
 			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case l.denyAll:
 			resp.Statuses[i] = s.status(l, 0, router.Result{}, d)
@@ -395,7 +397,7 @@ func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimit
 			st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	s.m.descriptor(metricKey(l, d), result)
+	s.count(l, d, result)
 	return st
 }
 
@@ -407,14 +409,19 @@ func (l *limit) nameOf(j int) string {
 	return ""
 }
 
-// metricKey is the metrics key of a descriptor's limit: the config's
-// key, with the descriptor's last value when detailed_metric is set.
-func metricKey(l *limit, d *commonpb.RateLimitDescriptor) string {
+// count counts a descriptor's result under its metrics key: the config's
+// key, with the descriptor's last value when detailed_metric is set (see
+// metrics for the bound on those).
+func (s *Service) count(l *limit, d *commonpb.RateLimitDescriptor, result string) {
 	if !l.detailed {
-		return l.fullKey
+		s.m.descriptor(l.fullKey, "", result)
+		return
 	}
 	es := d.GetEntries()
-	return l.fullKey + "_" + es[len(es)-1].GetValue()
+	if s.m.descriptor(l.fullKey+"_"+es[len(es)-1].GetValue(), l.fullKey, result) {
+		s.log.Warn("rls: detailed_metric values reached their bound; later values are counted under their key and \"_<other>\"",
+			"bound", MaxDetailedKeys, "key", l.fullKey)
+	}
 }
 
 // addHeaders adds x-ratelimit-* for the limited descriptor that decides

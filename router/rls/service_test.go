@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -154,6 +156,34 @@ func TestLongEntriesCount(t *testing.T) {
 	for _, v := range []string{strings.Repeat("x", 127), strings.Repeat("x", 128), strings.Repeat("y", 200), strings.Repeat("z", 5000)} {
 		d := desc("tenant", v)
 		e.run(t, []step{{"api", 0, d, ok, 2, 3, false}, {"api", 0, d, ok, 1, 3, false}})
+	}
+}
+
+// detailed_metric's series are bounded: past MaxDetailedKeys distinct
+// values, the others are counted together under the key and "_<other>".
+// Was: one series per value a client sent, without end (2000 values,
+// 2000 series).
+func TestDetailedMetricIsBounded(t *testing.T) {
+	e := newEnv(t, `
+domain: d
+descriptors:
+  - key: to_number
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`, Options{})
+	const sent = MaxDetailedKeys + 500
+	for i := range sent {
+		e.call(t, "d", 0, desc("to_number", fmt.Sprint(i)))
+	}
+	series := testutil.CollectAndCount(e.srv.m.descriptors)
+	if series != MaxDetailedKeys+1 {
+		t.Fatalf("%d series for %d values, want %d (the bound and one for the others)", series, sent, MaxDetailedKeys+1)
+	}
+	if got := e.counter("d.to_number_0", resultWithin); got != 1 {
+		t.Fatalf("a value within the bound counted %v, want 1", got)
+	}
+	if got := e.counter("d.to_number"+otherValues, resultWithin); got != sent-MaxDetailedKeys {
+		t.Fatalf("the others counted %v, want %d", got, sent-MaxDetailedKeys)
 	}
 }
 
