@@ -1316,6 +1316,13 @@ func (n *Node) registerMetrics() error {
 				}
 				return 0
 			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_owner_checks_total", Help: "Checks this member decided as their key's owner, whatever front door they came through (its own HTTP API or RLS, another member or router, a Go client on the data plane)."},
+			func() float64 {
+				if o := n.owner.Load(); o != nil {
+					return float64(o.Decided())
+				}
+				return 0
+			}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_key_cap_refused_total", Help: "Checks of new keys refused because this member tracks --max-keys states (answered by the rule's failure mode)."},
 			func() float64 {
 				if o := n.owner.Load(); o != nil {

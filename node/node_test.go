@@ -106,6 +106,9 @@ func TestHandleBatchStatuses(t *testing.T) {
 			t.Errorf("check %d: %v allowed=%v, want %v allowed=%v", i, r.Status, r.Allowed, w.status, w.allowed)
 		}
 	}
+	if got := o.Decided(); got != 3 { // ringlimit_owner_checks_total: the OK answers
+		t.Errorf("Decided() = %d, want 3", got)
+	}
 	// A hash that does not belong to the partition it claims is refused.
 	other := mine
 	for {

@@ -78,6 +78,8 @@ type Owner struct {
 	// hand-offs that come later are refused, not taken and then lost.
 	sealed atomic.Bool
 
+	decided atomic.Uint64 // checks decided (StatusOK), for ringlimit_owner_checks_total
+
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 
 	maxKeys      int         // the most bucket states tracked; 0 = no cap
@@ -414,7 +416,18 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			}
 		}
 	}
+	decided := 0
+	for i := range resp.Results {
+		if resp.Results[i].Status == transport.StatusOK {
+			decided++
+		}
+	}
+	o.decided.Add(uint64(decided))
 }
+
+// Decided returns how many checks this owner has decided (answered OK:
+// allowed or denied), whichever front door they came through.
+func (o *Owner) Decided() uint64 { return o.decided.Load() }
 
 // Prompt reports whether HandleBatch would decide req without waiting:
 // our ring and rules are as new as the sender's, we hold the lease, and no

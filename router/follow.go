@@ -81,7 +81,6 @@ func (r *Router) install(v *View) {
 		}
 	}
 	r.SetView(v)
-	r.m.viewEpoch.Set(float64(v.Ring.Epoch()))
 }
 
 func sameRules(a, b *View) bool {

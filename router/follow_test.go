@@ -11,6 +11,10 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/view"
@@ -243,6 +247,57 @@ func TestUnknownRuleRefetchesTheView(t *testing.T) {
 		time.Sleep(refetchGap)
 		if err := check("typo"); !errors.Is(err, ErrUnknownRule) || time.Since(start) != refetchGap {
 			t.Fatalf("without Follow: %v after %v, want ErrUnknownRule at once", err, time.Since(start)-refetchGap)
+		}
+	})
+}
+
+// The router's metrics on an owner that never answers: one forward error
+// per batch (however many callers wait on it), the wait of the failure
+// mode in a finite latency bucket, and the view's epoch from SetView (a
+// member's router is set, not following). Was: an error per caller, the
+// 250 ms answers in +Inf (the top bucket was 0.12 s), and epoch 0 on
+// members.
+func TestMetricsOfAnOwnerThatNeverAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		rt, err := New(Config{Registerer: reg}, nil, &network{down: map[string]bool{"b:1": true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(view.New(mustRing(t, 9, "b"), 7, ruleList(testRules(t)), 0))
+		if got := testutil.ToFloat64(rt.m.viewEpoch); got != 9 {
+			t.Errorf("view epoch %v after SetView, want 9", got)
+		}
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				out := make([]Result, 1)
+				if err := rt.Check(t.Context(), []Request{{Rule: "closed", Key: strconv.Itoa(i), Cost: 1}}, out); err != nil || !out[0].Degraded {
+					t.Errorf("check %d: %+v, %v; want a degraded answer", i, out[0], err)
+				}
+			})
+		}
+		wg.Wait()
+		var hm dto.Metric
+		if err := rt.m.batchSize.Write(&hm); err != nil {
+			t.Fatal(err)
+		}
+		sent := hm.GetHistogram().GetSampleCount()
+		if got := testutil.ToFloat64(rt.m.forwardErrors); got != float64(sent) || sent == 0 {
+			t.Errorf("forward errors %v for %d batches sent, want one per batch", got, sent)
+		}
+		if err := rt.m.latency.Write(&hm); err != nil {
+			t.Fatal(err)
+		}
+		var finite uint64
+		for _, b := range hm.GetHistogram().GetBucket() {
+			if b.GetUpperBound() >= 0.25 && finite == 0 {
+				finite = b.GetCumulativeCount()
+			}
+		}
+		if finite != 20 {
+			t.Errorf("%d of 20 answers at the 250 ms timeout in the first bucket of 0.25 s or more, want 20 (buckets %v)", finite, hm.GetHistogram().GetBucket())
 		}
 	})
 }

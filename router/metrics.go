@@ -16,7 +16,7 @@ type metrics struct {
 	forwardErrors prometheus.Counter
 	degraded      *prometheus.CounterVec // rule
 	viewErrors    prometheus.Counter     // Follow's failed fetches
-	viewEpoch     prometheus.Gauge       // the ring epoch Follow installed last
+	viewEpoch     prometheus.Gauge       // the ring epoch of the view in use
 
 	perRule sync.Map // rule name → *ruleCounters
 }
@@ -30,7 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"rule", "outcome"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ringlimit_check_duration_seconds", Help: "Time to decide one call of checks (single or batch), forwarding included.",
-			Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
+			// 5 µs to 0.75 s: past the default forward timeout (250 ms),
+			// so answers given by the failure mode land in a bucket of
+			// their own, not in +Inf with the quantiles stuck at the top.
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 14),
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ringlimit_forward_batch_checks", Help: "Checks per batch sent to another owner.",
@@ -43,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ringlimit_degraded_total", Help: "Checks answered by the rule's failure mode, by rule.",
 		}, []string{"rule"}),
 		viewErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_router_view_errors_total", Help: "Failed fetches of the cluster view by a following router."}),
-		viewEpoch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_router_view_epoch", Help: "Ring epoch of the view a following router installed last."}),
+		viewEpoch:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_router_view_epoch", Help: "Ring epoch of the view the router routes by (a member's, or the one a following router installed last)."}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.decisions, m.latency, m.batchSize, m.forwarded, m.notOwner, m.forwardErrors, m.degraded, m.viewErrors, m.viewEpoch} {

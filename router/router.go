@@ -170,7 +170,12 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 func (r *Router) Close() { r.cancel() }
 
 // SetView installs a new view; checks from now on use it.
-func (r *Router) SetView(v *View) { r.cell.Store(v) }
+func (r *Router) SetView(v *View) {
+	r.cell.Store(v)
+	if v != nil && v.Ring != nil {
+		r.m.viewEpoch.Set(float64(v.Ring.Epoch()))
+	}
+}
 
 // View returns the current view, nil before the first SetView.
 func (r *Router) View() *View { return r.cell.Load() }
@@ -461,7 +466,6 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			return maxEpoch
 		}
 		if t.b.err != nil {
-			r.m.forwardErrors.Inc()
 			r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
 		}
 		maxEpoch = max(maxEpoch, t.b.resp.Epoch)
@@ -883,6 +887,9 @@ func (b *batcher) start(bt *batch) {
 // flight — sends the batch that filled up meanwhile without waiting for
 // its linger.
 func (b *batcher) finish(bt *batch, err error) {
+	if err != nil && b.r.ctx.Err() == nil {
+		b.r.m.forwardErrors.Inc() // once per batch, whatever its callers
+	}
 	bt.err = err
 	close(bt.done)
 	b.mu.Lock()
