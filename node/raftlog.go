@@ -19,6 +19,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/internal/repeats"
 )
 
 // hclogger is an hclog.Logger that writes through a slog.Handler, so the
@@ -60,7 +62,7 @@ import (
 // throttled: the first of a message about one peer is logged, repeats
 // within repeatWindow are counted, and when the window ends with repeats
 // held, the last of them is logged as "msg (N more in 30s)" with an attr
-// "repeats": N, which starts the next window (repeats). The end of a
+// "repeats": N, which starts the next window (repeats.Repeats). The end of a
 // window is a timer of the time package (time.AfterFunc), whatever now
 // says: a burst that stops is summed up 30s after its first line, with
 // no later line needed; a steady stream comes out as one line per
@@ -86,7 +88,7 @@ type hclogShared struct {
 	taken map[string]bool  // keys a line has already: an arg's is renamed
 
 	mu      sync.Mutex
-	rep     *repeats             // guarded by mu
+	rep     *repeats.Repeats     // guarded by mu
 	pending map[string]*heldLine // guarded by mu: by repeats key, the last line held back in a window that a timer will end
 }
 
@@ -114,7 +116,7 @@ var throttledBy = []string{"peer", "server-id", "target"}
 // attrs), at now's time (time.Now in production). taken are the keys of
 // the attrs log adds: an arg with one of them is renamed (hclogAttrs).
 func newHclogger(log *slog.Logger, now func() time.Time, taken ...string) *hclogger {
-	sh := &hclogShared{now: now, epoch: now(), rep: newRepeats(repeatWindow, repeatKeys), pending: make(map[string]*heldLine)}
+	sh := &hclogShared{now: now, epoch: now(), rep: repeats.New(repeatWindow, repeatKeys), pending: make(map[string]*heldLine)}
 	sh.taken = map[string]bool{slog.TimeKey: true, slog.LevelKey: true, slog.MessageKey: true, slog.SourceKey: true, "module": true}
 	for _, k := range taken {
 		sh.taken[k] = true
@@ -172,7 +174,7 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 			key := l.name + "\x00" + msg + "\x00" + peer
 			l.mu.Lock()
 			at := now.Sub(l.epoch)
-			logged, held := l.rep.seeAt(key, at)
+			logged, held := l.rep.SeeAt(key, at)
 			if logged {
 				delete(l.pending, key) // its held count is reported here
 			} else {
@@ -180,7 +182,7 @@ func (l *hclogger) log(pcSkip int, level hclog.Level, msg string, args []any) {
 				if p == nil {
 					p = &heldLine{}
 					l.pending[key] = p
-					time.AfterFunc(l.rep.left(key, at), func() { l.endWindow(key, p) })
+					time.AfterFunc(l.rep.Left(key, at), func() { l.endWindow(key, p) })
 				}
 				*p = heldLine{l: l, level: level, msg: msg, args: args}
 			}
@@ -227,7 +229,7 @@ func (l *hclogger) endWindow(key string, p *heldLine) {
 		return
 	}
 	now := l.now()
-	held, left := l.rep.endAt(key, now.Sub(l.epoch))
+	held, left := l.rep.EndAt(key, now.Sub(l.epoch))
 	if left > 0 { // now says the window is not over yet
 		time.AfterFunc(left, func() { l.endWindow(key, p) })
 		l.mu.Unlock()
@@ -482,95 +484,4 @@ func levelPrefix(s string) (hclog.Level, string) {
 		}
 	}
 	return hclog.Info, s
-}
-
-// repeats decides which lines of a stream to log when the same one
-// (by key: a message and the peer it is about) comes again and again:
-// the first of a key is logged and starts a window; repeats within it
-// are held back and counted. Its owner ends the window when it is over
-// (endAt, at left): the count held is then reported and starts a new
-// window. A line after a window that was not ended (its owner was late)
-// is logged with the count (held) and starts a new window.
-//
-// Time is an argument: a monotonic offset from any origin. A time before
-// the last logged one (a clock that went back) counts as within the
-// window.
-//
-// It remembers at most max keys: a new key when full first forgets the
-// keys whose window has passed with nothing held (those with lines held
-// are about to be reported), and if none has, is logged and not
-// remembered rather than grow the map.
-//
-// Not safe for concurrent use.
-type repeats struct {
-	window time.Duration
-	max    int
-	seen   map[string]repeat
-}
-
-type repeat struct {
-	since time.Duration // when the last line of the key was logged
-	held  int           // lines of the key held back since
-}
-
-func newRepeats(window time.Duration, max int) *repeats {
-	return &repeats{window: window, max: max, seen: make(map[string]repeat)}
-}
-
-// seeAt reports whether the line key seen at now is to be logged, and
-// how many of it were held back since the last one logged.
-func (r *repeats) seeAt(key string, now time.Duration) (log bool, held int) {
-	e, ok := r.seen[key]
-	switch {
-	case !ok:
-		if len(r.seen) >= r.max {
-			r.forget(now)
-			if len(r.seen) >= r.max {
-				return true, 0
-			}
-		}
-	case now-e.since < r.window: // and a clock that went back: negative
-		e.held++
-		r.seen[key] = e
-		return false, 0
-	}
-	r.seen[key] = repeat{since: now}
-	return true, e.held
-}
-
-// left returns how long key's window has still to run at now: at most
-// window (a clock that went back); 0 when it is over or key is unknown.
-func (r *repeats) left(key string, now time.Duration) time.Duration {
-	e, ok := r.seen[key]
-	if !ok {
-		return 0
-	}
-	return min(max(r.window-(now-e.since), 0), r.window)
-}
-
-// endAt ends key's window at now if it is over: it returns the count of
-// lines held back in it (0: none, or key is unknown) and, when some
-// were, starts a new window at now, as a line logged at now would. If
-// the window is not over, it changes nothing and returns how long it
-// has still to run.
-func (r *repeats) endAt(key string, now time.Duration) (held int, left time.Duration) {
-	if left := r.left(key, now); left > 0 {
-		return 0, left
-	}
-	e, ok := r.seen[key]
-	if !ok || e.held == 0 {
-		return 0, 0
-	}
-	r.seen[key] = repeat{since: now}
-	return e.held, 0
-}
-
-// forget drops the keys whose window has passed at now with nothing
-// held back.
-func (r *repeats) forget(now time.Duration) {
-	for k, e := range r.seen {
-		if now-e.since >= r.window && e.held == 0 {
-			delete(r.seen, k)
-		}
-	}
 }
