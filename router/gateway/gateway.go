@@ -27,12 +27,14 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/repeats"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
@@ -89,6 +91,32 @@ type Gateway struct {
 	now     func() time.Time
 	after   func(time.Duration) <-chan time.Time
 	m       *metrics
+
+	// Lines a client's requests can repeat at their rate (an upstream
+	// down, a route naming a rule the cluster lacks) are logged once per
+	// logWindow per kind and route, with the count held back since.
+	logMu   sync.Mutex
+	logRep  *repeats.Repeats // guarded by logMu
+	logZero time.Time
+}
+
+// logWindow is how long the gateway holds back repeats of a line.
+const logWindow = 30 * time.Second
+
+// logRepeated logs msg at level unless a line of key was logged within
+// logWindow; a line logged after some were held back says how many.
+func (g *Gateway) logRepeated(key string, level slog.Level, msg string, args ...any) {
+	g.logMu.Lock()
+	log, held := g.logRep.SeeAt(key, g.now().Sub(g.logZero))
+	g.logMu.Unlock()
+	if !log {
+		return
+	}
+	if held > 0 {
+		msg = fmt.Sprintf("%s (%d more in %s)", msg, held, logWindow)
+		args = append(args, "repeats", held)
+	}
+	g.log.Log(context.Background(), level, msg, args...)
 }
 
 // New returns a gateway that decides with c.
@@ -120,12 +148,14 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 		return nil, err
 	}
 	g.m = m
+	g.logRep, g.logZero = repeats.New(logWindow, 1024), g.now()
 	return g, nil
 }
 
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() == nil {
-		g.log.Warn("gateway: upstream failed", "err", err)
+		g.m.upstreams.Inc()
+		g.logRepeated("upstream", slog.LevelWarn, "gateway: upstream failed", "err", err)
 	}
 	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
 }
@@ -244,7 +274,7 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	case errors.Is(err, router.ErrUnknownRule):
 		g.m.outcome(route.Name, "error")
-		g.log.Error("gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)
+		g.logRepeated("unknown rule "+route.Name, slog.LevelError, "gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)
 		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %v", route.Name, err))
 	default:
 		g.m.outcome(route.Name, "error")

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -25,8 +26,10 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/client"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
@@ -666,4 +669,62 @@ func TestLongOrBinaryAPIKeysAreHashed(t *testing.T) {
 		!strings.HasPrefix(got[1], "keyh:") || got[0] == got[1] || got[2] != "key:short" {
 		t.Fatalf("keys %q", got)
 	}
+}
+
+// Lines a client's requests repeat at their rate are logged once per
+// window, and upstream failures are counted. Was: a WARN per request
+// with the upstream down, an ERROR per request for a route naming a rule
+// the cluster lacks (1000 requests, 1000 lines), and the 502s counted
+// only as "allowed".
+func TestRepeatedFailuresLogOnceAndCount(t *testing.T) {
+	c := newChecker(t)
+	down := newUpstream(t)
+	down.Close() // nothing answers there
+	var logs logbuf.Buffer
+	clock := time.Unix(1_000_000, 0)
+	var mu sync.Mutex
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	reg := prometheus.NewRegistry()
+	s := front(t, down, c, Config{Now: now, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Routes: []rules.Route{
+		{Name: "missing", Path: "/missing", Limits: []rules.Limit{{Rule: "nosuchrule", Cost: 1}}},
+		{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+	}})
+	for range 20 {
+		if resp := get(t, s.URL+"/x", nil); resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("upstream down: %d, want 502", resp.StatusCode)
+		}
+		if resp := get(t, s.URL+"/missing", nil); resp.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("missing rule: %d, want 500", resp.StatusCode)
+		}
+	}
+	count := func(msg string) int { return strings.Count(logs.String(), msg) }
+	if w, e := count(`msg="gateway: upstream failed"`), count(`msg="gateway: a route names a rule the cluster does not have"`); w != 1 || e != 1 {
+		t.Fatalf("%d upstream and %d missing-rule lines for 20 requests each, want 1 and 1:\n%s", w, e, logs.String())
+	}
+	mu.Lock()
+	clock = clock.Add(logWindow)
+	mu.Unlock()
+	get(t, s.URL+"/x", nil)
+	if !strings.Contains(logs.String(), `msg="gateway: upstream failed (19 more in 30s)"`) {
+		t.Fatalf("the next line after the window does not count the 19 held back:\n%s", logs.String())
+	}
+	if got := gathered(t, reg, "ringlimit_gateway_upstream_errors_total"); got != 21 {
+		t.Fatalf("upstream errors %v, want 21", got)
+	}
+}
+
+// gathered is the value of the counter name in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }

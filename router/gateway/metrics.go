@@ -6,8 +6,9 @@ import (
 
 // metrics are the gateway's Prometheus series.
 type metrics struct {
-	requests *prometheus.CounterVec // route, outcome
-	shaped   prometheus.Histogram
+	requests  *prometheus.CounterVec // route, outcome
+	shaped    prometheus.Histogram
+	upstreams prometheus.Counter // requests the upstream failed (502)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -16,13 +17,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ringlimit_gateway_requests_total",
 			Help: "Requests by route and outcome (allowed, denied, unauthorized, unlimited, bad_request, error, gone).",
 		}, []string{"route", "outcome"}),
+		upstreams: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_gateway_upstream_errors_total",
+			Help: "Requests forwarded (allowed or unlimited) that the upstream failed: unreachable, or its answer cut off (answered 502).",
+		}),
 		shaped: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ringlimit_gateway_shaped_delay_seconds", Help: "How long shaped (leaky_bucket) requests were held.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.shaped} {
+		for _, c := range []prometheus.Collector{m.requests, m.shaped, m.upstreams} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
