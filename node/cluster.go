@@ -1269,7 +1269,7 @@ func newNodeMetrics() *nodeMetrics {
 		backupLag:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_backup_lag_seconds", Help: "Replication lag of the last backup round: the interval plus the time to push."}),
 		markedDead:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_members_marked_dead_total", Help: "Members this node marked dead while leading."}),
 		rulesFileLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringlimit_rules_file_loads_total",
-			Help: "Loads of a changed rules file (--rules), by result (ok; error: unreadable or invalid, the rules in force stay)."}, []string{"result"}),
+			Help: "Loads of the rules file (--rules): the first at start, then each change; by result (ok; error: unreadable or invalid, the rules in force stay)."}, []string{"result"}),
 		rulesFileOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_rules_file_last_load_ok",
 			Help: "1 when the last load of the rules file (--rules) succeeded, 0 when it was refused."}),
 	}

@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ringlimit_rls_unknown_domain_total", Help: "Calls for a domain the config does not define (answered OK).",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ringlimit_rls_config_loads_total", Help: "Loads of a changed envoy config, by result (ok, error: refused, the previous config stays).",
+			Name: "ringlimit_rls_config_loads_total", Help: "Loads of the envoy config: the first at start, then each change; by result (ok, error: refused, the previous config stays).",
 		}, []string{"result"}),
 		configOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ringlimit_rls_config_last_load_ok", Help: "1 when the last load of the envoy config succeeded, 0 when it was refused.",
