@@ -301,3 +301,59 @@ func TestMetricsOfAnOwnerThatNeverAnswers(t *testing.T) {
 		}
 	})
 }
+
+// A following router whose view names an owner that can no longer be
+// reached (its port closed: a member that stopped gracefully, after
+// handing its partitions off and marking itself down) fetches the view
+// at once and decides under the newer one, without degrading. An owner
+// whose partitions do not move (crashed, not yet marked dead) is
+// answered by the failure mode after half the owner timeout. Was: the
+// failure mode at once, in both cases: a graceful stop gave 2–18
+// degraded answers through routers and Go clients (fail-open ones
+// admitted past the limit). Fake time.
+func TestFollowerRetriesAnOwnerThatIsGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := testRules(t)
+		r1, r2 := mustRing(t, 5, "a", "b"), mustRing(t, 6, "b")
+		net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules), "b:1": newOwner(t, "b", r2, rules)},
+			closed: map[string]bool{"a:1": true}}
+		rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, net)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		src := &source{v: view.New(r1, 7, ruleList(rules), 0)}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = rt.Follow(ctx, src, time.Second) }()
+		synctest.Wait()
+		var key string // one a owns under r1
+		for i := 0; ; i++ {
+			key = strconv.Itoa(i)
+			if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(7, key))); o.ID == "a" {
+				break
+			}
+		}
+		check := func() (Result, time.Duration) {
+			start := time.Now()
+			out := make([]Result, 1)
+			if err := rt.Check(t.Context(), []Request{{Rule: "closed", Key: key, Cost: 1}}, out); err != nil {
+				t.Fatal(err)
+			}
+			return out[0], time.Since(start)
+		}
+		// Crashed: the view does not move; the failure mode answers.
+		if res, took := check(); !res.Degraded || res.Allowed || took != 125*time.Millisecond {
+			t.Fatalf("owner gone, no newer view: %+v after %v; want the closed failure mode after 125ms", res, took)
+		}
+		// Gone gracefully: the next view has moved a's partitions to b.
+		src.set(view.New(r2, 7, ruleList(rules), 0), nil)
+		res, took := check()
+		if res.Degraded || !res.Allowed || res.Remaining != 4 {
+			t.Fatalf("owner gone, its partitions moved: %+v after %v; want decided by b (allowed, 4 left)", res, took)
+		}
+		if took >= 125*time.Millisecond {
+			t.Errorf("decided after %v: it waited out the bound instead of the view", took)
+		}
+	})
+}

@@ -32,7 +32,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -186,6 +188,7 @@ type scratch struct {
 	rules    []*limiter.Rule
 	pending  []int
 	retry    []int
+	gone     []int // indexes whose owner could not be reached (see run)
 	local    transport.BatchRequest
 	resp     transport.BatchResponse
 	localIdx []int   // indexes decided in place, in s.local order
@@ -340,6 +343,7 @@ func denyGroups(reqs []Request, out []Result) {
 // step (a read was ~2% of a single check's CPU, and a check read it
 // three to five times).
 func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now time.Time) error {
+	goneWait := min(r.cfg.RefreshWait, r.cfg.Timeout/2)
 	for attempt := 0; len(s.pending) > 0; attempt++ {
 		if attempt > 0 {
 			now = time.Now()
@@ -351,11 +355,11 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 		if err := expired(ctx); err != nil {
 			return err
 		}
-		if len(s.retry) == 0 {
+		if len(s.retry) == 0 && len(s.gone) == 0 {
 			break
 		}
 		if attempt == 1 { // NOT_OWNER twice: the cluster is still moving
-			for _, i := range s.retry {
+			for _, i := range slices.Concat(s.retry, s.gone) {
 				out[i] = failureAnswer(s.rules[i])
 				r.m.counters(s.rules[i].Name).degraded.Inc()
 			}
@@ -363,6 +367,32 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 		}
 		r.m.notOwner.Add(float64(len(s.retry)))
 		r.markStale()
+		if len(s.gone) > 0 {
+			// An owner this router could not reach (its port closed, its
+			// connection broke): a following router's view lags the ring
+			// by up to its refresh period, and a member that stops
+			// gracefully hands its partitions off, marks itself down and
+			// closes its port in that time. A view newer than v, fetched
+			// at once (markStale), then names their new owners: the
+			// checks go there. Was: answered at once by the failure mode.
+			// A crashed owner's partitions move only once it is marked
+			// dead, so the wait is bounded, by half the owner timeout.
+			nv := r.cell.Await(ctx, max(epoch, v.Epoch()+1), 0, goneWait)
+			if nv == nil || nv.Epoch() <= v.Epoch() {
+				for _, i := range s.gone {
+					out[i] = failureAnswer(s.rules[i])
+					r.m.counters(s.rules[i].Name).degraded.Inc()
+				}
+				s.gone = s.gone[:0]
+				if len(s.retry) == 0 {
+					break
+				}
+			} else {
+				v = nv
+			}
+			s.retry = append(s.retry, s.gone...)
+			s.gone = s.gone[:0]
+		}
 		v = r.cell.Await(ctx, epoch, 0, r.cfg.RefreshWait)
 		if s.joined {
 			slices.Sort(s.retry) // request order: each group whole and in order
@@ -376,7 +406,7 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 // that met NOT_OWNER are left in s.retry, and the highest epoch an owner
 // reported is returned.
 func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result, now time.Time) (maxEpoch uint64) {
-	s.retry = s.retry[:0]
+	s.retry, s.gone = s.retry[:0], s.gone[:0]
 	s.local.Checks = s.local.Checks[:0]
 	s.waits = s.waits[:0]
 	s.localIdx = s.localIdx[:0]
@@ -467,6 +497,11 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		}
 		if t.b.err != nil {
 			r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
+			if r.following.Load() && ownerGone(t.b.err) {
+				s.gone = append(s.gone, t.idx...)
+				t.b.release()
+				continue
+			}
 		}
 		maxEpoch = max(maxEpoch, t.b.resp.Epoch)
 		for k, i := range t.idx {
@@ -881,6 +916,15 @@ func (b *batcher) start(bt *batch) {
 		cancel()
 		b.finish(bt, err)
 	}()
+}
+
+// ownerGone reports whether err, a batch's, says its owner could not be
+// reached at all (a refused dial, a connection that broke or was closed),
+// rather than late (ctx), overloaded (ErrQueueFull) or refusing the frame.
+func ownerGone(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, transport.ErrConnClosed) && !errors.Is(err, transport.ErrClientClosed) ||
+		errors.As(err, &oe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // finish publishes bt's answer and — when it was the last batch in

@@ -3,10 +3,12 @@ package router
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,13 +48,17 @@ func (o *owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 type network struct {
 	owners map[string]*owner
 	down   map[string]bool
-	called chan string // when set, receives the address of every call after it is answered
+	closed map[string]bool // the owner's port is closed: calls fail at once
+	called chan string     // when set, receives the address of every call after it is answered
 }
 
 func (n *network) Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error {
 	if n.down[addr] {
 		<-ctx.Done()
 		return ctx.Err()
+	}
+	if n.closed[addr] {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	}
 	resp.Results = make([]transport.Result, len(req.Checks))
 	n.owners[addr].HandleBatch(ctx, req, resp)
