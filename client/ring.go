@@ -20,8 +20,9 @@ import (
 
 // ViewSource reads the cluster's view (GET /v1/cluster/view, an admin
 // endpoint) from the members, starting with the one that answered last
-// and failing over to the others in turn. It is the router.ViewSource of
-// a router that is not a member.
+// and failing over to the others in turn, each given an equal share of
+// the time left. It is the router.ViewSource of a router that is not a
+// member.
 type ViewSource struct {
 	clients []*Client
 
@@ -48,9 +49,19 @@ func (s *ViewSource) FetchView(ctx context.Context) (*router.View, error) {
 	start := s.cur
 	s.mu.Unlock()
 	var errs []error
+	deadline, bounded := ctx.Deadline()
 	for k := range s.clients {
 		i := (start + k) % len(s.clients)
-		av, err := s.clients[i].RouterView(ctx)
+		// Each member gets its share of what is left of ctx, so that one
+		// that hangs (stopped, not refusing) leaves the others time.
+		// Was: the first took the whole deadline, and a router whose
+		// first --cluster member hung never read a view from the rest.
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if bounded {
+			tctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/time.Duration(len(s.clients)-k))
+		}
+		av, err := s.clients[i].RouterView(tctx)
+		cancel()
 		if err == nil {
 			var v *router.View
 			if v, err = router.ViewFromAPI(av); err == nil {

@@ -243,3 +243,25 @@ func TestRingRefusalsAreAPIErrors(t *testing.T) {
 	eventually(t, "the ring client's first view", rc.Ready)
 	check(rc, "on the data plane")
 }
+
+// A view source whose first member hangs (stopped, not refusing) reads
+// the view from the next one within the same call: each member gets its
+// share of the deadline. Was: the first took all of it, and a router
+// whose first --cluster member hung never got a view. Real sockets: the
+// deadline bounds a hang, it is not what is measured.
+func TestViewSourceFailsOverFromAHungMember(t *testing.T) {
+	m := startMembers(t, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts (the kernel's backlog), never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	src := client.NewViewSource([]string{ln.Addr().String(), m.http[0]}, client.WithAdminToken(testToken))
+	defer src.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := src.FetchView(ctx)
+	if err != nil || v == nil || v.Ring == nil {
+		t.Fatalf("FetchView with the first member hung: %v, %v; want the second member's view", v, err)
+	}
+}
