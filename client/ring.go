@@ -94,6 +94,9 @@ type Backoff struct {
 	Base     time.Duration // default 10ms
 	Max      time.Duration // default 1s
 	Jitter   float64       // default 0.2
+	// PerTry bounds each try (default 1s, within the caller's context):
+	// a member that hangs is given up and the next one tried.
+	PerTry time.Duration
 }
 
 func (b Backoff) withDefaults() Backoff {
@@ -108,6 +111,9 @@ func (b Backoff) withDefaults() Backoff {
 	}
 	if b.Jitter <= 0 || b.Jitter > 1 {
 		b.Jitter = 0.2
+	}
+	if b.PerTry <= 0 {
+		b.PerTry = time.Second
 	}
 	return b
 }
@@ -265,7 +271,8 @@ func (c *Ring) Period(rule string) (time.Duration, bool) {
 }
 
 // checkHTTP is the fallback: POST /v1/check to the members in turn,
-// retrying transport errors and 503s with back-off.
+// retrying transport errors, 503s and tries over Retry.PerTry with
+// back-off.
 func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -275,8 +282,15 @@ func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api
 		c.fbCount++
 		c.fbMu.Unlock()
 		var d api.Decision
-		d, err = hc.Check(ctx, rule, key, cost)
-		if err == nil || !retryable(err) || attempt >= c.retry.Attempts {
+		tctx, cancel := context.WithTimeout(ctx, c.retry.PerTry)
+		d, err = hc.Check(tctx, rule, key, cost)
+		cancel()
+		// A try that ran out of its own time (a member that hangs) is
+		// retried on the next member; was: it took the caller's whole
+		// context, so half the checks of a Ring whose fallback list held
+		// a stopped member hung until their caller gave up.
+		lateTry := err != nil && ctx.Err() == nil && tctx.Err() != nil
+		if err == nil || !retryable(err) && !lateTry || attempt >= c.retry.Attempts {
 			return d, err
 		}
 		if e := c.sleep(ctx, c.backoff(attempt, 0)); e != nil {

@@ -265,3 +265,30 @@ func TestViewSourceFailsOverFromAHungMember(t *testing.T) {
 		t.Fatalf("FetchView with the first member hung: %v, %v; want the second member's view", v, err)
 	}
 }
+
+// The Ring's HTTP fallback gives up a member that hangs after
+// Retry.PerTry and asks the next. Was: the try took the caller's whole
+// context, so every other check hung. Real sockets.
+func TestRingFallbackSkipsAHungMember(t *testing.T) {
+	m := startMembers(t, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// No admin token: the Ring never gets a view and stays on HTTP.
+	rc, err := client.NewRing(client.RingConfig{Members: []string{ln.Addr().String(), m.http[0]},
+		Retry: client.Backoff{PerTry: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	for i := range 4 { // the fallback takes the members in turn: each first once or more
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		d, err := rc.Check(ctx, "default", fmt.Sprint("k", i), 1)
+		cancel()
+		if err != nil || !d.Allowed {
+			t.Fatalf("check %d with one member hung: %+v, %v", i, d, err)
+		}
+	}
+}
