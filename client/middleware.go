@@ -6,9 +6,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/identity"
 )
 
 // Checker decides one check; *Client (HTTP) and *Ring (data plane)
@@ -39,7 +41,10 @@ type MiddlewareConfig struct {
 	// reached, or Rule is not a rule of the cluster (err says which).
 	// nil = 503 unavailable "rate limiter unavailable", with err logged
 	// nowhere: set it to log err, or call next.ServeHTTP in it to fail
-	// open.
+	// open. A check the limiter refuses as bad (a cost below 0 or above
+	// what the rule can ever allow) is answered 400 with the limiter's
+	// message, never by OnError: failing open there would let any cost
+	// through. A request whose client has gone is not answered at all.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// Now is the clock of X-RateLimit-Reset; nil = time.Now.
 	Now func() time.Time
@@ -70,6 +75,13 @@ func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler
 			}
 			d, err := c.Check(r.Context(), cfg.Rule, key, cost)
 			if err != nil {
+				if r.Context().Err() != nil {
+					return // the client left: nobody to answer, nothing to let through
+				}
+				if e, ok := errors.AsType[*api.Error](err); ok && e.Status == http.StatusBadRequest {
+					WriteError(w, http.StatusBadRequest, api.CodeBadRequest, e.Message)
+					return
+				}
 				if cfg.OnError != nil {
 					cfg.OnError(w, r, err)
 					return
@@ -111,25 +123,35 @@ func window(c Checker, cfg MiddlewareConfig) time.Duration {
 	return time.Second
 }
 
-// KeyByIP keys a request by its peer's IP address (no X-Forwarded-For:
-// put the gateway, which knows trusted proxies, in front for that).
+// KeyByIP keys a request by its peer's IP address, "ip:ADDR" as the
+// gateway keys it (an IPv4-mapped IPv6 address as IPv4, no zone), with no
+// X-Forwarded-For: put the gateway, which knows trusted proxies, in front
+// for that.
 func KeyByIP(r *http.Request) (string, error) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return "", errors.New("client: no peer address")
 	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.Unmap().WithZone("").String()
+	}
 	return "ip:" + host, nil
 }
 
-// KeyByHeader keys a request by a header's value (an API key); a request
-// without it gets 401.
+// KeyByHeader keys a request by a header's value (an API key), as the
+// gateway keys it: "key:VALUE", or "keyh:" and its SHA-256 for a value
+// over 1 KiB or not UTF-8. A request without the header, or with it
+// twice (one value keyed, the other read by the handler), gets 401.
 func KeyByHeader(name string) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
-		v := r.Header.Get(name)
-		if v == "" {
+		vs := r.Header.Values(name)
+		switch {
+		case len(vs) == 0 || vs[0] == "":
 			return "", errors.New("missing " + name + " header")
+		case len(vs) > 1:
+			return "", errors.New("more than one " + http.CanonicalHeaderKey(name) + " header")
 		}
-		return "key:" + v, nil
+		return identity.Key("key", vs[0]), nil
 	}
 }
 

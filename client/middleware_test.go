@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -96,4 +97,61 @@ func TestMiddlewareHoldsShapedRequestsAndDropsLeavers(t *testing.T) {
 			t.Fatalf("released at %v; want once, after 300ms (the second client left at 100ms)", at)
 		}
 	})
+}
+
+// A check the limiter refuses as bad is answered 400 with its message,
+// even with a fail-open OnError, and a request whose client has gone
+// reaches neither OnError nor next. Was: both went to OnError, so README's
+// fail-open pattern let a cost of -1 or 1000 through a spent budget.
+func TestMiddlewareBadChecksAreNotErrorsToFailOpenOn(t *testing.T) {
+	c := &countChecker{}
+	hits, onError := 0, 0
+	h := Middleware(c, MiddlewareConfig{Rule: "api",
+		OnError: func(w http.ResponseWriter, r *http.Request, err error) { onError++; w.WriteHeader(http.StatusOK) }})(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits++ }))
+	c.err = &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest, Message: "cost 1000 is over the rule's capacity 100"}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "over the rule's capacity") || hits+onError != 0 {
+		t.Fatalf("a bad cost: %d %s, next %d, OnError %d; want 400 and neither", rec.Code, rec.Body, hits, onError)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.err = context.Canceled
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+	if hits+onError != 0 {
+		t.Fatalf("a client that left: next %d, OnError %d; want neither", hits, onError)
+	}
+	c.err = errors.New("down") // unreachable: OnError's to answer
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	if onError != 1 || hits != 0 {
+		t.Fatalf("limiter down: OnError %d, next %d; want OnError once", onError, hits)
+	}
+}
+
+// The middleware's keys are the gateway's: a long or non-UTF-8 API key
+// is hashed (was: every request 400 from the cluster), a key header given
+// twice is refused, and an IPv4-mapped peer is keyed as IPv4.
+func TestMiddlewareKeysAsTheGateway(t *testing.T) {
+	req := func(vs ...string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header["X-Api-Key"] = vs
+		return r
+	}
+	key := KeyByHeader("X-Api-Key")
+	if k, err := key(req(strings.Repeat("k", 1100))); err != nil || !strings.HasPrefix(k, "keyh:") {
+		t.Errorf("long key: %q, %v", k, err)
+	}
+	if k, err := key(req("a")); err != nil || k != "key:a" {
+		t.Errorf("plain key: %q, %v", k, err)
+	}
+	if _, err := key(req("made-up", "real")); err == nil {
+		t.Error("two key headers: keyed, want refused")
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "[::ffff:10.0.0.1]:5000"
+	if k, err := KeyByIP(r); err != nil || k != "ip:10.0.0.1" {
+		t.Errorf("IPv4-mapped peer: %q, %v; want ip:10.0.0.1", k, err)
+	}
 }

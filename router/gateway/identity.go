@@ -5,8 +5,6 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,12 +13,11 @@ import (
 	"net/netip"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/identity"
 )
 
 // ErrUnauthorized is wrapped by every error about a presented token that
@@ -157,7 +154,7 @@ func ParseCIDRs(s string) ([]netip.Prefix, error) {
 
 // caller is who a request comes from.
 type caller struct {
-	key  string // "sub:ID", "key:VALUE", "subh:/keyh:SHA256" (see identityKey) or "ip:ADDR": the kinds never collide
+	key  string // "sub:ID", "key:VALUE", "subh:/keyh:SHA256" (see identity.Key) or "ip:ADDR": the kinds never collide
 	tier string
 }
 
@@ -184,7 +181,7 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 			if sub == "" {
 				return caller{}, fmt.Errorf("%w: token has no string claim %q", ErrUnauthorized, claim)
 			}
-			c := caller{key: identityKey("sub", sub)}
+			c := caller{key: identity.Key("sub", sub)}
 			if id.TierClaim != "" {
 				c.tier, _ = claims[id.TierClaim].(string)
 			}
@@ -193,24 +190,10 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 	}
 	if id.APIKeyHeader != "" {
 		if v := r.Header.Get(id.APIKeyHeader); v != "" {
-			return caller{key: identityKey("key", v)}, nil
+			return caller{key: identity.Key("key", v)}, nil
 		}
 	}
 	return caller{key: "ip:" + id.clientIP(r).String()}, nil
-}
-
-// identityKey is the bucket key of an identity of kind ("sub", "key"):
-// "kind:value", or, for a value too long for a key (api.MaxKeyLen) or not
-// UTF-8, "kindh:" and the value's SHA-256 in hex, a kind of its own so
-// that no value written as it is can name a hashed one's bucket. Any API
-// key or subject then has its own budget, as RLS descriptors do, where
-// such a value was refused (400, naming the batch's internal index).
-func identityKey(kind, v string) string {
-	if len(kind)+1+len(v) <= api.MaxKeyLen && utf8.ValidString(v) {
-		return kind + ":" + v
-	}
-	sum := sha256.Sum256([]byte(v))
-	return kind + "h:" + hex.EncodeToString(sum[:])
 }
 
 func bearer(v string) (string, bool) {
