@@ -76,8 +76,9 @@ func ExampleMiddleware() {
 	defer stop()
 
 	limited := client.Middleware(client.New(addr), client.MiddlewareConfig{
-		Rule: "login",
-		Key:  client.KeyByHeader("X-Api-Key"),
+		Rule:   "login",
+		Key:    client.KeyByHeader("X-Api-Key"),
+		Window: time.Hour, // login's period, for RateLimit-Policy (a Ring reads it from its view)
 	})(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "welcome")
 	}))
