@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -163,6 +164,7 @@ type Ring struct {
 	fbMu    sync.Mutex // guards fbNext
 	fbNext  int
 	fbCount int64 // calls that went over HTTP (guarded by fbMu)
+	closed  atomic.Bool
 }
 
 // NewRing starts a Ring following the cluster at cfg.Members. It returns
@@ -212,8 +214,13 @@ func (c *Ring) Router() *router.Router { return c.rt }
 // Ready reports whether the Ring has a view, so checks take the data plane.
 func (c *Ring) Ready() bool { return c.rt.View() != nil }
 
-// Close stops following and closes the connections.
+// ErrClosed is the error of a Ring's Check after (or cut short by) Close.
+var ErrClosed = errors.New("client: ring closed")
+
+// Close stops following and closes the connections. Checks made after it,
+// and those it cuts short, return ErrClosed.
 func (c *Ring) Close() error {
+	c.closed.Store(true)
 	c.cancel()
 	<-c.done
 	c.rt.Close()
@@ -224,12 +231,18 @@ func (c *Ring) Close() error {
 // Check spends cost of rule for key (cost 0 is a query) and returns the
 // decision; a denial is a Decision with Allowed false, not an error.
 func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+	if c.closed.Load() {
+		return api.Decision{}, ErrClosed
+	}
 	if c.rt.View() != nil {
 		var out [1]router.Result
 		req := []router.Request{{Rule: rule, Key: key, Cost: cost}}
 		err := c.rt.Check(ctx, req, out[:]) // a rule younger than the view: the router reads it again, once
 		if err == nil {
 			return DecisionOf(out[0]), nil
+		}
+		if errors.Is(err, router.ErrClosed) {
+			return api.Decision{}, ErrClosed
 		}
 		if !errors.Is(err, api.ErrUnavailable) {
 			return api.Decision{}, apiErrorOf(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/view"
@@ -354,6 +355,30 @@ func TestFollowerRetriesAnOwnerThatIsGone(t *testing.T) {
 		}
 		if took >= 125*time.Millisecond {
 			t.Errorf("decided after %v: it waited out the bound instead of the view", took)
+		}
+	})
+}
+
+// A closed router answers no check: one made after Close, or cut short
+// by it, returns an error wrapping ErrClosed and api.ErrUnavailable.
+// Was: the failure mode's answer with a nil error, so a Go client's
+// middleware still serving after Close let everything through on open
+// rules. Fake time.
+func TestClosedRouterAnswersNoCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, &network{down: map[string]bool{"b:1": true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt.SetView(view.New(mustRing(t, 1, "b"), 7, ruleList(testRules(t)), 0))
+		done := make(chan error)
+		go func() { done <- rt.Check(t.Context(), []Request{{Rule: "log5", Key: "k", Cost: 1}}, make([]Result, 1)) }()
+		synctest.Wait() // in flight, waiting for b
+		rt.Close()
+		for _, err := range []error{<-done, rt.Check(t.Context(), []Request{{Rule: "log5", Key: "k", Cost: 1}}, make([]Result, 1))} {
+			if !errors.Is(err, ErrClosed) || !errors.Is(err, api.ErrUnavailable) {
+				t.Errorf("check on a closed router: %v, want ErrClosed (unavailable)", err)
+			}
 		}
 	})
 }

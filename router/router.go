@@ -171,6 +171,9 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 // Close stops the router: batches in flight fail and answer by failure mode.
 func (r *Router) Close() { r.cancel() }
 
+// closedError is the error of a check on a closed router.
+var closedError = fmt.Errorf("%w: %w", api.ErrUnavailable, ErrClosed)
+
 // SetView installs a new view; checks from now on use it.
 func (r *Router) SetView(v *View) {
 	r.cell.Store(v)
@@ -243,6 +246,9 @@ const refetchGap = 100 * time.Millisecond
 
 func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error {
 	start := time.Now()
+	if r.ctx.Err() != nil {
+		return closedError
+	}
 	v := r.cell.Load()
 	if v == nil || v.Ring == nil {
 		return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
@@ -295,6 +301,11 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 	}
 	if err := r.run(ctx, v, s, out, start); err != nil {
 		return err
+	}
+	if r.ctx.Err() != nil {
+		// Closed meanwhile: forwarded checks were answered by the failure
+		// mode (batches end with the router), which no one should act on.
+		return closedError
 	}
 	if s.joined {
 		denyGroups(reqs, out)

@@ -58,6 +58,10 @@ type Result struct {
 // ErrUnknownRule: a check names a rule that does not exist.
 var ErrUnknownRule = errors.New("unknown rule")
 
+// ErrClosed is wrapped, with api.ErrUnavailable, by the error of every
+// check made once the router is closed, or cut short by its Close.
+var ErrClosed = errors.New("router: closed")
+
 // ItemError says which entry of a batch is invalid. A batch with one is
 // refused whole: nothing in it was spent. Err wraps ErrUnknownRule,
 // api.ErrBadRequest (empty or oversized key, cost out of range) or
