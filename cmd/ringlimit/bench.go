@@ -142,9 +142,13 @@ func httpChecks(c *client.Client) loadgen.CheckFunc {
 
 // peerRouter builds a stateless router from a member's view of the cluster.
 func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*router.Router, *transport.Pool, error) {
-	av, err := c.RouterView(ctx)
+	// Bounded: a member that hangs (stopped, not refusing) held the run
+	// for as long as it hung, whatever --duration said.
+	vctx, cancel := context.WithTimeout(ctx, viewReadTimeout)
+	defer cancel()
+	av, err := c.RouterView(vctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the cluster view: %w", err)
+		return nil, nil, fmt.Errorf("reading the cluster view from %s (within %v): %w", c.Addr(), viewReadTimeout, err)
 	}
 	v, err := router.ViewFromAPI(av)
 	if err != nil {
@@ -161,6 +165,9 @@ func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*r
 	rt.SetView(v)
 	return rt, pool, nil
 }
+
+// viewReadTimeout bounds bench's read of the cluster view.
+var viewReadTimeout = 10 * time.Second // a var: tests shorten it
 
 // peerChecks is the checkFunc of a stateless router: each call's checks go
 // to their owners over the data plane, batched with other workers' checks.
