@@ -20,7 +20,7 @@ import (
 // are, escaping only what JSON requires (quote, backslash, control
 // characters). json.Marshal replaces bytes that are not UTF-8 with
 // U+FFFD, so two different invalid keys reached one bucket; written as
-// they are, the node refuses them (400 invalid_request), as the data
+// they are, the node refuses them (400 bad_request), as the data
 // plane's router does.
 //
 // The readers take the answers in the layout the node writes them

@@ -136,6 +136,15 @@ func rulesBody(rs []limiter.Rule) api.Rules {
 }
 
 func (h *handler) serveRules(w http.ResponseWriter, _ *http.Request) {
+	if h.front {
+		// A router knows the rules only from its view: before one, it
+		// has none to list (not even default), as it has no checks to
+		// decide. Was: 200 {"rules": []}.
+		if err := h.admin.Ready(); err != nil {
+			writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: reason(err)})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, rulesBody(h.admin.Rules()))
 }
 

@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
-	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/view"
 )
 
@@ -72,8 +70,8 @@ func (frontAdmin) SetState(context.Context, string, string) error { return errNo
 func (frontAdmin) RouterView(context.Context) (*view.View, error) { return nil, errNotServed }
 
 // RouterFront is the Front of a router that follows the cluster: the
-// rules of its view (default first, then by name: a view does not keep
-// the written order) and ready once it has a view.
+// rules of its view (default first, then as the members list them: in
+// the order written) and ready once it has a view.
 func RouterFront(rt *router.Router) Front { return routerFront{rt} }
 
 type routerFront struct{ rt *router.Router }
@@ -83,20 +81,7 @@ func (f routerFront) Rules() []limiter.Rule {
 	if v == nil {
 		return nil
 	}
-	out := make([]limiter.Rule, 0, len(v.Rules))
-	for _, r := range v.Rules {
-		out = append(out, *r)
-	}
-	slices.SortFunc(out, func(a, b limiter.Rule) int {
-		switch {
-		case a.Name == rules.DefaultName:
-			return -1
-		case b.Name == rules.DefaultName:
-			return 1
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	return out
+	return slices.Clone(v.List)
 }
 
 func (f routerFront) Ready() error {
