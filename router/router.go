@@ -171,8 +171,8 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 // Close stops the router: batches in flight fail and answer by failure mode.
 func (r *Router) Close() { r.cancel() }
 
-// closedError is the error of a check on a closed router.
-var closedError = fmt.Errorf("%w: %w", api.ErrUnavailable, ErrClosed)
+// errRouterClosed is the error of a check on a closed router.
+var errRouterClosed = fmt.Errorf("%w: %w", api.ErrUnavailable, ErrClosed)
 
 // SetView installs a new view; checks from now on use it.
 func (r *Router) SetView(v *View) {
@@ -247,7 +247,7 @@ const refetchGap = 100 * time.Millisecond
 func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error {
 	start := time.Now()
 	if r.ctx.Err() != nil {
-		return closedError
+		return errRouterClosed
 	}
 	v := r.cell.Load()
 	if v == nil || v.Ring == nil {
@@ -305,7 +305,7 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 	if r.ctx.Err() != nil {
 		// Closed meanwhile: forwarded checks were answered by the failure
 		// mode (batches end with the router), which no one should act on.
-		return closedError
+		return errRouterClosed
 	}
 	if s.joined {
 		denyGroups(reqs, out)
