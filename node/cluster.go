@@ -1316,6 +1316,13 @@ func (n *Node) registerMetrics() error {
 				}
 				return 0
 			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_handoff_received_partitions_total", Help: "Partitions this member took over by hand-off from their previous owner (counted where they arrive: the sender of a stop counts its own as it exits)."},
+			func() float64 {
+				if o := n.owner.Load(); o != nil {
+					return float64(o.HandoffsReceived())
+				}
+				return 0
+			}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_owner_checks_total", Help: "Checks this member decided as their key's owner, whatever front door they came through (its own HTTP API or RLS, another member or router, a Go client on the data plane)."},
 			func() float64 {
 				if o := n.owner.Load(); o != nil {

@@ -350,7 +350,9 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		}
 		switch push.Kind {
 		case transport.PushHandoff:
-			ack.Status[i] = o.takeHandoff(v, pt, now, &late, false)
+			if ack.Status[i] = o.takeHandoff(v, pt, now, &late, false); ack.Status[i] == transport.PushOK {
+				o.handoffsIn.Add(1)
+			}
 		case transport.PushBackup:
 			ack.Status[i] = o.takeBackup(v, pt, now)
 		}

@@ -135,8 +135,12 @@ func TestLateHandoffIsMerged(t *testing.T) {
 			s.check(t, s.b, 2, r.Name, 1, true, "1st check at b, from the copy")
 
 			push := s.handOff(t)
+			before := s.b.HandoffsReceived()
 			if st := s.push(s.b, push); st != transport.PushOK {
 				t.Fatalf("late hand-off: %v, want OK", st)
+			}
+			if got := s.b.HandoffsReceived() - before; got != uint64(len(push.Parts)) {
+				t.Errorf("ringlimit_handoff_received_partitions_total counted %d of %d parts taken", got, len(push.Parts))
 			}
 			if got := s.check(t, s.b, 2, r.Name, 0, false, "query at b after the hand-off"); got.Remaining != 0 {
 				t.Fatalf("remaining %d after the hand-off, want 0: a spent all 3", got.Remaining)

@@ -78,7 +78,8 @@ type Owner struct {
 	// hand-offs that come later are refused, not taken and then lost.
 	sealed atomic.Bool
 
-	decided atomic.Uint64 // checks decided (StatusOK), for ringlimit_owner_checks_total
+	decided    atomic.Uint64 // checks decided (StatusOK), for ringlimit_owner_checks_total
+	handoffsIn atomic.Uint64 // hand-off parts taken, for ringlimit_handoff_received_partitions_total
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 
@@ -428,6 +429,10 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 // Decided returns how many checks this owner has decided (answered OK:
 // allowed or denied), whichever front door they came through.
 func (o *Owner) Decided() uint64 { return o.decided.Load() }
+
+// HandoffsReceived returns how many hand-off parts (partitions) this
+// owner took from their previous owners.
+func (o *Owner) HandoffsReceived() uint64 { return o.handoffsIn.Load() }
 
 // Prompt reports whether HandleBatch would decide req without waiting:
 // our ring and rules are as new as the sender's, we hold the lease, and no
