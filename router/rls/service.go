@@ -45,6 +45,7 @@ type Service struct {
 	headers bool
 	m       *metrics
 	log     *slog.Logger
+	now     func() time.Time // deny-all limits' reset
 	cfg     atomic.Pointer[Config]
 	scratch sync.Pool // *scratch
 }
@@ -54,7 +55,7 @@ type Service struct {
 // x-ratelimit-remaining and x-ratelimit-reset for Envoy to add, from the
 // matched limit with the least remaining.
 func NewService(checker Checker, headers bool, m *metrics) *Service {
-	s := &Service{checker: checker, headers: headers, m: m, log: slog.New(slog.DiscardHandler)}
+	s := &Service{checker: checker, headers: headers, m: m, log: slog.New(slog.DiscardHandler), now: time.Now}
 	s.cfg.Store(&Config{domains: map[string]*level{}})
 	s.scratch.New = func() any { return new(scratch) }
 	return s
@@ -372,6 +373,12 @@ func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimit
 	cur := &rlspb.RateLimitResponse_RateLimit{Unit: l.units[j]}
 	if l.denyAll {
 		r = router.Result{}
+		// When its unit's window (aligned to the Unix epoch, as every
+		// limit's) ends, as envoyproxy/ratelimit says; was: none.
+		if u := unitLength(l.units[j]); u > 0 {
+			now := s.now().UnixNano()
+			st.DurationUntilReset = durationpb.New(time.Duration(int64(u) - now%int64(u)))
+		}
 	} else {
 		rule := l.rules[j]
 		cur.RequestsPerUnit = uint32(rule.Limit)
@@ -399,6 +406,16 @@ func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimit
 	}
 	s.count(l, d, result)
 	return st
+}
+
+// unitLength is the length of an RLS unit, 0 for one it does not know.
+func unitLength(u rlspb.RateLimitResponse_RateLimit_Unit) time.Duration {
+	for _, x := range units {
+		if x.u == u {
+			return x.d
+		}
+	}
+	return 0
 }
 
 // nameOf returns the name of the j-th rate limit, "" when it has none.

@@ -312,6 +312,13 @@ func TestBlockReplacesWildcard(t *testing.T) {
 		}
 	}
 	e.run(t, []step{{"example7", 0, specific, ok, 4, 5, false}}) // alone, it applies, unspent before
+	// The block says when its unit's window ends, as theirs does. Was:
+	// no duration_until_reset.
+	e.srv.svc.now = func() time.Time { return time.Unix(0, t0).Add(250 * time.Millisecond) }
+	st := e.call(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.5")).Statuses[0]
+	if got := st.DurationUntilReset.AsDuration(); got != 750*time.Millisecond {
+		t.Errorf("blocked per second, 250 ms into its second: duration_until_reset %v, want 750ms", got)
+	}
 }
 
 // The examples of envoyproxy/ratelimit's README, one domain per file in
