@@ -161,9 +161,10 @@ type Ring struct {
 	sleep   func(ctx context.Context, d time.Duration) error
 	randMu  sync.Mutex // guards rnd
 	rnd     *mrand.Rand
-	fbMu    sync.Mutex // guards fbNext
+	fbMu    sync.Mutex // guards fbNext, fbCount, fbBad
 	fbNext  int
-	fbCount int64 // calls that went over HTTP (guarded by fbMu)
+	fbCount int64       // calls that went over HTTP (guarded by fbMu)
+	fbBad   []time.Time // per member: tried last only until then (guarded by fbMu)
 	closed  atomic.Bool
 }
 
@@ -288,12 +289,10 @@ func (c *Ring) Period(rule string) (time.Duration, bool) {
 // back-off.
 func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
 	var err error
+	order := c.fallbackOrder()
 	for attempt := 1; ; attempt++ {
-		c.fbMu.Lock()
-		hc := c.http[c.fbNext%len(c.http)]
-		c.fbNext++
-		c.fbCount++
-		c.fbMu.Unlock()
+		i := order[(attempt-1)%len(order)]
+		hc := c.http[i]
 		var d api.Decision
 		tctx, cancel := context.WithTimeout(ctx, c.retry.PerTry)
 		d, err = hc.Check(tctx, rule, key, cost)
@@ -303,6 +302,9 @@ func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api
 		// context, so half the checks of a Ring whose fallback list held
 		// a stopped member hung until their caller gave up.
 		lateTry := err != nil && ctx.Err() == nil && tctx.Err() != nil
+		if err != nil && (lateTry || retryable(err)) {
+			c.fallbackFailed(i)
+		}
 		if err == nil || !retryable(err) && !lateTry || attempt >= c.retry.Attempts {
 			return d, err
 		}
@@ -310,6 +312,45 @@ func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api
 			return api.Decision{}, err
 		}
 	}
+}
+
+// fallbackBench is how long a member that failed a fallback try (not
+// reached, 503, or over Retry.PerTry) is tried only after the others.
+const fallbackBench = 5 * time.Second
+
+// fallbackOrder is the members one fallback call tries, in turn: from
+// the next in the rotation, those that failed within fallbackBench last.
+// Each call has its own order: taken from a rotation shared by
+// concurrent calls, one call could land on a member that hangs at every
+// try.
+func (c *Ring) fallbackOrder() []int {
+	c.fbMu.Lock()
+	defer c.fbMu.Unlock()
+	start := c.fbNext
+	c.fbNext++
+	c.fbCount++
+	now := time.Now()
+	order := make([]int, 0, len(c.http))
+	var benched []int
+	for k := range c.http {
+		i := (start + k) % len(c.http)
+		if i < len(c.fbBad) && now.Before(c.fbBad[i]) {
+			benched = append(benched, i)
+			continue
+		}
+		order = append(order, i)
+	}
+	return append(order, benched...)
+}
+
+// fallbackFailed benches member i for fallbackBench.
+func (c *Ring) fallbackFailed(i int) {
+	c.fbMu.Lock()
+	defer c.fbMu.Unlock()
+	if len(c.fbBad) < len(c.http) {
+		c.fbBad = make([]time.Time, len(c.http))
+	}
+	c.fbBad[i] = time.Now().Add(fallbackBench)
 }
 
 // retryable: the node could not answer now (503) or was not reached; a

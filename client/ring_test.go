@@ -292,3 +292,64 @@ func TestRingFallbackSkipsAHungMember(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent fallback calls each take the members in their own order,
+// and a member that failed a try is asked only after the others for a
+// while: 8 callers × 5 checks with one member hung all succeed, and the
+// hung member is tried about once per caller, not at every other check.
+// Was: calls shared one rotation, so one could meet the hung member at
+// all three tries and fail with time to spare, and every call that
+// started there paid the whole per-try bound.
+func TestRingFallbackBenchesAHungMember(t *testing.T) {
+	m := startMembers(t, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var tried atomic.Int64
+	var held []net.Conn
+	var heldMu sync.Mutex
+	go func() { // accepts and never answers; counts the tries' connections
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tried.Add(1)
+			heldMu.Lock()
+			held = append(held, c)
+			heldMu.Unlock()
+		}
+	}()
+	defer func() {
+		heldMu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		heldMu.Unlock()
+	}()
+	rc, err := client.NewRing(client.RingConfig{Members: []string{ln.Addr().String(), m.http[0]},
+		Retry: client.Backoff{PerTry: 300 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				d, err := rc.Check(ctx, "default", fmt.Sprint("k", w, "-", i), 1)
+				cancel()
+				if err != nil || !d.Allowed {
+					t.Errorf("caller %d check %d: %+v, %v", w, i, d, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := tried.Load(); n > 10 {
+		t.Errorf("the hung member was tried %d times for 40 checks, want at most about one per caller (8)", n)
+	}
+}
