@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -166,6 +167,7 @@ type Ring struct {
 	fbCount int64       // calls that went over HTTP (guarded by fbMu)
 	fbBad   []time.Time // per member: tried last only until then (guarded by fbMu)
 	closed  atomic.Bool
+	refresh time.Duration // the Follow period (Ready's staleness)
 }
 
 // NewRing starts a Ring following the cluster at cfg.Members. It returns
@@ -195,7 +197,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	var seed [16]byte
 	_, _ = rand.Read(seed[:])
 	c := &Ring{rt: rt, pool: pool, src: NewViewSource(cfg.Members, opts...), retry: cfg.Retry.withDefaults(),
-		done: make(chan struct{}), sleep: sleepCtx,
+		done: make(chan struct{}), sleep: sleepCtx, refresh: cmp.Or(max(cfg.Refresh, 0), time.Second),
 		rnd: mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))}
 	for _, m := range cfg.Members {
 		c.http = append(c.http, New(m, opts...))
@@ -212,8 +214,18 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 // Router returns the router inside (to share it with a gateway).
 func (c *Ring) Router() *router.Router { return c.rt }
 
-// Ready reports whether the Ring has a view, so checks take the data plane.
-func (c *Ring) Ready() bool { return c.rt.View() != nil }
+// Ready reports whether the Ring has a view, so checks take the data
+// plane, and has read it within the last staleViewAfter refreshes (10 s
+// at least): a Ring (or router, or gateway: their readiness is this)
+// whose reads keep failing routes by an old ring, and says so. Was: ready
+// for as long as it had any view.
+func (c *Ring) Ready() bool {
+	return c.rt.View() != nil && c.rt.ViewAge() < max(staleViewAfter*c.refresh, 10*time.Second)
+}
+
+// staleViewAfter is how many refresh periods without a view read make a
+// Ring not ready.
+const staleViewAfter = 10
 
 // ErrClosed is the error of a Ring's Check after (or cut short by) Close.
 var ErrClosed = errors.New("client: ring closed")

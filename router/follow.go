@@ -53,6 +53,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 			}
 		} else {
 			r.install(v)
+			r.lastViewOK.Store(time.Now().UnixNano())
 		}
 		r.fetched()
 		if !t.Stop() {
@@ -117,6 +118,18 @@ func (r *Router) Refresh(ctx context.Context) error {
 }
 
 // fetched wakes the callers of Refresh waiting for this fetch.
+// ViewAge is how long ago Follow last read a view (installed or, the
+// same as the one in use, not); 0 before the first. A router whose reads
+// keep failing (its members gone, or refusing it: a wrong admin token)
+// routes by a view that ages.
+func (r *Router) ViewAge() time.Duration {
+	t := r.lastViewOK.Load()
+	if t == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, t))
+}
+
 func (r *Router) fetched() {
 	r.lastFetch.Store(time.Now().UnixNano())
 	r.fetchMu.Lock()

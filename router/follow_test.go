@@ -382,3 +382,36 @@ func TestClosedRouterAnswersNoCheck(t *testing.T) {
 		}
 	})
 }
+
+// ViewAge says how long ago Follow last read a view, so that a router
+// whose reads keep failing (members gone, or refusing it) can say it is
+// not ready (client.Ring.Ready, and so the router's and gateway's
+// /readyz). Fake time.
+func TestViewAgeGrowsWhileReadsFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt, err := New(Config{}, nil, &network{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		if rt.ViewAge() != 0 {
+			t.Fatalf("before a read: %v, want 0", rt.ViewAge())
+		}
+		src := &source{v: view.New(mustRing(t, 5, "a"), 7, ruleList(testRules(t)), 0)}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = rt.Follow(ctx, src, time.Second) }()
+		synctest.Wait()
+		time.Sleep(2500 * time.Millisecond) // reads at 1s and 2s, the same view
+		synctest.Wait()
+		if age := rt.ViewAge(); age != 500*time.Millisecond {
+			t.Fatalf("reading the same view every second: age %v, want 500ms", age)
+		}
+		src.set(nil, errors.New("401 unauthorized"))
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		if age := rt.ViewAge(); age != 11500*time.Millisecond {
+			t.Fatalf("11 s of failed reads: age %v, want 11.5s", age)
+		}
+	})
+}

@@ -143,11 +143,12 @@ type Router struct {
 
 	routes atomic.Pointer[routes] // dispatch's tables of the last ring seen
 
-	stale     chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
-	fetchMu   sync.Mutex    // guards fetchDone
-	fetchDone chan struct{} // closed when Follow's next fetch is done (Refresh)
-	following atomic.Bool   // Follow is running: Refresh is answered
-	lastFetch atomic.Int64  // when Follow's last fetch ended (Unix ns)
+	stale      chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
+	fetchMu    sync.Mutex    // guards fetchDone
+	fetchDone  chan struct{} // closed when Follow's next fetch is done (Refresh)
+	following  atomic.Bool   // Follow is running: Refresh is answered
+	lastFetch  atomic.Int64  // when Follow's last fetch ended (Unix ns)
+	lastViewOK atomic.Int64  // when Follow last read a view (Unix ns)
 }
 
 // New returns a router. local decides the partitions this node owns (may
