@@ -218,9 +218,9 @@ func (c *Ring) Router() *router.Router { return c.rt }
 // plane, and has read it within the last staleViewAfter refreshes (10 s
 // at least): a Ring (or router, or gateway: their readiness is this)
 // whose reads keep failing routes by an old ring, and says so. Was: ready
-// for as long as it had any view.
+// for as long as it had any view. A closed Ring is not ready.
 func (c *Ring) Ready() bool {
-	return c.rt.View() != nil && c.rt.ViewAge() < max(staleViewAfter*c.refresh, 10*time.Second)
+	return !c.closed.Load() && c.rt.View() != nil && c.rt.ViewAge() < max(staleViewAfter*c.refresh, 10*time.Second)
 }
 
 // staleViewAfter is how many refresh periods without a view read make a
