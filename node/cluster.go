@@ -1275,6 +1275,17 @@ func newNodeMetrics() *nodeMetrics {
 	}
 }
 
+// ofOwner is a metric's value read from the member's owner: f of it, 0
+// before it has one.
+func (n *Node) ofOwner(f func(*Owner) float64) func() float64 {
+	return func() float64 {
+		if o := n.owner.Load(); o != nil {
+			return f(o)
+		}
+		return 0
+	}
+}
+
 func (n *Node) registerMetrics() error {
 	reg := n.cfg.Registerer
 	if reg == nil {
@@ -1282,12 +1293,7 @@ func (n *Node) registerMetrics() error {
 	}
 	cs := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_active_keys", Help: "Bucket states held by this node (idle keys are dropped)."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.Table().Len())
-				}
-				return 0
-			}),
+			n.ofOwner(func(o *Owner) float64 { return float64(o.Table().Len()) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_raft_state", Help: "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown."},
 			func() float64 { return float64(n.raft.raft.State()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_ring_epoch", Help: "Epoch (raft index) of the ring in use."},
@@ -1310,40 +1316,15 @@ func (n *Node) registerMetrics() error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_handoff_pending_partitions", Help: "Partitions this member still has to hand to their new owners."},
 			func() float64 { return float64(n.h.Pending()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_awaiting_partitions", Help: "Partitions this member owns whose state has not arrived yet."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.Awaiting())
-				}
-				return 0
-			}),
+			n.ofOwner(func(o *Owner) float64 { return float64(o.Awaiting()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_handoff_received_partitions_total", Help: "Partitions this member took over by hand-off from their previous owner (counted where they arrive: the sender of a stop counts its own as it exits)."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.HandoffsReceived())
-				}
-				return 0
-			}),
+			n.ofOwner(func(o *Owner) float64 { return float64(o.HandoffsReceived()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_owner_checks_total", Help: "Checks this member decided as their key's owner, whatever front door they came through (its own HTTP API or RLS, another member or router, a Go client on the data plane)."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.Decided())
-				}
-				return 0
-			}),
+			n.ofOwner(func(o *Owner) float64 { return float64(o.Decided()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_key_cap_refused_total", Help: "Checks of new keys refused because this member tracks --max-keys states (answered by the rule's failure mode)."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.OverCapacity())
-				}
-				return 0
-			}),
+			n.ofOwner(func(o *Owner) float64 { return float64(o.OverCapacity()) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringlimit_backup_keys", Help: "Bucket states this member holds as a backup of other owners."},
-			func() float64 {
-				if o := n.owner.Load(); o != nil {
-					return float64(o.BackupTable().Len())
-				}
-				return 0
-			}))
+			n.ofOwner(func(o *Owner) float64 { return float64(o.BackupTable().Len()) })))
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("node: metrics: %w", err)
