@@ -213,10 +213,7 @@ func (l *hclogger) write(now time.Time, level hclog.Level, msg string, args []an
 // summary returns a line's msg and args as logged when held lines like
 // it were held back before it: "msg (N more in 30s)", "repeats": N.
 func summary(msg string, args []any, held int) (string, []any) {
-	if held == 0 {
-		return msg, args
-	}
-	return fmt.Sprintf("%s (%d more in %s)", msg, held, repeatWindow), append(args[:len(args):len(args)], "repeats", held)
+	return repeats.Summary(msg, args, held, repeatWindow)
 }
 
 // endWindow is the timer of the window of key in which p was held back:

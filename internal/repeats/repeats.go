@@ -5,7 +5,10 @@
 // held back.
 package repeats
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Repeats decides which lines of a stream to log when the same one
 // (by key: a message and the peer it is about) comes again and again:
@@ -97,4 +100,14 @@ func (r *Repeats) forget(now time.Duration) {
 			delete(r.seen, k)
 		}
 	}
+}
+
+// Summary returns a line's msg and args as logged when held lines like
+// it were held back in the window before it: "msg (N more in WINDOW)",
+// and "repeats": N added to args; msg and args unchanged when held is 0.
+func Summary(msg string, args []any, held int, window time.Duration) (string, []any) {
+	if held == 0 {
+		return msg, args
+	}
+	return fmt.Sprintf("%s (%d more in %s)", msg, held, window), append(args[:len(args):len(args)], "repeats", held)
 }

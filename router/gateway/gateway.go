@@ -112,10 +112,7 @@ func (g *Gateway) logRepeated(key string, level slog.Level, msg string, args ...
 	if !log {
 		return
 	}
-	if held > 0 {
-		msg = fmt.Sprintf("%s (%d more in %s)", msg, held, logWindow)
-		args = append(args, "repeats", held)
-	}
+	msg, args = repeats.Summary(msg, args, held, logWindow)
 	g.log.Log(context.Background(), level, msg, args...)
 }
 
