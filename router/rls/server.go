@@ -153,12 +153,15 @@ func (s *Server) watch(ctx context.Context) {
 		case <-t.C:
 		}
 		_, sig, err := readConfig(s.opts.ConfigPath)
+		if err != nil {
+			_ = s.reload(nil) // logged and counted, once, by reload
+			continue
+		}
 		s.mu.Lock()
-		changed := err == nil && (!s.tried || sig != s.sig)
+		changed := !s.tried || sig != s.sig
 		s.mu.Unlock()
 		if !changed {
-			_ = s.reload(nil) // an error is logged and counted once by reload
-			continue
+			continue // the config in force, or the refused one, as last read
 		}
 		select {
 		case <-ctx.Done():
