@@ -202,6 +202,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	for _, m := range cfg.Members {
 		c.http = append(c.http, New(m, opts...))
 	}
+	c.fbBad = make([]time.Time, len(c.http))
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	go func() {
@@ -346,7 +347,7 @@ func (c *Ring) fallbackOrder() []int {
 	var benched []int
 	for k := range c.http {
 		i := (start + k) % len(c.http)
-		if i < len(c.fbBad) && now.Before(c.fbBad[i]) {
+		if now.Before(c.fbBad[i]) {
 			benched = append(benched, i)
 			continue
 		}
@@ -359,9 +360,6 @@ func (c *Ring) fallbackOrder() []int {
 func (c *Ring) fallbackFailed(i int) {
 	c.fbMu.Lock()
 	defer c.fbMu.Unlock()
-	if len(c.fbBad) < len(c.http) {
-		c.fbBad = make([]time.Time, len(c.http))
-	}
 	c.fbBad[i] = time.Now().Add(fallbackBench)
 }
 
