@@ -439,26 +439,11 @@ func TestRollingRestart(t *testing.T) {
 		{Name: "tb", Algorithm: "token_bucket", Limit: rate, Period: "1s", Burst: burst, FailureMode: "closed"},
 	})
 	rep := newReport(t, c.dir)
-	var logKeys, tbKeys []string
-	for i := range 50 {
-		logKeys = append(logKeys, fmt.Sprintf("log-%d", i))
-		tbKeys = append(tbKeys, fmt.Sprintf("tb-%d", i))
-	}
-	keys := append(checks("log", 1, logKeys), checks("tb", 1, tbKeys)...)
+	keys := rollingKeys()
 	l := newLoad(keys, 4, 2*rate, addrs(c.members)...)
 	l.run()
 	l.loadFor(3 * time.Second)
-	var marks []marker
-	for _, m := range c.members {
-		marks = append(marks, marker{l.since(), "SIGTERM " + m.id})
-		m.signal(syscall.SIGTERM)
-		if !m.exited(30 * time.Second) {
-			t.Fatalf("%s did not exit within 30s of SIGTERM", m.id)
-		}
-		m.start(t)
-		c.waitSettled(c.members)
-		marks = append(marks, marker{l.since(), m.id + " back"})
-	}
+	marks := c.restartEach(l, 0)
 	l.loadFor(marks[len(marks)-1].at + 3*time.Second)
 	l.stop()
 	evs := l.snapshot()
@@ -466,34 +451,91 @@ func TestRollingRestart(t *testing.T) {
 	rep.add("scenario 4: rolling restart (SIGTERM, same command line, ready, settled) of n1, n2, n3 under load to all members; restarts took %s",
 		durations(marks))
 	rep.add("all checks: %v", count(evs))
-	uses := perKey(evs, keys)
-	var worstLog *keyUse
+	b := rollingBudgets(evs, keys, rate, burst)
+	b.report(rep, keys, logLimit, rate, burst, "", "")
+	describeFailures(rep, l, evs)
+	rep.write()
+	timeline(t, c.dir, "rolling restart of n1, n2, n3", evs, keys, []watched{
+		{name: keys[b.worstLog.key].key, key: b.worstLog.key, bound: func(float64) float64 { return logLimit }},
+		{name: keys[b.worstTB.key].key, key: b.worstTB.key, bound: func(s float64) float64 { return burst + rate*s }},
+	}, marks)
+	b.check(t, keys, logLimit)
+}
+
+// rollingKeys are the keys of the rolling restarts (scenarios 4 and 11):
+// 50 of the "log" rule and 50 of "tb", cost 1.
+func rollingKeys() []check {
+	var logKeys, tbKeys []string
+	for i := range 50 {
+		logKeys = append(logKeys, fmt.Sprintf("log-%d", i))
+		tbKeys = append(tbKeys, fmt.Sprintf("tb-%d", i))
+	}
+	return append(checks("log", 1, logKeys), checks("tb", 1, tbKeys)...)
+}
+
+// restartEach stops each member in turn with SIGTERM, leaves it down for
+// down, starts it again with the same command line and waits until the
+// cluster has settled; it returns a marker at each stop and each return.
+func (c *cluster) restartEach(l *load, down time.Duration) []marker {
+	t := c.t
+	t.Helper()
+	var marks []marker
+	for _, m := range c.members {
+		marks = append(marks, marker{l.since(), "SIGTERM " + m.id})
+		m.signal(syscall.SIGTERM)
+		if !m.exited(30 * time.Second) {
+			t.Fatalf("%s did not exit within 30s of SIGTERM", m.id)
+		}
+		time.Sleep(down) // a restart's downtime, as a new binary's would be
+		m.start(t)
+		c.waitSettled(c.members)
+		marks = append(marks, marker{l.since(), m.id + " back"})
+	}
+	return marks
+}
+
+// rollingBudget is what the rolling restarts admitted: the sliding_log
+// key admitted most, and the token bucket key furthest over burst +
+// rate × elapsed (over, ≤ 0 when none is).
+type rollingBudget struct {
+	worstLog, worstTB *keyUse
+	over, tbBound     float64
+}
+
+func rollingBudgets(evs []event, keys []check, rate float64, burst int64) rollingBudget {
+	var b rollingBudget
 	tbUses := map[int32]*keyUse{}
-	for k, u := range uses {
+	for k, u := range perKey(evs, keys) {
 		if keys[k].rule == "log" {
-			if worstLog == nil || u.admitted > worstLog.admitted {
-				worstLog = u
+			if b.worstLog == nil || u.admitted > b.worstLog.admitted {
+				b.worstLog = u
 			}
 		} else {
 			tbUses[k] = u
 		}
 	}
 	bound := func(u *keyUse) float64 { return tokenBound(u, rate, burst) }
-	worstTB, over := worstOver(tbUses, bound)
-	rep.add("sliding_log limit %d per 10m: worst key %s admitted %d (target ≤ %d)", logLimit, keys[worstLog.key].key, worstLog.admitted, logLimit+1)
-	rep.add("token_bucket %d/s burst %d: worst key %s admitted %d, burst+rate×elapsed %.1f, over by %.1f (target ≤ 0)",
-		rate, burst, keys[worstTB.key].key, worstTB.admitted, bound(worstTB), over)
-	describeFailures(rep, l, evs)
-	rep.write()
-	timeline(t, c.dir, "rolling restart of n1, n2, n3", evs, keys, []watched{
-		{name: keys[worstLog.key].key, key: worstLog.key, bound: func(float64) float64 { return logLimit }},
-		{name: keys[worstTB.key].key, key: worstTB.key, bound: func(s float64) float64 { return burst + rate*s }},
-	}, marks)
-	if worstLog.admitted > logLimit+1 {
-		t.Errorf("sliding_log key %s admitted %d, want ≤ %d", keys[worstLog.key].key, worstLog.admitted, logLimit+1)
+	b.worstTB, b.over = worstOver(tbUses, bound)
+	b.tbBound = bound(b.worstTB)
+	return b
+}
+
+// report adds the budget lines; logMode and tbMode name the rules'
+// failure modes in them, when the scenario says.
+func (b rollingBudget) report(rep *report, keys []check, logLimit, rate int, burst int64, logMode, tbMode string) {
+	rep.add("sliding_log limit %d per 10m%s: worst key %s admitted %d (target ≤ %d)", logLimit, logMode, keys[b.worstLog.key].key, b.worstLog.admitted, logLimit+1)
+	rep.add("token_bucket %d/s burst %d%s: worst key %s admitted %d, burst+rate×elapsed %.1f, over by %.1f (target ≤ 0)",
+		rate, burst, tbMode, keys[b.worstTB.key].key, b.worstTB.admitted, b.tbBound, b.over)
+}
+
+// check fails the test when a budget target is missed.
+func (b rollingBudget) check(t *testing.T, keys []check, logLimit int64) {
+	t.Helper()
+	if b.worstLog.admitted > logLimit+1 {
+		t.Errorf("sliding_log key %s admitted %d, want ≤ %d", keys[b.worstLog.key].key, b.worstLog.admitted, logLimit+1)
 	}
-	if over > 0 {
-		t.Errorf("token_bucket key %s admitted %d, more than burst + rate × elapsed = %.1f", keys[worstTB.key].key, worstTB.admitted, bound(worstTB))
+	if b.over > 0 {
+		t.Errorf("token_bucket key %s admitted %d, more than burst + rate × elapsed = %.1f", keys[b.worstTB.key].key, b.worstTB.admitted, b.tbBound)
 	}
 }
 
