@@ -9,6 +9,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,7 +263,77 @@ func (c *Ring) Check(ctx context.Context, rule, key string, cost int64) (api.Dec
 			return api.Decision{}, apiErrorOf(err)
 		}
 	}
-	return c.checkHTTP(ctx, rule, key, cost)
+	var d api.Decision
+	err := c.viaHTTP(ctx, func(ctx context.Context, hc *Client) (err error) {
+		d, err = hc.Check(ctx, rule, key, cost)
+		return err
+	})
+	return d, err
+}
+
+// CheckBatch decides checks one by one and returns the decisions in the
+// same order, as Client.CheckBatch does over HTTP, but on the data plane:
+// the batch's checks for one owner travel in one frame (with concurrent
+// callers' checks for it), each owner's frames in parallel. At most
+// api.MaxBatch checks fit in one call. A batch with an invalid entry is
+// refused whole, nothing in it spent, with the *api.Error a member would
+// answer for it (404 unknown_rule, 400 bad_request; the message names
+// the entry: "checks[3]: ..."). A check whose owner does not answer in
+// time is answered by its rule's failure mode (Decision.Degraded), on
+// its own. Without a view the batch goes over HTTP, as Check does. An
+// empty batch returns no decisions and sends nothing.
+func (c *Ring) CheckBatch(ctx context.Context, checks []api.CheckRequest) ([]api.Decision, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(checks) == 0 {
+		return []api.Decision{}, nil
+	}
+	if len(checks) > api.MaxBatch {
+		return nil, &api.Error{Status: http.StatusBadRequest, Code: api.CodeBadRequest,
+			Message: fmt.Sprintf("checks: more than %d checks in a batch", api.MaxBatch)}
+	}
+	if c.rt.View() != nil {
+		reqs := make([]router.Request, len(checks))
+		for i, q := range checks {
+			reqs[i] = router.Request{Rule: q.Rule, Key: q.Key, Cost: 1}
+			if q.Cost != nil {
+				reqs[i].Cost = *q.Cost
+			}
+		}
+		out := make([]router.Result, len(reqs))
+		err := c.rt.Check(ctx, reqs, out)
+		if err == nil {
+			ds := make([]api.Decision, len(out))
+			for i := range out {
+				ds[i] = DecisionOf(out[i])
+			}
+			return ds, nil
+		}
+		if errors.Is(err, router.ErrClosed) {
+			return nil, ErrClosed
+		}
+		if !errors.Is(err, api.ErrUnavailable) {
+			return nil, batchErrorOf(apiErrorOf(err), err)
+		}
+	}
+	var ds []api.Decision
+	err := c.viaHTTP(ctx, func(ctx context.Context, hc *Client) (err error) {
+		ds, err = hc.CheckBatch(ctx, checks)
+		return err
+	})
+	return ds, err
+}
+
+// batchErrorOf names the refused entry in e's message, as a member does
+// for a batch; routerErr is the router's error that e was made from.
+func batchErrorOf(e, routerErr error) error {
+	ae, ok := errors.AsType[*api.Error](e)
+	ie, isItem := errors.AsType[*router.ItemError](routerErr)
+	if ok && isItem {
+		ae.Message = "checks[" + strconv.Itoa(ie.Index) + "]: " + ae.Message
+	}
+	return e
 }
 
 // apiErrorOf turns the router's refusal of a check (a *router.ItemError:
@@ -297,18 +368,17 @@ func (c *Ring) Period(rule string) (time.Duration, bool) {
 	return 0, false
 }
 
-// checkHTTP is the fallback: POST /v1/check to the members in turn,
+// viaHTTP is the fallback: call (POST /v1/check) on the members in turn,
 // retrying transport errors, 503s and tries over Retry.PerTry with
-// back-off.
-func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+// back-off. It returns call's last error.
+func (c *Ring) viaHTTP(ctx context.Context, call func(ctx context.Context, hc *Client) error) error {
 	var err error
 	order := c.fallbackOrder()
 	for attempt := 1; ; attempt++ {
 		i := order[(attempt-1)%len(order)]
 		hc := c.http[i]
-		var d api.Decision
 		tctx, cancel := context.WithTimeout(ctx, c.retry.PerTry)
-		d, err = hc.Check(tctx, rule, key, cost)
+		err = call(tctx, hc)
 		cancel()
 		// A try that ran out of its own time (a member that hangs) is
 		// retried on the next member; was: it took the caller's whole
@@ -319,10 +389,10 @@ func (c *Ring) checkHTTP(ctx context.Context, rule, key string, cost int64) (api
 			c.fallbackFailed(i)
 		}
 		if err == nil || !retryable(err) && !lateTry || attempt >= c.retry.Attempts {
-			return d, err
+			return err
 		}
 		if e := c.sleep(ctx, c.backoff(attempt, 0)); e != nil {
-			return api.Decision{}, err
+			return err
 		}
 	}
 }

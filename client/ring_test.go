@@ -353,3 +353,97 @@ func TestRingFallbackBenchesAHungMember(t *testing.T) {
 		t.Errorf("the hung member was tried %d times for 40 checks, want at most about one per caller (8)", n)
 	}
 }
+
+// Ring.CheckBatch answers a batch in order, exactly, and refuses it whole
+// with the member's *api.Error naming the entry, both on the data plane
+// (the view in hand) and over HTTP (no view): the same batch gives the
+// same answers either way.
+func TestRingCheckBatch(t *testing.T) {
+	m := startMembers(t, 2,
+		limiter.Rule{Name: "ten", Algorithm: limiter.SlidingLog, Limit: 10, Period: time.Hour},
+		limiter.Rule{Name: "three", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
+	cost := func(n int64) *int64 { return &n }
+	run := func(rc *client.Ring, how string) {
+		t.Helper()
+		// 12 checks of one key under "ten" between checks of other keys
+		// under "three": the answers come back where they were asked.
+		var batch []api.CheckRequest
+		for i := range 24 {
+			if i%2 == 0 {
+				batch = append(batch, api.CheckRequest{Rule: "ten", Key: how + "-shared"})
+			} else {
+				batch = append(batch, api.CheckRequest{Rule: "three", Key: fmt.Sprintf("%s-%d", how, i), Cost: cost(3)})
+			}
+		}
+		ds, err := rc.CheckBatch(t.Context(), batch)
+		if err != nil || len(ds) != len(batch) {
+			t.Fatalf("%s: CheckBatch = %d decisions, %v; want %d", how, len(ds), err, len(batch))
+		}
+		admitted := 0
+		for i, d := range ds {
+			switch {
+			case d.Degraded:
+				t.Errorf("%s: checks[%d] degraded on a healthy cluster", how, i)
+			case i%2 == 1 && (d.Limit != 3 || !d.Allowed || d.Remaining != 0):
+				t.Errorf("%s: checks[%d] (three, cost 3, fresh key) = %+v; want allowed, limit 3, remaining 0", how, i, d)
+			case i%2 == 0 && d.Limit != 10:
+				t.Errorf("%s: checks[%d] (ten) has limit %d; want 10", how, i, d.Limit)
+			case i%2 == 0 && d.Allowed:
+				admitted++
+			}
+		}
+		if admitted != 10 {
+			t.Errorf("%s: admitted %d of 12 checks of one key; want exactly 10", how, admitted)
+		}
+		// An invalid entry refuses the batch whole: nothing is spent.
+		for _, tc := range []struct {
+			bad    api.CheckRequest
+			status int
+			code   string
+		}{
+			{api.CheckRequest{Rule: "nope", Key: "k"}, 404, api.CodeUnknownRule},
+			{api.CheckRequest{Rule: "three", Key: "k", Cost: cost(4)}, 400, api.CodeBadRequest},
+			{api.CheckRequest{Rule: "three", Key: "\xff"}, 400, api.CodeBadRequest},
+		} {
+			fresh := how + "-untouched"
+			_, err := rc.CheckBatch(t.Context(), []api.CheckRequest{{Rule: "three", Key: fresh}, {Rule: "three", Key: fresh}, tc.bad})
+			var e *api.Error
+			if !errors.As(err, &e) || e.Status != tc.status || e.Code != tc.code || !strings.HasPrefix(e.Message, "checks[2]: ") {
+				t.Errorf("%s: CheckBatch with %+v third = %v; want %d %s naming checks[2]", how, tc.bad, err, tc.status, tc.code)
+			}
+			if d, err := rc.Check(t.Context(), "three", fresh, 0); err != nil || d.Remaining != 3 {
+				t.Errorf("%s: after the refused batch %q has remaining %d (err %v); want 3, nothing spent", how, fresh, d.Remaining, err)
+			}
+		}
+		_, err = rc.CheckBatch(t.Context(), make([]api.CheckRequest, api.MaxBatch+1))
+		if e, ok := errors.AsType[*api.Error](err); !ok || e.Status != 400 || !strings.Contains(e.Message, "more than 1000") {
+			t.Errorf("%s: CheckBatch of %d = %v; want a 400 saying more than 1000", how, api.MaxBatch+1, err)
+		}
+		if ds, err := rc.CheckBatch(t.Context(), nil); err != nil || len(ds) != 0 {
+			t.Errorf("%s: CheckBatch(nil) = %v, %v; want no decisions", how, ds, err)
+		}
+	}
+	viewless, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: "not-the-token", Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viewless.Close()
+	run(viewless, "http")
+	if viewless.HTTPFallbacks() == 0 {
+		t.Error("the viewless Ring sent nothing over HTTP")
+	}
+	rc, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: testToken, Refresh: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	eventually(t, "the ring client's first view", rc.Ready)
+	run(rc, "dataplane")
+	if n := rc.HTTPFallbacks(); n != 0 {
+		t.Errorf("%d calls went over HTTP with a view in hand", n)
+	}
+	rc.Close()
+	if _, err := rc.CheckBatch(t.Context(), []api.CheckRequest{{Rule: "ten", Key: "k"}}); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("CheckBatch after Close = %v; want ErrClosed", err)
+	}
+}
