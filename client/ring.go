@@ -29,8 +29,9 @@ import (
 type ViewSource struct {
 	clients []*Client
 
-	mu  sync.Mutex // guards cur
-	cur int        // the member that answered last
+	mu   sync.Mutex // guards cur, last
+	cur  int        // the member that answered last
+	last error      // the last FetchView's error, nil after one succeeded
 }
 
 // NewViewSource returns a source reading from the members at addrs (HTTP
@@ -69,7 +70,7 @@ func (s *ViewSource) FetchView(ctx context.Context) (*router.View, error) {
 			var v *router.View
 			if v, err = router.ViewFromAPI(av); err == nil {
 				s.mu.Lock()
-				s.cur = i
+				s.cur, s.last = i, nil
 				s.mu.Unlock()
 				return v, nil
 			}
@@ -79,7 +80,20 @@ func (s *ViewSource) FetchView(ctx context.Context) (*router.View, error) {
 			break
 		}
 	}
-	return nil, errors.Join(errs...)
+	err := errors.Join(errs...)
+	s.mu.Lock()
+	s.last = err
+	s.mu.Unlock()
+	return nil, err
+}
+
+// Err returns the error of the last FetchView, each member's joined (an
+// *api.Error 401 from a member that refuses the admin token, say), or nil
+// when it read a view (or none was made yet).
+func (s *ViewSource) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
 }
 
 // CloseIdleConnections closes the idle HTTP connections to the members.
@@ -126,7 +140,8 @@ type RingConfig struct {
 	// Members are HTTP addresses of cluster members: the view is read
 	// from them, and checks fall back to them over HTTP.
 	Members []string
-	// AdminToken reads the view (it carries the hash seed).
+	// AdminToken reads the view (it carries the hash seed). A Ring that
+	// the members refuse the view goes on over HTTP: ViewError says so.
 	AdminToken string
 	// Refresh is how often the view is re-read (default 1s); a NOT_OWNER
 	// answer re-reads it at once.
@@ -479,6 +494,16 @@ func (c *Ring) Wait(ctx context.Context, rule, key string, cost int64) (api.Deci
 		}
 	}
 }
+
+// ViewError returns why the Ring's last read of the view failed (each
+// member's error joined: an *api.Error 401 unauthorized when the members
+// refuse RingConfig.AdminToken, 403 when they have no token and the Ring
+// is not on their loopback), or nil when it succeeded or none was made
+// yet. While the reads fail the Ring routes by the view it has, or, with
+// none, checks over HTTP (HTTPFallbacks counts them): ViewError says why.
+// Every failed read is also logged at WARN on RingConfig.Router.Logger,
+// which discards by default.
+func (c *Ring) ViewError() error { return c.src.Err() }
 
 // HTTPFallbacks returns how many calls went over HTTP (metrics, tests).
 func (c *Ring) HTTPFallbacks() int64 {

@@ -447,3 +447,33 @@ func TestRingCheckBatch(t *testing.T) {
 		t.Errorf("CheckBatch after Close = %v; want ErrClosed", err)
 	}
 }
+
+// A Ring whose admin token the members refuse says so: ViewError is the
+// members' 401, while the checks go over HTTP. With the right token it
+// is nil once the view is read. Was: the fallback was silent, as the
+// router's log lines go nowhere by default.
+func TestRingViewErrorNamesARefusedToken(t *testing.T) {
+	m := startMembers(t, 1)
+	wrong, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: "not-the-token", Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	eventually(t, "the first view read to fail", func() bool { return wrong.ViewError() != nil })
+	e, ok := errors.AsType[*api.Error](wrong.ViewError())
+	if !ok || e.Status != 401 || !strings.Contains(wrong.ViewError().Error(), m.http[0]) {
+		t.Fatalf("ViewError() = %v; want the member %s's 401", wrong.ViewError(), m.http[0])
+	}
+	if d, err := wrong.Check(t.Context(), "default", "k", 1); err != nil || !d.Allowed || wrong.HTTPFallbacks() != 1 {
+		t.Fatalf("Check = %+v, %v with %d over HTTP; want allowed over HTTP", d, err, wrong.HTTPFallbacks())
+	}
+	right, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: testToken, Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer right.Close()
+	eventually(t, "the ring client's first view", right.Ready)
+	if err := right.ViewError(); err != nil {
+		t.Fatalf("ViewError() = %v with the view read; want nil", err)
+	}
+}
