@@ -48,6 +48,7 @@ type manifests struct {
 	secrets  []*corev1.Secret
 	pdbs     []*policyv1.PodDisruptionBudget
 	monitors []*unstructured.Unstructured
+	alerts   []*prometheusRule
 }
 
 func loadBase(t *testing.T) *manifests {
@@ -95,6 +96,8 @@ func loadBase(t *testing.T) *manifests {
 				t.Fatalf("%s: %v", path, err)
 			}
 			m.monitors = append(m.monitors, u)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			m.alerts = append(m.alerts, decode[prometheusRule](t, path, data))
 		default:
 			t.Fatalf("%s: no decoder for %s %s; add one to this test", path, tm.APIVersion, tm.Kind)
 		}
