@@ -126,6 +126,7 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 		p := httputil.NewSingleHostReverseProxy(cfg.Upstream)
 		p.Transport = cfg.Transport
 		p.ErrorHandler = g.upstreamError
+		p.ModifyResponse = dropUpstreamXRateLimit
 		g.next = p
 	}
 	if g.cfg.Routes == nil {
@@ -147,6 +148,20 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 	g.m = m
 	g.logRep, g.logZero = repeats.New(logWindow, 1024), g.now()
 	return g, nil
+}
+
+// dropUpstreamXRateLimit removes an upstream's own X-RateLimit-Limit,
+// -Remaining and -Reset from its response, so that the client gets the
+// gateway's alone: they hold one number each, and the proxy would add the
+// upstream's after the gateway's (was: two of each, a client reading
+// one or the other). RateLimit and RateLimit-Policy are lists of
+// policies (structured fields), so the upstream's entries stay, after
+// the gateway's; so does an upstream's Retry-After.
+func dropUpstreamXRateLimit(resp *http.Response) error {
+	for _, k := range [...]string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+		resp.Header.Del(k)
+	}
+	return nil
 }
 
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {

@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -727,4 +728,42 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// An upstream with rate-limit headers of its own: the client gets one
+// X-RateLimit-* of each, the gateway's, and both policies in the
+// RateLimit lists. Was: two X-RateLimit-Remaining, the upstream's last.
+func TestUpstreamRateLimitHeadersDoNotDoubleTheGateways(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: 10 * time.Second})
+	up := &upstream{}
+	up.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-RateLimit-Limit", "1000")
+		h.Set("X-RateLimit-Remaining", "999")
+		h.Set("X-RateLimit-Reset", "1")
+		h.Set("RateLimit-Policy", `"upstream";q=1000;w=60`)
+		h.Set("RateLimit", `"upstream";r=999;t=60`)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	clock := time.Unix(1_000_000, 0)
+	s := front(t, up, c, Config{Now: func() time.Time { return clock }, Routes: []rules.Route{
+		{Name: "api", Path: "/*", Limits: []rules.Limit{{Rule: "five", Cost: 1}}},
+	}})
+	resp := get(t, s.URL+"/x", nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	want := map[string][]string{
+		"X-RateLimit-Limit":     {"5"},
+		"X-RateLimit-Remaining": {"4"},
+		"X-RateLimit-Reset":     {"1000010"},
+		"RateLimit-Policy":      {`"five";q=5;w=10`, `"upstream";q=1000;w=60`},
+		"RateLimit":             {`"five";r=4;t=10`, `"upstream";r=999;t=60`},
+	}
+	for k, v := range want {
+		if got := resp.Header.Values(k); !slices.Equal(got, v) {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
 }
