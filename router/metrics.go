@@ -99,3 +99,15 @@ func (m *metrics) counters(rule string) *ruleCounters {
 	}
 	return c.(*ruleCounters)
 }
+
+// forget deletes the series of a rule that no longer exists, so that a
+// cluster whose rules come and go does not export them for ever. A
+// check decided under the old view at the same time may count on after
+// the deletion (lost) or bring the series back until the next view
+// change.
+func (m *metrics) forget(rule string) {
+	m.perRule.Delete(rule)
+	m.decisions.DeleteLabelValues(rule, "allowed")
+	m.decisions.DeleteLabelValues(rule, "denied")
+	m.degraded.DeleteLabelValues(rule)
+}

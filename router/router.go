@@ -175,11 +175,19 @@ func (r *Router) Close() { r.cancel() }
 // errRouterClosed is the error of a check on a closed router.
 var errRouterClosed = fmt.Errorf("%w: %w", api.ErrUnavailable, ErrClosed)
 
-// SetView installs a new view; checks from now on use it.
+// SetView installs a new view; checks from now on use it. The metric
+// series of rules the previous view had and v has not are deleted.
 func (r *Router) SetView(v *View) {
-	r.cell.Store(v)
+	old := r.cell.Swap(v)
 	if v != nil && v.Ring != nil {
 		r.m.viewEpoch.Set(float64(v.Ring.Epoch()))
+	}
+	if old != nil && v != nil {
+		for name := range old.Rules {
+			if _, ok := v.Rules[name]; !ok {
+				r.m.forget(name)
+			}
+		}
 	}
 }
 

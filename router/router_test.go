@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -507,5 +508,75 @@ func TestRouterRoutesFollowRing(t *testing.T) {
 		if rt.routesFor(rg) != rs {
 			t.Errorf("epoch %d: routes computed again for the same ring", rg.Epoch())
 		}
+	}
+}
+
+// A rule removed from the view takes its series with it: a cluster whose
+// rules come and go does not export each one it ever had. The rules that
+// stay keep counting. Was: every removed rule's series stayed until the
+// process restarted.
+func TestRemovedRulesSeriesAreDeleted(t *testing.T) {
+	rules := testRules(t)
+	r1 := mustRing(t, 1, "a")
+	net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules)}}
+	reg := prometheus.NewRegistry()
+	rt, err := New(Config{Self: "a", Registerer: reg}, net.owners["a:1"], net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rt.SetView(view.New(r1, 7, ruleList(rules), 0))
+	check := func(rule string) {
+		t.Helper()
+		out := make([]Result, 1)
+		if err := rt.Check(t.Context(), []Request{{Rule: rule, Key: "k", Cost: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("log5")
+	check("closed")
+	series := func() []string {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, mf := range mfs {
+			if n := mf.GetName(); n == "ringlimit_decisions_total" || n == "ringlimit_degraded_total" {
+				for _, m := range mf.GetMetric() {
+					s := n
+					for _, l := range m.GetLabel() {
+						s += " " + l.GetName() + "=" + l.GetValue()
+					}
+					got = append(got, s)
+				}
+			}
+		}
+		slices.Sort(got)
+		return got
+	}
+	if got := series(); len(got) != 6 {
+		t.Fatalf("series after checking two rules: %q; want 6", got)
+	}
+	kept := map[string]*limiter.Rule{"log5": rules["log5"]}
+	rt.SetView(view.New(r1, 8, ruleList(kept), 0))
+	check("log5")
+	want := []string{
+		"ringlimit_decisions_total outcome=allowed rule=log5",
+		"ringlimit_decisions_total outcome=denied rule=log5",
+		"ringlimit_degraded_total rule=log5",
+	}
+	if got := series(); !slices.Equal(got, want) {
+		t.Fatalf("series after removing rule closed: %q; want %q", got, want)
+	}
+	if got := testutil.ToFloat64(rt.m.decisions.WithLabelValues("log5", "allowed")); got != 2 {
+		t.Errorf("log5 allowed %v after two checks, want 2 (its count kept)", got)
+	}
+	// The rule written again counts afresh.
+	rt.SetView(view.New(r1, 9, ruleList(rules), 0))
+	check("closed")
+	if got := testutil.ToFloat64(rt.m.decisions.WithLabelValues("closed", "allowed")); got != 1 {
+		t.Errorf("closed allowed %v after it came back and was checked once, want 1", got)
 	}
 }

@@ -74,8 +74,17 @@ type Cell struct {
 func (c *Cell) Load() *View { return c.v.Load() }
 
 // Store publishes v and wakes every Await.
-func (c *Cell) Store(v *View) {
-	c.v.Store(v)
+func (c *Cell) Store(v *View) { c.Swap(v) }
+
+// Swap is Store, returning the view it replaced (nil if none).
+func (c *Cell) Swap(v *View) *View {
+	old := c.v.Swap(v)
+	c.wake()
+	return old
+}
+
+// wake wakes every Await and Changed of the view just published.
+func (c *Cell) wake() {
 	c.mu.Lock()
 	if c.next != nil {
 		close(c.next)
