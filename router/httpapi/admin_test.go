@@ -463,7 +463,7 @@ func TestPanicIsA500(t *testing.T) {
 	if w := e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`); w.Code != 200 {
 		t.Errorf("after a panic: %d %s", w.Code, w.Body)
 	}
-	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="500",endpoint="/v1/rules"} 1`) {
+	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="500",endpoint="/v1/rules",method="GET"} 1`) {
 		t.Errorf("the 500 was not counted")
 	}
 }
@@ -502,12 +502,20 @@ func TestMetrics(t *testing.T) {
 	e.do("GET", "/v1/check", ``)
 	e.do("GET", "/nowhere", ``)
 	e.do("POST", "/v1/check", `{"rule":"default","key":"k"}`, "X", "y")
+	// GET and PUT of one endpoint are told apart; a method of the
+	// caller's own is counted as other, so it makes no series.
+	e.do("GET", "/v1/rules", ``)
+	e.do("PUT", "/v1/rules", `rules: []`, "Content-Type", "application/yaml")
+	e.do("BREW", "/v1/rules", ``)
 	body := scrape(t, e)
 	for _, want := range []string{
-		`ringlimit_http_requests_total{code="200",endpoint="/v1/check"} 3`,
-		`ringlimit_http_requests_total{code="404",endpoint="/v1/check"} 1`,
-		`ringlimit_http_requests_total{code="405",endpoint="/v1/check"} 1`,
-		`ringlimit_http_requests_total{code="404",endpoint="other"} 1`,
+		`ringlimit_http_requests_total{code="200",endpoint="/v1/rules",method="GET"} 1`,
+		`ringlimit_http_requests_total{code="200",endpoint="/v1/rules",method="PUT"} 1`,
+		`ringlimit_http_requests_total{code="405",endpoint="/v1/rules",method="other"} 1`,
+		`ringlimit_http_requests_total{code="200",endpoint="/v1/check",method="POST"} 3`,
+		`ringlimit_http_requests_total{code="404",endpoint="/v1/check",method="POST"} 1`,
+		`ringlimit_http_requests_total{code="405",endpoint="/v1/check",method="GET"} 1`,
+		`ringlimit_http_requests_total{code="404",endpoint="other",method="GET"} 1`,
 		`ringlimit_http_request_duration_seconds_bucket{endpoint="/v1/check",le="0.0025"} 0`,
 		`ringlimit_http_request_duration_seconds_bucket{endpoint="/v1/check",le="0.005"} 5`,
 		`ringlimit_http_request_duration_seconds_count{endpoint="/v1/check"} 5`,
@@ -523,7 +531,7 @@ func TestMetrics(t *testing.T) {
 	// A second handler on the same registry shares the series.
 	h2 := New(Config{Registry: e.reg}, e.c, e.a)
 	h2.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/healthz", nil))
-	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="200",endpoint="/healthz"} 1`) {
+	if !strings.Contains(scrape(t, e), `ringlimit_http_requests_total{code="200",endpoint="/healthz",method="GET"} 1`) {
 		t.Errorf("second handler's request not counted")
 	}
 }

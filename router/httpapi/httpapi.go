@@ -132,7 +132,7 @@ func New(cfg Config, c Checker, a Admin) http.Handler {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	h.eps = newMetrics(reg)
+	newMetrics(reg, &h.eps)
 	h.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	h.scratch.New = func() any { return new(checkScratch) }
 	return h
@@ -229,7 +229,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				writeError(rec, &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: "internal error"})
 			}
 		}
-		h.eps[ep].observe(rec.status, h.now().Sub(start))
+		h.eps[ep].observe(r.Method, rec.status, h.now().Sub(start))
 		if p == http.ErrAbortHandler {
 			panic(p) // net/http's own way to abort a response; it logs nothing
 		}

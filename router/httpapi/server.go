@@ -209,7 +209,7 @@ func endpoint(h *fasthttp.RequestHeader) int {
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if ctx.Request.Header.ContentLength() > api.MaxBodySize {
 		e := tooLarge(&http.MaxBytesError{Limit: api.MaxBodySize})
-		s.count(endpoint(&ctx.Request.Header), e.Status)
+		s.count(&ctx.Request.Header, e.Status)
 		writeFast(ctx, e.Status, marshalLine(e))
 		lingerOnClose(ctx)
 		return e.Status
@@ -218,10 +218,18 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 }
 
 // count records an answer fasthttp wrote itself in the API's metrics.
-func (s *Server) count(ep, status int) {
-	if s.api != nil {
-		s.api.eps[ep].observe(status, 0)
+// A request whose path is no endpoint's (fasthttp dropped its headers)
+// is counted under method other: fasthttp reports GET for a method it
+// did not read.
+func (s *Server) count(h *fasthttp.RequestHeader, status int) {
+	if s.api == nil {
+		return
 	}
+	ep, method := endpoint(h), ""
+	if ep != epOther {
+		method = string(h.Method())
+	}
+	s.api.eps[ep].observe(method, status, 0)
 }
 
 // serveError answers a request fasthttp could not read, in the API's
@@ -239,7 +247,7 @@ func (s *Server) serveError(ctx *fasthttp.RequestCtx, err error) {
 	case isTimeout(err):
 		e.Status, e.Message = http.StatusRequestTimeout, "request not read within "+readTimeout.String()
 	}
-	s.count(endpoint(&ctx.Request.Header), e.Status) // other when fasthttp dropped the headers
+	s.count(&ctx.Request.Header, e.Status) // other when fasthttp dropped the headers
 	writeFast(ctx, e.Status, marshalLine(e))
 	ctx.SetConnectionClose()
 	lingerOnClose(ctx)
@@ -308,7 +316,7 @@ func (h *handler) serveCheckFast(base context.Context, ctx *fasthttp.RequestCtx)
 			ctx.Response.Reset()
 			writeFast(ctx, status, marshalLine(&api.Error{Status: status, Code: api.CodeInternal, Message: "internal error"}))
 		}
-		h.eps[epCheck].observe(status, h.now().Sub(start))
+		h.eps[epCheck].observe(http.MethodPost, status, h.now().Sub(start))
 	}()
 	s := h.scratch.Get().(*checkScratch)
 	defer h.scratch.Put(s)

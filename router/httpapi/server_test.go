@@ -157,7 +157,7 @@ func TestServerAnswersChecks(t *testing.T) {
 	if err := json.Unmarshal(got, &d); err != nil || resp.StatusCode != 200 || !d.Allowed || d.Remaining != 199 {
 		t.Fatalf("single check: %d %s", resp.StatusCode, got)
 	}
-	if m := scrape(t, e); !strings.Contains(m, `ringlimit_http_requests_total{code="200",endpoint="/v1/check"} 4`) {
+	if m := scrape(t, e); !strings.Contains(m, `ringlimit_http_requests_total{code="200",endpoint="/v1/check",method="POST"} 4`) {
 		t.Errorf("the checks are not counted as 4 answered 200:\n%s", m)
 	}
 
@@ -266,9 +266,9 @@ func TestServerRefusesOversizedRequests(t *testing.T) {
 	// under other (it drops them when a chunked body fails).
 	m := scrape(t, e)
 	for _, want := range []string{
-		`ringlimit_http_requests_total{code="413",endpoint="/v1/check"} 2`,
-		`ringlimit_http_requests_total{code="400",endpoint="other"} 1`,
-		`ringlimit_http_requests_total{code="431",endpoint="other"} 1`,
+		`ringlimit_http_requests_total{code="413",endpoint="/v1/check",method="POST"} 2`,
+		`ringlimit_http_requests_total{code="400",endpoint="other",method="other"} 1`,
+		`ringlimit_http_requests_total{code="431",endpoint="other",method="other"} 1`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s:\n%s", want, m)
