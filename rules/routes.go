@@ -27,12 +27,19 @@ import (
 //	        cost_from: header:X-Token-Estimate
 //	      - rule: uploads
 //	        cost: 5                # a constant cost
+//	  - name: health
+//	    path: /healthz
+//	    unlimited: true            # matched, and passed without a check
 type Route struct {
 	Name    string   `json:"name"`
 	Methods []string `json:"methods,omitempty"` // upper case
 	Path    string   `json:"path"`
 	Tier    string   `json:"tier,omitempty"`
 	Limits  []Limit  `json:"limits"`
+	// Unlimited routes have no limits: the requests they match pass
+	// unchecked (health checks, CORS preflights), so that a later
+	// catch-all route does not limit them.
+	Unlimited bool `json:"unlimited,omitempty"`
 }
 
 // Limit is one rule a route's requests must pass, and what each request
@@ -93,7 +100,8 @@ func (e *RouteError) Unwrap() error { return ErrInvalid }
 // ParseRoutes reads the "routes:" list of a rules document (YAML or
 // JSON; the "rules:" list is Parse's). A document without routes gives
 // none. Each route needs a valid unique name, a path starting with "/"
-// and at least one limit naming a rule; unknown fields are refused. That
+// and either at least one limit naming a rule or unlimited: true (and
+// then no limits); unknown fields are refused. That
 // the named rules exist is CheckRoutes' business, against a rule set.
 func ParseRoutes(data []byte) ([]Route, error) {
 	if len(data) > MaxDocumentSize {
@@ -145,7 +153,7 @@ func parseRoute(i int, raw json.RawMessage, r *Route) error {
 		if errors.As(err, &ute) {
 			e.Field, e.Msg = ute.Field, "must be a "+ute.Type.String()+", got "+ute.Value
 		} else if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			e.Field, e.Msg = strings.Trim(f, `"`), "unknown field (want name, methods, path, tier, limits)"
+			e.Field, e.Msg = strings.Trim(f, `"`), "unknown field (want name, methods, path, tier, limits, unlimited)"
 		}
 		return e
 	}
@@ -164,8 +172,13 @@ func parseRoute(i int, raw json.RawMessage, r *Route) error {
 		}
 		r.Methods[k] = strings.ToUpper(m)
 	}
-	if len(r.Limits) == 0 || len(r.Limits) > MaxRouteLimits {
-		return fail("limits", "want 1 to %d limits, got %d", MaxRouteLimits, len(r.Limits))
+	switch {
+	case r.Unlimited && len(r.Limits) > 0:
+		return fail("limits", "an unlimited route takes no limits, got %d", len(r.Limits))
+	case r.Unlimited:
+		return nil
+	case len(r.Limits) == 0 || len(r.Limits) > MaxRouteLimits:
+		return fail("limits", "want 1 to %d limits (or unlimited: true), got %d", MaxRouteLimits, len(r.Limits))
 	}
 	for k, l := range r.Limits {
 		f := fmt.Sprintf("limits[%d]", k)

@@ -78,7 +78,11 @@ func TestParseRoutesAndMatch(t *testing.T) {
 func TestParseRoutesErrors(t *testing.T) {
 	tests := []struct{ doc, msg string }{
 		{"routes: [{name: a, path: x, limits: [{rule: default}]}]", `route "a": path: must start with /, got "x"`},
-		{"routes: [{name: a, path: /, limits: []}]", `route "a": limits: want 1 to 16 limits, got 0`},
+		{"routes: [{name: a, path: /, limits: []}]", `route "a": limits: want 1 to 16 limits (or unlimited: true), got 0`},
+		{"routes: [{name: a, path: /}]", `route "a": limits: want 1 to 16 limits (or unlimited: true), got 0`},
+		{"routes: [{name: a, path: /, unlimited: false}]", `route "a": limits: want 1 to 16 limits (or unlimited: true), got 0`},
+		{"routes: [{name: a, path: /, unlimited: true, limits: [{rule: r}]}]", `route "a": limits: an unlimited route takes no limits, got 1`},
+		{`routes: [{name: a, path: /, unlimited: "true"}]`, `routes[0]: unlimited: must be a bool, got string`},
 		{"routes: [{name: a, path: /, limits: [{rule: r, cost_from: body}]}]", `route "a": limits[0].cost_from: must be header:NAME, got "body"`},
 		{"routes: [{name: a, path: /, bogus: 1, limits: [{rule: r}]}]", `routes[0]: bogus: unknown field`},
 		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name (also routes[0])`},

@@ -401,7 +401,10 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	if !res[0].Allowed || !res[0].Degraded || res[1].Allowed || !res[1].Degraded {
 		t.Fatalf("owner dead: open rule %+v, closed rule %+v; want allowed+degraded and denied+degraded", res[0], res[1])
 	}
-	if took > timeout+300*time.Millisecond {
+	// The bound tells an answer by the timeout from one that waits on
+	// (twice the timeout and more); its slack is for a loaded 2-core
+	// machine (2.41 s once, with other test processes running).
+	if took > timeout+time.Second {
 		t.Fatalf("the failure mode answered after %v, want within the %v timeout", took, timeout)
 	}
 	t.Logf("failure mode answered in %v (timeout %v)", took, timeout)

@@ -188,8 +188,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	route := rules.MatchRoute(g.cfg.Routes, r.Method, matchPath(r.URL.Path), who.tier)
-	if route == nil {
-		g.m.outcome("", "unlimited")
+	if route == nil || route.Unlimited {
+		name := ""
+		if route != nil {
+			name = route.Name
+		}
+		g.m.outcome(name, "unlimited")
 		g.next.ServeHTTP(w, r)
 		return
 	}

@@ -767,3 +767,78 @@ func TestUpstreamRateLimitHeadersDoNotDoubleTheGateways(t *testing.T) {
 		}
 	}
 }
+
+// Routes marked unlimited let health checks and CORS preflights through a
+// catch-all route unchecked: no budget spent, no rate-limit headers, and
+// counted as unlimited under the route's name. Was: a route needed 1 to
+// 16 limits, so "/*" limited /healthz and every OPTIONS.
+func TestUnlimitedRoutesPassUnchecked(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "one", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	up := newUpstream(t)
+	reg := prometheus.NewRegistry()
+	s := front(t, up, c, Config{Registerer: reg, Routes: []rules.Route{
+		{Name: "health", Path: "/healthz", Unlimited: true},
+		{Name: "preflight", Methods: []string{http.MethodOptions}, Path: "/*", Unlimited: true},
+		{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "one", Cost: 1}}},
+	}})
+	do := func(method, path string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, s.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for i := range 3 {
+		for _, q := range [][2]string{{http.MethodGet, "/healthz"}, {http.MethodOptions, "/api"}} {
+			resp := do(q[0], q[1])
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit") != "" || resp.Header.Get("X-RateLimit-Limit") != "" {
+				t.Fatalf("%s %s #%d: %d with RateLimit %q; want 200 without rate-limit headers", q[0], q[1], i, resp.StatusCode, resp.Header.Get("RateLimit"))
+			}
+		}
+	}
+	if got := c.keys(); len(got) != 0 {
+		t.Fatalf("unlimited routes spent budget under keys %q", got)
+	}
+	if resp := do(http.MethodGet, "/api"); resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit") == "" {
+		t.Fatalf("GET /api: %d, RateLimit %q; want 200 with headers (the catch-all's first)", resp.StatusCode, resp.Header.Get("RateLimit"))
+	}
+	if resp := do(http.MethodGet, "/api"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("second GET /api: %d, want 429", resp.StatusCode)
+	}
+	if got := up.hits.Load(); got != 7 {
+		t.Errorf("upstream saw %d requests, want 7 (6 unlimited, 1 allowed)", got)
+	}
+	for route, want := range map[string]float64{"health": 3, "preflight": 3} {
+		if got := outcomeCount(t, reg, route, "unlimited"); got != want {
+			t.Errorf("outcome unlimited of route %s = %v, want %v", route, got, want)
+		}
+	}
+}
+
+// outcomeCount reads ringlimit_gateway_requests_total{route, outcome}.
+func outcomeCount(t *testing.T, reg *prometheus.Registry, route, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ringlimit_gateway_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["route"] == route && labels["outcome"] == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
