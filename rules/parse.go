@@ -3,13 +3,16 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	yamlv2 "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
 )
 
@@ -75,14 +78,42 @@ func parse(data []byte, needList bool) ([]limiter.Rule, error) {
 
 // yamlToJSON converts with duplicate keys rejected. A panic in the YAML
 // parser on hostile input becomes an error: a rules PUT must not crash a
-// node.
+// node. The document must be one: sigs.k8s.io/yaml reads the first of
+// several and drops the rest unread, so a file with rules added below a
+// "---" lost them, and a JSON body of two objects was read as the first
+// (`{"rules": []} {...}` removed every written rule). Empty documents
+// (a "---" at the end, comments) are allowed.
 func yamlToJSON(data []byte) (js []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			js, err = nil, fmt.Errorf("parser failed: %v", p)
 		}
 	}()
+	if err := singleDocument(data); err != nil {
+		return nil, err
+	}
 	return yaml.YAMLToJSONStrict(data)
+}
+
+// singleDocument reports an error when data holds more than one
+// non-empty YAML document, or anything that does not parse after the
+// first.
+func singleDocument(data []byte) error {
+	dec := yamlv2.NewDecoder(bytes.NewReader(data))
+	for n := 0; ; {
+		var v any
+		err := dec.Decode(&v)
+		switch {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		case v != nil:
+			if n++; n > 1 {
+				return errors.New(`more than one document (a "---" between two, or two JSON values one after the other): write the rules as one`)
+			}
+		}
+	}
 }
 
 // ParseFile is Parse for a rules file (serve --rules) or a PUT's body,
@@ -139,7 +170,7 @@ func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
 	}
 	if v, ok := present(fields, "name"); ok {
 		if json.Unmarshal(v, &r.Name) != nil {
-			return fail("name", "must be a string, got %s", rawText(v))
+			return fail("name", "must be a string, got %s%s", rawText(v), quoteHint(v))
 		}
 		e.Rule = ruleName(r.Name)
 	}
@@ -197,6 +228,16 @@ func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
 		r.FailureMode = m
 	}
 	return validateRule(i, r)
+}
+
+// quoteHint is what to add to a "must be a string" message for v, a
+// YAML scalar read as a bool or a number: YAML 1.1 reads y, yes, on,
+// off, no, true, 123 and the like as such unless quoted.
+func quoteHint(v json.RawMessage) string {
+	if t := bytes.TrimSpace(v); len(t) > 0 && (t[0] == 't' || t[0] == 'f' || t[0] == '-' || '0' <= t[0] && t[0] <= '9') {
+		return ` (YAML reads an unquoted yes, no, on, off, y, n or number as such: quote it, "…")`
+	}
+	return ""
 }
 
 // present returns fields[k] unless it is missing or null: a key written

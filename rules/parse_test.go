@@ -138,7 +138,7 @@ func TestParseErrors(t *testing.T) {
 		{"name invalid", "rules:\n- {name: 'a b', algorithm: gcra, limit: 1, period: 1s}\n", 0, "", "name",
 			`rules[0]: name: must be 1 to 128 printable ASCII characters without spaces, quotes, '\', ';', ',' or '=', got "a b"`},
 		{"name yaml bool", "rules:\n- {name: yes, algorithm: gcra, limit: 1, period: 1s}\n", 0, "", "name",
-			`rules[0]: name: must be a string, got true`},
+			`rules[0]: name: must be a string, got true (YAML reads an unquoted yes, no, on, off, y, n or number as such: quote it, "…")`},
 		{"name first", "rules:\n- {algorithm: gcra, limit: x, bogus: 1}\n", 0, "", "name", `rules[0]: name: missing; every rule needs a name`},
 		{"rule not a mapping", "rules: [1]\n", 0, "", "", `rules[0]: must be a mapping of name, algorithm, limit, period, burst, failure_mode, got 1`},
 		// Limits from limiter.Rule.Validate.
@@ -312,5 +312,40 @@ func TestParseFile(t *testing.T) {
 	}
 	if _, err := ParseFile([]byte("rules: [1]\n")); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ParseFile of a bad rule = %v, want Parse's refusal", err)
+	}
+}
+
+// A document is one: rules below a "---", or a second JSON value, are
+// refused rather than dropped unread. Was: Parse read the first document
+// only, so `{"rules": []} {...}` removed every written rule (200), and
+// rules added below a "---" in a --rules file were lost without a word.
+// Empty documents before or after are allowed.
+func TestParseRefusesSeveralDocuments(t *testing.T) {
+	one := "rules:\n  - {name: a, algorithm: token_bucket, limit: 5, period: 1s}\n"
+	for _, doc := range []string{
+		one + "---\nrules:\n  - {name: b, algorithm: gcra, limit: 1, period: 1s}\n",
+		one + "---\nrules:\n  - {name: b, algorithm: bogus, limit: -5, period: 1s}\n",
+		one + "---\n: : :garbage [\n",
+		one + "...\nnot yaml: [\n",
+		`{"rules": []} {"rules": [{"name": "a", "algorithm": "gcra", "limit": 1, "period": "1s"}]}`,
+	} {
+		if rs, err := Parse([]byte(doc)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Parse(%q) = %+v, %v; want ErrInvalid", doc, rs, err)
+		}
+		if rs, err := ParseFile([]byte(doc)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseFile(%q) = %+v, %v; want ErrInvalid", doc, rs, err)
+		}
+		if rs, err := ParseRoutes([]byte(doc)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseRoutes(%q) = %+v, %v; want ErrInvalid", doc, rs, err)
+		}
+	}
+	_, err := Parse([]byte(one + "---\nrules: []\n"))
+	if err == nil || !strings.Contains(err.Error(), "more than one document") {
+		t.Errorf("two documents: %v; want a message saying more than one document", err)
+	}
+	for _, doc := range []string{"---\n" + one, one + "---\n", "# head\n---\n" + one + "---\n# tail\n"} {
+		if rs, err := ParseFile([]byte(doc)); err != nil || len(rs) != 1 {
+			t.Errorf("ParseFile(%q) = %+v, %v; want rule a (empty documents around it)", doc, rs, err)
+		}
 	}
 }

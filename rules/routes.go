@@ -3,9 +3,9 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -144,27 +144,57 @@ func ParseRoutes(data []byte) ([]Route, error) {
 	return out, nil
 }
 
+// routeFields and limitFields are the fields a route and one of its
+// limits may have, matched exactly (encoding/json would fold their case,
+// so that "Path" beside "path" slipped past strict decoding).
+var (
+	routeFields = []string{"name", "methods", "path", "tier", "limits", "unlimited"}
+	limitFields = []string{"rule", "cost", "cost_from"}
+)
+
 func parseRoute(i int, raw json.RawMessage, r *Route) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(r); err != nil {
-		e := &RouteError{Index: i, Msg: err.Error()}
-		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) {
-			e.Field, e.Msg = ute.Field, "must be a "+ute.Type.String()+", got "+ute.Value
-		} else if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			e.Field, e.Msg = strings.Trim(f, `"`), "unknown field (want name, methods, path, tier, limits, unlimited)"
-		}
+	raw = bytes.TrimSpace(raw)
+	var fields map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &fields) != nil {
+		return &RouteError{Index: i, Msg: "must be a mapping of " + strings.Join(routeFields, ", ") + ", got " + rawText(raw)}
+	}
+	// The name first, so that every later message can use it.
+	e := &RouteError{Index: i}
+	fail := func(field, format string, a ...any) error {
+		e.Field, e.Msg = field, fmt.Sprintf(format, a...)
 		return e
 	}
-	fail := func(field, format string, a ...any) error {
-		return &RouteError{Index: i, Route: ruleName(r.Name), Field: field, Msg: fmt.Sprintf(format, a...)}
+	if v, ok := present(fields, "name"); ok {
+		if json.Unmarshal(v, &r.Name) != nil {
+			return fail("name", "must be a string, got %s%s", rawText(v), quoteHint(v))
+		}
 	}
 	if !limiter.ValidName(r.Name) {
 		return fail("name", "missing or invalid: letters, digits, '-', '_' and '.', got %s", quoteTrunc(r.Name))
 	}
+	e.Route = r.Name
+	for _, k := range sortedKeys(fields) {
+		if !slices.Contains(routeFields, k) {
+			return fail(truncate(k), "unknown field (want %s)", strings.Join(routeFields, ", "))
+		}
+	}
+	var limits []json.RawMessage
+	for _, f := range []struct {
+		name, want string
+		v          any
+	}{
+		{"methods", "list of strings", &r.Methods}, {"path", "string", &r.Path}, {"tier", "string", &r.Tier},
+		{"unlimited", "bool (true or false)", &r.Unlimited}, {"limits", "list", &limits},
+	} {
+		if v, ok := present(fields, f.name); ok && json.Unmarshal(v, f.v) != nil {
+			return fail(f.name, "must be a %s, got %s", f.want, rawText(v))
+		}
+	}
 	if !strings.HasPrefix(r.Path, "/") {
 		return fail("path", "must start with /, got %s", quoteTrunc(r.Path))
+	}
+	if msg := unmatchablePath(r.Path); msg != "" {
+		return fail("path", "%s, got %s", msg, quoteTrunc(r.Path))
 	}
 	for k, m := range r.Methods {
 		if m == "" || strings.ContainsFunc(m, func(c rune) bool { return c <= ' ' || c >= 0x7f }) {
@@ -173,28 +203,78 @@ func parseRoute(i int, raw json.RawMessage, r *Route) error {
 		r.Methods[k] = strings.ToUpper(m)
 	}
 	switch {
-	case r.Unlimited && len(r.Limits) > 0:
-		return fail("limits", "an unlimited route takes no limits, got %d", len(r.Limits))
+	case r.Unlimited && len(limits) > 0:
+		return fail("limits", "an unlimited route takes no limits, got %d", len(limits))
 	case r.Unlimited:
 		return nil
-	case len(r.Limits) == 0 || len(r.Limits) > MaxRouteLimits:
-		return fail("limits", "want 1 to %d limits (or unlimited: true), got %d", MaxRouteLimits, len(r.Limits))
+	case len(limits) == 0 || len(limits) > MaxRouteLimits:
+		return fail("limits", "want 1 to %d limits (or unlimited: true), got %d", MaxRouteLimits, len(limits))
 	}
-	for k, l := range r.Limits {
-		f := fmt.Sprintf("limits[%d]", k)
-		switch {
-		case !limiter.ValidName(l.Rule):
-			return fail(f+".rule", "missing or invalid rule name %s", quoteTrunc(l.Rule))
-		case l.Cost < 0:
-			return fail(f+".cost", "must be ≥ 0, got %d", l.Cost)
-		case l.CostFrom != "" && (!strings.HasPrefix(l.CostFrom, "header:") || !validHeaderName(l.CostHeader())):
-			return fail(f+".cost_from", "must be header:NAME, got %s", quoteTrunc(l.CostFrom))
-		}
-		if l.Cost == 0 && l.CostFrom == "" {
-			r.Limits[k].Cost = 1
+	r.Limits = make([]Limit, len(limits))
+	for k, lr := range limits {
+		if err := parseLimit(lr, &r.Limits[k], func(field, format string, a ...any) error {
+			return fail(fmt.Sprintf("limits[%d]", k)+field, format, a...)
+		}); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// parseLimit decodes one limit of a route into l; fail names the field
+// (".rule", ...; "" for the limit itself).
+func parseLimit(raw json.RawMessage, l *Limit, fail func(field, format string, a ...any) error) error {
+	raw = bytes.TrimSpace(raw)
+	var fields map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &fields) != nil {
+		return fail("", "must be a mapping of %s, got %s", strings.Join(limitFields, ", "), rawText(raw))
+	}
+	for _, k := range sortedKeys(fields) {
+		if !slices.Contains(limitFields, k) {
+			return fail("."+truncate(k), "unknown field (want %s)", strings.Join(limitFields, ", "))
+		}
+	}
+	if v, ok := present(fields, "rule"); ok && json.Unmarshal(v, &l.Rule) != nil {
+		return fail(".rule", "must be a string, got %s%s", rawText(v), quoteHint(v))
+	}
+	cost, hasCost := present(fields, "cost")
+	if hasCost && json.Unmarshal(cost, &l.Cost) != nil {
+		return fail(".cost", "must be an integer, got %s", rawText(cost))
+	}
+	if v, ok := present(fields, "cost_from"); ok && json.Unmarshal(v, &l.CostFrom) != nil {
+		return fail(".cost_from", "must be a string header:NAME, got %s", rawText(v))
+	}
+	switch {
+	case !limiter.ValidName(l.Rule):
+		return fail(".rule", "missing or invalid rule name %s", quoteTrunc(l.Rule))
+	case l.Cost < 0:
+		return fail(".cost", "must be ≥ 0, got %d", l.Cost)
+	case l.CostFrom != "" && (!strings.HasPrefix(l.CostFrom, "header:") || !validHeaderName(l.CostHeader())):
+		return fail(".cost_from", "must be header:NAME, got %s", quoteTrunc(l.CostFrom))
+	}
+	if !hasCost && l.CostFrom == "" {
+		l.Cost = 1 // cost 0 written out is a query: it spends nothing
+	}
+	return nil
+}
+
+// unmatchablePath says why no request can match pattern p (the gateway
+// matches the request's path with its dot segments resolved, repeated
+// slashes merged and without the query), or "" when one can.
+func unmatchablePath(p string) string {
+	if strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		return "no request path holds '?', '#', spaces or control characters (the query is not matched)"
+	}
+	segs := strings.Split(p[1:], "/")
+	for k, seg := range segs {
+		switch {
+		case seg == "" && k < len(segs)-1:
+			return "an empty segment (//) matches no request: repeated slashes are merged before matching"
+		case seg == "." || seg == "..":
+			return "a . or .. segment matches no request: dot segments are resolved before matching"
+		}
+	}
+	return ""
 }
 
 func validHeaderName(h string) bool {

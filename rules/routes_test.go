@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,9 +83,26 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"routes: [{name: a, path: /}]", `route "a": limits: want 1 to 16 limits (or unlimited: true), got 0`},
 		{"routes: [{name: a, path: /, unlimited: false}]", `route "a": limits: want 1 to 16 limits (or unlimited: true), got 0`},
 		{"routes: [{name: a, path: /, unlimited: true, limits: [{rule: r}]}]", `route "a": limits: an unlimited route takes no limits, got 1`},
-		{`routes: [{name: a, path: /, unlimited: "true"}]`, `routes[0]: unlimited: must be a bool, got string`},
+		{`routes: [{name: a, path: /, unlimited: "true"}]`, `route "a": unlimited: must be a bool (true or false), got "true"`},
 		{"routes: [{name: a, path: /, limits: [{rule: r, cost_from: body}]}]", `route "a": limits[0].cost_from: must be header:NAME, got "body"`},
-		{"routes: [{name: a, path: /, bogus: 1, limits: [{rule: r}]}]", `routes[0]: bogus: unknown field`},
+		{"routes: [{name: a, path: /, bogus: 1, limits: [{rule: r}]}]", `route "a": bogus: unknown field`},
+		// Fields are matched exactly: "Path" beside "path" is no alias.
+		{"routes: [{name: a, PATH: /admin/*, limits: [{rule: r}]}]", `route "a": PATH: unknown field`},
+		{"routes: [{name: a, path: /admin/*, Path: /*, limits: [{rule: r}]}]", `route "a": Path: unknown field`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, Rule: other}]}]", `route "a": limits[0].Rule: unknown field (want rule, cost, cost_from)`},
+		// A limit's errors name its index and the route.
+		{"routes: [{name: s, path: /b, limits: [{rule: x, bogus: 1}]}]", `route "s": limits[0].bogus: unknown field`},
+		{"routes: [{name: s, path: /b, limits: [{rule: x}, {rule: z, cost: '3'}]}]", `route "s": limits[1].cost: must be an integer, got "3"`},
+		{"routes: [{name: s, path: /b, limits: [7]}]", `route "s": limits[0]: must be a mapping of rule, cost, cost_from, got 7`},
+		{"routes: [{name: yes, path: /b, limits: [{rule: x}]}]", `routes[0]: name: must be a string, got true (YAML reads an unquoted`},
+		{"routes: [{name: s, path: /b, limits: [{rule: 123}]}]", `route "s": limits[0].rule: must be a string, got 123 (YAML reads an unquoted`},
+		// Paths no request can match: the gateway matches a cleaned path
+		// without its query.
+		{"routes: [{name: a, path: /api//v1/*, limits: [{rule: r}]}]", `route "a": path: an empty segment (//) matches no request`},
+		{"routes: [{name: a, path: /api/./v1/*, limits: [{rule: r}]}]", `route "a": path: a . or .. segment matches no request`},
+		{"routes: [{name: a, path: /api/../v1/*, limits: [{rule: r}]}]", `route "a": path: a . or .. segment matches no request`},
+		{"routes: [{name: a, path: '/search?q=*', limits: [{rule: r}]}]", `route "a": path: no request path holds '?'`},
+		{"routes: [{name: a, path: '/a b', limits: [{rule: r}]}]", `route "a": path: no request path holds '?', '#', spaces`},
 		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name (also routes[0])`},
 		{"routes: 3", `routes: must be a list of routes, got 3`},
 	}
@@ -119,5 +137,26 @@ func TestFromViewInvertsViewOf(t *testing.T) {
 	}
 	if _, err := FromView(RuleView{Name: "x", Algorithm: "nope", Limit: 1, Period: "1s"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad algorithm: %v", err)
+	}
+}
+
+// A limit's cost: 1 when left out, and a cost 0 written out is kept (a
+// query: the request is admitted while a cost-1 check would pass, and
+// spends nothing). Was: an explicit 0 spent 1. Paths that end in a
+// slash and the root stay valid.
+func TestParseRouteCosts(t *testing.T) {
+	rs, err := ParseRoutes([]byte("routes: [{name: r, path: /a/, limits: [{rule: one}, {rule: zero, cost: 0}, {rule: five, cost: 5}, {rule: h, cost_from: 'header:X-Cost'}]}, {name: root, path: /, limits: [{rule: one}]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, l := range rs[0].Limits {
+		got = append(got, l.Cost)
+	}
+	if want := []int64{1, 0, 5, 0}; !slices.Equal(got, want) {
+		t.Errorf("costs %v, want %v", got, want)
+	}
+	if rs[0].Limits[3].CostHeader() != "X-Cost" {
+		t.Errorf("cost header %q, want X-Cost", rs[0].Limits[3].CostHeader())
 	}
 }
