@@ -93,8 +93,13 @@ func (c *batchCtx) Done() <-chan struct{} {
 	if c.done != nil {
 		return c.done
 	}
+	// Poll before the channel exists: a poll that ends the batch closes
+	// the channel it finds (end), so polling after making it closed it
+	// twice — a panic for a handler whose first Done came after its
+	// budget ran out.
+	c.poll()
 	c.done = make(chan struct{})
-	if c.poll(); c.err != nil {
+	if c.err != nil {
 		close(c.done)
 		return c.done
 	}

@@ -96,3 +96,52 @@ func TestHandlerContextEndsAtBudget(t *testing.T) {
 		stop()
 	})
 }
+
+// Done first asked for after the batch's deadline is closed, once. Was:
+// the poll inside Done ended the batch and closed the channel it had just
+// made, and Done closed it again: "close of closed channel".
+func TestBatchCtxDoneAfterDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := &batchCtx{parent: t.Context(), now: time.Now}
+		c.reset(time.Now().Add(10 * time.Millisecond))
+		time.Sleep(20 * time.Millisecond) // the deadline passes; nobody asked Err
+		select {
+		case <-c.Done():
+		default:
+			t.Fatal("Done not closed after the deadline")
+		}
+		if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Err() = %v, want DeadlineExceeded", err)
+		}
+		c.retire()
+	})
+}
+
+// A handler that first waits on its context after the batch's budget ran
+// out answers the batch; was: it panicked (above), and the server answered
+// the whole batch StatusInternal although its checks were decided.
+func TestHandlerDoneAfterBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logged []error
+		scfg := DefaultServerConfig()
+		scfg.ErrorLog = func(err error) { logged = append(logged, err) }
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			time.Sleep(30 * time.Millisecond) // waits on something, not on ctx
+			select {
+			case <-ctx.Done():
+			default:
+			}
+			echo(ctx, req, resp)
+		})
+		c, _, stop := pipeServe(t, h, scfg, DefaultClientConfig())
+		defer stop()
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+		defer cancel()
+		_ = c.Do(ctx, batchOf(1, "r"), new(BatchResponse))
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		for _, err := range logged {
+			t.Errorf("server logged: %v", err)
+		}
+	})
+}
