@@ -20,11 +20,12 @@ import (
 // batch that may have reached the peer: checks consume budget, so the
 // caller decides.
 type Client struct {
-	addr  string
-	cfg   ClientConfig
-	now   func() time.Time
-	calls sync.Pool      // of *call
-	wg    sync.WaitGroup // goroutines of every connection
+	addr   string
+	cfg    ClientConfig
+	now    func() time.Time
+	calls  sync.Pool      // of *call
+	frames sync.Pool      // of *[]byte: Go's encoded frames, owned by its start until written
+	wg     sync.WaitGroup // goroutines of every connection
 
 	mu        sync.Mutex
 	cc        *clientConn              // guarded by mu: current connection, may be broken
@@ -33,6 +34,10 @@ type Client struct {
 	dialErr   error                    // guarded by mu: the last dial's error
 	dialErrAt time.Time                // guarded by mu
 	closed    bool                     // guarded by mu
+
+	// beforeGoWrite, set by tests only, runs in Go's start between the
+	// call's registration and the write of its frame.
+	beforeGoWrite func()
 }
 
 // Dial connects to addr and returns a Client for it. ctx bounds the dial
@@ -52,6 +57,7 @@ func Dial(ctx context.Context, addr string, cfg ClientConfig) (*Client, error) {
 func newClient(addr string, cfg ClientConfig) *Client {
 	c := &Client{addr: addr, cfg: cfg, now: time.Now}
 	c.calls.New = func() any { return &call{done: make(chan error, 1)} }
+	c.frames.New = func() any { return new([]byte) }
 	return c
 }
 
@@ -391,13 +397,20 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	if budget <= 0 {
 		return false, context.DeadlineExceeded
 	}
-	cl := cc.c.calls.Get().(*call)
+	// The frame is encoded into a buffer of start's own, not the call's:
+	// once the call is pending, its timer or the connection's failure may
+	// deliver and recycle it before writeNow below has copied the frame,
+	// and a Go reusing the call would encode its batch into the bytes
+	// being written (was: that batch sent twice, or a torn frame).
+	fp := cc.c.frames.Get().(*[]byte)
+	defer cc.c.putFrame(fp)
 	id := cc.nextID.Add(1)
-	cl.buf = AppendBatchRequest(cl.buf[:0], id, budget, req)
-	if limit := cc.c.cfg.Limits.maxFrame(); len(cl.buf) > limit {
-		cc.recycle(cl)
-		return false, &FrameTooLargeError{Size: uint64(len(cl.buf)), Limit: limit}
+	*fp = AppendBatchRequest((*fp)[:0], id, budget, req)
+	frame := *fp
+	if limit := cc.c.cfg.Limits.maxFrame(); len(frame) > limit {
+		return false, &FrameTooLargeError{Size: uint64(len(frame)), Limit: limit}
 	}
+	cl := cc.c.calls.Get().(*call)
 	cl.resp, cl.want, cl.fn = resp, len(req.Checks), fn
 	sentAt := time.Now().UnixNano()
 
@@ -413,7 +426,10 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	cl.timer = time.AfterFunc(budget, func() { cc.expire(id, sentAt) })
 	cc.mu.Unlock()
 
-	if err := cc.w.writeNow(cl.buf); err != nil {
+	if cc.c.beforeGoWrite != nil {
+		cc.c.beforeGoWrite()
+	}
+	if err := cc.w.writeNow(frame); err != nil { // written or copied when it returns
 		full := errors.Is(err, ErrQueueFull) // the connection goes on
 		if !cc.forget(id) {
 			if !full {
@@ -429,6 +445,14 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 		return false, cc.failure()
 	}
 	return true, nil
+}
+
+// putFrame returns a frame buffer of start's to the pool, unless it grew
+// past 1 MiB (a rare huge batch should not pin its buffer).
+func (c *Client) putFrame(fp *[]byte) {
+	if cap(*fp) <= 1<<20 {
+		c.frames.Put(fp)
+	}
 }
 
 // expire ends a call of Go whose deadline passed before its answer.

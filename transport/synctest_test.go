@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -433,5 +434,55 @@ func TestSilentConnectionRetiresWithoutFailingLongerCalls(t *testing.T) {
 			t.Fatal("the retired connection is still open after its last call")
 		}
 		stop()
+	})
+}
+
+// A call of Go whose deadline passes between its registration and the
+// write of its frame is delivered and recycled meanwhile; a Go that takes
+// the recycled call must not have its batch sent in the first call's
+// place. Was: start wrote the call's own buffer, which the second Go had
+// re-encoded, so the second batch was decided twice (a double spend) and
+// the first never (or a torn frame, when their lengths differed).
+func TestGoFrameOutlivesItsRecycledCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		decided := map[uint64]int{} // key hash → times decided
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			mu.Lock()
+			for _, c := range req.Checks {
+				decided[c.KeyHash]++
+			}
+			mu.Unlock()
+			echo(ctx, req, resp)
+		})
+		c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
+		defer stop()
+		if err := c.Do(t.Context(), batchOf(1, "warm"), new(BatchResponse)); err != nil {
+			t.Fatal(err)
+		}
+		a, b := batchOf(1, "r"), batchOf(1, "r")
+		a.Checks[0].KeyHash, b.Checks[0].KeyHash = 1001, 1002
+		var aErr, bErr error
+		hooked := false
+		c.beforeGoWrite = func() {
+			if hooked {
+				return
+			}
+			hooked = true
+			time.Sleep(10 * time.Millisecond) // a's 5 ms deadline passes: a is delivered and its call recycled
+			// b, with a budget of the same encoded length, likely takes a's call.
+			c.Go(time.Now().Add(200*time.Millisecond), b, new(BatchResponse), func(err error) { mu.Lock(); bErr = err; mu.Unlock() })
+		}
+		c.Go(time.Now().Add(5*time.Millisecond), a, new(BatchResponse), func(err error) { mu.Lock(); aErr = err; mu.Unlock() })
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if !errors.Is(aErr, context.DeadlineExceeded) || bErr != nil {
+			t.Fatalf("a: %v (want DeadlineExceeded), b: %v (want nil)", aErr, bErr)
+		}
+		if decided[1001] != 1 || decided[1002] != 1 {
+			t.Fatalf("the owner decided a %d times and b %d times; want each once (a's frame left after its deadline)", decided[1001], decided[1002])
+		}
 	})
 }
