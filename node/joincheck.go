@@ -131,7 +131,15 @@ func (n *Node) checkJoin(ctx context.Context, req api.JoinRequest) error {
 		return err
 	}
 	if req.ID == n.cfg.ID {
-		return nil // our own registration: these are our listeners
+		if req == n.self() {
+			return nil // our own registration: these are our listeners
+		}
+		// Our id at other addresses: a second process (a copy of this
+		// member's config started elsewhere, or a hand-made join). This
+		// process is the live holder. Was: taken as our own, so the leader
+		// re-addressed its own Raft voter to the stranger's address, lost
+		// its quorum and left the cluster without a leader for good.
+		return fmt.Errorf("%w: member %q is live at raft %s (the leader); a second process cannot take its id", api.ErrConflict, req.ID, n.cfg.RaftAdvertise)
 	}
 	p := n.prober()
 	if m, ok := n.fsm.State().Member(req.ID); ok && (m.Raft != req.Raft || m.Peer != req.Peer || m.HTTP != req.HTTP) {

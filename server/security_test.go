@@ -273,8 +273,21 @@ func TestJoinValidated(t *testing.T) {
 			t.Errorf("Join(%+v) = %v, want %v", tc.req, err, tc.want)
 		}
 	}
-	if n := len(s.Node.Raft().GetConfiguration().Configuration().Servers); n != 1 {
-		t.Fatalf("raft has %d servers, want 1", n)
+	// The leader's own id from another process, at addresses that answer:
+	// a conflict, and the leader's voter keeps its address. Was: taken as
+	// the leader's own registration, which re-addressed its voter to the
+	// stranger, so the cluster lost its leader for good.
+	stranger := listen(t)
+	defer func() { stranger.HTTP.Close(); stranger.Raft.Close(); stranger.Peer.Close() }()
+	if _, err := s.Node.Join(context.Background(), api.JoinRequest{ID: "n1", HTTP: stranger.HTTP.Addr().String(),
+		Raft: stranger.Raft.Addr().String(), Peer: stranger.Peer.Addr().String()}); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("a join with the leader's id at other addresses = %v, want conflict", err)
+	}
+	if srv := s.Node.Raft().GetConfiguration().Configuration().Servers; len(srv) != 1 || string(srv[0].Address) != s.cfg.RaftAdvertise {
+		t.Fatalf("raft servers %+v, want n1 alone at %s", srv, s.cfg.RaftAdvertise)
+	}
+	if m, _ := s.Node.View().Ring.Owner(0); m.Peer != s.cfg.PeerAdvertise {
+		t.Fatalf("partition 0's owner at peer %s, want n1's own %s", m.Peer, s.cfg.PeerAdvertise)
 	}
 	if err := s.Node.Ready(); err != nil {
 		t.Fatalf("not ready after refused joins: %v", err)
