@@ -192,6 +192,9 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	if len(cfg.Members) == 0 {
 		return nil, errors.New("client: a Ring needs at least one member address")
 	}
+	if cfg.Refresh < 0 {
+		return nil, fmt.Errorf("client: Refresh %v is negative (0 means the default, 1s)", cfg.Refresh)
+	}
 	dp := transport.DefaultClientConfig()
 	if cfg.DataPlane != nil {
 		dp = *cfg.DataPlane
@@ -213,7 +216,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	var seed [16]byte
 	_, _ = rand.Read(seed[:])
 	c := &Ring{rt: rt, pool: pool, src: NewViewSource(cfg.Members, opts...), retry: cfg.Retry.withDefaults(),
-		done: make(chan struct{}), sleep: sleepCtx, refresh: cmp.Or(max(cfg.Refresh, 0), time.Second),
+		done: make(chan struct{}), sleep: sleepCtx, refresh: cmp.Or(cfg.Refresh, time.Second),
 		rnd: mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))}
 	for _, m := range cfg.Members {
 		c.http = append(c.http, New(m, opts...))

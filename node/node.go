@@ -150,6 +150,10 @@ func (c *Config) Validate() error {
 		return errors.New("node: data plane is nil")
 	case c.Forward == nil:
 		return errors.New("node: forwarder is nil")
+	case c.MaxKeys < 0:
+		return fmt.Errorf("node: max keys %d is negative (0 means no cap)", c.MaxKeys)
+	case c.DeadAfter < 0:
+		return fmt.Errorf("node: dead-after %v is negative", c.DeadAfter)
 	case c.DeadAfter != 0 && c.DeadAfter < c.RaftTimeout:
 		return fmt.Errorf("node: dead-after %v is shorter than the raft timeout %v (the leader's lease, dead-after/4, counts raft heartbeats)", c.DeadAfter, c.RaftTimeout)
 	}

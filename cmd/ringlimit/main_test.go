@@ -24,6 +24,16 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
 		{[]string{"serve", "--grpc", "127.0.0.1:0", "--envoy-config", "/nonexistent/ratelimit.yaml"}, 2, "envoy config refused"},
 		{[]string{"router", "--cluster", "127.0.0.1:1", "--envoy-config", "x.yaml"}, 2, "--envoy-config needs --grpc"},
+		// Durations and counts that cannot work are refused, not taken as
+		// a default or as "none" (was: every SIGTERM after
+		// --drain-timeout -1s exited 1 without a drain, --max-keys -5
+		// meant no cap, --refresh -1s meant 1s).
+		{[]string{"serve", "--drain-timeout", "-1s"}, 2, "--drain-timeout: must be > 0, got -1s"},
+		{[]string{"serve", "--drain-timeout", "0s"}, 2, "--drain-timeout: must be > 0"},
+		{[]string{"serve", "--dead-after", "-1s"}, 2, "--dead-after: must be > 0"},
+		{[]string{"serve", "--max-keys", "-5"}, 2, "--max-keys: must be ≥ 0 (0: no cap), got -5"},
+		{[]string{"router", "--cluster", "127.0.0.1:1", "--refresh", "-1s", "--http", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got -1s"},
+		{[]string{"gateway", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1", "--refresh", "0s", "--listen", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got 0s"},
 	} {
 		var stdout, stderr bytes.Buffer
 		exit := run(context.Background(), tc.args, noenv, &stdout, &stderr)

@@ -72,6 +72,9 @@ func (f followerFlags) follow(reg prometheus.Registerer, log *slog.Logger) (*cli
 	if len(ms) == 0 {
 		return nil, errors.New("--cluster: at least one member address is required")
 	}
+	if *f.refresh <= 0 {
+		return nil, fmt.Errorf("--refresh: must be > 0, got %v", *f.refresh)
+	}
 	auth, err := f.sec.auth(log)
 	if err != nil {
 		return nil, err

@@ -61,6 +61,14 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		log.Error(fmt.Sprintf(format, a...))
 		return 2
 	}
+	switch {
+	case *drainTimeout <= 0:
+		return fail("--drain-timeout: must be > 0, got %v", *drainTimeout)
+	case *deadAfter <= 0:
+		return fail("--dead-after: must be > 0, got %v", *deadAfter)
+	case *maxKeys < 0:
+		return fail("--max-keys: must be ≥ 0 (0: no cap), got %d", *maxKeys)
+	}
 	if *rulesFile != "" {
 		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
 			return fail("rules file %s refused: %v", *rulesFile, err)
