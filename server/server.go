@@ -98,6 +98,15 @@ type Server struct {
 	conflict chan error // one send at most (node.OnConflict fires once)
 }
 
+// names are the addresses a listener advertised at adv answers to in the
+// cluster-secret handshake.
+func names(adv string, ln net.Listener) []string {
+	if bound := ln.Addr().String(); bound != adv {
+		return []string{adv, bound}
+	}
+	return []string{adv}
+}
+
 // Start starts a member on the given listeners.
 func Start(cfg Config, ls Listeners) (*Server, error) {
 	if cfg.Logger == nil {
@@ -117,13 +126,15 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		return nil, err
 	}
 	lerr := func(err error) { cfg.Logger.Debug("inter-node connection refused", "err", err) }
+	// Each listener answers to its advertised address (what the others
+	// dial) and the address it is bound to.
 	raftLn, err := transport.NewListener(ls.Raft, transport.ListenerConfig{
-		Auth: cfg.Auth, MaxConns: raftMaxConns, MaxHandshakes: maxHandshakes, IdleTimeout: raftIdleTimeout, ErrorLog: lerr})
+		Auth: cfg.Auth, Names: names(cfg.RaftAdvertise, ls.Raft), MaxConns: raftMaxConns, MaxHandshakes: maxHandshakes, IdleTimeout: raftIdleTimeout, ErrorLog: lerr})
 	if err != nil {
 		return nil, err
 	}
 	peerLn, err := transport.NewListener(ls.Peer, transport.ListenerConfig{
-		Auth: cfg.Auth, MaxConns: peerMaxConns, MaxHandshakes: maxHandshakes, ErrorLog: lerr})
+		Auth: cfg.Auth, Names: names(cfg.PeerAdvertise, ls.Peer), MaxConns: peerMaxConns, MaxHandshakes: maxHandshakes, ErrorLog: lerr})
 	if err != nil {
 		_ = raftLn.Close()
 		return nil, err

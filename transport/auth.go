@@ -12,6 +12,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -25,27 +27,37 @@ import (
 // nothing to be authenticated.
 //
 // The secret handshake is a mutual HMAC-SHA256 challenge–response with
-// fixed sizes (so reading it allocates nothing an attacker controls):
+// bounded sizes (so reading it allocates nothing an attacker controls),
+// bound to the address the dialer dialed:
 //
-//	dialer   → acceptor  magic(8) nonceD(32)
-//	acceptor → dialer    magic(8) nonceA(32) HMAC(secret, "ringlimit acceptor" ‖ nonceD ‖ nonceA)
-//	dialer   → acceptor  HMAC(secret, "ringlimit dialer" ‖ nonceD ‖ nonceA)
+//	dialer   → acceptor  magic(8) nonceD(32) len(1) addr(len)
+//	acceptor → dialer    magic(8) nonceA(32) HMAC(secret, "ringlimit acceptor v2" ‖ len ‖ addr ‖ nonceD ‖ nonceA)
+//	dialer   → acceptor  HMAC(secret, "ringlimit dialer v2" ‖ len ‖ addr ‖ nonceD ‖ nonceA)
 //	acceptor → dialer    0x01 (accepted)
 //
-// Each side proves the secret on a challenge the other chose fresh, so a
-// recorded exchange cannot be replayed, and the two roles use distinct
-// labels, so one side's answer cannot be reflected as the other's. The
-// acceptor proves itself first, but only on a challenge it does not
-// choose, so it gives an unauthenticated dialer nothing reusable. The
-// secret authenticates the start of a connection only; against an attacker
-// on the network path (who could take over an authenticated TCP stream),
-// use TLS.
+// addr is the address the dialer dialed (host:port, as it was given to
+// Dial); the acceptor refuses one that is not among its own names (the
+// listener's advertised address). Each side proves the secret on a
+// challenge the other chose fresh, so a recorded exchange cannot be
+// replayed, and the two roles use distinct labels. The binding to addr
+// stops a relay: a stranger that a member dials (a joining member's
+// address, an address a departed member had) could otherwise pass the
+// member's own handshake through to any member's port, or back to the
+// dialer's, and hold an authenticated connection without the secret —
+// the first version of this handshake had no such binding and allowed
+// exactly that. Relayed, the dialer's proof names the stranger's address,
+// which no member answers to, and a rewritten address breaks both
+// proofs. The secret authenticates the start of a connection only;
+// against an attacker on the network path (who could take over an
+// authenticated TCP stream, or answer at a member's own address), use
+// TLS.
 
 const (
-	handshakeMagic = "RLAUTH\x01\x00"
+	handshakeMagic = "RLAUTH\x02\x00" // version 2: bound to the dialed address (version 1 was not)
 	nonceSize      = 32
 	macSize        = sha256.Size
 	handshakeOK    = 0x01
+	maxAddrLen     = 255 // the dialed address's length is one byte
 
 	// MinSecretSize is the shortest cluster secret accepted.
 	MinSecretSize = 32
@@ -122,14 +134,14 @@ func ReadSecretFile(path string) ([]byte, error) {
 }
 
 // Dial opens a TCP connection to addr and authenticates it as the dialer
-// (Auth.Client). It fits ClientConfig.Dial.
+// (Auth.Client, bound to addr). It fits ClientConfig.Dial.
 func (a *Auth) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	c, err := a.Client(ctx, nc)
+	c, err := a.Client(ctx, nc, addr)
 	if err != nil {
 		_ = nc.Close()
 		return nil, err
@@ -137,25 +149,27 @@ func (a *Auth) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	return c, nil
 }
 
-// Client authenticates nc as the dialing side and returns the connection
-// to use (a *tls.Conn with TLS). On error the caller closes nc. The
-// handshake is bounded by ctx and HandshakeTimeout.
-func (a *Auth) Client(ctx context.Context, nc net.Conn) (net.Conn, error) {
+// Client authenticates nc, dialed at addr, as the dialing side and
+// returns the connection to use (a *tls.Conn with TLS). On error the
+// caller closes nc. The handshake is bounded by ctx and HandshakeTimeout.
+func (a *Auth) Client(ctx context.Context, nc net.Conn, addr string) (net.Conn, error) {
 	if !a.Enabled() {
 		return nc, nil
 	}
-	return a.handshake(ctx, nc, true)
+	return a.handshake(ctx, nc, true, addr, nil)
 }
 
-// Server authenticates nc as the accepting side; see Client.
-func (a *Auth) Server(ctx context.Context, nc net.Conn) (net.Conn, error) {
+// Server authenticates nc as the accepting side of a listener reached by
+// the addresses names (with a cluster secret, a dialer that dialed any
+// other is refused); see Client.
+func (a *Auth) Server(ctx context.Context, nc net.Conn, names []string) (net.Conn, error) {
 	if !a.Enabled() {
 		return nc, nil
 	}
-	return a.handshake(ctx, nc, false)
+	return a.handshake(ctx, nc, false, "", names)
 }
 
-func (a *Auth) handshake(ctx context.Context, nc net.Conn, dialer bool) (net.Conn, error) {
+func (a *Auth) handshake(ctx context.Context, nc net.Conn, dialer bool, addr string, names []string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout())
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -165,7 +179,7 @@ func (a *Auth) handshake(ctx context.Context, nc net.Conn, dialer bool) (net.Con
 	// A context that ends early (Close of the listener, a caller giving
 	// up) interrupts blocked reads and writes.
 	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(aLongTimeAgo) })
-	c, err := a.handshakeConn(ctx, nc, dialer)
+	c, err := a.handshakeConn(ctx, nc, dialer, addr, names)
 	if !stop() {
 		if err == nil {
 			err = ctx.Err()
@@ -179,7 +193,7 @@ func (a *Auth) handshake(ctx context.Context, nc net.Conn, dialer bool) (net.Con
 	return c, nil
 }
 
-func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool) (net.Conn, error) {
+func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool, addr string, names []string) (net.Conn, error) {
 	c := nc
 	if a.ServerTLS != nil {
 		var tc *tls.Conn
@@ -196,9 +210,9 @@ func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool) (net
 	if a.Secret != nil {
 		var err error
 		if dialer {
-			err = secretDialer(c, a.Secret)
+			err = secretDialer(c, a.Secret, addr)
 		} else {
-			err = secretAcceptor(c, a.Secret)
+			err = secretAcceptor(c, a.Secret, names)
 		}
 		if err != nil {
 			return nil, err
@@ -207,17 +221,19 @@ func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool) (net
 	return c, nil
 }
 
-func proof(secret []byte, label string, nonceD, nonceA []byte) []byte {
+func proof(secret []byte, label, addr string, nonceD, nonceA []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(label))
+	m.Write([]byte{byte(len(addr))})
+	m.Write([]byte(addr))
 	m.Write(nonceD)
 	m.Write(nonceA)
 	return m.Sum(nil)
 }
 
 const (
-	labelAcceptor = "ringlimit acceptor"
-	labelDialer   = "ringlimit dialer"
+	labelAcceptor = "ringlimit acceptor v2"
+	labelDialer   = "ringlimit dialer v2"
 )
 
 // readHandshake reads exactly len(buf) bytes; an early EOF or foreign
@@ -232,31 +248,50 @@ func readHandshake(rw io.Reader, buf []byte) error {
 	return nil
 }
 
-func secretDialer(rw io.ReadWriter, secret []byte) error {
-	var out [len(handshakeMagic) + nonceSize]byte
+// errOldHandshake: the peer speaks version 1 of the handshake (a member
+// of an earlier release), which this one no longer accepts.
+var errOldHandshake = fmt.Errorf("%w: the peer speaks version 1 of the ringlimit handshake (an earlier release): upgrade it", ErrAuth)
+
+func checkMagic(m []byte) error {
+	switch {
+	case string(m) == handshakeMagic:
+		return nil
+	case string(m) == "RLAUTH\x01\x00":
+		return errOldHandshake
+	}
+	return fmt.Errorf("%w: the peer does not speak the ringlimit handshake", ErrAuth)
+}
+
+func secretDialer(rw io.ReadWriter, secret []byte, addr string) error {
+	if len(addr) == 0 || len(addr) > maxAddrLen {
+		return fmt.Errorf("%w: dialed address of %d bytes (want 1 to %d)", ErrInvalidConfig, len(addr), maxAddrLen)
+	}
+	var out [len(handshakeMagic) + nonceSize + 1 + maxAddrLen]byte
 	copy(out[:], handshakeMagic)
-	nonceD := out[len(handshakeMagic):]
+	nonceD := out[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
 	_, _ = rand.Read(nonceD) // crypto/rand.Read never fails (Go ≥ 1.24)
-	if _, err := rw.Write(out[:]); err != nil {
+	out[len(handshakeMagic)+nonceSize] = byte(len(addr))
+	n := copy(out[len(handshakeMagic)+nonceSize+1:], addr)
+	if _, err := rw.Write(out[:len(handshakeMagic)+nonceSize+1+n]); err != nil {
 		return err
 	}
 	var in [len(handshakeMagic) + nonceSize + macSize]byte
 	if err := readHandshake(rw, in[:]); err != nil {
 		return err
 	}
-	if string(in[:len(handshakeMagic)]) != handshakeMagic {
-		return fmt.Errorf("%w: the peer does not speak the ringlimit handshake", ErrAuth)
+	if err := checkMagic(in[:len(handshakeMagic)]); err != nil {
+		return err
 	}
 	nonceA := in[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
-	if !hmac.Equal(in[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, nonceD, nonceA)) {
-		return fmt.Errorf("%w: the peer does not know the cluster secret", ErrAuth)
+	if !hmac.Equal(in[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, addr, nonceD, nonceA)) {
+		return fmt.Errorf("%w: the peer does not know the cluster secret (or is not the member at %s)", ErrAuth, addr)
 	}
-	if _, err := rw.Write(proof(secret, labelDialer, nonceD, nonceA)); err != nil {
+	if _, err := rw.Write(proof(secret, labelDialer, addr, nonceD, nonceA)); err != nil {
 		return err
 	}
 	var ok [1]byte
 	if err := readHandshake(rw, ok[:]); err != nil {
-		return fmt.Errorf("%w (the peer refused our proof of the cluster secret)", err)
+		return fmt.Errorf("%w (the peer refused our proof of the cluster secret, or %s is not its address)", err, addr)
 	}
 	if ok[0] != handshakeOK {
 		return fmt.Errorf("%w: the peer refused the handshake", ErrAuth)
@@ -264,20 +299,32 @@ func secretDialer(rw io.ReadWriter, secret []byte) error {
 	return nil
 }
 
-func secretAcceptor(rw io.ReadWriter, secret []byte) error {
-	var in [len(handshakeMagic) + nonceSize]byte
-	if err := readHandshake(rw, in[:]); err != nil {
+func secretAcceptor(rw io.ReadWriter, secret []byte, names []string) error {
+	var in [len(handshakeMagic) + nonceSize + 1]byte
+	if err := readHandshake(rw, in[:len(handshakeMagic)]); err != nil {
 		return err
 	}
-	if string(in[:len(handshakeMagic)]) != handshakeMagic {
-		return fmt.Errorf("%w: the peer does not speak the ringlimit handshake", ErrAuth)
+	if err := checkMagic(in[:len(handshakeMagic)]); err != nil {
+		return err
 	}
-	nonceD := in[len(handshakeMagic):]
+	if err := readHandshake(rw, in[len(handshakeMagic):]); err != nil {
+		return err
+	}
+	nonceD := in[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
+	var addrBuf [maxAddrLen]byte
+	addrB := addrBuf[:in[len(handshakeMagic)+nonceSize]]
+	if err := readHandshake(rw, addrB); err != nil {
+		return err
+	}
+	addr := string(addrB)
+	if !slices.Contains(names, addr) {
+		return fmt.Errorf("%w: the peer dialed %q, which is not this listener's address (%s): a relay, or a member that knows it by another name", ErrAuth, truncateAddr(addr), strings.Join(names, ", "))
+	}
 	var out [len(handshakeMagic) + nonceSize + macSize]byte
 	copy(out[:], handshakeMagic)
 	nonceA := out[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
 	_, _ = rand.Read(nonceA)
-	copy(out[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, nonceD, nonceA))
+	copy(out[len(handshakeMagic)+nonceSize:], proof(secret, labelAcceptor, addr, nonceD, nonceA))
 	if _, err := rw.Write(out[:]); err != nil {
 		return err
 	}
@@ -285,9 +332,17 @@ func secretAcceptor(rw io.ReadWriter, secret []byte) error {
 	if err := readHandshake(rw, mac[:]); err != nil {
 		return err
 	}
-	if !hmac.Equal(mac[:], proof(secret, labelDialer, nonceD, nonceA)) {
+	if !hmac.Equal(mac[:], proof(secret, labelDialer, addr, nonceD, nonceA)) {
 		return fmt.Errorf("%w: the peer does not know the cluster secret", ErrAuth)
 	}
 	_, err := rw.Write([]byte{handshakeOK})
 	return err
+}
+
+// truncateAddr cuts a peer-chosen address for a message.
+func truncateAddr(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return strings.ToValidUTF8(s, "?")
 }

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ringlimit/ringlimit/internal/pipenet"
 )
 
 func testSecret(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
@@ -30,12 +32,12 @@ func handshakePair(t *testing.T, dial, acc *Auth) (dErr, aErr error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, aErr = acc.Server(context.Background(), c2)
+		_, aErr = acc.Server(context.Background(), c2, []string{"n1:8082"})
 		if aErr != nil {
 			c2.Close()
 		}
 	}()
-	_, dErr = dial.Client(context.Background(), c1)
+	_, dErr = dial.Client(context.Background(), c1, "n1:8082")
 	if dErr != nil {
 		c1.Close()
 	}
@@ -87,7 +89,7 @@ func TestHandshakeRefusesStrangers(t *testing.T) {
 				_, _ = c1.Write(tt.send)
 				_, _ = io.Copy(io.Discard, c1)
 			}()
-			_, err := acc.Server(context.Background(), c2)
+			_, err := acc.Server(context.Background(), c2, []string{"n1:8082"})
 			c2.Close()
 			if err == nil {
 				t.Fatal("acceptor authenticated a stranger")
@@ -385,4 +387,102 @@ func eventually(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// A stranger without the secret that a member dials (an address a joining
+// or departed member gave) relays the member's own handshake to a
+// member's port: neither the dialer nor the acceptor authenticates, and
+// the stranger's connection is never answered — whether it passes the
+// bytes through or rewrites the address in them to the acceptor's. Was
+// (version 1, not bound to the dialed address): both authenticated, and
+// the stranger held a member's connection.
+func TestSecretHandshakeRefusesARelay(t *testing.T) {
+	for _, rewrite := range []bool{false, true} {
+		t.Run(map[bool]string{false: "passed through", true: "address rewritten"}[rewrite], func(t *testing.T) {
+			auth := &Auth{Secret: testSecret('a'), HandshakeTimeout: 2 * time.Second}
+			inner := pipenet.NewListener()
+			gl, err := NewListener(inner, ListenerConfig{MaxConns: 8, MaxHandshakes: 8, Auth: auth, Names: []string{"n:8082"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := NewServer(DefaultServerConfig(), HandlerFunc(echo))
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(gl) }()
+			defer func() { _ = srv.Close(); <-served; _ = gl.Close() }()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+
+			// The member dials the stranger at m:9000; the stranger opens a
+			// plain connection to the member's own port and relays.
+			nDial, mFromN := net.Pipe()
+			defer nDial.Close()
+			dialerErr := make(chan error, 1)
+			go func() { _, err := auth.Client(ctx, nDial, "m:9000"); dialerErr <- err }()
+			mToN, err := inner.Dial(ctx, "n:8082")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mToN.Close()
+			if rewrite {
+				hello := make([]byte, len(handshakeMagic)+nonceSize+1)
+				if _, err := io.ReadFull(mFromN, hello); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(mFromN, make([]byte, hello[len(hello)-1])); err != nil {
+					t.Fatal(err)
+				}
+				hello[len(hello)-1] = byte(len("n:8082"))
+				if _, err := mToN.Write(append(hello, "n:8082"...)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			go func() { _, _ = io.Copy(mToN, mFromN) }()
+			go func() { _, _ = io.Copy(mFromN, mToN); _ = mFromN.Close() }()
+			if err := <-dialerErr; !errors.Is(err, ErrAuth) {
+				t.Fatalf("the member's dialer authenticated a stranger without the secret (err %v)", err)
+			}
+			_ = mFromN.Close()
+			// The stranger's connection to the member answers no frame.
+			_ = mToN.SetDeadline(time.Now().Add(time.Second))
+			if _, err := mToN.Write(AppendBatchRequest(nil, 7, 0, batchOf(1, "r"))); err == nil {
+				if frame, err := ReadFrame(mToN, nil); err == nil {
+					t.Fatalf("the member answered a stranger's frame: %x", frame[:min(len(frame), 16)])
+				}
+			}
+		})
+	}
+}
+
+// A dialer that dialed a name the listener does not answer to is
+// refused (and says which), and so is a member of the earlier release,
+// whose handshake had no dialed address.
+func TestSecretHandshakeNamesAndVersion(t *testing.T) {
+	auth := &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Second}
+	c1, c2 := net.Pipe()
+	go func() { _, _ = auth.Client(context.Background(), c1, "other:8082"); c1.Close() }()
+	_, err := auth.Server(context.Background(), c2, []string{"n1:8082", "10.0.0.1:8082"})
+	c2.Close()
+	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), `dialed "other:8082"`) {
+		t.Errorf("a dialer of another name: %v; want ErrAuth naming it", err)
+	}
+	o1, o2 := net.Pipe()
+	go func() {
+		_, _ = o1.Write([]byte("RLAUTH\x01\x00" + strings.Repeat("n", nonceSize)))
+		_, _ = io.Copy(io.Discard, o1)
+	}()
+	_, err = auth.Server(context.Background(), o2, []string{"n1:8082"})
+	o1.Close()
+	o2.Close()
+	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "version 1") {
+		t.Errorf("a version 1 dialer: %v; want ErrAuth saying version 1", err)
+	}
+	// Either of a listener's names will do.
+	s1, s2 := net.Pipe()
+	dErr := make(chan error, 1)
+	go func() { _, err := auth.Client(context.Background(), s1, "10.0.0.1:8082"); dErr <- err }()
+	if _, err := auth.Server(context.Background(), s2, []string{"n1:8082", "10.0.0.1:8082"}); err != nil || <-dErr != nil {
+		t.Errorf("dialed by its second name: acceptor %v", err)
+	}
+	s1.Close()
+	s2.Close()
 }

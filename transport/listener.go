@@ -18,6 +18,12 @@ type ListenerConfig struct {
 	// only returned once its first byte arrived within HandshakeTimeout,
 	// so idle connections never reach the server behind.
 	Auth *Auth
+	// Names are the addresses dialers reach this listener by (host:port,
+	// as they dial it: the advertised address). With a cluster secret a
+	// dialer must name one of them in its handshake, so that a
+	// handshake relayed from elsewhere fails. Empty: the inner
+	// listener's own address.
+	Names []string
 	// MaxConns is the most connections open at once (authenticating or
 	// returned by Accept and not closed yet). Connections beyond it are
 	// closed as soon as they are accepted.
@@ -94,6 +100,9 @@ type Listener struct {
 func NewListener(ln net.Listener, cfg ListenerConfig) (*Listener, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(cfg.Names) == 0 {
+		cfg.Names = []string{ln.Addr().String()}
 	}
 	l := &Listener{
 		inner: ln,
@@ -212,7 +221,7 @@ func (l *Listener) authenticate(nc net.Conn) {
 	var c net.Conn
 	var err error
 	if l.cfg.Auth.Enabled() {
-		c, err = l.cfg.Auth.Server(l.ctx, nc)
+		c, err = l.cfg.Auth.Server(l.ctx, nc, l.cfg.Names)
 	} else {
 		c, err = firstByte(l.ctx, nc, l.cfg.Auth.timeout())
 	}
