@@ -132,6 +132,7 @@ func (s *Server) track(nc net.Conn) {
 		w:    newFrameWriter(nc, s.cfg.WriteTimeout, s.cfg.MaxPendingWrite, true),
 		idle: make(chan *worker, s.cfg.MaxConcurrentBatches),
 	}
+	sc.pushCond.L = &sc.pushMu
 	s.mu.Lock()
 	if s.inShutdown.Load() {
 		s.mu.Unlock()
@@ -224,6 +225,42 @@ type serverConn struct {
 	// a worker that finishes while others are deciding lets their answers
 	// join its write (writeAfterOthers).
 	deciding atomic.Int32
+
+	pushMu    sync.Mutex
+	pushCond  sync.Cond // on pushMu: a push in flight ended
+	pushBytes int       // guarded by pushMu: frame bytes of the pushes in flight
+	pushes    int       // guarded by pushMu: pushes in flight
+}
+
+// Pushes in flight on one connection, each answered on a goroutine of its
+// own with a decoded copy of its frame: at most maxPushes of them, and
+// at most maxPushBytes of frames unless only one is in flight (a push of
+// the largest frame always goes). Past that the read loop waits, so a
+// peer that sends pushes faster than they are handled is held back by
+// TCP. Was: a goroutine and a copy per push, without bound.
+const (
+	maxPushes    = 64
+	maxPushBytes = 4 * DefaultMaxFrameSize
+)
+
+// admitPush waits until a push of n frame bytes may go, and counts it.
+func (sc *serverConn) admitPush(n int) {
+	sc.pushMu.Lock()
+	for sc.pushes >= maxPushes || sc.pushes > 0 && sc.pushBytes+n > maxPushBytes {
+		sc.pushCond.Wait()
+	}
+	sc.pushes++
+	sc.pushBytes += n
+	sc.pushMu.Unlock()
+}
+
+// pushDone ends a push of n frame bytes admitted by admitPush.
+func (sc *serverConn) pushDone(n int) {
+	sc.pushMu.Lock()
+	sc.pushes--
+	sc.pushBytes -= n
+	sc.pushMu.Unlock()
+	sc.pushCond.Broadcast()
 }
 
 // worker handles one batch at a time; its buffers are reused.
@@ -264,6 +301,9 @@ func (sc *serverConn) readLoop() error {
 	var buf, ebuf []byte
 	var deadline time.Time // the read deadline in force
 	for {
+		if cap(buf) > 1<<20 { // do not keep a huge frame's buffer (whatever the frame was)
+			buf = nil
+		}
 		if idle := sc.s.cfg.IdleTimeout; idle > 0 {
 			// The next frame, whole, must arrive within IdleTimeout. The
 			// deadline is moved only when less than that is left of it
@@ -326,17 +366,19 @@ func (sc *serverConn) readLoop() error {
 			sc.deciding.Add(1)
 			w.in <- struct{}{}
 		}
-		if cap(buf) > 1<<20 { // do not keep a huge frame's buffer
-			buf = nil
-		}
 	}
 }
 
 // push decodes a partition push and answers it from its own goroutine,
 // so a large hand-off does not hold up the checks behind it.
 func (sc *serverConn) push(ph PushHandler, frame []byte) error {
+	n := len(frame)
+	sc.admitPush(n) // before the copy: at most maxPushBytes of them
 	var p Push
 	id, err := sc.lim.DecodePush(frame, &p) // copies the data out of frame
+	if err != nil {
+		sc.pushDone(n)
+	}
 	if err != nil {
 		var ve *UnsupportedVersionError
 		if errors.As(err, &ve) {
@@ -348,6 +390,7 @@ func (sc *serverConn) push(ph PushHandler, frame []byte) error {
 	sc.inflight.Add(1)
 	go func() {
 		defer sc.inflight.Done()
+		defer sc.pushDone(n)
 		ack := PushAck{Status: make([]PushStatus, len(p.Parts))}
 		for i := range ack.Status {
 			ack.Status[i] = PushRejected

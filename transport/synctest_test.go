@@ -486,3 +486,60 @@ func TestGoFrameOutlivesItsRecycledCall(t *testing.T) {
 		}
 	})
 }
+
+// blockingPusher holds every push until release is closed.
+type blockingPusher struct {
+	running atomic.Int32
+	release chan struct{}
+}
+
+func (h *blockingPusher) HandleBatch(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+	echo(ctx, req, resp)
+}
+
+func (h *blockingPusher) HandlePush(_ context.Context, p *Push, a *PushAck) {
+	h.running.Add(1)
+	<-h.release
+	a.Status = make([]PushStatus, len(p.Parts))
+}
+
+// A peer that sends pushes faster than they are handled holds at most
+// maxPushBytes of their copies (or maxPushes of them) on one connection:
+// the read loop waits, and TCP holds the peer back. Was: a goroutine and
+// a decoded copy per push without bound (500 pushes of 1 MiB, 500 MiB
+// held at once).
+func TestPushesInFlightAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &blockingPusher{release: make(chan struct{})}
+		ln := pipenet.NewListener()
+		srv := NewServer(DefaultServerConfig(), h)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		nc, err := ln.Dial(t.Context(), "pipe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]byte, 1<<20)
+		sent := make(chan int, 1)
+		go func() {
+			n := 0
+			for i := range 500 {
+				p := &Push{Kind: PushBackup, From: "x", Parts: []PushPart{{Partition: 1, Data: big}}}
+				if _, err := nc.Write(AppendPush(nil, uint64(i+1), p)); err != nil {
+					break
+				}
+				n++
+			}
+			sent <- n
+		}()
+		synctest.Wait()
+		if got, most := h.running.Load(), int32(maxPushBytes/len(big)); got > most || got == 0 {
+			t.Errorf("%d pushes of 1 MiB held at once on one connection; want 1 to %d", got, most)
+		}
+		close(h.release)
+		_ = nc.Close()
+		<-sent
+		_ = srv.Close()
+		<-served
+	})
+}
