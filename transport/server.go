@@ -356,7 +356,7 @@ func (sc *serverConn) readLoop() error {
 			continue
 		}
 		w.id, w.deadline, w.received = id, deadline, received
-		if sc.s.prompt != nil && br.Buffered() == 0 && sc.s.prompt.Prompt(&w.req) {
+		if sc.s.prompt != nil && br.Buffered() == 0 && sc.prompt(&w.req) {
 			// Nothing waits behind this frame and it will not wait:
 			// decide it here rather than wake a worker for it.
 			sc.process(w, false)
@@ -367,6 +367,21 @@ func (sc *serverConn) readLoop() error {
 			w.in <- struct{}{}
 		}
 	}
+}
+
+// prompt asks the PromptHandler whether req will not wait; a panic in it
+// is logged and taken for "it may wait" (the batch goes to a worker, whose
+// handler call recovers panics too), as HandleBatch's and HandlePush's
+// are recovered. Was: a panic in Prompt, on the read loop, killed the
+// process.
+func (sc *serverConn) prompt(req *BatchRequest) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			sc.s.logf(fmt.Errorf("transport: prompt handler panic: %v", p))
+			ok = false
+		}
+	}()
+	return sc.s.prompt.Prompt(req)
 }
 
 // push decodes a partition push and answers it from its own goroutine,
