@@ -379,7 +379,11 @@ func (cc *clientConn) roundTrip(ctx context.Context, encode func(dst []byte, id 
 		return true, err
 	case <-ctx.Done():
 		if cc.forget(id) {
-			cc.failIfSilent(sentAt)
+			// A caller that gave up (its own client went away) says nothing
+			// of the peer; only a deadline that passed unanswered does.
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				cc.failIfSilent(sentAt)
+			}
 			return true, ctx.Err()
 		}
 		// The reader is delivering the answer right now (it has the whole
@@ -423,7 +427,13 @@ func (cc *clientConn) start(deadline time.Time, req *BatchRequest, resp *BatchRe
 	}
 	cc.pending[id] = cl
 	// Armed under mu: whoever takes the call out of pending finds it set.
-	cl.timer = time.AfterFunc(budget, func() { cc.expire(id, sentAt) })
+	// Close waits for it (counted in wg until it ran or was stopped), as
+	// for every goroutine of the client: its fn runs on the timer's.
+	cc.c.wg.Add(1)
+	cl.timer = time.AfterFunc(budget, func() {
+		defer cc.c.wg.Done()
+		cc.expire(id, sentAt)
+	})
 	cc.mu.Unlock()
 
 	if cc.c.beforeGoWrite != nil {
@@ -476,6 +486,12 @@ func (cc *clientConn) expire(id uint64, sentAt int64) {
 // which may be far longer than the call that expired - a 250 ms lease
 // probe sharing the connection with 5 s forwards. Failing them all at
 // once had a fail-open rule admit every one of them.
+//
+// On a connection idle for deadConnSilence (nothing to answer), one call
+// that times out retires it, though the peer may only have been slow
+// once: that costs a dial. Measuring the silence from the call's send
+// instead would never retire a cut connection whose calls come sparser
+// than deadConnSilence, each of them then timing out.
 func (cc *clientConn) failIfSilent(sentAt int64) {
 	if last := cc.lastRead.Load(); last <= sentAt && time.Now().UnixNano()-last >= int64(deadConnSilence) {
 		cc.retire()
@@ -559,8 +575,8 @@ func (cc *clientConn) deliver(cl *call, err error) {
 // recycle stops a call of Go's timer, if armed, and puts the call back
 // for reuse. The caller is the only holder of cl.
 func (cc *clientConn) recycle(cl *call) {
-	if cl.timer != nil {
-		cl.timer.Stop()
+	if cl.timer != nil && cl.timer.Stop() {
+		cc.c.wg.Done() // it will not run
 	}
 	cl.resp, cl.ack, cl.fn, cl.timer = nil, nil, nil, nil
 	cc.c.calls.Put(cl)

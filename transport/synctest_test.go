@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -541,5 +542,115 @@ func TestPushesInFlightAreBounded(t *testing.T) {
 		<-sent
 		_ = srv.Close()
 		<-served
+	})
+}
+
+// A caller that cancels its call (its own client went away) does not
+// retire a healthy connection: a cancel says nothing of the peer. Was:
+// any ctx end on a connection idle for a second redialled it.
+func TestCancelledCallKeepsAnIdleConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			if req.Checks[0].Rule == "slow" {
+				time.Sleep(20 * time.Millisecond)
+			}
+			echo(ctx, req, resp)
+		})
+		c, conns, stop := pipeServeRecorded(t, h)
+		defer stop()
+		if err := c.Do(t.Context(), batchOf(1, "ok"), new(BatchResponse)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second) // idle: nothing to answer
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(time.Millisecond, cancel)
+		if err := c.Do(ctx, batchOf(1, "slow"), new(BatchResponse)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled call: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if err := c.Do(t.Context(), batchOf(1, "ok"), new(BatchResponse)); err != nil {
+			t.Fatal(err)
+		}
+		if len(*conns) != 1 {
+			t.Errorf("a cancelled call retired a healthy connection: %d dials", len(*conns))
+		}
+	})
+}
+
+// panickyPrompt panics in Prompt for batches named "boom".
+type panickyPrompt struct{}
+
+func (panickyPrompt) Prompt(req *BatchRequest) bool {
+	if req.Checks[0].Rule == "boom" {
+		panic("prompt boom")
+	}
+	return true
+}
+
+func (panickyPrompt) HandleBatch(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+	echo(ctx, req, resp)
+}
+
+// A panic in Prompt is logged and the batch decided on a worker, as a
+// panic in HandleBatch is recovered. Was: it ran on the read loop
+// unrecovered and killed the process.
+func TestPromptPanicIsRecovered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var logged []error
+		scfg := DefaultServerConfig()
+		scfg.ErrorLog = func(err error) { mu.Lock(); logged = append(logged, err); mu.Unlock() }
+		c, _, stop := pipeServe(t, panickyPrompt{}, scfg, DefaultClientConfig())
+		defer stop()
+		req, resp := batchOf(2, "boom"), new(BatchResponse)
+		if err := c.Do(t.Context(), req, resp); err != nil {
+			t.Fatalf("a batch whose Prompt panicked: %v", err)
+		}
+		checkEcho(t, req, resp)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(logged) != 1 || !strings.Contains(logged[0].Error(), "prompt boom") {
+			t.Errorf("logged %v, want the prompt panic once", logged)
+		}
+	})
+}
+
+// Close waits for a Go's done that runs on its deadline timer, as it
+// waits for every goroutine of the client. Was: it returned while done
+// was still running.
+func TestCloseWaitsForATimersDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release, hold := make(chan struct{}), make(chan struct{})
+		h := HandlerFunc(func(ctx context.Context, req *BatchRequest, resp *BatchResponse) {
+			<-hold // never answers in time
+		})
+		c, _, stop := pipeServe(t, h, DefaultServerConfig(), DefaultClientConfig())
+		inDone, doneReturned := make(chan struct{}), make(chan struct{})
+		c.Go(time.Now().Add(10*time.Millisecond), batchOf(1, "r"), new(BatchResponse), func(err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("done: %v", err)
+			}
+			close(inDone)
+			<-release
+			close(doneReturned)
+		})
+		<-inDone
+		closed := make(chan struct{})
+		go func() { _ = c.Close(); close(closed) }()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Error("Client.Close returned while a done of the client was still running")
+		default:
+		}
+		close(release)
+		<-closed
+		select {
+		case <-doneReturned:
+		default:
+			t.Error("Close returned before done did")
+		}
+		close(hold)
+		stop()
 	})
 }
