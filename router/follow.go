@@ -66,8 +66,9 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 	}
 }
 
-// install sets v as the view unless it is older than the current one or
-// the same in epoch and rules.
+// install sets v as the view unless it is older than the current one (in
+// ring epoch, or in rules version at the same epoch) or the same in epoch
+// and rules.
 func (r *Router) install(v *View) {
 	if v == nil || v.Ring == nil {
 		return
@@ -77,6 +78,8 @@ func (r *Router) install(v *View) {
 		switch e, ce := v.Ring.Epoch(), cur.Ring.Epoch(); {
 		case e < ce:
 			return
+		case e == ce && v.RulesVersion < cur.RulesVersion:
+			return // a member that lags on the rules: was installed, and the rules went back
 		case e == ce && v.Seed == cur.Seed && sameRules(v, cur):
 			return
 		}

@@ -58,19 +58,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// countAll records the decisions of one call: one counter lookup and at
-// most two atomic adds per run of checks on the same rule (a batch is
-// usually one run), not one of each per check.
+// countAll records the decisions of one call, degraded ones included:
+// one counter lookup and at most three atomic adds per run of checks on
+// the same rule (a batch is usually one run), not one of each per check.
+// Counted once the call is answered, a check is counted once however
+// many times it was sent (a split group's query and spend), and not at
+// all when the router closed under it. Was: counted degraded where each
+// failure answer was made, so both of those counted.
 func (m *metrics) countAll(reqs []Request, out []Result) {
 	for i := 0; i < len(reqs); {
 		rule := reqs[i].Rule
-		var allowed, denied int
+		var allowed, denied, degraded int
 		j := i
 		for ; j < len(reqs) && reqs[j].Rule == rule; j++ {
 			if out[j].Allowed {
 				allowed++
 			} else {
 				denied++
+			}
+			if out[j].Degraded {
+				degraded++
 			}
 		}
 		i = j
@@ -80,6 +87,9 @@ func (m *metrics) countAll(reqs []Request, out []Result) {
 		}
 		if denied > 0 {
 			c.denied.Add(float64(denied))
+		}
+		if degraded > 0 {
+			c.degraded.Add(float64(degraded))
 		}
 	}
 }

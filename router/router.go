@@ -25,7 +25,11 @@
 // its rule's failure answer, and a closed one denies the group.
 //
 // A Router is safe for concurrent use. Per-request deadlines survive
-// batching: a batch is sent with the earliest deadline of its callers.
+// batching: each caller stops waiting at its own deadline, and a batch is
+// sent with the latest of its callers' deadlines, so that a caller with
+// little time left does not cut the batch short for the others (was:
+// the earliest, and a caller with 5 ms left had every other check of its
+// batch answered by the failure mode).
 package router
 
 import (
@@ -274,6 +278,7 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 	// its string): look a name up once per run of it, not per check.
 	var lastName string
 	var lastRule *limiter.Rule
+	groupStart := 0 // index in s.checks (= in reqs) of the current group's head
 	for i, q := range reqs {
 		var rule *limiter.Rule
 		var ok bool
@@ -303,6 +308,14 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 			return &ItemError{i, fmt.Errorf("%w: %w", api.ErrBadRequest, err)}
 		}
 		kh := limiter.KeyHash(v.Seed, q.Key)
+		if !q.Joined {
+			groupStart = len(s.checks)
+		} else if j := sameBucket(s.checks[groupStart:], q.Rule, kh); j >= 0 {
+			// The owner refuses such a group (one bucket spent twice under
+			// one decision); the router must refuse it first: was answered
+			// by the failure mode, so a fail-open rule admitted every one.
+			return &ItemError{i, fmt.Errorf("%w: the same rule and key as checks[%d] of its group", api.ErrBadRequest, groupStart+j)}
+		}
 		s.checks = append(s.checks, transport.Check{Rule: q.Rule, KeyHash: kh, Partition: v.Ring.Partition(kh), Cost: uint64(q.Cost), Inline: InlineOf(q.Inline), Joined: q.Joined})
 		s.rules = append(s.rules, rule)
 		s.pending = append(s.pending, i)
@@ -322,6 +335,17 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 	r.m.countAll(reqs, out[:len(reqs)])
 	r.m.latency.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// sameBucket returns the index in group of the check of rule and key
+// hash kh, or -1.
+func sameBucket(group []transport.Check, rule string, kh uint64) int {
+	for j := range group {
+		if group[j].KeyHash == kh && group[j].Rule == rule {
+			return j
+		}
+	}
+	return -1
 }
 
 // firstInvalidKey returns the index of the first request whose key
@@ -381,7 +405,6 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 		if attempt == 1 { // NOT_OWNER twice: the cluster is still moving
 			for _, i := range slices.Concat(s.retry, s.gone) {
 				out[i] = failureAnswer(s.rules[i])
-				r.m.counters(s.rules[i].Name).degraded.Inc()
 			}
 			break
 		}
@@ -401,7 +424,6 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 			if nv == nil || nv.Epoch() <= v.Epoch() {
 				for _, i := range s.gone {
 					out[i] = failureAnswer(s.rules[i])
-					r.m.counters(s.rules[i].Name).degraded.Inc()
 				}
 				s.gone = s.gone[:0]
 				if len(s.retry) == 0 {
@@ -459,7 +481,6 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		if slot < 0 {
 			for _, i := range run {
 				out[i] = failureAnswer(s.rules[i])
-				r.m.counters(s.rules[i].Name).degraded.Inc()
 			}
 			continue
 		}
@@ -683,10 +704,15 @@ func (r *Router) decideSplit(ctx context.Context, v *View, s *scratch, run []int
 		}
 	}
 	if pass {
+		// Spend what the queries decided; a check answered by its failure
+		// mode (its owner unreachable) keeps that answer rather than
+		// waiting a second Timeout on the same owner.
 		t.pending = t.pending[:0]
 		for k, i := range run {
 			t.checks[k].Cost = s.checks[i].Cost
-			t.pending = append(t.pending, k)
+			if !res[k].Degraded {
+				t.pending = append(t.pending, k)
+			}
 		}
 		if r.run(ctx, v, t, res, time.Now()) != nil {
 			return
@@ -742,9 +768,9 @@ func (r *Router) settle(out []Result, s *scratch, i int, res *transport.Result) 
 		s.retry = append(s.retry, i)
 	default:
 		// Unreachable, late, or disagreeing about the rule (rules still
-		// replicating): the rule's failure mode answers.
+		// replicating): the rule's failure mode answers (counted as
+		// degraded once the call is answered, in countAll).
 		out[i] = failureAnswer(s.rules[i])
-		r.m.counters(s.rules[i].Name).degraded.Inc()
 	}
 }
 
@@ -800,7 +826,7 @@ type batch struct {
 	b        *batcher
 	req      transport.BatchRequest
 	resp     transport.BatchResponse
-	deadline time.Time // the earliest of its callers'
+	deadline time.Time // the latest of its callers'
 	timer    *time.Timer
 	done     chan struct{}
 	err      error
@@ -883,7 +909,7 @@ func (b *batcher) add(ctx context.Context, now time.Time, epoch, rulesVersion ui
 	for _, i := range idx {
 		bt.req.Checks = append(bt.req.Checks, checks[i])
 	}
-	if deadline.Before(bt.deadline) {
+	if deadline.After(bt.deadline) {
 		bt.deadline = deadline
 	}
 	bt.req.Epoch = max(bt.req.Epoch, epoch)

@@ -217,6 +217,11 @@ func parseRoute(i int, raw json.RawMessage, r *Route) error {
 		}); err != nil {
 			return err
 		}
+		// A route's limits share one key (the client), so a rule named
+		// twice is one bucket spent twice by one request: refused.
+		if j := slices.IndexFunc(r.Limits[:k], func(l Limit) bool { return l.Rule == r.Limits[k].Rule }); j >= 0 {
+			return fail(fmt.Sprintf("limits[%d].rule", k), "names rule %q again (limits[%d]): a route's limits share one key, so give it one limit with the summed cost", r.Limits[k].Rule, j)
+		}
 	}
 	return nil
 }

@@ -94,6 +94,7 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"routes: [{name: s, path: /b, limits: [{rule: x, bogus: 1}]}]", `route "s": limits[0].bogus: unknown field`},
 		{"routes: [{name: s, path: /b, limits: [{rule: x}, {rule: z, cost: '3'}]}]", `route "s": limits[1].cost: must be an integer, got "3"`},
 		{"routes: [{name: s, path: /b, limits: [7]}]", `route "s": limits[0]: must be a mapping of rule, cost, cost_from, got 7`},
+		{"routes: [{name: s, path: /b, limits: [{rule: x}, {rule: z}, {rule: x, cost: 2}]}]", `route "s": limits[2].rule: names rule "x" again (limits[0])`},
 		{"routes: [{name: yes, path: /b, limits: [{rule: x}]}]", `routes[0]: name: must be a string, got true (YAML reads an unquoted`},
 		{"routes: [{name: s, path: /b, limits: [{rule: 123}]}]", `route "s": limits[0].rule: must be a string, got 123 (YAML reads an unquoted`},
 		// Paths no request can match: the gateway matches a cleaned path
