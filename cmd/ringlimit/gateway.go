@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"github.com/ringlimit/ringlimit/router/gateway"
 	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/server"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // gatewayOpts are the parsed gateway flags.
@@ -111,11 +114,22 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, l
 		}
 		*l = ln
 	}
+	// The member's ports are loopback ports of its own, which any local
+	// process (a sidecar sharing the pod's loopback) could reach: its
+	// admin API takes a token and its Raft and data plane a cluster
+	// secret, both made here and known to this process alone (the
+	// gateway calls the member in process), or --admin-token when given.
+	// Was: no token and no secret, so a local process could PUT rules
+	// that turned limiting off, or read the hash seed.
+	token := *o.follower.adminToken
+	if token == "" {
+		token = randomHex(32)
+	}
 	s, err := server.Start(server.Config{
 		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
 		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
-		Logger: log,
+		Logger: log, AdminToken: token, Auth: &transport.Auth{Secret: []byte(randomHex(32))},
 	}, ls)
 	if err != nil {
 		closeAll(ls)
@@ -268,4 +282,11 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		return 1
 	}
 	return 0
+}
+
+// randomHex returns n random bytes, hex-encoded.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return hex.EncodeToString(b)
 }

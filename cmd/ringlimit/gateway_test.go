@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +13,9 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/internal/logbuf"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // A gateway whose cluster cannot be reached serves at once: a limited
@@ -60,5 +65,59 @@ func TestGatewayServesBeforeItsFirstView(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the gateway did not stop\n%s", logs.String())
+	}
+}
+
+// The embedded member's loopback ports refuse other local processes: its
+// admin API wants a token only the gateway knows, and its Raft and data
+// plane a cluster secret. Was: a sidecar could PUT rules that turned the
+// limiting off, or read the hash seed.
+func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("rules:\n  - {name: r, algorithm: gcra, limit: 1, period: 1h}\nroutes:\n  - {name: all, path: /*, limits: [{rule: r}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	timeout, refresh, linger, batch, token, cluster := router.DefaultConfig().Timeout, time.Second, router.DefaultConfig().Linger, 512, "", ""
+	o := gatewayOpts{config: cfg, dataDir: t.TempDir(), embedded: true, startWait: 30 * time.Second,
+		follower: followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout, linger: &linger, maxBatch: &batch}}
+	s, err := startEmbedded(context.Background(), o, []limiter.Rule{{Name: "r"}}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown(context.Background()) }()
+	cl, err := s.Node.Cluster(t.Context())
+	if err != nil || len(cl.Members) != 1 {
+		t.Fatalf("cluster %+v, %v", cl, err)
+	}
+	self := cl.Members[0]
+	base := "http://" + self.HTTP
+	for _, q := range []struct{ method, path, body string }{
+		{http.MethodPut, "/v1/rules", `{"rules": []}`},
+		{http.MethodGet, "/v1/cluster/view", ""},
+		{http.MethodPost, "/v1/cluster/leave", `{"id": "gateway"}`},
+	} {
+		req, _ := http.NewRequest(q.method, base+q.path, strings.NewReader(q.body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s %s from another local process: %d, want 401", q.method, q.path, resp.StatusCode)
+		}
+	}
+	// The data plane: a plain connection's frame is never answered.
+	nc, err := net.Dial("tcp", self.Peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
+	req := &transport.BatchRequest{Checks: []transport.Check{{Rule: "r", KeyHash: 1, Cost: 1}}}
+	if _, err := nc.Write(transport.AppendBatchRequest(nil, 1, 0, req)); err == nil {
+		if _, err := transport.ReadFrame(nc, nil); err == nil {
+			t.Error("the embedded member's data plane answered a stranger's frame")
+		}
 	}
 }
