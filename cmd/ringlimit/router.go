@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -74,6 +75,9 @@ func (f followerFlags) follow(reg prometheus.Registerer, log *slog.Logger) (*cli
 	}
 	if *f.refresh <= 0 {
 		return nil, fmt.Errorf("--refresh: must be > 0, got %v", *f.refresh)
+	}
+	if err := checkToken(*f.adminToken); err != nil {
+		return nil, fmt.Errorf("--admin-token: %w", err)
 	}
 	auth, err := f.sec.auth(log)
 	if err != nil {
@@ -212,4 +216,16 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 		return 1
 	}
 	return 0
+}
+
+// checkToken refuses an admin token that no request could present: a
+// bearer token is read without the white space around it, so a token
+// with a space, a tab or a newline in it (an env value or a file with a
+// trailing newline) locked every admin request out, forwarded writes
+// included.
+func checkToken(t string) error {
+	if strings.ContainsFunc(t, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return errors.New("contains white space or a control character (a trailing newline?): no bearer token could match it")
+	}
+	return nil
 }

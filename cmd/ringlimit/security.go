@@ -134,8 +134,27 @@ func runCerts(args []string, getenv func(string) string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "ringlimit certs: %v\n", err)
 		return 2
 	}
+	if *validFor < time.Hour {
+		return fail(fmt.Errorf("--valid-for: at least 1h, got %v (certificates are backdated by an hour, so less would be born expired)", *validFor))
+	}
+	names := splitList(*nodes)
+	if err := checkCertNames(names); err != nil {
+		return fail(fmt.Errorf("--nodes: %w", err))
+	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return fail(err)
+	}
+	// Every file or none: one that exists already is refused before
+	// anything is written (was: written one by one, leaving a partial,
+	// mismatched set behind).
+	files := []string{"ca.pem", "ca-key.pem", "cluster.secret"}
+	for _, n := range names {
+		files = append(files, n+".pem", n+"-key.pem")
+	}
+	for _, f := range files {
+		if _, err := os.Lstat(filepath.Join(*dir, f)); err == nil {
+			return fail(fmt.Errorf("%s exists already: give another --dir, or remove the old set", filepath.Join(*dir, f)))
+		}
 	}
 	write := func(name string, b []byte, mode os.FileMode) error {
 		f, err := os.OpenFile(filepath.Join(*dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
@@ -159,7 +178,7 @@ func runCerts(args []string, getenv func(string) string, stdout, stderr io.Write
 		return fail(err)
 	}
 	hs := splitList(*hosts)
-	for _, n := range splitList(*nodes) {
+	for _, n := range names {
 		cert, key, err := transport.NewNodeCert(caCert, caKey, n, append([]string{n}, hs...), *validFor)
 		if err != nil {
 			return fail(err)
@@ -179,6 +198,32 @@ func runCerts(args []string, getenv func(string) string, stdout, stderr io.Write
 	fmt.Fprintf(stdout, "wrote ca.pem, ca-key.pem, cluster.secret and a certificate per member (%s) to %s\n", *nodes, *dir)
 	fmt.Fprintf(stdout, "serve with: --tls-ca %[1]s/ca.pem --tls-cert %[1]s/NAME.pem --tls-key %[1]s/NAME-key.pem and/or --cluster-secret %[1]s/cluster.secret\n", *dir)
 	return 0
+}
+
+// checkCertNames refuses member names that are no file name of their own
+// in --dir (a path, "..", a name of the CA's or the secret's files) and
+// repeats.
+func checkCertNames(names []string) error {
+	if len(names) == 0 {
+		return errors.New("no member names")
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		switch {
+		case n == "." || n == ".." || strings.ContainsFunc(n, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+		}):
+			return fmt.Errorf("member name %q: letters, digits, '-', '_' and '.' only (it names files in --dir and a DNS name in its certificate)", n)
+		case n == "ca" || n == "ca-key" || n == "cluster":
+			return fmt.Errorf("member name %q is taken by the CA's or the secret's files", n)
+		case strings.HasSuffix(n, "-key") && seen[strings.TrimSuffix(n, "-key")], seen[n+"-key"]:
+			return fmt.Errorf("member name %q collides with another's key file", n)
+		case seen[n]:
+			return fmt.Errorf("member name %q given twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 func splitList(s string) []string {

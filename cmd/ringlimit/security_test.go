@@ -385,3 +385,41 @@ func TestServeFloods(t *testing.T) {
 		t.Fatalf("RSS grew by %d MiB (from %d to %d MiB), want < 64 MiB", (peak-base)>>20, base>>20, peak>>20)
 	}
 }
+
+// certs refuses what would make a broken set — names that are paths, that
+// collide with the CA's files or each other, a validity that would be
+// born expired, files that exist — before it writes anything. Was: all
+// accepted, "../x" wrote outside --dir, and a collision left half a set.
+func TestCertsRefusesBadInputWritingNothing(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", "../escaped"}, `member name "../escaped"`},
+		{[]string{"--nodes", "n1,ca"}, `member name "ca" is taken`},
+		{[]string{"--nodes", "n1,n1"}, `"n1" given twice`},
+		{[]string{"--nodes", "n1,n1-key"}, `collides with another's key file`},
+		{[]string{"--nodes", ""}, "no member names"},
+		{[]string{"--valid-for", "-1h"}, "--valid-for: at least 1h"},
+		{[]string{"--valid-for", "0s"}, "--valid-for: at least 1h"},
+	} {
+		dir := filepath.Join(t.TempDir(), "c")
+		var out, errs bytes.Buffer
+		code := runCerts(append([]string{"--dir", dir}, tc.args...), func(string) string { return "" }, &out, &errs)
+		entries, _ := os.ReadDir(dir)
+		if code != 2 || !strings.Contains(errs.String(), tc.want) || len(entries) != 0 {
+			t.Errorf("certs %q: exit %d, %q, %d files written; want exit 2 with %q and nothing written", tc.args, code, errs.String(), len(entries), tc.want)
+		}
+	}
+	// An existing file of the set: refused before anything is written.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "n2.pem"), []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	code := runCerts([]string{"--dir", dir, "--nodes", "n1,n2"}, func(string) string { return "" }, &out, &errs)
+	entries, _ := os.ReadDir(dir)
+	if code != 2 || !strings.Contains(errs.String(), "n2.pem exists already") || len(entries) != 1 {
+		t.Errorf("certs over an existing n2.pem: exit %d, %q, %d files; want exit 2 and only n2.pem", code, errs.String(), len(entries))
+	}
+}

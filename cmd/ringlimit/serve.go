@@ -69,6 +69,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	case *maxKeys < 0:
 		return fail("--max-keys: must be ≥ 0 (0: no cap), got %d", *maxKeys)
 	}
+	if err := checkToken(*adminToken); err != nil {
+		return fail("--admin-token: %v", err)
+	}
 	if *rulesFile != "" {
 		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
 			return fail("rules file %s refused: %v", *rulesFile, err)
