@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -306,5 +307,16 @@ func TestJoinValidated(t *testing.T) {
 	})
 	if !errors.Is(err, api.ErrConflict) {
 		t.Fatalf("duplicate live id: %v, want conflict", err)
+	}
+}
+
+// The forwarder (writes and joins to the leader, with the admin token)
+// never goes through HTTP_PROXY: the token would travel to the proxy.
+// http.ProxyFromEnvironment reads the environment once per process, so
+// the transport's setting is what is checked.
+func TestForwarderUsesNoProxy(t *testing.T) {
+	tr, ok := newForwarder("t").hc.Transport.(*http.Transport)
+	if !ok || tr.Proxy != nil {
+		t.Fatalf("forwarder transport %T with a proxy function; want none", newForwarder("t").hc.Transport)
 	}
 }

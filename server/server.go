@@ -303,7 +303,11 @@ type forwarder struct {
 }
 
 func newForwarder(token string) forwarder {
-	return forwarder{token: token, hc: &http.Client{Transport: client.NewTransport(4)}}
+	// Member to member, never through HTTP_PROXY: the admin token would
+	// travel to the proxy with every forwarded write and join.
+	tr := client.NewTransport(4)
+	tr.Proxy = nil
+	return forwarder{token: token, hc: &http.Client{Transport: tr}}
 }
 
 // options are what every client of the forwarder has: the admin token
