@@ -967,6 +967,13 @@ func (b *batcher) start(bt *batch) {
 // ownerGone reports whether err, a batch's, says its owner could not be
 // reached at all (a refused dial, a connection that broke or was closed),
 // rather than late (ctx), overloaded (ErrQueueFull) or refusing the frame.
+//
+// A connection that broke after the frame left may have had it decided:
+// the retry under a newer view then spends those checks a second time
+// at the new owner, when it holds the old one's state (a hand-off). That
+// errs toward counting twice, which never admits more than a limit
+// allows; answering them by the failure mode instead would, for a
+// fail-open rule, admit them uncounted.
 func ownerGone(err error) bool {
 	var oe *net.OpError
 	return errors.Is(err, transport.ErrConnClosed) && !errors.Is(err, transport.ErrClientClosed) ||
