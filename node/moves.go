@@ -117,6 +117,67 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 	return m
 }
 
+// PlanBackupForwards returns the partitions (→ their owner) whose backup
+// copy self should hand to their owner when the ring goes from prev to
+// next: those self backed up in prev, owned by the same member M in prev
+// and next, where M's membership changed in between (flapped(M): it was
+// marked down or dead and came back, as a restart does) although prev
+// and next name the same members. Self then skipped the ring in between
+// (its Raft apply lagged by the ~30 ms of a restart's mark-down), in
+// which it owned those partitions and would have promoted its copy and
+// handed it back to M; M, restarted, awaits that hand-off. Was: self sent
+// nothing, and M promoted its own empty copy after the hand-off timeout:
+// every key of those partitions started afresh, after 3 s of degraded
+// answers. A copy that reaches an M that serves the partition already is
+// merged conservatively, so a needless one changes nothing.
+func PlanBackupForwards(prev, next *ring.Ring, self string, flapped func(id string) bool) map[uint32]string {
+	if prev == nil {
+		return nil
+	}
+	var out map[uint32]string
+	for p := range uint32(next.Config().Partitions) {
+		b, ok := prev.Backup(p)
+		if !ok || b.ID != self {
+			continue
+		}
+		po, ok1 := prev.Owner(p)
+		no, ok2 := next.Owner(p)
+		if !ok1 || !ok2 || po.ID != no.ID || no.ID == self || !flapped(no.ID) {
+			continue
+		}
+		if out == nil {
+			out = map[uint32]string{}
+		}
+		out[p] = no.ID
+	}
+	return out
+}
+
+// ForwardBackups returns this member's backup copies of parts (partition
+// → its owner in next), as hand-offs to send (PlanBackupForwards). Call
+// it before Apply, which may drop those copies.
+func (o *Owner) ForwardBackups(next *view.View, parts map[uint32]string) []Outgoing {
+	now := o.now()
+	var out []Outgoing
+	for p, to := range parts {
+		mem, ok := next.Ring.Member(to)
+		if !ok {
+			continue
+		}
+		g := &o.moving[p]
+		g.Lock()
+		var data []byte
+		if o.backup.PartitionLen(p) > 0 {
+			data = o.backup.Export(nil, p, now)
+		}
+		g.Unlock()
+		if data != nil {
+			out = append(out, Outgoing{To: mem, Part: transport.PushPart{Partition: p, Data: data}, At: now, src: o.backup})
+		}
+	}
+	return out
+}
+
 // membersChanged counts the members that are in one of a and b and not
 // the same (id and addresses) in the other.
 func membersChanged(a, b *ring.Ring) int {

@@ -499,8 +499,10 @@ func (n *Node) refresh() {
 		me, _ := st.Member(n.cfg.ID)
 		rejoined := prev != nil && me.Since > prev.Epoch()
 		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, rejoined)
+		flapped := func(id string) bool { m, ok := st.Member(id); return ok && prev != nil && m.Since > prev.Epoch() }
+		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
 		o.EnableLease(len(next.Ring.Members()) > 1)
-		out := o.Apply(next, moves)
+		out := append(o.Apply(next, moves), forwards...)
 		out = append(out, o.handOffLoaded(next)...)
 		if away := o.takeLoadedAway(); len(away) > 0 {
 			n.h.dropLoadedLater(away)
