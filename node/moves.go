@@ -272,6 +272,20 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		}
 		if src != nil {
 			part.Data = src.Export(nil, p, now)
+			if b, ok := next.Ring.Backup(p); ok && b.ID == o.self {
+				// We back up the partition we hand off (the usual case: the
+				// backup is the owner of the ring without the new owner).
+				// Keep what we hand off as our copy until the new owner's
+				// first whole push replaces it: was none, so a new owner
+				// that crashed before that push (one backup interval) had
+				// its partitions promoted from nothing.
+				if src != o.backup {
+					o.dropBackup(p)
+					if _, err := o.backup.Import(p, part.Data, now); err != nil {
+						o.log.Error("keeping a handed-off partition as its backup copy", "partition", p, "err", err)
+					}
+				}
+			}
 		}
 		o.table.Drop(p)
 		o.dirty[p].Store(false)
