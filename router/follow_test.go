@@ -380,6 +380,11 @@ func TestClosedRouterAnswersNoCheck(t *testing.T) {
 				t.Errorf("check on a closed router: %v, want ErrClosed (unavailable)", err)
 			}
 		}
+		// Nor does it count them as degraded decisions (was: the one cut
+		// short by Close was counted).
+		if got := testutil.ToFloat64(rt.m.degraded.WithLabelValues("log5")); got != 0 {
+			t.Errorf("ringlimit_degraded_total{rule=log5} = %v after checks answered ErrClosed, want 0", got)
+		}
 	})
 }
 

@@ -157,25 +157,3 @@ func TestSplitGroupNamingOneBucketTwiceSpendsNothing(t *testing.T) {
 		t.Fatalf("after a denied group: tight remaining %d, log5 remaining %d; want 2 and 5 (nothing spent)", tight, log5)
 	}
 }
-
-// A check cut short by Close is answered with ErrClosed, not a degraded
-// decision: it must not count as one.
-func TestCloseCountsNoDegraded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, &network{down: map[string]bool{"b:1": true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rt.SetView(view.New(mustRing(t, 1, "b"), 7, ruleList(testRules(t)), 0))
-		done := make(chan error)
-		go func() { done <- rt.Check(t.Context(), []Request{{Rule: "log5", Key: "k", Cost: 1}}, make([]Result, 1)) }()
-		synctest.Wait()
-		rt.Close()
-		if err := <-done; !errors.Is(err, ErrClosed) {
-			t.Fatal(err)
-		}
-		if got := testutil.ToFloat64(rt.m.degraded.WithLabelValues("log5")); got != 0 {
-			t.Errorf("ringlimit_degraded_total{rule=log5} = %v after a check answered ErrClosed, want 0", got)
-		}
-	})
-}
