@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -30,7 +31,7 @@ import (
 // bounded sizes (so reading it allocates nothing an attacker controls),
 // bound to the address the dialer dialed:
 //
-//	dialer   → acceptor  magic(8) nonceD(32) len(1) addr(len)
+//	dialer   → acceptor  magic(8) nonceD(32) len(2, big-endian) addr(len)
 //	acceptor → dialer    magic(8) nonceA(32) HMAC(secret, "ringlimit acceptor v2" ‖ len ‖ addr ‖ nonceD ‖ nonceA)
 //	dialer   → acceptor  HMAC(secret, "ringlimit dialer v2" ‖ len ‖ addr ‖ nonceD ‖ nonceA)
 //	acceptor → dialer    0x01 (accepted)
@@ -57,7 +58,7 @@ const (
 	nonceSize      = 32
 	macSize        = sha256.Size
 	handshakeOK    = 0x01
-	maxAddrLen     = 255 // the dialed address's length is one byte
+	maxAddrLen     = 512 // the dialed address's length: two bytes on the wire; a DNS host:port is at most 261
 
 	// MinSecretSize is the shortest cluster secret accepted.
 	MinSecretSize = 32
@@ -224,7 +225,7 @@ func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool, addr
 func proof(secret []byte, label, addr string, nonceD, nonceA []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(label))
-	m.Write([]byte{byte(len(addr))})
+	m.Write(binary.BigEndian.AppendUint16(nil, uint16(len(addr))))
 	m.Write([]byte(addr))
 	m.Write(nonceD)
 	m.Write(nonceA)
@@ -266,13 +267,13 @@ func secretDialer(rw io.ReadWriter, secret []byte, addr string) error {
 	if len(addr) == 0 || len(addr) > maxAddrLen {
 		return fmt.Errorf("%w: dialed address of %d bytes (want 1 to %d)", ErrInvalidConfig, len(addr), maxAddrLen)
 	}
-	var out [len(handshakeMagic) + nonceSize + 1 + maxAddrLen]byte
+	var out [len(handshakeMagic) + nonceSize + 2 + maxAddrLen]byte
 	copy(out[:], handshakeMagic)
 	nonceD := out[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
 	_, _ = rand.Read(nonceD) // crypto/rand.Read never fails (Go ≥ 1.24)
-	out[len(handshakeMagic)+nonceSize] = byte(len(addr))
-	n := copy(out[len(handshakeMagic)+nonceSize+1:], addr)
-	if _, err := rw.Write(out[:len(handshakeMagic)+nonceSize+1+n]); err != nil {
+	binary.BigEndian.PutUint16(out[len(handshakeMagic)+nonceSize:], uint16(len(addr)))
+	n := copy(out[len(handshakeMagic)+nonceSize+2:], addr)
+	if _, err := rw.Write(out[:len(handshakeMagic)+nonceSize+2+n]); err != nil {
 		return err
 	}
 	var in [len(handshakeMagic) + nonceSize + macSize]byte
@@ -300,7 +301,7 @@ func secretDialer(rw io.ReadWriter, secret []byte, addr string) error {
 }
 
 func secretAcceptor(rw io.ReadWriter, secret []byte, names []string) error {
-	var in [len(handshakeMagic) + nonceSize + 1]byte
+	var in [len(handshakeMagic) + nonceSize + 2]byte
 	if err := readHandshake(rw, in[:len(handshakeMagic)]); err != nil {
 		return err
 	}
@@ -312,7 +313,11 @@ func secretAcceptor(rw io.ReadWriter, secret []byte, names []string) error {
 	}
 	nonceD := in[len(handshakeMagic) : len(handshakeMagic)+nonceSize]
 	var addrBuf [maxAddrLen]byte
-	addrB := addrBuf[:in[len(handshakeMagic)+nonceSize]]
+	n := int(binary.BigEndian.Uint16(in[len(handshakeMagic)+nonceSize:]))
+	if n == 0 || n > maxAddrLen {
+		return fmt.Errorf("%w: a dialed address of %d bytes (want 1 to %d)", ErrAuth, n, maxAddrLen)
+	}
+	addrB := addrBuf[:n]
 	if err := readHandshake(rw, addrB); err != nil {
 		return err
 	}

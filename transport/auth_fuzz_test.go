@@ -22,7 +22,7 @@ func (s *scripted) Write(p []byte) (int, error) { return s.out.Write(p) }
 // (the other side's nonce is fresh, so no input can carry a valid proof).
 func FuzzSecretHandshake(f *testing.F) {
 	f.Add([]byte(handshakeMagic + string(make([]byte, nonceSize))))
-	f.Add([]byte(handshakeMagic + string(make([]byte, nonceSize)) + "\x07n1:8082" + string(make([]byte, macSize))))
+	f.Add([]byte(handshakeMagic + string(make([]byte, nonceSize)) + "\x00\x07n1:8082" + string(make([]byte, macSize))))
 	f.Add([]byte("RLAUTH\x01\x00" + string(make([]byte, nonceSize+macSize+1))))
 	f.Add([]byte(handshakeMagic + string(make([]byte, nonceSize+macSize+1))))
 	f.Add(AppendBatchRequest(nil, 1, 0, batchOf(1, "r")))
@@ -36,7 +36,7 @@ func FuzzSecretHandshake(f *testing.F) {
 			max  int
 		}{
 			{"acceptor", func(rw io.ReadWriter, s []byte) error { return secretAcceptor(rw, s, []string{"n1:8082"}) },
-				len(handshakeMagic) + nonceSize + 1 + maxAddrLen + macSize},
+				len(handshakeMagic) + nonceSize + 2 + maxAddrLen + macSize},
 			{"dialer", func(rw io.ReadWriter, s []byte) error { return secretDialer(rw, s, "n1:8082") },
 				len(handshakeMagic) + nonceSize + macSize + 1},
 		} {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -424,14 +425,14 @@ func TestSecretHandshakeRefusesARelay(t *testing.T) {
 			}
 			defer mToN.Close()
 			if rewrite {
-				hello := make([]byte, len(handshakeMagic)+nonceSize+1)
+				hello := make([]byte, len(handshakeMagic)+nonceSize+2)
 				if _, err := io.ReadFull(mFromN, hello); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := io.ReadFull(mFromN, make([]byte, hello[len(hello)-1])); err != nil {
+				if _, err := io.ReadFull(mFromN, make([]byte, binary.BigEndian.Uint16(hello[len(hello)-2:]))); err != nil {
 					t.Fatal(err)
 				}
-				hello[len(hello)-1] = byte(len("n:8082"))
+				binary.BigEndian.PutUint16(hello[len(hello)-2:], uint16(len("n:8082")))
 				if _, err := mToN.Write(append(hello, "n:8082"...)); err != nil {
 					t.Fatal(err)
 				}
@@ -485,4 +486,20 @@ func TestSecretHandshakeNamesAndVersion(t *testing.T) {
 	}
 	s1.Close()
 	s2.Close()
+}
+
+// The longest DNS name (253 bytes) with a port, 259 bytes, is dialed and
+// accepted. Was refused by the dialer: the address's length had one byte.
+func TestSecretHandshakeLongHostName(t *testing.T) {
+	label := strings.Repeat("a", 63)
+	addr := net.JoinHostPort(strings.Join([]string{label, label, label, strings.Repeat("b", 61)}, "."), "38081")
+	a := &Auth{Secret: testSecret('s'), HandshakeTimeout: time.Second}
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	aErr := make(chan error, 1)
+	go func() { _, err := a.Server(context.Background(), c2, []string{addr}); aErr <- err }()
+	if _, err := a.Client(context.Background(), c1, addr); err != nil || <-aErr != nil {
+		t.Fatalf("a %d-byte address: dialer %v", len(addr), err)
+	}
 }
