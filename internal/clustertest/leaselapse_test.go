@@ -1,0 +1,118 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// A batch that reaches a member while it holds its lease, for a
+// partition still awaiting its hand-off, waits for the partition
+// (Owner.HandleBatch, up to stateWait) and is decided whenever the
+// partition becomes servable - even after the lease ran out and the
+// leader marked the member dead and gave the partition back.
+//
+// n4 joins; nobody's data-plane calls reach it (its own calls pass: a
+// one-way cut), so its hand-offs never arrive and its lease runs out
+// DeadAfter/4 + 0.7 DeadAfter after the leader first saw it. A client
+// that still reaches n4 sends it a batch just before then, with a 2s
+// deadline (stateWait's bound); n4 promotes its (empty) backup copies
+// handoffWait after its view and decides the batch, while the old owner
+// serves the partition again. (Its Raft is cut too once it has its
+// view, so it does not learn that it is dead.)
+// A batch that waits for a partition (its hand-off on the way) is not
+// decided once the member's lease has run out meanwhile: by then the
+// member may be marked dead and its partitions served by others. Was:
+// the lease was checked once, when the batch came, and a batch sent with
+// 5 ms of lease left was decided 1.4 s later, after the dead mark (30 of
+// 30 runs admitted twice the limit). Found by an audit of leases.
+func TestBatchWaitingPastItsLeaseIsNotDecided(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		leader := c.Leader()
+		c.PutRules(leader.ID, logRule)
+		for _, m := range c.Members() {
+			c.CutCalls(m.ID, "n4")
+		}
+		n4 := c.add("n4", true)
+		c.WaitFor("n4 in its own ring, awaiting", 10*time.Second, func() bool {
+			nd := n4.Node()
+			if nd == nil || nd.View() == nil || nd.Owner() == nil {
+				return false
+			}
+			_, ok := nd.View().Ring.Member("n4")
+			return ok && nd.Owner().Awaiting() > 0
+		})
+		c.CutRaft("n4") // nor does the log reach it any more
+		v := n4.Node().View()
+		o := n4.Node().Owner()
+		var key string
+		var hash uint64
+		var part uint32
+		awaiting := o.AwaitingParts()
+		for i := 0; ; i++ { // a key of a partition n4 owns in its own view and awaits
+			if i == 1<<20 {
+				t.Fatalf("no key of n4's awaited partitions %v", awaiting)
+			}
+			key = fmt.Sprintf("key-%d", i)
+			hash = limiter.KeyHash(v.Seed, key)
+			part = v.Ring.Partition(hash)
+			if ow, _ := v.Ring.Owner(part); ow.ID == "n4" && slices.Contains(awaiting, part) {
+				break
+			}
+		}
+		// Just before n4's lease runs out.
+		for start := time.Now(); ; time.Sleep(time.Millisecond) {
+			if rem, _ := o.LeaseRemaining(); o.Serving() && rem <= 5*time.Millisecond {
+				break
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatal("n4's lease never ran low")
+			}
+		}
+		sent := time.Now()
+		req := &transport.BatchRequest{Epoch: v.Epoch(), RulesVersion: v.RulesVersion}
+		for range 10 {
+			req.Checks = append(req.Checks, transport.Check{Rule: "log", KeyHash: hash, Partition: part, Cost: 1})
+		}
+		resp := &transport.BatchResponse{Results: make([]transport.Result, len(req.Checks))}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			n4.Node().HandleBatch(ctx, req, resp)
+		}()
+		// Meanwhile the majority marks n4 dead and serves its partitions.
+		c.WaitFor("n4 dead", 10*time.Second, func() bool {
+			m, _ := leader.Node().State().Member("n4")
+			return m.State == fsm.Dead
+		})
+		deadAt := time.Since(sent)
+		c.WaitFor("n4 out of the leader's ring", 10*time.Second, func() bool {
+			_, ok := leader.Node().View().Ring.Member("n4")
+			return !ok
+		})
+		majority, _ := spend(c, leader.ID, key, 10)
+		<-done
+		took := time.Since(sent)
+		stale := 0
+		for _, r := range resp.Results {
+			if r.Status == transport.StatusOK && r.Allowed {
+				stale++
+			}
+		}
+		t.Logf("batch sent with %v of lease left, n4 marked dead %v later, batch decided %v after it was sent: %d of 10 allowed (status %v); majority admitted %d",
+			5*time.Millisecond, deadAt, took, stale, resp.Results[0].Status, majority)
+		if stale+majority > 10 {
+			t.Errorf("over-admitted: %d by n4 after its lease ran out + %d by the majority, limit 10", stale, majority)
+		}
+	})
+}
