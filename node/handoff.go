@@ -511,9 +511,11 @@ func (n *Node) leaderLease(servers []raft.Server, answered, acked map[string]tim
 	if o == nil || !n.viewCurrent() {
 		return
 	}
-	superseded := n.raft.terms.acks(n.raft.raft.CurrentTerm(), acked)
+	term := n.raft.raft.CurrentTerm()
+	superseded := n.raft.terms.acks(term, acked)
 	if base, ok := leaderLeaseFrom(n.cfg.ID, servers, answered, acked, superseded, now, lease); ok {
 		o.SetLeaseUntil(base.Add(lease))
+		n.leaderLeaseAt.Store(&termLease{until: base.Add(lease), term: term})
 	}
 }
 

@@ -242,6 +242,18 @@ type Node struct {
 	// contacts is the failure detector's record of when, while this node
 	// leads, it last heard from each member (detectLoop, grantsLease).
 	contacts contacts
+	// leaderLeaseAt is the lease this node holds as leader, from a quorum
+	// at its term (leaderLease), apart from the owner's lease, which a
+	// leader just elected still holds from its leader before: grantsLease
+	// needs this one.
+	leaderLeaseAt atomic.Pointer[termLease]
+}
+
+// termLease is a leader's lease: until then (monotonic), at Raft term
+// term.
+type termLease struct {
+	until time.Time
+	term  uint64
 }
 
 // Open starts a member on the given Raft listener: it recovers its state
