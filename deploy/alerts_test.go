@@ -63,6 +63,16 @@ func pod(n string) string { return ns + `,pod="ringlimit-` + n + `"` }
 // alertCases holds, for every alert, at least one case that fires it
 // and one that must not.
 var alertCases = []alertCase{
+	{"RinglimitMembersMissing", map[string]string{
+		`up{job="ringlimit-peers",` + pod("0") + `}`: "1x10", `up{job="ringlimit-peers",` + pod("1") + `}`: "0x10", `up{job="ringlimit-peers",` + pod("2") + `}`: "0x10",
+	}, "3m", []map[string]string{{"namespace": "rl"}}},
+	{"RinglimitMembersMissing", map[string]string{ // nothing scraped at all
+		`up{job="ringlimit-router",` + pod("r") + `}`: "1x20",
+	}, "3m", []map[string]string{{}}}, // absent() of a comparison carries no labels
+	{"RinglimitMembersMissing", map[string]string{
+		`up{job="ringlimit-peers",` + pod("0") + `}`: "1x10", `up{job="ringlimit-peers",` + pod("1") + `}`: "1x10", `up{job="ringlimit-peers",` + pod("2") + `}`: "0x10",
+	}, "3m", nil},
+
 	{"RinglimitNoLeader", map[string]string{
 		`ringlimit_raft_state{` + pod("0") + `}`: "0x10", `ringlimit_raft_state{` + pod("1") + `}`: "1x10", `ringlimit_raft_state{` + pod("2") + `}`: "3x10",
 	}, "2m", []map[string]string{{"namespace": "rl"}}},

@@ -65,6 +65,13 @@ func loadBase(t *testing.T) *manifests {
 		}
 	}
 	m := &manifests{}
+	// The Secret the operator makes (not in the base: its placeholders
+	// would ship), as the example shows it.
+	if data, err := os.ReadFile(filepath.Join(filepath.Dir(base), "secret.example.yaml")); err != nil {
+		t.Fatal(err)
+	} else {
+		m.secrets = append(m.secrets, decode[corev1.Secret](t, "k8s/secret.example.yaml", data))
+	}
 	for _, r := range k.Resources {
 		path := filepath.Join(base, r)
 		data, err := os.ReadFile(path)
@@ -448,13 +455,24 @@ func checkPod(t *testing.T, m *manifests, where string, pod corev1.PodSpec, labe
 			t.Errorf("%s: containerPort %q = %d, want %d (--%s)", where, p.Name, p.ContainerPort, want, f)
 		}
 	}
-	// Probes: readiness /readyz, liveness /healthz (readiness needs a
-	// leader or a view; liveness must not), on the port serving them,
-	// paths that answer 200 on a ready node.
-	for _, pr := range []struct {
+	// Probes, on the port serving them, paths that answer 200 on a ready
+	// node. Members: readiness /readyz (a leader, its partitions),
+	// liveness /healthz (never a leader). Routers and gateways: a startup
+	// probe on /readyz (their first view), then readiness on /healthz: one
+	// whose members are unreachable answers by the rules' failure modes,
+	// which dropping out of its Service would turn into an outage of
+	// whatever is behind it.
+	probes := []struct {
 		name, path string
 		probe      *corev1.Probe
-	}{{"readiness", "/readyz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}} {
+	}{{"readiness", "/readyz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}}
+	if cmd != "serve" {
+		probes = []struct {
+			name, path string
+			probe      *corev1.Probe
+		}{{"startup", "/readyz", c.StartupProbe}, {"readiness", "/healthz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}}
+	}
+	for _, pr := range probes {
 		if pr.probe == nil || pr.probe.HTTPGet == nil {
 			t.Errorf("%s: no HTTP %s probe", where, pr.name)
 			continue
