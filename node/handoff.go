@@ -958,7 +958,8 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	left := n.h.abandon()
 	if o := n.Owner(); o != nil {
 		if k, serr := o.saveBuckets(n.cfg.DataDir, left); serr != nil {
-			err = errors.Join(err, serr)
+			n.log.Error("bucket state NOT saved: the budgets of the partitions this member held start afresh at its next start (unless the cluster serves them from backups meanwhile)", "err", serr)
+			err = errors.Join(err, fmt.Errorf("%w: %w", ErrBucketsNotSaved, serr))
 		} else if k > 0 {
 			n.log.Info("bucket state saved for the next start", "partitions", k, "file", filepath.Join(n.cfg.DataDir, bucketFile))
 		}
@@ -966,6 +967,11 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	n.TransferLeadership()
 	return err
 }
+
+// ErrBucketsNotSaved is wrapped by StopGracefully's error when the bucket
+// state it should have kept in the data dir could not be written (a full
+// disk, say): those budgets are lost to the next start.
+var ErrBucketsNotSaved = errors.New("node: bucket state not saved")
 
 // errStranded: the hand-offs left cannot land (handoffs.stranded).
 var errStranded = errors.New("node: hand-offs stranded")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
 )
 
 // A single member stopped gracefully keeps its budgets over a restart (at
@@ -145,4 +147,26 @@ func restartMemberAt(t *testing.T, id, dir string, addrs [3]string) *Server {
 		t.Error(err)
 	}
 	return s
+}
+
+// A stop that cannot write its bucket file (here: a directory in its
+// place, as a full disk would fail it) says so: Shutdown fails with
+// node.ErrBucketsNotSaved, and serve exits 1 on it. Was: a WARN saying
+// the state was kept in the data dir, and exit 0.
+func TestStopThatCannotSaveBucketsFails(t *testing.T) {
+	dir := t.TempDir()
+	s := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s}, 1)
+	putRules(t, []*Server{s}, limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
+	if r := check(t, s, "hourly", "spent"); !r.Allowed {
+		t.Fatalf("check: %+v", r)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "buckets.rlsnap"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, node.ErrBucketsNotSaved) {
+		t.Fatalf("Shutdown = %v, want an error wrapping node.ErrBucketsNotSaved", err)
+	}
 }

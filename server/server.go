@@ -259,9 +259,12 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.stop(ctx, true) 
 // (tests use that to make an owner unreachable).
 func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.cancel()
+	var lost error // bucket state that could not be saved: the stop fails
 	if markDown {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
-		if err := s.Node.StopGracefully(dctx); err != nil {
+		if err := s.Node.StopGracefully(dctx); errors.Is(err, node.ErrBucketsNotSaved) {
+			lost = err // logged at ERROR by the node; was a WARN saying the state was kept
+		} else if err != nil {
 			// The partitions this member could not hand off are in its
 			// bucket file (StopGracefully), if it has a data dir; the
 			// cluster, which may still list it active, serves them from
@@ -292,6 +295,9 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 	}
 	s.fwd.hc.CloseIdleConnections()
 	s.wg.Wait()
+	if lost != nil {
+		return errors.Join(lost, err)
+	}
 	return err
 }
 
