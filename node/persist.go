@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -23,13 +24,21 @@ import (
 // not survive a crash.
 //
 // The file: magic, u64 the bucket clock at export (Unix ns), uvarint n,
-// n × (uvarint partition, uvarint length, limiter export stream). Streams
-// hold times relative to the export; they are imported at the export's
-// instant, so the time the member was down counts as time passed.
+// n × (uvarint partition, uvarint length, limiter export stream), and
+// (version 2) the CRC-32C of all that, u32. Streams hold times relative
+// to the export; they are imported at the export's instant, so the time
+// the member was down counts as time passed — an export instant later
+// than the loading member's clock (a clock stepped back) is taken as now.
+// Was (version 1, still read): no checksum, so a flipped bit in the
+// export time or a key loaded silently and lost a spent budget, and a
+// future export time made states last for years.
 const (
-	bucketFile  = "buckets.rlsnap"
-	bucketMagic = "RLSNAP1\n"
+	bucketFile    = "buckets.rlsnap"
+	bucketMagic   = "RLSNAP2\n"
+	bucketMagicV1 = "RLSNAP1\n"
 )
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // saveBuckets writes the partitions this member still serves under its
 // current view, and the hand-offs it could not deliver (left, as
@@ -91,6 +100,7 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	for _, k := range kept {
 		add(k.Partition, k.Data)
 	}
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 	tmp := filepath.Join(dir, bucketFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -145,10 +155,23 @@ func (o *Owner) loadBuckets(dir string) (int, error) {
 // (Import takes a partition whole or not at all, and the partitions
 // taken before the error are dropped again).
 func (o *Owner) takeBuckets(b []byte) (int, error) {
-	if !bytes.HasPrefix(b, []byte(bucketMagic)) || len(b) < len(bucketMagic)+8 {
+	switch {
+	case bytes.HasPrefix(b, []byte(bucketMagic)) && len(b) >= len(bucketMagic)+8+4:
+		body := b[:len(b)-4]
+		if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+			return 0, errors.New("checksum mismatch: the file is damaged")
+		}
+		b = body
+	case bytes.HasPrefix(b, []byte(bucketMagicV1)) && len(b) >= len(bucketMagicV1)+8:
+		// written by the release before: no checksum
+	default:
 		return 0, errors.New("not a bucket state file")
 	}
 	at := int64(binary.LittleEndian.Uint64(b[len(bucketMagic):]))
+	if now := o.now(); at > now {
+		o.log.Warn("bucket state file exported later than this member's clock says it is now (a clock stepped back?): loaded as of now", "exported_ns", at, "now_ns", now)
+		at = now
+	}
 	r := b[len(bucketMagic)+8:]
 	next := func() (uint64, error) {
 		v, k := binary.Uvarint(r)

@@ -1,11 +1,15 @@
 package node
 
 import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -305,4 +309,62 @@ func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {
 	if k := b.BackupTable().PartitionLen(p); k != 1 {
 		t.Fatalf("backup copy of %d holds %d states, want the hand-off's 1", p, k)
 	}
+}
+
+// A bucket file with any one bit flipped is refused whole (set aside as
+// .bad), as a truncated one is; one of the release before (no checksum)
+// still loads; one exported later than the loader's clock says it is now
+// (a clock stepped back) is loaded as of now, not years into the future.
+// Was: no checksum, so 71 of 456 single-bit flips (the export time, the
+// keys) loaded silently and lost the spent budget, and a future export
+// time answered reset_after of 20 years.
+func TestBucketFileDamageAndClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		a, c := spentOwner(t)
+		if _, err := a.saveBuckets(dir, nil); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, bucketFile)
+		good, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := func(b []byte) (*Owner, int, error) {
+			t.Helper()
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			o, _ := testOwner(t, 1, "a")
+			n, err := o.loadBuckets(dir)
+			return o, n, err
+		}
+		for i := range len(good) * 8 {
+			b := bytes.Clone(good)
+			b[i/8] ^= 1 << (i % 8)
+			if o, n, err := load(b); err == nil || n != 0 || o.BackupTable().Len() != 0 {
+				t.Fatalf("bit %d flipped: %d partitions loaded, err %v; want refused whole", i, n, err)
+			}
+		}
+		// Version 1: no checksum.
+		v1 := append([]byte(bucketMagicV1), good[len(bucketMagic):len(good)-4]...)
+		if o, n, err := load(v1); err != nil || n != 1 || o.BackupTable().PartitionLen(c.Partition) != 1 {
+			t.Fatalf("a version 1 file: %d loaded, err %v; want its partition", n, err)
+		}
+		// Exported an hour after now: taken as exported now.
+		future := bytes.Clone(good[:len(good)-4])
+		at := int64(binary.LittleEndian.Uint64(future[len(bucketMagic):]))
+		binary.LittleEndian.PutUint64(future[len(bucketMagic):], uint64(at+int64(time.Hour)))
+		future = binary.LittleEndian.AppendUint32(future, crc32.Checksum(future, castagnoli))
+		o, n, err := load(future)
+		if err != nil || n != 1 {
+			t.Fatalf("a file from the future: %d loaded, err %v", n, err)
+		}
+		o.promote(c.Partition, o.now())
+		q := c
+		q.Cost = 0
+		if r := handle(o, 1, q).Results[0]; r.Status != transport.StatusOK || r.Remaining != 0 || r.ResetAfter > time.Minute {
+			t.Fatalf("the key from a file exported in the future: %+v; want spent, back to full within the rule's period", r)
+		}
+	})
 }
