@@ -36,8 +36,23 @@ const (
 // memory faults turned into panics and recovered.
 func checkRaftDB(dir string) error {
 	path := filepath.Join(dir, "raft.db")
+	// A dangling symlink is no new member's missing file (was taken for
+	// one, which then started a cluster of its own).
+	if _, lerr := os.Lstat(path); lerr == nil {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: %s: a symlink to a file that does not exist (a volume not mounted?)", ErrDataDir, path)
+		}
+	}
 	fi, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
+		// A new member, unless the data dir holds what a member that ran
+		// here left: its Raft state is gone, and starting afresh would
+		// bootstrap a new cluster and load the old one's budgets.
+		for _, name := range []string{bucketFile, appliedFile} {
+			if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+				return fmt.Errorf("%w: %s is missing, but the data dir holds %s of a member that ran here: restore raft.db from a backup, or remove the whole data dir to join the cluster again as a new member", ErrDataDir, path, name)
+			}
+		}
 		return nil
 	}
 	if err != nil {
@@ -66,14 +81,76 @@ func checkRaftDB(dir string) error {
 	if need := int64(m.pgid) * int64(m.pageSize); size < need {
 		return bad("truncated: %d bytes, its header needs %d (%d pages of %d)", size, need, m.pgid, m.pageSize)
 	}
-	if err := walkBolt(path); err != nil {
+	if err := checkFreelist(f, size, m); err != nil {
 		return bad("%v", err)
+	}
+	if err := walkBolt(path); errors.Is(err, errLocked) {
+		return fmt.Errorf("%w: %s: %w", ErrDataDir, path, err) // nothing to restore: another process holds it
+	} else if err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// errLocked: another process holds raft.db open.
+var errLocked = errors.New("locked: is another ringlimit running on this data dir?")
+
+// boltFreelistFlag marks a freelist page; pgidNoFreelist is the meta's
+// freelist when none is kept.
+const (
+	boltFreelistFlag = 0x10
+	pgidNoFreelist   = ^uint64(0)
+)
+
+// checkFreelist reads the freelist page m names and checks its header
+// and every page id in it, which bolt reads only when it opens the file
+// for writing (the read-only walk does not): a damaged count or id there
+// crashed serve in bbolt's freelist load (SIGSEGV, or "cannot free page
+// 0 or 1") instead of refusing the file.
+func checkFreelist(r io.ReaderAt, size int64, m boltMeta) error {
+	if m.freelist == pgidNoFreelist {
+		return nil
+	}
+	if m.freelist < 2 || m.freelist >= m.pgid {
+		return fmt.Errorf("corrupt: freelist page %d outside pages 2 to %d", m.freelist, m.pgid-1)
+	}
+	off := int64(m.freelist) * int64(m.pageSize)
+	var h [boltPageHeader + 8]byte
+	if off+int64(len(h)) > size {
+		return fmt.Errorf("corrupt: freelist page %d beyond the end of the file", m.freelist)
+	}
+	if _, err := r.ReadAt(h[:], off); err != nil {
+		return fmt.Errorf("freelist page %d: %w", m.freelist, err)
+	}
+	if flags := binary.LittleEndian.Uint16(h[8:]); flags&boltFreelistFlag == 0 {
+		return fmt.Errorf("corrupt: freelist page %d has flags %#x", m.freelist, flags)
+	}
+	count := uint64(binary.LittleEndian.Uint16(h[10:]))
+	overflow := uint64(binary.LittleEndian.Uint32(h[12:]))
+	start := off + boltPageHeader
+	if count == 0xFFFF { // the count is the first element
+		count = binary.LittleEndian.Uint64(h[boltPageHeader:])
+		start += 8
+	}
+	end := off + int64(overflow+1)*int64(m.pageSize)
+	if overflow >= m.pgid || end > size || count > uint64(end-start)/8 {
+		return fmt.Errorf("corrupt: freelist page %d claims %d ids in %d pages", m.freelist, count, overflow+1)
+	}
+	ids := make([]byte, count*8)
+	if _, err := r.ReadAt(ids, start); err != nil {
+		return fmt.Errorf("freelist page %d: %w", m.freelist, err)
+	}
+	for i := uint64(0); i < count; i++ {
+		if id := binary.LittleEndian.Uint64(ids[i*8:]); id < 2 || id >= m.pgid {
+			return fmt.Errorf("corrupt: the freelist names page %d, outside pages 2 to %d", id, m.pgid-1)
+		}
 	}
 	return nil
 }
 
 type boltMeta struct {
 	pageSize uint32
+	freelist uint64
 	pgid     uint64
 	txid     uint64
 }
@@ -128,7 +205,8 @@ func parseBoltMeta(b []byte) (boltMeta, error) {
 	if sum := binary.LittleEndian.Uint64(m[56:]); sum != 0 && sum != h.Sum64() {
 		return boltMeta{}, errors.New("checksum mismatch")
 	}
-	out := boltMeta{pageSize: binary.LittleEndian.Uint32(m[8:]), pgid: binary.LittleEndian.Uint64(m[40:]), txid: binary.LittleEndian.Uint64(m[48:])}
+	out := boltMeta{pageSize: binary.LittleEndian.Uint32(m[8:]), freelist: binary.LittleEndian.Uint64(m[32:]),
+		pgid: binary.LittleEndian.Uint64(m[40:]), txid: binary.LittleEndian.Uint64(m[48:])}
 	if out.pageSize < 512 || out.pageSize > 1<<20 || out.pageSize&(out.pageSize-1) != 0 {
 		return boltMeta{}, fmt.Errorf("page size %d", out.pageSize)
 	}
@@ -159,7 +237,7 @@ func walkBoltUnsafe(path string) error {
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
 	if err != nil {
 		if errors.Is(err, bbolt.ErrTimeout) {
-			return errors.New("locked: is another ringlimit running on this data dir?")
+			return errLocked
 		}
 		return fmt.Errorf("cannot open: %w", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	binenc "encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -85,6 +86,23 @@ func TestServeCorruptDataExits1(t *testing.T) {
 			}
 			return b
 		}, "corrupt"},
+		// The freelist's count: bolt reads that page only when it opens the
+		// file for writing; was a SIGSEGV in its freelist load.
+		{"freelist count corrupt", func() []byte {
+			b := bytes.Clone(db)
+			meta := func(i int) (txid, freelist uint64) {
+				m := b[i*page+16:]
+				return binenc.LittleEndian.Uint64(m[48:]), binenc.LittleEndian.Uint64(m[32:])
+			}
+			t0, f0 := meta(0)
+			t1, f1 := meta(1)
+			fl := f0
+			if t1 > t0 {
+				fl = f1
+			}
+			copy(b[int(fl)*page+10:], []byte{0xff, 0xfe})
+			return b
+		}, "freelist"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -98,6 +116,37 @@ func TestServeCorruptDataExits1(t *testing.T) {
 			}
 			if strings.Contains(errs, "panic") || strings.Contains(errs, "SIGBUS") || strings.Contains(errs, "bootstrapped") {
 				t.Fatalf("stderr:\n%s", errs)
+			}
+		})
+	}
+}
+
+// A data dir a member ran in whose raft.db is gone (deleted, or a symlink
+// to a volume not mounted) stops serve with exit 1 naming it. Was: taken
+// for a new member's, which bootstrapped a new cluster (and loaded the old
+// one's bucket file into it).
+func TestServeRefusesADataDirWithoutItsRaftDB(t *testing.T) {
+	bin := binary(t)
+	for _, tc := range []struct {
+		name string
+		make func(dir string) error
+		want string
+	}{
+		{"raft.db deleted, the bucket file left", func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, "buckets.rlsnap"), []byte("RLSNAP2\n"), 0o600)
+		}, "buckets.rlsnap of a member that ran here"},
+		{"raft.db a dangling symlink", func(dir string) error {
+			return os.Symlink(filepath.Join(dir, "unmounted", "raft.db"), filepath.Join(dir, "raft.db"))
+		}, "symlink to a file that does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := tc.make(dir); err != nil {
+				t.Fatal(err)
+			}
+			code, errs := runToExit(t, bin, "serve", "--id", "n1", "--http", freePort(t), "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir)
+			if code != 1 || !strings.Contains(errs, "raft.db") || !strings.Contains(errs, tc.want) || strings.Contains(errs, "bootstrapped") {
+				t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 naming raft.db and saying %q", code, lastLines(errs, 10), tc.want)
 			}
 		})
 	}
