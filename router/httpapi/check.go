@@ -40,6 +40,13 @@ type checkItem struct {
 type strictString string
 
 func (s *strictString) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		// null is empty, also after a value (a repeated field: the last
+		// wins, as in the single check's shape); json.Unmarshal would leave
+		// the earlier value in place.
+		*s = ""
+		return nil
+	}
 	if b[0] == '"' {
 		if msg := invalidJSONString(b[1 : len(b)-1]); msg != "" {
 			return &bodyError{msg}
@@ -91,6 +98,7 @@ type optCost struct {
 func (c *optCost) UnmarshalJSON(b []byte) error {
 	c.present = true
 	if string(b) == "null" {
+		c.set, c.v = false, 0 // the default, also after a value (the last wins)
 		return nil
 	}
 	n, err := strconv.ParseInt(string(b), 10, 64)

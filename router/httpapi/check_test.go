@@ -613,3 +613,35 @@ func TestCheckScratchDropsOldRequests(t *testing.T) {
 		}
 	}
 }
+
+// A repeated field whose last value is null reads as null (empty rule or
+// key, the default cost), in both shapes, as a repeated field's last value
+// does anywhere. Was: a batch entry kept the earlier rule or key (spent
+// where the single check was refused), and a later "cost":null kept the
+// earlier cost. Found by a differential fuzz of the body decoders.
+func TestRepeatedFieldLastNullWins(t *testing.T) {
+	for _, tc := range []struct {
+		body   string
+		status int
+		cost   int64
+	}{
+		{`{"rule":"default","key":"k","cost":5,"cost":null}`, 200, 1},
+		{`{"checks":[{"rule":"default","key":"k","cost":5,"cost":null}]}`, 200, 1},
+		{`{"rule":"default","key":"k","key":null}`, 400, 0},
+		{`{"checks":[{"rule":"default","key":"k","key":null}]}`, 400, 0},
+		{`{"checks":[{"rule":"default","rule":null,"key":"k"}]}`, 400, 0},
+		{`{"rule":"default","rule":null,"key":"k"}`, 400, 0},
+	} {
+		e := newEnv(t, "")
+		w := e.do("POST", "/v1/check", tc.body)
+		if w.Code != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.body, w.Code, w.Body, tc.status)
+			continue
+		}
+		if calls := e.c.Calls(); tc.status == 200 && (len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Cost != tc.cost) {
+			t.Errorf("%s: checker asked %+v, want one check of cost %d", tc.body, calls, tc.cost)
+		} else if tc.status != 200 && len(calls) != 0 {
+			t.Errorf("%s: refused, yet the checker was asked %+v", tc.body, calls)
+		}
+	}
+}
