@@ -220,6 +220,10 @@ type Node struct {
 	// rulesFilePending: a rules file was given and its content is not in
 	// force on this node yet (not ready until it is).
 	rulesFilePending atomic.Bool
+	// rulesFileStart is true until the rules file watcher has dealt with
+	// its first content: only that one may be skipped for the data dir's
+	// marker (a restart with an unchanged file does not undo a later PUT).
+	rulesFileStart atomic.Bool
 
 	promotingMu sync.Mutex
 	promoting   map[string]bool // guarded by promotingMu: ids awaiting promotion

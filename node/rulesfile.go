@@ -46,6 +46,7 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 	var seen [32]byte // content last looked at
 	pending := false  // valid content not applied yet (no leader, say)
 	n.rulesFilePending.Store(true)
+	n.rulesFileStart.Store(true)
 	defer n.rulesFilePending.Store(false)
 	if err := n.registerRulesFileMetrics(); err != nil {
 		n.log.Error("rules file metrics", "err", err)
@@ -78,7 +79,9 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 			settleC = settle.C
 		case sum != seen || pending:
 			seen, settling = sum, [32]byte{}
-			pending = apply(ctx, path, data)
+			if pending = apply(ctx, path, data); !pending {
+				n.rulesFileStart.Store(false)
+			}
 		}
 		if !pending && settleC == nil {
 			// In force (or refused, and the rules in force stay): ready.
@@ -114,7 +117,11 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	}
 	fp := rules.Fingerprint(written)
 	marker := filepath.Join(n.cfg.DataDir, appliedFile)
-	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp {
+	// The marker is for a start only: content seen again after other
+	// content while running is a change, applied like any other. Was:
+	// skipped whenever it matched the marker, so a file edited to invalid,
+	// then put back as it was, left a later PUT in force without a word.
+	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp && n.rulesFileStart.Load() {
 		n.m.rulesFileLoaded(true)
 		return false // unchanged since we applied it: a later PUT stays in force
 	}

@@ -3,11 +3,13 @@ package clustertest
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 )
 
@@ -68,5 +70,40 @@ func TestSharedRulesFileWrittenOnce(t *testing.T) {
 		if len(published) != 3 { // the built-in rules', and one per change of the file
 			t.Fatalf("rules versions published: %v, want 3 (the initial one and one per change of the file)", published)
 		}
+	})
+}
+
+// A rules file put back as it was after a PUT and an invalid edit is
+// applied again: a change of the file's content while the watcher runs is
+// a change, whatever the data dir's marker (kept for a restart with an
+// unchanged file) says. Was: skipped without a word, the PUT left in
+// force. Found by an audit of the files on disk.
+func TestRulesFilePutBackAfterAnInvalidEditApplies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write := func(doc string) {
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	five := "rules:\n  - {name: slow, algorithm: token_bucket, limit: 5, period: 1s}\n"
+	write(five)
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 1, Options{DataDirs: true})
+		m := c.Members()[0]
+		go m.Node().WatchRulesFile(t.Context(), path, time.Second)
+		limit := func(want int64) {
+			t.Helper()
+			c.WaitFor("limit "+strconv.FormatInt(want, 10), 10*time.Second, func() bool {
+				v := m.Router().View()
+				return v != nil && v.Rules["slow"] != nil && v.Rules["slow"].Limit == want
+			})
+		}
+		limit(5)
+		c.PutRules(m.ID, limiter.Rule{Name: "slow", Algorithm: limiter.TokenBucket, Limit: 9, Period: time.Second})
+		limit(9)
+		write("rules:\n  - {name: slow, algorithm: nope, limit: 5, period: 1s}\n") // refused
+		time.Sleep(3 * time.Second)
+		write(five)
+		limit(5)
 	})
 }
