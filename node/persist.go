@@ -137,17 +137,37 @@ func (o *Owner) loadBuckets(dir string) (int, error) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("node: reading %s: %w", path, err)
+		// Set aside as a damaged one is: left in place, the next stop's
+		// save replaced it, and the budgets in it were gone for good.
+		bad := setAside(path)
+		return 0, fmt.Errorf("node: reading %s (kept as %s, not loaded): %w", path, filepath.Base(bad), err)
 	}
 	n, err := o.takeBuckets(b)
 	if err != nil {
-		os.Rename(path, path+".bad")
-		return 0, fmt.Errorf("node: %s (kept as %s.bad, not loaded): %w", path, bucketFile, err)
+		bad := setAside(path)
+		return 0, fmt.Errorf("node: %s (kept as %s, not loaded): %w", path, filepath.Base(bad), err)
 	}
 	if err := os.Remove(path); err != nil {
 		return n, fmt.Errorf("node: removing %s after loading it: %w", path, err)
 	}
 	return n, nil
+}
+
+// setAside renames a bucket file that cannot be loaded to path.bad, or
+// path.bad.<n> when that exists (an earlier one is never overwritten),
+// and returns the new name.
+func setAside(path string) string {
+	bad := path + ".bad"
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(bad); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		bad = fmt.Sprintf("%s.bad.%d", path, i)
+	}
+	if err := os.Rename(path, bad); err != nil {
+		return path
+	}
+	return bad
 }
 
 // takeBuckets decodes a bucket file and imports its partitions into the

@@ -368,3 +368,31 @@ func TestBucketFileDamageAndClock(t *testing.T) {
 		}
 	})
 }
+
+// A bucket file that cannot be read (here a directory in its place; an
+// unreadable file alike) is set aside, so that the next stop's save does
+// not replace it, and an earlier .bad is never overwritten. Was: left in
+// place and replaced at the next stop, its budgets gone for good.
+func TestUnreadableBucketFileIsSetAside(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, bucketFile)
+	if err := os.WriteFile(path+".bad", []byte("an earlier one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o, _ := testOwner(t, 1, "a")
+	if n, err := o.loadBuckets(dir); err == nil || n != 0 || !strings.Contains(err.Error(), bucketFile+".bad.1") {
+		t.Fatalf("loadBuckets = %d, %v; want an error naming %s.bad.1", n, err, bucketFile)
+	}
+	if fi, err := os.Stat(path + ".bad.1"); err != nil || !fi.IsDir() {
+		t.Fatalf("the unreadable one is not at .bad.1: %v", err)
+	}
+	if b, err := os.ReadFile(path + ".bad"); err != nil || string(b) != "an earlier one" {
+		t.Fatalf("the earlier .bad was touched: %q, %v", b, err)
+	}
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Fatalf("%s still in place: %v", bucketFile, err)
+	}
+}
