@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -121,9 +122,23 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 	// content while running is a change, applied like any other. Was:
 	// skipped whenever it matched the marker, so a file edited to invalid,
 	// then put back as it was, left a later PUT in force without a word.
-	if last, err := os.ReadFile(marker); err == nil && strings.TrimSpace(string(last)) == fp && n.rulesFileStart.Load() {
-		n.m.rulesFileLoaded(true)
-		return false // unchanged since we applied it: a later PUT stays in force
+	if last, err := os.ReadFile(marker); err == nil && n.rulesFileStart.Load() {
+		mfp, idx, hasIdx := parseRulesMarker(string(last))
+		switch {
+		case mfp != fp:
+		case !hasIdx: // a marker of the release before
+			n.m.rulesFileLoaded(true)
+			return false // unchanged since we applied it: a later PUT stays in force
+		case !n.caughtUp() || n.View() == nil:
+			return true // the log is still replaying: compare once it is in
+		case n.fsm.State().RulesIndex >= idx:
+			n.m.rulesFileLoaded(true)
+			return false // unchanged since we applied it: a later PUT stays in force
+		}
+		// The Raft state is older than the write that put the file's
+		// content in force (raft.db restored from a backup): apply it.
+		// Was: skipped for the marker alone, the file's rules never
+		// applied.
 	}
 	if !n.caughtUp() || n.View() == nil {
 		return true // the log is still replaying: the file may already be in it
@@ -154,9 +169,26 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 }
 
 // recordRulesFile writes fp, the fingerprint of the rules file's content
-// now in force, to the data dir's marker.
+// now in force, and the Raft index of the rules write in force, to the
+// data dir's marker.
 func (n *Node) recordRulesFile(marker, fp string) {
-	if err := os.WriteFile(marker, []byte(fp+"\n"), 0o644); err != nil {
+	line := fp + " " + strconv.FormatUint(n.fsm.State().RulesIndex, 10) + "\n"
+	if err := os.WriteFile(marker, []byte(line), 0o644); err != nil {
 		n.log.Error("recording the applied rules file", "err", err)
 	}
+}
+
+// parseRulesMarker reads a marker line: "FINGERPRINT INDEX", or a
+// fingerprint alone (the release before).
+func parseRulesMarker(s string) (fp string, index uint64, hasIndex bool) {
+	fields := strings.Fields(s)
+	switch {
+	case len(fields) == 2:
+		if i, err := strconv.ParseUint(fields[1], 10, 64); err == nil {
+			return fields[0], i, true
+		}
+	case len(fields) == 1:
+		return fields[0], 0, false
+	}
+	return "", 0, false
 }

@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/rules"
 )
 
 // Every member given one rules file applies a change of it, mostly at
@@ -105,5 +107,49 @@ func TestRulesFilePutBackAfterAnInvalidEditApplies(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		write(five)
 		limit(5)
+	})
+}
+
+// A member whose Raft state is older than the rules write that put its
+// unchanged --rules file in force (raft.db restored from a backup; here,
+// a marker recording a later index than the state holds) applies the file
+// again. Was: the marker alone said "applied", and the file's rules were
+// never in force. A marker at or below the state's rules index still
+// keeps a later PUT in force (the restart case it exists for).
+func TestRulesFileAppliedOverAnOlderRaftState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	doc := "rules:\n  - {name: slow, algorithm: token_bucket, limit: 5, period: 1s}\n"
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	written, err := rules.ParseFile([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 1, Options{DataDirs: true})
+		m := c.Members()[0]
+		marker := filepath.Join(m.dir, "rules-file.applied")
+		if err := os.WriteFile(marker, []byte(rules.Fingerprint(written)+" 1099511627776\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go m.Node().WatchRulesFile(ctx, path, time.Second)
+		c.WaitFor("the file's rule in force", 10*time.Second, func() bool {
+			v := m.Router().View()
+			return v != nil && v.Rules["slow"] != nil && v.Rules["slow"].Limit == 5
+		})
+		// A PUT after it, and the watcher started again over the same
+		// file (a restart): the PUT stays.
+		c.PutRules(m.ID, limiter.Rule{Name: "slow", Algorithm: limiter.TokenBucket, Limit: 9, Period: time.Second})
+		cancel()
+		ctx2, cancel2 := context.WithCancel(t.Context())
+		defer cancel2()
+		go m.Node().WatchRulesFile(ctx2, path, time.Second)
+		time.Sleep(3 * time.Second)
+		if v := m.Router().View(); v.Rules["slow"].Limit != 9 {
+			t.Fatalf("the watcher started again undid a later PUT: limit %d, want 9", v.Rules["slow"].Limit)
+		}
 	})
 }
