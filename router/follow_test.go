@@ -52,11 +52,7 @@ func (s *source) count() int {
 func TestFollowRefreshesOnTheTimerAndKeepsTheNewestEpoch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := testRules(t)
-		rt, err := New(Config{}, nil, &network{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
+		rt := pureRouter(t)
 		src := &source{v: view.New(mustRing(t, 5, "a", "b"), 7, ruleList(rules), 0)}
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
@@ -173,11 +169,7 @@ func TestRouterDependsOnNeitherRaftNorNode(t *testing.T) {
 // that met an unknown rule sees a rule added since its last fetch.
 func TestRefreshFetchesNowAndWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rt, err := New(Config{}, nil, &network{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
+		rt := pureRouter(t)
 		rules := testRules(t)
 		src := &source{v: view.New(mustRing(t, 1, "a"), 7, ruleList(rules), 0)}
 		ctx, cancel := context.WithCancel(t.Context())
@@ -394,11 +386,7 @@ func TestClosedRouterAnswersNoCheck(t *testing.T) {
 // /readyz). Fake time.
 func TestViewAgeGrowsWhileReadsFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rt, err := New(Config{}, nil, &network{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
+		rt := pureRouter(t)
 		if rt.ViewAge() != 0 {
 			t.Fatalf("before a read: %v, want 0", rt.ViewAge())
 		}

@@ -49,11 +49,7 @@ func TestGroupNamingOneBucketTwiceIsRefused(t *testing.T) {
 func TestFollowKeepsNewerRulesAtTheSameEpoch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := testRules(t)
-		rt, err := New(Config{}, nil, &network{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
+		rt := pureRouter(t)
 		rg := mustRing(t, 5, "a")
 		newer := testRules(t)
 		newer["new"] = &limiter.Rule{Name: "new", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}

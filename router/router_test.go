@@ -69,6 +69,18 @@ func (n *network) Do(ctx context.Context, addr string, req *transport.BatchReque
 	return nil
 }
 
+// pureRouter is a router with no local handler, no owners to reach and
+// the default config, closed when the test ends.
+func pureRouter(t *testing.T) *Router {
+	t.Helper()
+	rt, err := New(Config{}, nil, &network{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	return rt
+}
+
 func testRules(t *testing.T) map[string]*limiter.Rule {
 	t.Helper()
 	rs := map[string]*limiter.Rule{
@@ -467,11 +479,7 @@ func TestRouterOwnedBySelf(t *testing.T) {
 			}
 		}
 	}
-	pure, err := New(Config{}, nil, &network{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pure.Close()
+	pure := pureRouter(t)
 	if mine := pure.ownedBySelf(r1); mine != nil {
 		t.Errorf("a router without a local owner: %v, want nil", mine)
 	}
@@ -486,11 +494,7 @@ func TestRouterRoutesFollowRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := New(Config{}, nil, &network{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := pureRouter(t)
 	for _, rg := range []*ring.Ring{r1, r2, r1, empty} {
 		rs := rt.routesFor(rg)
 		if len(rs.peer) != rg.Config().Partitions || rs.mine != nil {

@@ -13,26 +13,22 @@ import (
 	"github.com/ringlimit/ringlimit/transport"
 )
 
-// A batch that reaches a member while it holds its lease, for a
-// partition still awaiting its hand-off, waits for the partition
-// (Owner.HandleBatch, up to stateWait) and is decided whenever the
-// partition becomes servable - even after the lease ran out and the
-// leader marked the member dead and gave the partition back.
-//
-// n4 joins; nobody's data-plane calls reach it (its own calls pass: a
-// one-way cut), so its hand-offs never arrive and its lease runs out
-// DeadAfter/4 + 0.7 DeadAfter after the leader first saw it. A client
-// that still reaches n4 sends it a batch just before then, with a 2s
-// deadline (stateWait's bound); n4 promotes its (empty) backup copies
-// handoffWait after its view and decides the batch, while the old owner
-// serves the partition again. (Its Raft is cut too once it has its
-// view, so it does not learn that it is dead.)
 // A batch that waits for a partition (its hand-off on the way) is not
 // decided once the member's lease has run out meanwhile: by then the
 // member may be marked dead and its partitions served by others. Was:
 // the lease was checked once, when the batch came, and a batch sent with
 // 5 ms of lease left was decided 1.4 s later, after the dead mark (30 of
 // 30 runs admitted twice the limit). Found by an audit of leases.
+//
+// n4 joins; nobody's data-plane calls reach it (its own calls pass: a
+// one-way cut), so its hand-offs never arrive and its lease runs out
+// DeadAfter/4 + 0.7 DeadAfter after the leader first saw it. A client
+// that still reaches n4 sends it a batch just before then, with a 2s
+// deadline (stateWait's bound). n4 promotes its (empty) backup copies
+// handoffWait after its view, when its lease has run out and the old
+// owner serves the partition again: the batch must then go undecided.
+// (Its Raft is cut too once it has its view, so it does not learn that
+// it is dead.)
 func TestBatchWaitingPastItsLeaseIsNotDecided(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 3, Options{DeadAfter: 2 * time.Second})

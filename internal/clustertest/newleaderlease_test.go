@@ -10,14 +10,6 @@ import (
 	"github.com/ringlimit/ringlimit/limiter"
 )
 
-// A leader just elected still holds the lease it was granted as a
-// follower (0.7 × DeadAfter). grantsLease checks only Owner.Serving, so it
-// grants member leases from that leftover lease, not from a quorum of its
-// own. Cut off with one follower right after its election (its Raft
-// unable to step it down: a hung disk, as in TestDeposedLeaderNeverAnswersStale),
-// it keeps leasing that follower, which then answers for its partitions
-// after the majority's new leader has marked it dead and the backups
-// serve them.
 // A leader just elected grants leases only from its own lease as leader,
 // at its term, not from the lease it still holds as a follower: cut off
 // with one member while Raft cannot step it down (its disk hangs), it
