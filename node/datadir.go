@@ -36,15 +36,13 @@ const (
 // memory faults turned into panics and recovered.
 func checkRaftDB(dir string) error {
 	path := filepath.Join(dir, "raft.db")
-	// A dangling symlink is no new member's missing file (was taken for
-	// one, which then started a cluster of its own).
-	if _, lerr := os.Lstat(path); lerr == nil {
-		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%w: %s: a symlink to a file that does not exist (a volume not mounted?)", ErrDataDir, path)
-		}
-	}
 	fi, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
+		// A dangling symlink is no new member's missing file (was taken for
+		// one, which then started a cluster of its own).
+		if _, lerr := os.Lstat(path); lerr == nil {
+			return fmt.Errorf("%w: %s: a symlink to a file that does not exist (a volume not mounted?)", ErrDataDir, path)
+		}
 		// A new member, unless the data dir holds what a member that ran
 		// here left: its Raft state is gone, and starting afresh would
 		// bootstrap a new cluster and load the old one's budgets.

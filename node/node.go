@@ -512,10 +512,11 @@ func (n *Node) refresh() {
 		}
 		alive := func(id string) bool { m, ok := st.Member(id); return !ok || m.State != fsm.Dead }
 		restarted := n.raft.hasState && prev == nil && len(st.Active()) > 1
-		me, _ := st.Member(n.cfg.ID)
-		rejoined := prev != nil && me.Since > prev.Epoch()
-		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, rejoined)
+		// flapped: a member's membership changed since prev (marked down
+		// or dead and back, or readdressed), which this process may have
+		// seen only the two ends of.
 		flapped := func(id string) bool { m, ok := st.Member(id); return ok && prev != nil && m.Since > prev.Epoch() }
+		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, flapped(n.cfg.ID))
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := append(o.Apply(next, moves), forwards...)

@@ -120,7 +120,6 @@ func (r *Router) Refresh(ctx context.Context) error {
 	}
 }
 
-// fetched wakes the callers of Refresh waiting for this fetch.
 // ViewAge is how long ago Follow last read a view (installed or, the
 // same as the one in use, not); 0 before the first. A router whose reads
 // keep failing (its members gone, or refusing it: a wrong admin token)
@@ -133,6 +132,7 @@ func (r *Router) ViewAge() time.Duration {
 	return time.Since(time.Unix(0, t))
 }
 
+// fetched wakes the callers of Refresh waiting for this fetch.
 func (r *Router) fetched() {
 	r.lastFetch.Store(time.Now().UnixNano())
 	r.fetchMu.Lock()

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -282,11 +280,4 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		return 1
 	}
 	return 0
-}
-
-// randomHex returns n random bytes, hex-encoded.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go ≥ 1.24)
-	return hex.EncodeToString(b)
 }

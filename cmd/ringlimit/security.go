@@ -190,9 +190,7 @@ func runCerts(args []string, getenv func(string) string, stdout, stderr io.Write
 			return fail(err)
 		}
 	}
-	var secret [32]byte
-	_, _ = rand.Read(secret[:])
-	if err := write("cluster.secret", []byte(hex.EncodeToString(secret[:])+"\n"), 0o600); err != nil {
+	if err := write("cluster.secret", []byte(randomHex(32)+"\n"), 0o600); err != nil {
 		return fail(err)
 	}
 	fmt.Fprintf(stdout, "wrote ca.pem, ca-key.pem, cluster.secret and a certificate per member (%s) to %s\n", *nodes, *dir)
@@ -234,4 +232,12 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// randomHex returns n random bytes, hex-encoded: a cluster secret (certs)
+// or an embedded member's own token and secret (gateway).
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return hex.EncodeToString(b)
 }
