@@ -28,6 +28,14 @@ type CheckRequest struct {
 	Cost *int64 `json:"cost,omitempty"`
 }
 
+// CostValue is the check's cost: *Cost, or 1 when it is nil.
+func (c CheckRequest) CostValue() int64 {
+	if c.Cost != nil {
+		return *c.Cost
+	}
+	return 1
+}
+
 // BatchRequest is a batch of checks, decided one by one.
 type BatchRequest struct {
 	Checks []CheckRequest `json:"checks"`

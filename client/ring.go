@@ -314,10 +314,7 @@ func (c *Ring) CheckBatch(ctx context.Context, checks []api.CheckRequest) ([]api
 	if c.rt.View() != nil {
 		reqs := make([]router.Request, len(checks))
 		for i, q := range checks {
-			reqs[i] = router.Request{Rule: q.Rule, Key: q.Key, Cost: 1}
-			if q.Cost != nil {
-				reqs[i].Cost = *q.Cost
-			}
+			reqs[i] = router.Request{Rule: q.Rule, Key: q.Key, Cost: q.CostValue()}
 		}
 		out := make([]router.Result, len(reqs))
 		err := c.rt.Check(ctx, reqs, out)

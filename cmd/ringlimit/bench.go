@@ -127,11 +127,7 @@ func httpChecks(c *client.Client) loadgen.CheckFunc {
 			copy(ds, got)
 			return len(got), nil
 		}
-		cost := int64(1)
-		if checks[0].Cost != nil {
-			cost = *checks[0].Cost
-		}
-		d, err := c.Check(ctx, checks[0].Rule, checks[0].Key, cost)
+		d, err := c.Check(ctx, checks[0].Rule, checks[0].Key, checks[0].CostValue())
 		if err != nil {
 			return 0, err
 		}
@@ -183,10 +179,7 @@ func peerChecks(rt *router.Router) loadgen.CheckFunc {
 		defer pool.Put(buf)
 		reqs := slices.Grow(buf.reqs[:0], len(checks))[:len(checks)]
 		for i, c := range checks {
-			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: 1}
-			if c.Cost != nil {
-				reqs[i].Cost = *c.Cost
-			}
+			reqs[i] = router.Request{Rule: c.Rule, Key: c.Key, Cost: c.CostValue()}
 		}
 		out := slices.Grow(buf.out[:0], len(reqs))[:len(reqs)]
 		buf.reqs, buf.out = reqs, out
