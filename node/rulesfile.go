@@ -108,8 +108,8 @@ func rulesFileSettle(interval time.Duration) time.Duration {
 }
 
 // applyRulesFile applies one version of the file; it reports whether it
-// must be tried again.
-func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (retry bool) {
+// must be tried again. The watcher's ctx does not bound it (see below).
+func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retry bool) {
 	written, err := rules.ParseFile(data)
 	if err != nil {
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
@@ -151,7 +151,12 @@ func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (re
 		n.m.rulesFileLoaded(true)
 		return false
 	}
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// The watcher's stop (its ctx done) does not cut the write short: once
+	// proposed it may land, and a write that lands unrecorded in the
+	// marker is applied again at the next start, over any PUT since. Was:
+	// the stop ended the write's wait for its view, and the marker was
+	// never written. The write is bounded by its timeout and by Close.
+	actx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
 	defer cancel()
 	if _, err := n.PutRules(actx, written); err != nil {
 		if errors.Is(err, rules.ErrInvalid) {
