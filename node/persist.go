@@ -101,12 +101,24 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		add(k.Partition, k.Data)
 	}
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	tmp := filepath.Join(dir, bucketFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
+	if err := writeFileAtomic(dir, bucketFile, b, 0o600); err != nil {
 		return 0, fmt.Errorf("node: saving bucket state: %w", err)
 	}
-	_, err = f.Write(b)
+	return len(parts) + len(kept), nil
+}
+
+// writeFileAtomic replaces dir/name with data (mode perm) so that a crash
+// leaves the old content or the new, whole: written to a temporary file,
+// synced, renamed over name, and the directory synced so that the rename
+// itself survives a power loss. On error the temporary file is removed
+// and dir/name is as it was.
+func writeFileAtomic(dir, name string, data []byte, perm fs.FileMode) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -114,13 +126,27 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, bucketFile))
+		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return 0, fmt.Errorf("node: saving bucket state: %w", err)
+		return err
 	}
-	return len(parts) + len(kept), nil
+	return syncDir(dir)
+}
+
+// syncDir fsyncs directory dir, making the renames and removals in it
+// durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // loadBuckets reads dir/bucketFile, if there is one, into the backup
@@ -147,7 +173,12 @@ func (o *Owner) loadBuckets(dir string) (int, error) {
 		bad := setAside(path)
 		return 0, fmt.Errorf("node: %s (kept as %s, not loaded): %w", path, filepath.Base(bad), err)
 	}
+	// Durably gone: a file still there after a crash would be loaded
+	// again at the next start, its budgets older than those spent since.
 	if err := os.Remove(path); err != nil {
+		return n, fmt.Errorf("node: removing %s after loading it: %w", path, err)
+	}
+	if err := syncDir(dir); err != nil {
 		return n, fmt.Errorf("node: removing %s after loading it: %w", path, err)
 	}
 	return n, nil

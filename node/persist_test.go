@@ -396,3 +396,41 @@ func TestUnreadableBucketFileIsSetAside(t *testing.T) {
 		t.Fatalf("%s still in place: %v", bucketFile, err)
 	}
 }
+
+// writeFileAtomic replaces a file whole and leaves no temporary file; a
+// write that fails (a directory where the file goes) leaves the old
+// content and no temporary file either.
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	for _, content := range []string{"first\n", "second, longer than the first\n", "3\n"} {
+		if err := writeFileAtomic(dir, "f", []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(b) != content {
+			t.Fatalf("after writing %q: %q, %v", content, b, err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "d"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "d", "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFileAtomic(dir, "d", []byte("x"), 0o600); err == nil {
+		t.Fatal("replacing a non-empty directory succeeded")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != "d,f" {
+		t.Fatalf("dir holds %v, want [d f] (no temporary file left)", names)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "f")); string(b) != "3\n" {
+		t.Fatalf("f = %q after the failed write of another file", b)
+	}
+}

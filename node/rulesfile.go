@@ -178,7 +178,9 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 // data dir's marker.
 func (n *Node) recordRulesFile(marker, fp string) {
 	line := fp + " " + strconv.FormatUint(n.fsm.State().RulesIndex, 10) + "\n"
-	if err := os.WriteFile(marker, []byte(line), 0o644); err != nil {
+	// Whole or not at all: a marker cut short by a crash reads as no
+	// marker, and the file would be applied again over a later PUT.
+	if err := writeFileAtomic(filepath.Dir(marker), filepath.Base(marker), []byte(line), 0o644); err != nil {
 		n.log.Error("recording the applied rules file", "err", err)
 	}
 }

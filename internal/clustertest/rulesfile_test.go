@@ -37,7 +37,7 @@ func TestSharedRulesFileWrittenOnce(t *testing.T) {
 			mu.Unlock()
 		}})
 		for _, m := range c.Members() {
-			go m.Node().WatchRulesFile(t.Context(), path, time.Second)
+			watchRules(t, m, path)
 		}
 		versions := func(limit int64) map[uint64]bool {
 			seen := map[uint64]bool{}
@@ -93,7 +93,7 @@ func TestRulesFilePutBackAfterAnInvalidEditApplies(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 1, Options{DataDirs: true})
 		m := c.Members()[0]
-		go m.Node().WatchRulesFile(t.Context(), path, time.Second)
+		watchRules(t, m, path)
 		limit := func(want int64) {
 			t.Helper()
 			c.WaitFor("limit "+strconv.FormatInt(want, 10), 10*time.Second, func() bool {
@@ -134,25 +134,16 @@ func TestRulesFileAppliedOverAnOlderRaftState(t *testing.T) {
 		if err := os.WriteFile(marker, []byte(rules.Fingerprint(written)+" 1099511627776\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			m.Node().WatchRulesFile(ctx, path, time.Second)
-		}()
+		stop := watchRules(t, m, path)
 		c.WaitFor("the file's rule in force", 10*time.Second, func() bool {
 			v := m.Router().View()
 			return v != nil && v.Rules["slow"] != nil && v.Rules["slow"].Limit == 5
 		})
 		// A PUT after it, and the watcher started again over the same
 		// file (a restart): the PUT stays.
-		cancel()
-		<-done
+		stop()
 		c.PutRules(m.ID, limiter.Rule{Name: "slow", Algorithm: limiter.TokenBucket, Limit: 9, Period: time.Second})
-		ctx2, cancel2 := context.WithCancel(t.Context())
-		defer cancel2()
-		go m.Node().WatchRulesFile(ctx2, path, time.Second)
+		watchRules(t, m, path)
 		time.Sleep(3 * time.Second)
 		if v := m.Router().View(); v.Rules["slow"].Limit != 9 {
 			t.Fatalf("the watcher started again undid a later PUT: limit %d, want 9", v.Rules["slow"].Limit)
@@ -184,25 +175,38 @@ func TestRulesFileWriteLandingAtAStopIsRecorded(t *testing.T) {
 			}
 		}})
 		m := c.Members()[0]
-		for run := range 2 {
-			ctx, cancel := context.WithCancel(t.Context())
-			stop.Store(&cancel)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				m.Node().WatchRulesFile(ctx, path, time.Second)
-			}()
-			if run == 1 { // the restart: the PUT below stays
-				time.Sleep(3 * time.Second)
-				cancel()
-				<-done
-				break
-			}
-			<-done
-			c.PutRules(m.ID, limiter.Rule{Name: "slow", Algorithm: limiter.TokenBucket, Limit: 9, Period: time.Second})
-		}
+		ctx, cancel := context.WithCancel(context.Background())
+		stop.Store(&cancel)
+		done, _ := watchRulesCtx(t, m, path, ctx)
+		<-done // stopped by the view, its write landing
+		c.PutRules(m.ID, limiter.Rule{Name: "slow", Algorithm: limiter.TokenBucket, Limit: 9, Period: time.Second})
+		stopAgain := watchRules(t, m, path) // the restart: the PUT stays
+		time.Sleep(3 * time.Second)
+		stopAgain()
 		if v := m.Router().View(); v.Rules["slow"].Limit != 9 {
 			t.Fatalf("the watcher started again undid a later PUT: limit %d, want 9", v.Rules["slow"].Limit)
 		}
 	})
+}
+
+// watchRules runs m's rules file watcher over path (checked every second)
+// until the returned stop, or the test's end, and waits for it to return:
+// no watcher outlives the member's data dir.
+func watchRules(t *testing.T, m *Member, path string) (stop func()) {
+	_, stop = watchRulesCtx(t, m, path, context.Background())
+	return stop
+}
+
+// watchRulesCtx is watchRules until ctx is done as well; done is closed
+// once the watcher has returned.
+func watchRulesCtx(t *testing.T, m *Member, path string, ctx context.Context) (done <-chan struct{}, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		m.Node().WatchRulesFile(ctx, path, time.Second)
+	}()
+	stop = func() { cancel(); <-ended }
+	t.Cleanup(stop)
+	return ended, stop
 }
