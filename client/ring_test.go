@@ -32,8 +32,11 @@ func startMembers(tb testing.TB, n int, rs ...limiter.Rule) *members {
 	return startMembersToken(tb, n, testToken, rs...)
 }
 
-// testToken is the members' admin token.
-const testToken = "test-admin-token"
+// testToken is the members' admin token, testViewToken their view token.
+const (
+	testToken     = "test-admin-token"
+	testViewToken = "test-view-token"
+)
 
 func startMembersToken(tb testing.TB, n int, token string, rs ...limiter.Rule) *members {
 	tb.Helper()
@@ -53,7 +56,7 @@ func startMembersToken(tb testing.TB, n int, token string, rs ...limiter.Rule) *
 		}
 		s, err := server.Start(server.Config{
 			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
-			PeerAdvertise: ls.Peer.Addr().String(), DataDir: tb.TempDir(), Join: join, AdminToken: token,
+			PeerAdvertise: ls.Peer.Addr().String(), DataDir: tb.TempDir(), Join: join, AdminToken: token, ViewToken: testViewToken,
 			Ring: ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, RaftTimeout: 300 * time.Millisecond,
 			Router: router.Config{Timeout: 5 * time.Second},
 		}, ls)
@@ -475,5 +478,34 @@ func TestRingViewErrorNamesARefusedToken(t *testing.T) {
 	eventually(t, "the ring client's first view", right.Ready)
 	if err := right.ViewError(); err != nil {
 		t.Fatalf("ViewError() = %v with the view read; want nil", err)
+	}
+}
+
+// A Ring given the members' view token routes on the data plane as one
+// given the admin token does; the view token writes nothing.
+func TestRingWithTheViewToken(t *testing.T) {
+	m := startMembers(t, 1, limiter.Rule{Name: "two", Algorithm: limiter.TokenBucket, Limit: 2, Period: time.Hour})
+	rc, err := client.NewRing(client.RingConfig{Members: m.http, AdminToken: testViewToken, Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	eventually(t, "the ring client's first view", rc.Ready)
+	for i, want := range []bool{true, true, false} {
+		d, err := rc.Check(t.Context(), "two", "k", 1)
+		if err != nil || d.Allowed != want {
+			t.Fatalf("check %d: %+v, %v; want allowed %v", i, d, err, want)
+		}
+	}
+	if n := rc.HTTPFallbacks(); n != 0 {
+		t.Fatalf("%d checks over HTTP; want all on the data plane", n)
+	}
+	_, err = client.New(m.http[0], client.WithAdminToken(testViewToken)).PutRules(t.Context(),
+		[]byte(`{"rules":[{"name":"two","algorithm":"token_bucket","limit":1000,"period":"1s"}]}`), "application/json")
+	if e, ok := errors.AsType[*api.Error](err); !ok || e.Status != 401 {
+		t.Fatalf("PUT /v1/rules with the view token: %v; want 401", err)
+	}
+	if r := m.ss[0].Node.View().Rules["two"]; r == nil || r.Limit != 2 {
+		t.Fatalf("rule two after the refused PUT: %+v", r)
 	}
 }

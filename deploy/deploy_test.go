@@ -15,9 +15,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ringlimit/ringlimit/rules"
@@ -47,6 +50,7 @@ type manifests struct {
 	cms      []*corev1.ConfigMap
 	secrets  []*corev1.Secret
 	pdbs     []*policyv1.PodDisruptionBudget
+	netpols  []*networkingv1.NetworkPolicy
 	monitors []*unstructured.Unstructured
 	alerts   []*prometheusRule
 }
@@ -95,6 +99,8 @@ func loadBase(t *testing.T) *manifests {
 			m.secrets = append(m.secrets, decode[corev1.Secret](t, path, data))
 		case "policy/v1 PodDisruptionBudget":
 			m.pdbs = append(m.pdbs, decode[policyv1.PodDisruptionBudget](t, path, data))
+		case "networking.k8s.io/v1 NetworkPolicy":
+			m.netpols = append(m.netpols, decode[networkingv1.NetworkPolicy](t, path, data))
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			// A CRD: no Go type in k8s.io/api, so unstructured; its
 			// fields are checked one by one in TestServiceMonitor.
@@ -947,6 +953,85 @@ func TestKustomizeBuild(t *testing.T) {
 			if c.Image != "ringlimit:dev" {
 				t.Errorf("rendered %s %s: image %q, want ringlimit:dev", obj.Kind, obj.Metadata.Name, c.Image)
 			}
+		}
+	}
+}
+
+// The members' NetworkPolicy lets every pod reach the HTTP API, members
+// alone reach Raft, and members, routers and gateways (whose pods its
+// selectors must match, by their own labels) the data plane; the ports it
+// names are the member container's.
+func TestMemberNetworkPolicy(t *testing.T) {
+	m := loadBase(t)
+	if len(m.netpols) != 1 || len(m.sts) != 1 {
+		t.Fatalf("%d NetworkPolicies and %d StatefulSets, want one each", len(m.netpols), len(m.sts))
+	}
+	np, sts := m.netpols[0], m.sts[0]
+	podLabels := func(name string) map[string]string {
+		if name == "member" {
+			return sts.Spec.Template.Labels
+		}
+		d := find(m.deploys, func(d *appsv1.Deployment) bool { return d.Spec.Template.Labels["app.kubernetes.io/component"] == name })
+		if d == nil {
+			t.Fatalf("no Deployment of component %s", name)
+		}
+		return d.Spec.Template.Labels
+	}
+	selects := func(sel *metav1.LabelSelector, labels map[string]string) bool {
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil {
+			t.Fatalf("%s: selector %v: %v", np.Name, sel, err)
+		}
+		return s.Matches(k8slabels.Set(labels))
+	}
+	if !selects(&np.Spec.PodSelector, podLabels("member")) || selects(&np.Spec.PodSelector, podLabels("router")) {
+		t.Fatalf("%s selects %v: want the members' pods alone", np.Name, np.Spec.PodSelector)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("%s: policyTypes %v, want [Ingress]", np.Name, np.Spec.PolicyTypes)
+	}
+	ports := map[string]bool{}
+	for _, p := range sts.Spec.Template.Spec.Containers[0].Ports {
+		ports[p.Name] = true
+	}
+	// reaches: which of the member's named ports pods labelled like from
+	// (nil: a pod of no component, a client) may reach.
+	reaches := func(from map[string]string) []string {
+		var out []string
+		for _, r := range np.Spec.Ingress {
+			admitted := len(r.From) == 0
+			for _, peer := range r.From {
+				if peer.PodSelector != nil && peer.NamespaceSelector == nil && peer.IPBlock == nil && selects(peer.PodSelector, from) {
+					admitted = true
+				}
+			}
+			for _, p := range r.Ports {
+				if p.Port == nil || p.Port.StrVal == "" || !ports[p.Port.StrVal] {
+					t.Fatalf("%s: port %v is not a named port of the member container", np.Name, p.Port)
+				}
+				if admitted && !slices.Contains(out, p.Port.StrVal) {
+					out = append(out, p.Port.StrVal)
+				}
+			}
+			if len(r.Ports) == 0 && admitted {
+				t.Fatalf("%s: a rule without ports opens every port", np.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for from, want := range map[string][]string{
+		"member":  {"http", "peer", "raft"},
+		"router":  {"http", "peer"},
+		"gateway": {"http", "peer"},
+		"client":  {"http"},
+	} {
+		labels := map[string]string{"app": "someone-else"}
+		if from != "client" {
+			labels = podLabels(from)
+		}
+		if got := reaches(labels); !slices.Equal(got, want) {
+			t.Errorf("%s pods reach the members' ports %v, want %v", from, got, want)
 		}
 	}
 }

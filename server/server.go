@@ -44,6 +44,7 @@ type Config struct {
 	RulesFile     string // "" = none
 	RulesInterval time.Duration
 	AdminToken    string
+	ViewToken     string // reads GET /v1/cluster/view alone (httpapi.Config.ViewToken)
 	DrainTimeout  time.Duration
 	DeadAfter     time.Duration // failure detection (node default 5s)
 	MaxKeys       int           // cap on bucket states this member tracks; 0 = none
@@ -193,7 +194,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	s.peer = transport.NewServer(pcfg, n)
 	s.goServe("data plane", func() error { return s.peer.Serve(ls.Peer) }, transport.ErrServerClosed)
 
-	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
+	h := httpapi.New(httpapi.Config{AdminToken: cfg.AdminToken, ViewToken: cfg.ViewToken, Logger: cfg.Logger, Registry: s.Registry}, rt, n)
 	s.http = httpapi.NewServer(h)
 	s.http.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	s.goServe("http", func() error { return s.http.Serve(ls.HTTP) }, http.ErrServerClosed)

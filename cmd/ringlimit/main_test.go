@@ -34,6 +34,8 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--max-keys", "-5"}, 2, "--max-keys: must be ≥ 0 (0: no cap), got -5"},
 		{[]string{"serve", "--admin-token", "tok "}, 2, "--admin-token: contains white space"},
 		{[]string{"serve", "--admin-token", "tok\n"}, 2, "--admin-token: contains white space"},
+		{[]string{"serve", "--view-token", "v\t"}, 2, "--view-token: contains white space"},
+		{[]string{"serve", "--admin-token", "same", "--view-token", "same"}, 2, "--view-token: the same as --admin-token"},
 		{[]string{"router", "--cluster", "127.0.0.1:1", "--admin-token", "a b", "--http", "127.0.0.1:0"}, 2, "--admin-token: contains white space"},
 		{[]string{"router", "--cluster", "127.0.0.1:1", "--refresh", "-1s", "--http", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got -1s"},
 		{[]string{"gateway", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1", "--refresh", "0s", "--listen", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got 0s"},

@@ -41,7 +41,7 @@ func addFollowerFlags(fs interface {
 	d := router.DefaultConfig()
 	return followerFlags{
 		cluster:    fs.String("cluster", "", "comma-separated HTTP addresses of cluster members (any of them; fails over between them)"),
-		adminToken: fs.String("admin-token", "", "bearer token for reading the cluster view from the members"),
+		adminToken: fs.String("admin-token", "", "bearer token for reading the cluster view from the members: their --view-token (or their --admin-token)"),
 		refresh:    fs.Duration("refresh", time.Second, "how often the cluster view is re-read (and at once on a NOT_OWNER answer)"),
 		fwdTimeout: fs.Duration("forward-timeout", d.Timeout, "how long an owner may take before the rule's failure mode answers"),
 		linger:     fs.Duration("linger", d.Linger, "how long a batch to an owner waits to fill"),

@@ -36,6 +36,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		join         = fs.String("join", "", "HTTP address of any existing member; empty with an empty data dir bootstraps a new cluster")
 		rulesFile    = fs.String("rules", "", "rules YAML file, applied through Raft whenever it changes")
 		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
+		viewToken    = fs.String("view-token", "", "bearer token that reads the cluster view alone (GET /v1/cluster/view), for routers, gateways and Go clients; the admin token reads it too")
 		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend handing off partitions and draining")
 		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before the leader marks it dead")
 		maxKeys      = fs.Int("max-keys", 20_000_000, "most bucket states this member tracks as an owner (~24 B each); at the cap, checks of new keys are answered by their rule's failure mode; 0 = no cap")
@@ -71,6 +72,12 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if err := checkToken(*adminToken); err != nil {
 		return fail("--admin-token: %v", err)
+	}
+	if err := checkToken(*viewToken); err != nil {
+		return fail("--view-token: %v", err)
+	}
+	if *viewToken != "" && *viewToken == *adminToken {
+		return fail("--view-token: the same as --admin-token, so whoever holds it may administer; give routers and gateways a token of their own")
 	}
 	if *rulesFile != "" {
 		if _, err := node.LoadRulesFile(*rulesFile); err != nil {
@@ -129,7 +136,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
-		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken,
+		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken, ViewToken: *viewToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc,
 		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
 		Logger: log, Auth: auth,

@@ -55,6 +55,29 @@ func (h *handler) authorize(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// authorizeView is authorize for GET /v1/cluster/view, which also admits
+// the view token (Config.ViewToken). With only a view token configured,
+// the view takes that token and no loopback caller without it.
+func (h *handler) authorizeView(w http.ResponseWriter, r *http.Request) bool {
+	if !h.hasView {
+		return h.authorize(w, r)
+	}
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	sum := sha256.Sum256([]byte(tok))
+	view := subtle.ConstantTimeCompare(sum[:], h.viewSum[:])
+	admin := subtle.ConstantTimeCompare(sum[:], h.tokenSum[:])
+	if ok && (view == 1 || h.hasToken && admin == 1) {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", "Bearer")
+	msg := "cluster view: missing bearer token (the view token or the admin token)"
+	if ok {
+		msg = "cluster view: wrong bearer token (neither the view token nor the admin token)"
+	}
+	writeError(w, &api.Error{Status: http.StatusUnauthorized, Code: api.CodeUnauthorized, Message: msg})
+	return false
+}
+
 // browserBorne says why a loopback request may have been sent by a web
 // page rather than an operator's tool, or "": a web page can reach
 // loopback, but it cannot hide its Origin, it reaches us under its own

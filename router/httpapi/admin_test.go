@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
@@ -593,6 +595,43 @@ func TestReasonDropsTheSentinelPrefix(t *testing.T) {
 	} {
 		if got := reason(c.err); got != c.want {
 			t.Errorf("reason(%q) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+// The view token opens GET /v1/cluster/view alone; the admin token opens
+// it too. Every other admin endpoint refuses the view token, and with
+// only a view token configured they stay loopback-only.
+func TestViewToken(t *testing.T) {
+	tests := []struct {
+		name        string
+		admin, view string // configured
+		hdr         []string
+		viewStatus  int // GET /v1/cluster/view
+		adminStatus int // every other admin endpoint
+	}{
+		{"both: view token", "adm", "vw", []string{"Authorization", "Bearer vw", "RemoteAddr", "203.0.113.9:1"}, 200, 401},
+		{"both: admin token", "adm", "vw", []string{"Authorization", "Bearer adm", "RemoteAddr", "203.0.113.9:1"}, 200, 200},
+		{"both: wrong", "adm", "vw", []string{"Authorization", "Bearer vww"}, 401, 401},
+		{"both: none", "adm", "vw", nil, 401, 401},
+		{"view only: view token from afar", "", "vw", []string{"Authorization", "Bearer vw", "RemoteAddr", "203.0.113.9:1"}, 200, 403},
+		{"view only: loopback without it", "", "vw", nil, 401, 200},
+		// An empty admin token's hash must not match an empty bearer.
+		{"view only: empty bearer", "", "vw", []string{"Authorization", "Bearer "}, 401, 200},
+	}
+	for _, tt := range tests {
+		for _, c := range adminCalls {
+			t.Run(tt.name+" "+c.path, func(t *testing.T) {
+				e := &env{c: newFakeChecker(), a: &fakeAdmin{}, reg: prometheus.NewRegistry()}
+				e.h = New(Config{AdminToken: tt.admin, ViewToken: tt.view, Registry: e.reg}, e.c, e.a)
+				want := tt.adminStatus
+				if c.path == "/v1/cluster/view" {
+					want = tt.viewStatus
+				}
+				if w := e.do(c.method, c.path, c.body, tt.hdr...); w.Code != want {
+					t.Fatalf("status %d, want %d: %s", w.Code, want, w.Body)
+				}
+			})
 		}
 	}
 }

@@ -91,6 +91,11 @@ type Config struct {
 	// AdminToken is the bearer token the admin endpoints require. Empty
 	// means they answer only loopback callers (403 for others).
 	AdminToken string
+	// ViewToken is a second bearer token that GET /v1/cluster/view alone
+	// accepts (besides AdminToken): what routers, gateways and Go clients
+	// need to route, without the power to change rules or membership.
+	// Empty: the view is admin like the rest.
+	ViewToken string
 	// Logger receives panics and unexpected errors; nil discards them.
 	Logger *slog.Logger
 	// Registry is served on /metrics and receives the HTTP metrics; nil
@@ -109,6 +114,8 @@ type handler struct {
 	now      func() time.Time
 	hasToken bool
 	tokenSum [sha256.Size]byte // of Config.AdminToken
+	hasView  bool
+	viewSum  [sha256.Size]byte // of Config.ViewToken
 	metrics  http.Handler
 	eps      [numEndpoints]endpointMetrics
 	scratch  sync.Pool // *checkScratch
@@ -127,6 +134,10 @@ func New(cfg Config, c Checker, a Admin) http.Handler {
 	if cfg.AdminToken != "" {
 		h.hasToken = true
 		h.tokenSum = sha256.Sum256([]byte(cfg.AdminToken))
+	}
+	if cfg.ViewToken != "" {
+		h.hasView = true
+		h.viewSum = sha256.Sum256([]byte(cfg.ViewToken))
 	}
 	reg := cfg.Registry
 	if reg == nil {
@@ -273,7 +284,7 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 			h.serveState(w, r)
 		}
 	case ep == epView && get:
-		if h.authorize(w, r) {
+		if h.authorizeView(w, r) {
 			h.serveView(w, r)
 		}
 	case ep == epHealthz && get:
