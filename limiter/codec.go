@@ -277,8 +277,18 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 	defer t.regMu.Unlock()
 	tags := make([]uint8, len(recs.sets)+1)
 	tags[0] = legacyTag
+	// The sets registered here carry no state until the merge below:
+	// pinned, so that registering a later one does not release their
+	// tags (and hand them on) meanwhile. Was: released, and the merge
+	// panicked on a tag naming no set, or stored states under it. A set
+	// for which no tag can be freed has its states taken as unversioned
+	// (adopted, as the oldest set's are when every tag is live).
+	var pinned [maxTags]bool
 	for i, s := range recs.sets {
-		tags[i+1] = t.register(s.version, s.rules, s.since, false).tag
+		tags[i+1] = legacyTag
+		if rs := t.register(s.version, s.rules, s.since, false, &pinned); rs != nil {
+			tags[i+1], pinned[rs.tag] = rs.tag, true
+		}
 	}
 	g := t.sets.Load()
 	newer := func(a, b uint8) bool { return g.byTag[a].version > g.byTag[b].version }

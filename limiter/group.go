@@ -81,24 +81,33 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 	}
 	g := t.sets.Load() // under the locks: see freeTag
 	pass := true
+	// resolve is the set and rule item it is decided with (see late).
+	resolve := func(it *Item) (*ruleSet, *Rule) {
+		set := g.lookup(it.Rule.Version)
+		if set != nil && now >= g.life[set.tag].dropAt {
+			return late(g, it.Rule)
+		}
+		return set, it.Rule
+	}
 	for i := range items {
 		it := &items[i]
-		set := g.lookup(it.Rule.Version)
+		set, r := resolve(it)
 		if set == nil {
 			return false, fmt.Errorf("items[%d]: %w", i, versionError(it.Rule))
 		}
-		t.parts[it.Part].decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, false, &out[i])
+		t.parts[it.Part].decideLocked(g, set, slotKey(it.Bucket), r, now, it.Cost, false, &out[i])
 		pass = pass && out[i].Allowed
 	}
 	for i := range items {
 		it := &items[i]
-		p, set := &t.parts[it.Part], g.lookup(it.Rule.Version)
+		p := &t.parts[it.Part]
+		set, r := resolve(it)
 		switch {
 		case pass:
-			p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, it.Cost, true, &out[i])
+			p.decideLocked(g, set, slotKey(it.Bucket), r, now, it.Cost, true, &out[i])
 		case out[i].Allowed:
 			if it.Cost > 0 { // what it would have spent is not spent
-				p.decideLocked(g, set, slotKey(it.Bucket), it.Rule, now, 0, false, &out[i])
+				p.decideLocked(g, set, slotKey(it.Bucket), r, now, 0, false, &out[i])
 			}
 			out[i].Allowed, out[i].RetryAfter, out[i].Delay = false, 0, 0
 		}

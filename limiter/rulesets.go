@@ -42,9 +42,16 @@ import (
 // force longer than any state of it can live (tagLife.dropAt), since a
 // converted state lives no longer than that.
 //
+// A check under an older set than the newest (a caller that has not seen
+// the newer one yet) is decided under it, and its state kept under its
+// tag; once that tag's dropAt has passed, such a state would be dropped
+// as soon as written, so the check is decided under the newest set's
+// rule of its name instead (late), or refused with ErrVersion when
+// that set has none of its algorithm.
+//
 // There are 254 tags for versioned sets. Registering a set when all are
 // taken first frees the tags that no live state carries (a scan of the
-// table); if none is free, the states of the oldest set are adopted
+// table, which drops the states of the tags it frees); if none is free, the states of the oldest set are adopted
 // instead of converted (they are retagged as unversioned).
 
 // ErrVersion: a check under a rule whose Version was never registered
@@ -196,14 +203,18 @@ func (t *Table) SetRules(version uint64, rules []Rule, now int64) error {
 	}
 	t.regMu.Lock()
 	defer t.regMu.Unlock()
-	t.register(version, m, now, true)
+	t.register(version, m, now, true, nil)
 	return nil
 }
 
 // register adds version with rules m, in force since since, unless it is
 // known, and returns its set. With alias, a version whose rules are those
-// of the version before it shares its set. t.regMu must be held.
-func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias bool) *ruleSet {
+// of the version before it shares its set. A set whose tag is in pinned
+// (nil: none) is not released to make room (an import pins the sets it
+// registered a moment before, which no state carries yet); when every
+// tag is live or pinned, register returns nil and registers nothing.
+// t.regMu must be held.
+func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias bool, pinned *[maxTags]bool) *ruleSet {
 	g := t.sets.Load()
 	if s := g.lookup(version); s != nil {
 		return s
@@ -218,7 +229,10 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		t.sets.Store(n)
 		return prev
 	}
-	tag, g := t.freeTag(g, since)
+	tag, g, ok := t.freeTag(g, since, pinned)
+	if !ok {
+		return nil
+	}
 	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
 	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
 	for _, r := range m {
@@ -255,16 +269,22 @@ func (g *ruleSets) clone() *ruleSets {
 }
 
 // freeTag returns a tag no set holds, and the sets then current: it
-// releases the sets no live state refers to, and if that frees nothing,
-// adopts the oldest versioned set's states as unversioned. t.regMu must
-// be held.
+// releases the sets no live state refers to (dropping those states,
+// which are all the same as fresh keys at now), and if that frees
+// nothing, adopts the oldest versioned set's states as unversioned. Sets
+// whose tag is in pinned are kept, and never adopted; ok is false when
+// no tag could be freed. t.regMu must be held.
 //
 // It holds every partition's lock from its scan until the new sets are
 // published, and Check reads the sets under its partition's lock: so no
 // check can store the tag of a set released under it.
-func (t *Table) freeTag(g *ruleSets, now int64) (uint8, *ruleSets) {
+func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint8, _ *ruleSets, ok bool) {
 	if tag, ok := g.unusedTag(); ok {
-		return tag, g
+		return tag, g, true
+	}
+	var pins [maxTags]bool
+	if pinned != nil {
+		pins = *pinned
 	}
 	for i := range t.parts {
 		t.parts[i].mu.Lock()
@@ -278,16 +298,36 @@ func (t *Table) freeTag(g *ruleSets, now int64) (uint8, *ruleSets) {
 	n := g.clone()
 	keep := n.sets[:0]
 	for i, s := range g.sets {
-		if s.version == 0 || i == len(g.sets)-1 || used[s.tag] {
+		if s.version == 0 || i == len(g.sets)-1 || used[s.tag] || pins[s.tag] {
 			keep = append(keep, s)
 		}
 	}
 	if len(keep) == len(g.sets) {
-		// Every tag is live: the oldest versioned set's states lose
-		// their rule and are adopted from now on.
-		oldest := keep[1]
-		t.retag(oldest.tag, legacyTag)
-		keep = slices.Delete(keep, 1, 2)
+		// Every tag is live: the oldest versioned set's states (of a set
+		// not pinned, not the newest) lose their rule and are adopted
+		// from now on.
+		k := slices.IndexFunc(keep[1:len(keep)-1], func(s *ruleSet) bool { return !pins[s.tag] })
+		if k < 0 {
+			return 0, g, false
+		}
+		t.retag(keep[1+k].tag, legacyTag)
+		keep = slices.Delete(keep, 1+k, 2+k)
+	} else {
+		// A released tag's states are droppable at now, but left in
+		// place they would carry the tag into the set it is given to
+		// next and be read as that set's states: a key spent under an
+		// old hour-long rule denied for an hour under the new rules.
+		// Was: left in place.
+		for i := range t.parts {
+			p := &t.parts[i]
+			p.tats.sweep(now, g)
+			p.wins.sweep(now, g)
+			for h, l := range p.logs {
+				if droppableLog(l, now, g) {
+					delete(p.logs, h)
+				}
+			}
+		}
 	}
 	n.sets = keep
 	// Versions whose set is gone are released.
@@ -300,8 +340,8 @@ func (t *Table) freeTag(g *ruleSets, now int64) (uint8, *ruleSets) {
 	n.versions, n.setOf = vs, ss
 	n.index()
 	t.sets.Store(n)
-	tag, _ := n.unusedTag()
-	return tag, n
+	tag, _ = n.unusedTag()
+	return tag, n, true
 }
 
 func (g *ruleSets) unusedTag() (uint8, bool) {
