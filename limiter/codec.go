@@ -295,6 +295,10 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 	p := &t.parts[part]
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// The stream's times are relative to now (decodeStream), so a late
+	// Import keeps its own now; growing the stores may drop states at it,
+	// though, so later checks run no earlier (see clock).
+	p.last = max(p.last, now)
 	p.tats.reserve(len(recs.tats), now, g)
 	for _, e := range recs.tats {
 		tag := tags[e.set]

@@ -549,8 +549,8 @@ func TestRuleChangeSweep(t *testing.T) {
 			if err := tb.SetRules(1, []Rule{r}, ruleT0); err != nil {
 				t.Fatal(err)
 			}
-			tb.Check(0, 1<<8, &r, ruleT0, 2)                      // counts at the change
 			tb.Check(0, 2<<8, &r, ruleT0-int64(3*time.Second), 2) // dead by then
+			tb.Check(0, 1<<8, &r, ruleT0, 2)                      // counts at the change
 			nr := r
 			nr.Version, nr.Period = 2, hour8784
 			if err := tb.SetRules(2, []Rule{nr}, ruleT0+int64(100*time.Millisecond)); err != nil {

@@ -79,6 +79,12 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 			return false, ErrFenced
 		}
 	}
+	for _, p := range parts { // one instant for all: the latest clock
+		now = max(now, t.parts[p].last)
+	}
+	for _, p := range parts {
+		t.parts[p].last = now
+	}
 	g := t.sets.Load() // under the locks: see freeTag
 	pass := true
 	// resolve is the set and rule item it is decided with (see late).

@@ -36,11 +36,12 @@ var ErrFenced = errors.New("limiter: partition fenced")
 // tune. Dropping is done by Check (the state it leaves), by Sweep, and by a
 // store about to grow, which sweeps itself first.
 //
-// Times are nanoseconds on the caller's clock, which should not run
-// backwards between calls on one partition: a state dropped because it
-// was dead at now is forgotten, so a later call at an earlier now finds
-// a fresh key where the step functions alone (which clamp such a clock)
-// would still have seen the old state.
+// Times are nanoseconds on the caller's clock. A partition's clock never
+// runs backwards: a state dropped because it was dead at now is
+// forgotten, so a check at an earlier now than a call that may have
+// dropped states (Check, CheckGroup, Sweep, Import) is decided at that
+// call's now instead (the step functions alone clamp such a clock too,
+// but cannot see a state that is gone).
 //
 // Rules change: each state remembers the rule set it was made under, and
 // a check under a newer set carries it over first (SetRules and
@@ -76,10 +77,31 @@ type partition struct {
 	changedAll bool     // guarded by mu; too many to list: export the whole partition
 	track      bool     // set before use: checks note what they write (TrackChanges)
 	fenced     bool     // guarded by mu; checks are refused with ErrFenced (Fence)
+
+	// last is the latest now any call that may drop states ran at
+	// (guarded by mu): checks run at no earlier instant (see clock).
+	last int64
+}
+
+// clock returns the instant a call at now runs at on p, which is now or,
+// if a call that may have dropped states (Check, CheckGroup, Sweep,
+// Import) ran later than that, that call's now; the caller holds p.mu.
+// Was: a check carrying a clock read before a Sweep at a later instant
+// found the key the Sweep dropped as dead fresh, and was admitted a
+// whole new budget the step functions (which clamp a clock run back)
+// would have refused. A late call's Decision is thus relative to the
+// later instant: its RetryAfter is at most that much early for its own
+// clock.
+func (p *partition) clock(now int64) int64 {
+	if now < p.last {
+		return p.last
+	}
+	p.last = now
+	return now
 }
 
 // NewTable returns an empty table of the given number of partitions,
-// 1 ≤ partitions ≤ MaxPartitions. An empty partition costs 120 bytes
+// 1 ≤ partitions ≤ MaxPartitions. An empty partition costs 128 bytes
 // (neighbours share cache lines; padding to 128 could not be shown to help,
 // BENCHMARKS.md §10 round eight).
 func NewTable(partitions int) (*Table, error) {
@@ -154,6 +176,7 @@ func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, 
 		p.mu.Unlock()
 		return ErrFenced
 	}
+	now = p.clock(now)
 	g, set := setOf(&t.sets, r.Version)
 	if set == nil {
 		p.mu.Unlock()
@@ -359,6 +382,7 @@ func (t *Table) Sweep(part uint32, now int64) (dropped int) {
 	p := t.part(part)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now = p.clock(now)
 	g := t.sets.Load() // under the lock: see freeTag
 	dropped = p.tats.sweep(now, g) + p.wins.sweep(now, g)
 	for h, l := range p.logs {

@@ -699,3 +699,75 @@ func TestUnversionedStatesOutliveRuleSets(t *testing.T) {
 		}
 	}
 }
+
+// A check whose clock was read before a Sweep at a later instant is not
+// admitted more than it would have been without the Sweep: the Sweep
+// forgot a state as dead at its own instant, so the late check is
+// decided at that instant too (Sweep promises decisions do not change).
+// Was: the key the Sweep dropped was fresh to the late check, which got
+// a whole new budget inside the period already spent.
+func TestSweepDoesNotAdmitALateCheckAgain(t *testing.T) {
+	const t0 = int64(1_000_000) * int64(time.Second)
+	p := int64(time.Second)
+	for _, a := range allAlgorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			r := &Rule{Name: "late", Algorithm: a, Limit: 4, Period: time.Second}
+			if err := r.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			spend := func(tb *Table, now int64) (n int) {
+				for range 20 {
+					if d, err := tb.Check(0, 7, r, now, 1); err != nil {
+						t.Fatal(err)
+					} else if d.Allowed {
+						n++
+					}
+				}
+				return n
+			}
+			run := func(sweep bool) (admitted []int) {
+				tb := mustTable(t, 1)
+				admitted = append(admitted, spend(tb, t0))
+				if sweep {
+					tb.Sweep(0, t0+p+1)
+				}
+				admitted = append(admitted, spend(tb, t0+p/2)) // read before the Sweep
+				admitted = append(admitted, spend(tb, t0+p+1))
+				admitted = append(admitted, spend(tb, t0+p+p/2+1))
+				return admitted
+			}
+			with, without := run(true), run(false)
+			sum := func(xs []int) (s int) {
+				for _, x := range xs {
+					s += x
+				}
+				return s
+			}
+			if sum(with) > sum(without) {
+				t.Fatalf("admitted %v with the Sweep, %v without", with, without)
+			}
+		})
+	}
+}
+
+// CheckGroup runs at the latest clock of its partitions, as Check does.
+func TestGroupRunsAtTheLatestClock(t *testing.T) {
+	const t0 = int64(1_000_000) * int64(time.Second)
+	r := &Rule{Name: "g", Algorithm: FixedWindow, Limit: 2, Period: time.Second}
+	tb := mustTable(t, 2)
+	for range 2 {
+		if d, _ := tb.Check(1, 9, r, t0, 1); !d.Allowed {
+			t.Fatal("first window: a check was denied")
+		}
+	}
+	tb.Sweep(1, t0+int64(time.Second)) // the window is over: dropped
+	items := []Item{{Part: 0, Bucket: 1, Rule: r, Cost: 1}, {Part: 1, Bucket: 9, Rule: r, Cost: 2}}
+	out := make([]Decision, 2)
+	if pass, err := tb.CheckGroup(items, t0+int64(time.Second)/2, out); err != nil || !pass {
+		t.Fatalf("group read before the Sweep: %v %v, want a pass in the next window", pass, err)
+	}
+	// It spent partition 1's next window, not the one already spent.
+	if d, _ := tb.Check(1, 9, r, t0+int64(time.Second), 1); d.Allowed {
+		t.Fatalf("next window after the group spent it: %+v, want denied", d)
+	}
+}
