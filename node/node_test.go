@@ -516,6 +516,33 @@ func TestKeyCap(t *testing.T) {
 	}
 }
 
+// The key cap holds between sweeps: a burst of new keys is refused once
+// the table is at the cap, give or take the refresh interval, though no
+// sweep ran. Was: 5,000 keys taken under a cap of 100.
+func TestKeyCapHoldsBetweenSweeps(t *testing.T) {
+	now := int64(1e18)
+	o, err := NewOwner("a", 64, func() int64 { return now }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
+	v := view.New(testRing(t, 1, "a"), 9, []limiter.Rule{rule}, 0)
+	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	const limit = 100
+	o.SetMaxKeys(limit)
+	refused := 0
+	for h := uint64(1); h <= 5000; h++ {
+		st := handle(o, 1, transport.Check{Rule: "r", KeyHash: h * 0x9e3779b97f4a7c15, Partition: v.Ring.Partition(h * 0x9e3779b97f4a7c15), Cost: 1}).Results[0].Status
+		if st == transport.StatusOverCapacity {
+			refused++
+		}
+	}
+	slack := limit / 16 // SetMaxKeys: the refresh interval
+	if n := o.table.Len(); n > limit+slack || refused != 5000-n {
+		t.Fatalf("%d keys tracked under a cap of %d (refresh slack %d), %d refused", n, limit, slack, refused)
+	}
+}
+
 // Prompt says "decides at once" exactly when HandleBatch would not wait:
 // not for a newer ring or rules, not for the lease, not for a hand-off.
 func TestPrompt(t *testing.T) {

@@ -84,7 +84,8 @@ type Owner struct {
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 
 	maxKeys      int         // the most bucket states tracked; 0 = no cap
-	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep)
+	refreshEvery uint64      // decided checks between two RefreshFull below the cap (SetMaxKeys)
+	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep and by checks)
 	overCapacity atomic.Int64
 }
 
@@ -93,7 +94,17 @@ type Owner struct {
 // a new key is answered OVER_CAPACITY, which the router answers by the
 // rule's failure mode (degraded), and counted. Idle states are dropped
 // by the sweep, so the cap frees up as keys go quiet.
-func (o *Owner) SetMaxKeys(n int) { o.maxKeys = n }
+//
+// The cap is read from a flag that the sweep and every refreshEvery
+// decided checks recompute (counting the table costs a lock a partition,
+// too much for each check): the table may overshoot it by at most
+// min(n/16, 4096) keys plus the checks of the batches in flight. Was:
+// refreshed by the sweep only, so a burst of new keys went past any cap
+// for a whole sweep tick (5,000 keys under a cap of 100).
+func (o *Owner) SetMaxKeys(n int) {
+	o.maxKeys = n
+	o.refreshEvery = uint64(min(max(n/16, 1), 4096))
+}
 
 // RefreshFull recomputes whether the table is at its key cap.
 func (o *Owner) RefreshFull() {
@@ -441,7 +452,10 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			decided++
 		}
 	}
-	o.decided.Add(uint64(decided))
+	n := o.decided.Add(uint64(decided))
+	if o.maxKeys > 0 && decided > 0 && !o.full.Load() && n/o.refreshEvery != (n-uint64(decided))/o.refreshEvery {
+		o.RefreshFull() // at most one new key a decided check: see SetMaxKeys
+	}
 }
 
 // Decided returns how many checks this owner has decided (answered OK:
