@@ -49,7 +49,8 @@ type Limit struct {
 	// Cost is a constant cost (1 when left out). Ignored with CostFrom.
 	Cost int64 `json:"cost,omitempty"`
 	// CostFrom is "header:NAME": the cost is the integer in that request
-	// header (1 when the header is absent).
+	// header (1 when the header is absent, and at least 1: a forwarded
+	// request always spends).
 	CostFrom string `json:"cost_from,omitempty"`
 }
 

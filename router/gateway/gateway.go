@@ -209,7 +209,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost")
 					return
 				}
-				reqs[i].Cost = n
+				// A forwarded request spends at least 1, whatever it
+				// says of itself: the header is the caller's, and a
+				// cost of 0 is a query that spends nothing. Was: every
+				// request saying 0 passed while 1 unit was left.
+				reqs[i].Cost = max(n, 1)
 			}
 		}
 	}

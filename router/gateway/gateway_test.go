@@ -503,8 +503,16 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	if got := c.remaining(t, "rpm", "key:t1"); got != 9 {
 		t.Fatalf("rpm has %d left after a refused cost, want 9", got)
 	}
-	if up.hits.Load() != 1 {
-		t.Fatalf("upstream saw %d, want 1", up.hits.Load())
+	// A caller saying its request costs 0 is still charged 1: the
+	// header is the caller's, and a cost of 0 would spend nothing.
+	if r := send("0"); r.StatusCode != 200 {
+		t.Fatalf("cost 0: %d, want 200", r.StatusCode)
+	}
+	if got := c.remaining(t, "tpm", "key:t1"); got != 39 {
+		t.Fatalf("tpm has %d left after a request of cost 0, want 39 (charged 1)", got)
+	}
+	if up.hits.Load() != 2 {
+		t.Fatalf("upstream saw %d, want 2", up.hits.Load())
 	}
 }
 
