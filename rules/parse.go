@@ -43,11 +43,11 @@ var algorithmList = func() string {
 // case-sensitively), values of the wrong type, duplicate YAML keys,
 // duplicate rule names and everything limiter's Rule.Validate rejects. A
 // document over MaxDocumentSize bytes or MaxRules rules is refused.
-func Parse(data []byte) ([]limiter.Rule, error) { return parse(data, false) }
+func Parse(data []byte) ([]limiter.Rule, error) { return parse(data, false, true) }
 
 // parse is Parse; needList refuses a document that names no rules list
-// (ParseFile).
-func parse(data []byte, needList bool) ([]limiter.Rule, error) {
+// (ParseFile), and !routes one with a "routes" list (ParseBody).
+func parse(data []byte, needList, routes bool) ([]limiter.Rule, error) {
 	if len(data) > MaxDocumentSize {
 		return nil, &Error{Index: -1, Msg: fmt.Sprintf("%d bytes, over the limit of %d", len(data), MaxDocumentSize)}
 	}
@@ -57,7 +57,7 @@ func parse(data []byte, needList bool) ([]limiter.Rule, error) {
 		msg := strings.Join(strings.Fields(err.Error()), " ")
 		return nil, &Error{Index: -1, Msg: "not valid YAML or JSON: " + msg}
 	}
-	items, named, err := ruleList(js)
+	items, named, err := ruleList(js, routes)
 	if err != nil {
 		return nil, err
 	}
@@ -123,12 +123,20 @@ func singleDocument(data []byte) error {
 // then filled: a shell's ">" redirection, most editors); read as no rules,
 // that instant removed every written rule of the cluster. "rules: []"
 // removes them all on purpose.
-func ParseFile(data []byte) ([]limiter.Rule, error) { return parse(data, true) }
+func ParseFile(data []byte) ([]limiter.Rule, error) { return parse(data, true, true) }
+
+// ParseBody is ParseFile for the body of a PUT /v1/rules, which writes
+// the cluster's rules only: a "routes" list (a gateway's --config, which
+// a file shared with serve --rules may hold) is refused rather than
+// dropped unread, so a caller never believes it changed a gateway's
+// routes through a member.
+func ParseBody(data []byte) ([]limiter.Rule, error) { return parse(data, true, false) }
 
 // ruleList returns the elements of the document's "rules" list; named
 // is false when the document names none (it is empty, or its "rules" is
-// missing or null).
-func ruleList(js []byte) (items []json.RawMessage, named bool, err error) {
+// missing or null). A "routes" field is allowed (and skipped) with
+// routes.
+func ruleList(js []byte, routes bool) (items []json.RawMessage, named bool, err error) {
 	js = bytes.TrimSpace(js)
 	if isNull(js) {
 		return nil, false, nil
@@ -138,7 +146,10 @@ func ruleList(js []byte) (items []json.RawMessage, named bool, err error) {
 		return nil, false, &Error{Index: -1, Msg: "must be a mapping with a \"rules\" list, got " + rawText(js)}
 	}
 	for _, k := range sortedKeys(top) {
-		if k != "rules" && k != "routes" { // routes: read by ParseRoutes
+		switch {
+		case k == "routes" && !routes:
+			return nil, false, &Error{Index: -1, Field: "routes", Msg: "not written through the rules API: routes are a gateway's (its --config); send the rules list alone"}
+		case k != "rules" && k != "routes": // routes: read by ParseRoutes
 			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
 		}
 	}

@@ -315,6 +315,22 @@ func TestParseFile(t *testing.T) {
 	}
 }
 
+// A PUT body writes rules only: routes in it are refused, not dropped,
+// while a rules file (ParseFile) may share its document with a gateway.
+func TestParseBodyRefusesRoutes(t *testing.T) {
+	doc := []byte("rules:\n  - {name: a, algorithm: token_bucket, limit: 1, period: 1s}\nroutes: []\n")
+	if rs, err := ParseFile(doc); err != nil || len(rs) != 1 {
+		t.Fatalf("ParseFile with routes = %v, %v, want the rule", rs, err)
+	}
+	var e *Error
+	if _, err := ParseBody(doc); !errors.As(err, &e) || e.Field != "routes" {
+		t.Fatalf("ParseBody with routes = %v, want a refusal naming routes", err)
+	}
+	if rs, err := ParseBody(doc[:len(doc)-len("routes: []\n")]); err != nil || len(rs) != 1 {
+		t.Fatalf("ParseBody without routes = %v, %v", rs, err)
+	}
+}
+
 // A document is one: rules below a "---", or a second JSON value, are
 // refused rather than dropped unread. Was: Parse read the first document
 // only, so `{"rules": []} {...}` removed every written rule (200), and

@@ -216,7 +216,7 @@ func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
 			Message: `rules document: empty body; send {"rules": []} to remove every written rule`})
 		return
 	}
-	written, err := rules.ParseFile(data) // a document naming no rules list is refused too
+	written, err := rules.ParseBody(data) // a document naming no rules list, or routes, is refused too
 	if err != nil {
 		writeError(w, h.errorOf(r, err))
 		return

@@ -178,6 +178,7 @@ func TestRulesPutErrors(t *testing.T) {
 		{"empty", "  \n", nil, 400, api.CodeInvalidRules, "empty body"},
 		{"no rules list", `{}`, nil, 400, api.CodeInvalidRules, `names no rules list`},
 		{"comments only", "# rules to come\n", nil, 400, api.CodeInvalidRules, `names no rules list`},
+		{"routes", "rules: []\nroutes:\n- {name: r, path: /*, limits: [{rule: default}]}\n", nil, 400, api.CodeInvalidRules, "routes: not written through the rules API"},
 		{"over 1 MiB", "rules: []\n" + strings.Repeat("#", api.MaxBodySize), nil, 413, api.CodeTooLarge, "request body over"},
 		{"no leader", `{"rules":[]}`, fmt.Errorf("node: %w: no leader", api.ErrUnavailable), 503, api.CodeUnavailable, "no leader"},
 		{"node rejects", `{"rules":[]}`, fmt.Errorf("node: %w", &rules.Error{Index: -1, Field: "rules", Msg: "too many"}), 400, api.CodeInvalidRules, "too many"},
