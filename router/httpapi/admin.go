@@ -347,15 +347,27 @@ func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusBody{"ok"})
 }
 
-// decodeStrict decodes one JSON object from body into v: no unknown
-// fields, nothing after it.
+// decodeStrict decodes one JSON object from body into v (a pointer to a
+// struct): no unknown fields, names matched exactly (foldedName),
+// nothing after it.
 func decodeStrict(body io.Reader, v any) *api.Error {
-	dec := json.NewDecoder(body)
+	in, err := io.ReadAll(body)
+	if err != nil {
+		return decodeError(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(in))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
-	return atEOF(dec)
+	if e := atEOF(dec); e != nil {
+		return e
+	}
+	names := jsonNames(v)
+	if k := foldedName(in, names); k != "" {
+		return decodeError(foldedError(k, names))
+	}
+	return nil
 }
 
 // ClusterOf is the wire form of a node's membership (GET /v1/cluster).

@@ -289,8 +289,17 @@ func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
 	if err := dec.Decode(&s.body); err != nil {
 		return decodeError(err)
 	}
-	return atEOF(dec)
+	if e := atEOF(dec); e != nil {
+		return e
+	}
+	if k := foldedName(in, checkNames); k != "" {
+		return decodeError(foldedError(k, checkNames))
+	}
+	return nil
 }
+
+// checkNames are the field names of a check body and of its checks.
+var checkNames = []string{"rule", "key", "cost", "checks"}
 
 // shape tells the two shapes of a decoded body apart and validates its
 // checks, which it leaves in s.reqs. The fast path has read a batch's

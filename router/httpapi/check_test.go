@@ -197,6 +197,11 @@ func TestCheckErrors(t *testing.T) {
 		{"array body", `[{"rule":"default","key":"k"}]`, 400, api.CodeBadRequest, "body must be a JSON object, got array"},
 		{"string body", `"x"`, 400, api.CodeBadRequest, "body must be a JSON object"},
 		{"unknown field", `{"rule":"default","key":"k","tenant":1}`, 400, api.CodeBadRequest, `unknown field "tenant"`},
+		// encoding/json matches names case-insensitively; the contract
+		// does not (a proxy reading "key" saw "a" where the member read "b").
+		{"field in another case", `{"rule":"default","Key":"k"}`, 400, api.CodeBadRequest, `unknown field "Key": field names are matched exactly (want "key")`},
+		{"field twice, cases differ", `{"rule":"default","key":"a","KEY":"b"}`, 400, api.CodeBadRequest, `unknown field "KEY"`},
+		{"entry field in another case", `{"checks":[{"rule":"default","key":"k","Cost":2}]}`, 400, api.CodeBadRequest, `unknown field "Cost"`},
 		{"neither", `{}`, 400, api.CodeBadRequest, "body is neither"},
 		{"null", `null`, 400, api.CodeBadRequest, "body is neither"},
 		{"both", `{"rule":"default","key":"k","checks":[]}`, 400, api.CodeBadRequest, "body has both"},
