@@ -1090,7 +1090,9 @@ func (n *Node) writeRules(ctx context.Context, written []limiter.Rule) (*fsm.Sta
 		return nil, fmt.Errorf("%w: waiting for another rules write to finish, nothing written: %w", api.ErrUnavailable, err)
 	}
 	defer n.rulesWrite.unlock()
-	if st := n.fsm.State(); len(written) > 0 && rules.Fingerprint(st.Rules) == rules.Fingerprint(written) {
+	// Never written (RulesIndex 0): written, even if empty, so that the
+	// rules are on record. Was: an empty list was never a repeat.
+	if st := n.fsm.State(); st.RulesIndex > 0 && rules.Fingerprint(st.Rules) == rules.Fingerprint(written) {
 		return st, nil
 	}
 	cmd, err := fsm.PutRules(written)

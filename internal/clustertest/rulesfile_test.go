@@ -210,3 +210,28 @@ func watchRulesCtx(t *testing.T, m *Member, path string, ctx context.Context) (d
 	t.Cleanup(stop)
 	return ended, stop
 }
+
+// Removing every written rule twice writes once, as any repeated rules
+// do: a shared "rules: []" file applied by every member is one version,
+// not one per member. Was: an empty list was never taken for a repeat.
+// The first write of a fresh cluster is still written, so that a file
+// of no rules is on record as applied.
+func TestNoRulesWrittenOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 1, Options{})
+		m := c.Leader()
+		version := func() uint64 { return m.Node().State().RulesIndex }
+		put := func() {
+			if _, err := m.Node().PutRules(context.Background(), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fresh := version()
+		put()
+		first := version()
+		put()
+		if again := version(); first == fresh || again != first {
+			t.Fatalf("rules index %d fresh, %d after removing every rule, %d after removing them again; want it to move once", fresh, first, again)
+		}
+	})
+}
