@@ -89,7 +89,13 @@ type Result struct {
 	Elapsed                           time.Duration
 	Requests, Errors                  int64
 	Checks, Allowed, Denied, Degraded int64
-	Latency                           Histogram        // of answered calls
+	Latency                           Histogram        // of answered calls, from send to answer
+	// ResponseTime is, for a paced run (Rate > 0), each answered call's
+	// time from its scheduled send to its answer: Latency plus the time
+	// it waited behind a late call of its worker, which Latency omits
+	// (coordinated omission), and the load generator's timer lateness.
+	// Empty when unpaced.
+	ResponseTime Histogram
 	ErrorKinds                        map[string]int64 // message → count; "(other)" past MaxErrorKinds
 }
 
@@ -129,6 +135,7 @@ func Run(ctx context.Context, cfg Config, targets []CheckFunc) Result {
 		res.Denied += w.denied
 		res.Degraded += w.degraded
 		res.Latency.Merge(&w.latency)
+		res.ResponseTime.Merge(&w.response)
 		for k, n := range w.errKinds {
 			res.ErrorKinds[k] += n
 		}
@@ -188,7 +195,7 @@ type worker struct {
 	id                                int
 	requests, errors                  int64
 	checks, allowed, denied, degraded int64
-	latency                           Histogram
+	latency, response                 Histogram
 	errKinds                          map[string]int64
 }
 
@@ -223,6 +230,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 			}
 			checks[i] = api.CheckRequest{Rule: cfg.Rule, Key: key, Cost: &cost}
 		}
+		scheduled := due
 		if interval > 0 {
 			if wait := time.Until(due); wait > 0 && !sleepCtx(ctx, wait) {
 				return
@@ -232,15 +240,18 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 		clear(ds)
 		t0 := time.Now()
 		n, err := targets[next](ctx, checks, ds)
-		lat := time.Since(t0)
+		t1 := time.Now()
+		lat := t1.Sub(t0)
 		next = (next + 1) % len(targets)
 		if err == nil && n != len(checks) {
 			err = fmt.Errorf("%d decisions for %d checks", n, len(checks))
 		}
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
-				// Cut off by the end of the run (the only deadline a
-				// worker's calls have): not the target's fault.
+			if ctx.Err() != nil {
+				// Cut off by the end of the run, whatever the target made
+				// of it (a gRPC DeadlineExceeded status is not
+				// context.DeadlineExceeded): not the target's fault. Any
+				// other deadline is the target's: an error, counted.
 				return
 			}
 			w.errors++
@@ -254,6 +265,9 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 		backoff = 0
 		w.requests++
 		w.latency.Record(lat)
+		if interval > 0 {
+			w.response.Record(t1.Sub(scheduled))
+		}
 		for _, d := range ds {
 			w.checks++
 			if d.Allowed {

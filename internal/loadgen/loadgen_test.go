@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -259,4 +260,56 @@ func TestRunElapsedCoversDuration(t *testing.T) {
 	if res.Elapsed < cfg.Duration || res.Requests == 0 {
 		t.Fatalf("elapsed %v with %d requests, want ≥ %v and some", res.Elapsed, res.Requests, cfg.Duration)
 	}
+}
+
+// A paced run's ResponseTime counts from each call's scheduled send: the
+// calls queued behind a stalled one waited, though each was answered at
+// once (Latency, from send, omits that wait: coordinated omission).
+func TestResponseTimeCountsTheWaitBehindALateCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		target := func(ctx context.Context, cs []api.CheckRequest, _ []api.Decision) (int, error) {
+			if calls.Add(1) == 1 {
+				time.Sleep(50 * time.Millisecond) // a stall, five intervals long
+			}
+			return len(cs), nil
+		}
+		cfg := Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 1, Batch: 1, Duration: 200 * time.Millisecond, Cost: 1, Rate: 100}
+		res := Run(context.Background(), cfg, []CheckFunc{target})
+		if res.Latency.Quantile(0.5) != 0 || res.Latency.Max() != 50*time.Millisecond {
+			t.Fatalf("latency p50 %v max %v, want 0 and the 50ms stall", res.Latency.Quantile(0.5), res.Latency.Max())
+		}
+		// Calls due at 10, 20, 30 and 40ms were sent at 50ms.
+		if got := res.ResponseTime.Count(); got != uint64(res.Requests) {
+			t.Fatalf("%d response times for %d calls", got, res.Requests)
+		}
+		// Five of them ≥ 10ms: the stalled call and the four behind it.
+		if q := res.ResponseTime.Quantile(1 - 4.5/float64(res.Requests)); q < 10*time.Millisecond {
+			t.Fatalf("response time %v at the quantile of the 5th slowest of %d, want the queued calls ≥ 10ms", q, res.Requests)
+		}
+		unpaced := Run(context.Background(), Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 1, Batch: 1, Requests: 3, Duration: time.Second, Cost: 1}, []CheckFunc{target})
+		if unpaced.ResponseTime.Count() != 0 {
+			t.Fatalf("an unpaced run has %d response times, want none", unpaced.ResponseTime.Count())
+		}
+	})
+}
+
+// A deadline that is not the run's end is the target's failure: counted
+// as an error, and the worker goes on. Was: its worker returned without
+// a word, and the row lost a caller for the rest of its time.
+func TestATargetsOwnDeadlineIsAnError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		target := func(ctx context.Context, cs []api.CheckRequest, _ []api.Decision) (int, error) {
+			if calls.Add(1) == 1 {
+				return 0, context.DeadlineExceeded
+			}
+			return len(cs), nil
+		}
+		cfg := Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 1, Batch: 1, Requests: 10, Duration: time.Second, Cost: 1}
+		res := Run(context.Background(), cfg, []CheckFunc{target})
+		if res.Errors != 1 || res.Requests != 9 {
+			t.Fatalf("%d errors, %d requests; want 1 and 9", res.Errors, res.Requests)
+		}
+	})
 }

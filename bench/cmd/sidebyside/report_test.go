@@ -55,3 +55,23 @@ func TestRounds(t *testing.T) {
 		t.Errorf("one round: ratio %v %v, want 3 and no rounds", q, each)
 	}
 }
+
+// A CPU target is scored at each concurrency, and the half-of-peak p99
+// from the scheduled send (what a caller at that rate waits), not from
+// the send.
+func TestTargetsSayWhereTheyHold(t *testing.T) {
+	r := &report{Batch: 100, Rows: []row{
+		{System: "ringlimit", Instances: 1, Path: "Go client, 100 per call", Concurrency: 1, CPUusPerCheck: 0.56},
+		{System: "ringlimit", Instances: 1, Path: "Go client, 100 per call", Concurrency: 32, CPUusPerCheck: 0.2},
+		{System: "ringlimit", Instances: 3, Path: "Go client, 1 per call, half of peak", Group: "forwarded", Concurrency: 32, Rate: 5000, P99ms: 0.7, P99SchedMs: 1.4},
+	}}
+	got := r.targets()
+	for _, want := range []string{
+		"data plane (Go client, batched), 1 member(s): ≤ 0.3 µs | c=1 0.56, c=32 0.20 µs | yes at c=32 only |",
+		"| 1.400 ms from the scheduled send (0.700 ms from the send) | **no** |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("targets lack %q:\n%s", want, got)
+		}
+	}
+}
