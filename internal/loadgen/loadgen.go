@@ -89,14 +89,14 @@ type Result struct {
 	Elapsed                           time.Duration
 	Requests, Errors                  int64
 	Checks, Allowed, Denied, Degraded int64
-	Latency                           Histogram        // of answered calls, from send to answer
+	Latency                           Histogram // of answered calls, from send to answer
 	// ResponseTime is, for a paced run (Rate > 0), each answered call's
 	// time from its scheduled send to its answer: Latency plus the time
 	// it waited behind a late call of its worker, which Latency omits
 	// (coordinated omission), and the load generator's timer lateness.
 	// Empty when unpaced.
 	ResponseTime Histogram
-	ErrorKinds                        map[string]int64 // message → count; "(other)" past MaxErrorKinds
+	ErrorKinds   map[string]int64 // message → count; "(other)" past MaxErrorKinds
 }
 
 // Run runs cfg.Concurrency workers until cfg.Duration has passed,

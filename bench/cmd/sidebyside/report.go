@@ -27,9 +27,9 @@ type row struct {
 	Batch       int     `json:"batch"`
 	Rate        float64 `json:"rate_per_s,omitempty"` // paced calls per second; 0 = as fast as answered
 
-	ChecksPerSec      float64          `json:"checks_per_s"`
-	P50ms             float64          `json:"p50_ms"`
-	P99ms             float64          `json:"p99_ms"`
+	ChecksPerSec float64 `json:"checks_per_s"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
 	// P99SchedMs is a paced row's p99 from each call's scheduled send
 	// (loadgen's ResponseTime: the wait behind a late call included).
 	P99SchedMs        float64          `json:"p99_from_schedule_ms,omitempty"`
