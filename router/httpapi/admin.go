@@ -293,7 +293,16 @@ const (
 )
 
 func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
-	if q := r.URL.Query(); q.Has("after") || q.Has("rules_after") {
+	q := r.URL.Query()
+	if q.Has("wait") && !q.Has("after") && !q.Has("rules_after") {
+		// Answered at once (nothing to wait for), but a wait that is not
+		// one is still refused. Was: ignored, whatever it said.
+		if d, err := time.ParseDuration(q.Get("wait")); err != nil || d < 0 {
+			writeError(w, badRequest("wait is a non-negative duration, got "+strconv.Quote(truncate(q.Get("wait")))))
+			return
+		}
+	}
+	if q.Has("after") || q.Has("rules_after") {
 		after, rulesAfter := uint64(math.MaxUint64), uint64(math.MaxUint64)
 		var err error
 		if q.Has("after") {

@@ -290,6 +290,22 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// A view query that is not one is refused, whatever else it names; a
+// wait with nothing to wait for is answered at once. Was: a bad wait was
+// ignored when neither after nor rules_after came with it.
+func TestViewQueryErrors(t *testing.T) {
+	e := newEnv(t, "")
+	for _, q := range []string{"after=x", "rules_after=-1", "after=1&wait=banana", "wait=banana", "wait=-1s"} {
+		got := apiError(t, e.do("GET", "/v1/cluster/view?"+q, ""), 400, api.CodeBadRequest)
+		if !strings.Contains(got.Message, "wait") {
+			t.Errorf("?%s: message %q, want it to say what wait must be", q, got.Message)
+		}
+	}
+	if w := e.do("GET", "/v1/cluster/view?wait=5s", ""); w.Code != 200 {
+		t.Errorf("?wait=5s alone: %d %s, want 200 at once", w.Code, w.Body)
+	}
+}
+
 // A join's answer carries the epoch from which the cluster lists the
 // member (the node side's answer); without one (0) the answer is the
 // bare {"status":"ok"} that members answered before the field.
