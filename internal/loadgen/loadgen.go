@@ -217,6 +217,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 	ds := make([]api.Decision, cfg.Batch)
 	next := w.id % len(targets)
 	var backoff time.Duration
+	end, _ := ctx.Deadline()
 	for ctx.Err() == nil {
 		if cfg.Requests > 0 && issued.Add(1) > cfg.Requests {
 			return
@@ -247,11 +248,13 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 			err = fmt.Errorf("%d decisions for %d checks", n, len(checks))
 		}
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || !time.Now().Before(end) {
 				// Cut off by the end of the run, whatever the target made
-				// of it (a gRPC DeadlineExceeded status is not
-				// context.DeadlineExceeded): not the target's fault. Any
-				// other deadline is the target's: an error, counted.
+				// of it: a gRPC DeadlineExceeded status is not
+				// context.DeadlineExceeded, and a connection deadline set
+				// from the run's may fire before the context's timer
+				// does. Not the target's fault. Any other deadline is the
+				// target's: an error, counted.
 				return
 			}
 			w.errors++
