@@ -96,7 +96,11 @@ type Result struct {
 	// (coordinated omission), and the load generator's timer lateness.
 	// Empty when unpaced.
 	ResponseTime Histogram
-	ErrorKinds   map[string]int64 // message → count; "(other)" past MaxErrorKinds
+	// WakeLate is, for a paced run, how late each worker that slept until
+	// a call's scheduled send woke up: the load generator's (and the
+	// machine's) share of ResponseTime, which a server cannot cause.
+	WakeLate   Histogram
+	ErrorKinds map[string]int64 // message → count; "(other)" past MaxErrorKinds
 }
 
 // Run runs cfg.Concurrency workers until cfg.Duration has passed,
@@ -136,6 +140,7 @@ func Run(ctx context.Context, cfg Config, targets []CheckFunc) Result {
 		res.Degraded += w.degraded
 		res.Latency.Merge(&w.latency)
 		res.ResponseTime.Merge(&w.response)
+		res.WakeLate.Merge(&w.wakeLate)
 		for k, n := range w.errKinds {
 			res.ErrorKinds[k] += n
 		}
@@ -195,7 +200,7 @@ type worker struct {
 	id                                int
 	requests, errors                  int64
 	checks, allowed, denied, degraded int64
-	latency, response                 Histogram
+	latency, response, wakeLate       Histogram
 	errKinds                          map[string]int64
 }
 
@@ -233,8 +238,11 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 		}
 		scheduled := due
 		if interval > 0 {
-			if wait := time.Until(due); wait > 0 && !sleepCtx(ctx, wait) {
-				return
+			if wait := time.Until(due); wait > 0 {
+				if !sleepCtx(ctx, wait) {
+					return
+				}
+				w.wakeLate.Record(max(time.Since(due), 0))
 			}
 			due = due.Add(interval)
 		}

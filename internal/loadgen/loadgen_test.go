@@ -287,6 +287,10 @@ func TestResponseTimeCountsTheWaitBehindALateCall(t *testing.T) {
 		if q := res.ResponseTime.Quantile(1 - 4.5/float64(res.Requests)); q < 10*time.Millisecond {
 			t.Fatalf("response time %v at the quantile of the 5th slowest of %d, want the queued calls ≥ 10ms", q, res.Requests)
 		}
+		// In the bubble, timers fire on time: no wake-up was late.
+		if res.WakeLate.Count() == 0 || res.WakeLate.Max() != 0 {
+			t.Fatalf("%d late wake-ups, the latest %v; want some, all on time", res.WakeLate.Count(), res.WakeLate.Max())
+		}
 		unpaced := Run(context.Background(), Config{Rule: "r", Keys: 10, Seed: 1, Concurrency: 1, Batch: 1, Requests: 3, Duration: time.Second, Cost: 1}, []CheckFunc{target})
 		if unpaced.ResponseTime.Count() != 0 {
 			t.Fatalf("an unpaced run has %d response times, want none", unpaced.ResponseTime.Count())

@@ -33,7 +33,8 @@ type row struct {
 	// P99SchedMs is a paced row's p99 from each call's scheduled send
 	// (loadgen's ResponseTime: the wait behind a late call included).
 	P99SchedMs        float64          `json:"p99_from_schedule_ms,omitempty"`
-	HTTPFallbacks     int64            `json:"http_fallbacks,omitempty"` // Go client rows: calls sent over HTTP (no view) during the row
+	P99WakeLateMs     float64          `json:"p99_wake_late_ms,omitempty"` // paced rows: the load generator's timer lateness
+	HTTPFallbacks     int64            `json:"http_fallbacks,omitempty"`   // Go client rows: calls sent over HTTP (no view) during the row
 	ServerCPUSeconds  float64          `json:"server_cpu_s"`
 	CPUusPerCheck     float64          `json:"server_cpu_us_per_check"`
 	LoadCPUusPerCheck float64          `json:"loadgen_cpu_us_per_check"` // the load generator's own CPU (this process)
@@ -136,6 +137,7 @@ func medianRows(rows []row) []row {
 		m.P50ms = pick(func(x row) float64 { return x.P50ms })
 		m.P99ms = pick(func(x row) float64 { return x.P99ms })
 		m.P99SchedMs = pick(func(x row) float64 { return x.P99SchedMs })
+		m.P99WakeLateMs = pick(func(x row) float64 { return x.P99WakeLateMs })
 		m.CPUusPerCheck = pick(func(x row) float64 { return x.CPUusPerCheck })
 		m.LoadCPUusPerCheck = pick(func(x row) float64 { return x.LoadCPUusPerCheck })
 		m.ServerCPUSeconds = pick(func(x row) float64 { return x.ServerCPUSeconds })
@@ -243,7 +245,7 @@ func (r *report) markdown() string {
 	for _, x := range r.Rows {
 		path := x.Path
 		if x.Rate > 0 {
-			path += fmt.Sprintf(" (paced %s calls/s; p99 from the scheduled send %.3f ms)", num(x.Rate), x.P99SchedMs)
+			path += fmt.Sprintf(" (paced %s calls/s; p99 from the scheduled send %.3f ms, of the load generator's wake-ups' lateness %.3f ms)", num(x.Rate), x.P99SchedMs, x.P99WakeLateMs)
 		}
 		if x.HTTPFallbacks > 0 {
 			path += fmt.Sprintf(" (%s calls over HTTP: no view)", num(float64(x.HTTPFallbacks)))

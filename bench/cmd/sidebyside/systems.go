@@ -79,6 +79,7 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 	r.P99ms = float64(res.Latency.Quantile(0.99)) / 1e6
 	if r.Rate > 0 {
 		r.P99SchedMs = float64(res.ResponseTime.Quantile(0.99)) / 1e6
+		r.P99WakeLateMs = float64(res.WakeLate.Quantile(0.99)) / 1e6
 	}
 	r.ServerCPUSeconds = (c1 - c0).Seconds()
 	if res.Checks > 0 {
