@@ -151,6 +151,12 @@ func (l *checkList) UnmarshalJSON(b []byte) error {
 		if err := dec.Decode(&l.items[i]); err != nil {
 			return &bodyError{fmt.Sprintf("checks[%d]: %s", i, describe(err))}
 		}
+		// Validated as decoded, so that the error names the first bad
+		// check. Was: a later check's type error came before an earlier
+		// one's empty key (shape validates after decoding).
+		if q := l.items[i].request(); validate(&q) != "" {
+			return &bodyError{fmt.Sprintf("checks[%d]: %s", i, validate(&q))}
+		}
 	}
 	return nil
 }

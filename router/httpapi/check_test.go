@@ -224,6 +224,7 @@ func TestCheckErrors(t *testing.T) {
 		{"checks null", `{"checks":null}`, 400, api.CodeBadRequest, "checks: must be an array"},
 		{"entry not object", `{"checks":[{"rule":"default","key":"k"},3]}`, 400, api.CodeBadRequest, "checks[1]: must be an object"},
 		{"entry unknown field", `{"checks":[{"rule":"default","key":"k","x":1}]}`, 400, api.CodeBadRequest, `checks[0]: unknown field "x"`},
+		{"first bad entry named", `{"checks":[{"rule":"default","key":""},{"rule":"default","key":7}]}`, 400, api.CodeBadRequest, "checks[0]: key is empty"},
 		{"entry bad type", `{"checks":[{"rule":"default","key":"k"},{"rule":"default","key":7}]}`, 400, api.CodeBadRequest, "checks[1]: key: must be a string, got number"},
 		{"entry bad cost", `{"checks":[{"rule":"default","key":"k","cost":0.5}]}`, 400, api.CodeBadRequest, "checks[0]: cost: must be an integer"},
 		{"batch over 1000", batchBody(api.MaxBatch+1, -1, ""), 400, api.CodeBadRequest, "checks: more than 1000 checks"},
