@@ -475,18 +475,26 @@ func TestPlanMoves(t *testing.T) {
 	})
 }
 
-// At its key cap an owner still decides the keys it tracks, refuses new
-// ones (OVER_CAPACITY: the router answers by the rule's failure mode)
-// and takes new keys again once the sweep has dropped idle ones.
-func TestKeyCap(t *testing.T) {
-	now := int64(1e18)
-	o, err := NewOwner("a", 64, func() int64 { return now }, nil)
+// capOwner returns an owner of every partition of a one-member ring,
+// rule "r" (token bucket, 10/s), on the clock *now, and its view.
+func capOwner(t *testing.T, now *int64) (*Owner, *view.View) {
+	t.Helper()
+	o, err := NewOwner("a", 64, func() int64 { return *now }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rule := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
 	v := view.New(testRing(t, 1, "a"), 9, []limiter.Rule{rule}, 0)
 	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	return o, v
+}
+
+// At its key cap an owner still decides the keys it tracks, refuses new
+// ones (OVER_CAPACITY: the router answers by the rule's failure mode)
+// and takes new keys again once the sweep has dropped idle ones.
+func TestKeyCap(t *testing.T) {
+	now := int64(1e18)
+	o, v := capOwner(t, &now)
 	o.SetMaxKeys(2)
 	check := func(h uint64) transport.Status {
 		return handle(o, 1, transport.Check{Rule: "r", KeyHash: h, Partition: v.Ring.Partition(h), Cost: 1}).Results[0].Status
@@ -521,13 +529,7 @@ func TestKeyCap(t *testing.T) {
 // sweep ran. Was: 5,000 keys taken under a cap of 100.
 func TestKeyCapHoldsBetweenSweeps(t *testing.T) {
 	now := int64(1e18)
-	o, err := NewOwner("a", 64, func() int64 { return now }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rule := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
-	v := view.New(testRing(t, 1, "a"), 9, []limiter.Rule{rule}, 0)
-	o.Apply(v, PlanMoves(nil, v.Ring, "a", nil, false, false))
+	o, v := capOwner(t, &now)
 	const limit = 100
 	o.SetMaxKeys(limit)
 	refused := 0
