@@ -293,32 +293,26 @@ const (
 )
 
 func (h *handler) serveView(w http.ResponseWriter, r *http.Request) {
+	// The query is parsed whole, whether or not it waits: a bad wait with
+	// nothing to wait for is refused too (was: ignored, whatever it said).
 	q := r.URL.Query()
-	if q.Has("wait") && !q.Has("after") && !q.Has("rules_after") {
-		// Answered at once (nothing to wait for), but a wait that is not
-		// one is still refused. Was: ignored, whatever it said.
-		if d, err := time.ParseDuration(q.Get("wait")); err != nil || d < 0 {
-			writeError(w, badRequest("wait is a non-negative duration, got "+strconv.Quote(truncate(q.Get("wait")))))
-			return
-		}
+	after, rulesAfter := uint64(math.MaxUint64), uint64(math.MaxUint64)
+	wait := defaultViewWait
+	var err error
+	if q.Has("after") {
+		after, err = strconv.ParseUint(q.Get("after"), 10, 64)
+	}
+	if err == nil && q.Has("rules_after") {
+		rulesAfter, err = strconv.ParseUint(q.Get("rules_after"), 10, 64)
+	}
+	if err == nil && q.Has("wait") {
+		wait, err = time.ParseDuration(q.Get("wait"))
+	}
+	if err != nil || wait < 0 {
+		writeError(w, badRequest("after and rules_after are unsigned integers, wait a non-negative duration"))
+		return
 	}
 	if q.Has("after") || q.Has("rules_after") {
-		after, rulesAfter := uint64(math.MaxUint64), uint64(math.MaxUint64)
-		var err error
-		if q.Has("after") {
-			after, err = strconv.ParseUint(q.Get("after"), 10, 64)
-		}
-		if err == nil && q.Has("rules_after") {
-			rulesAfter, err = strconv.ParseUint(q.Get("rules_after"), 10, 64)
-		}
-		wait := defaultViewWait
-		if err == nil && q.Has("wait") {
-			wait, err = time.ParseDuration(q.Get("wait"))
-		}
-		if err != nil || wait < 0 {
-			writeError(w, badRequest("after and rules_after are unsigned integers, wait a non-negative duration"))
-			return
-		}
 		wait = min(wait, maxViewWait)
 		if vw, ok := h.admin.(ViewWaiter); ok && wait > 0 {
 			// Server's write timeout counts from the handler's end
@@ -357,7 +351,7 @@ func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeStrict decodes one JSON object from body into v (a pointer to a
-// struct): no unknown fields, names matched exactly (foldedName),
+// struct): no unknown fields, names matched exactly (exactNames),
 // nothing after it.
 func decodeStrict(body io.Reader, v any) *api.Error {
 	in, err := io.ReadAll(body)
@@ -372,9 +366,8 @@ func decodeStrict(body io.Reader, v any) *api.Error {
 	if e := atEOF(dec); e != nil {
 		return e
 	}
-	names := jsonNames(v)
-	if k := foldedName(in, names); k != "" {
-		return decodeError(foldedError(k, names))
+	if err := exactNames(in, jsonNames(v)); err != nil {
+		return decodeError(err)
 	}
 	return nil
 }

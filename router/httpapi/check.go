@@ -154,8 +154,9 @@ func (l *checkList) UnmarshalJSON(b []byte) error {
 		// Validated as decoded, so that the error names the first bad
 		// check. Was: a later check's type error came before an earlier
 		// one's empty key (shape validates after decoding).
-		if q := l.items[i].request(); validate(&q) != "" {
-			return &bodyError{fmt.Sprintf("checks[%d]: %s", i, validate(&q))}
+		q := l.items[i].request()
+		if msg := validate(&q); msg != "" {
+			return &bodyError{fmt.Sprintf("checks[%d]: %s", i, msg)}
 		}
 	}
 	return nil
@@ -298,8 +299,8 @@ func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
 	if e := atEOF(dec); e != nil {
 		return e
 	}
-	if k := foldedName(in, checkNames); k != "" {
-		return decodeError(foldedError(k, checkNames))
+	if err := exactNames(in, checkNames); err != nil {
+		return decodeError(err)
 	}
 	return nil
 }

@@ -5,24 +5,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 )
 
-// foldedName returns the first object key of the JSON value in that is
-// one of names when case is ignored but not as written, or "" when there
-// is none (or in is not JSON: decoding it says why). encoding/json
-// matches field names case-insensitively, so {"Key": ...} was read as
-// "key" and {"key": "a", "KEY": "b"} as "b" where every other reader of
-// the body (a proxy, a log, the fast path) sees "a"; the contract names
-// fields exactly.
-func foldedName(in []byte, names []string) string {
+// exactNames refuses, with a *bodyError, the first object key of the
+// JSON value in that is one of names when case is ignored but not as
+// written; it returns nil when there is none (or in is not JSON:
+// decoding it says why). encoding/json matches field names
+// case-insensitively, so {"Key": ...} was read as "key" and
+// {"key": "a", "KEY": "b"} as "b" where every other reader of the body
+// (a proxy, a log, the fast path) sees "a"; the contract names fields
+// exactly.
+func exactNames(in []byte, names []string) error {
 	dec := json.NewDecoder(bytes.NewReader(in))
 	type frame struct{ object, atKey bool }
 	var stack []frame
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return ""
+			return nil
 		}
 		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
 			stack = stack[:len(stack)-1]
@@ -32,10 +34,10 @@ func foldedName(in []byte, names []string) string {
 			top := &stack[n-1]
 			if top.atKey {
 				top.atKey = false
-				if k := tok.(string); !exactName(k, names) {
+				if k := tok.(string); !slices.Contains(names, k) {
 					for _, want := range names {
 						if strings.EqualFold(k, want) {
-							return k
+							return &bodyError{fmt.Sprintf("unknown field %q: field names are matched exactly (want %q)", k, want)}
 						}
 					}
 				}
@@ -47,25 +49,6 @@ func foldedName(in []byte, names []string) string {
 			stack = append(stack, frame{object: d == '{', atKey: d == '{'})
 		}
 	}
-}
-
-func exactName(k string, names []string) bool {
-	for _, n := range names {
-		if k == n {
-			return true
-		}
-	}
-	return false
-}
-
-// foldedError is the 400 of a field named in another case.
-func foldedError(k string, names []string) error {
-	for _, want := range names {
-		if strings.EqualFold(k, want) {
-			return &bodyError{fmt.Sprintf("unknown field %q: field names are matched exactly (want %q)", k, want)}
-		}
-	}
-	return nil
 }
 
 // jsonNames returns the JSON field names of the struct v points to.
