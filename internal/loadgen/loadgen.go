@@ -256,7 +256,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 			err = fmt.Errorf("%d decisions for %d checks", n, len(checks))
 		}
 		if err != nil {
-			if ctx.Err() != nil || !time.Now().Before(end) {
+			if ctx.Err() != nil || !t1.Before(end) {
 				// Cut off by the end of the run, whatever the target made
 				// of it: a gRPC DeadlineExceeded status is not
 				// context.DeadlineExceeded, and a connection deadline set

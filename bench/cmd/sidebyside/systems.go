@@ -229,6 +229,7 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 	if fb := rc.HTTPFallbacks(); fb != 0 {
 		log.Printf("Go client: %d calls over HTTP before the view", fb)
 	}
+	measureHTTP := func(r row) (row, error) { return measure(ctx, o, rep, r, procs, httpTargets) }
 	// measureRing is measure for a Go client row, which also records the
 	// calls the client sent over HTTP (no view) during the row: a row of
 	// the data plane that was not is marked so. Was: counted before the
@@ -252,22 +253,15 @@ func runRinglimit(ctx context.Context, o *options, rep *report, n int) error {
 	peaks := map[string]float64{}
 	for _, c := range o.conc {
 		for _, x := range []struct {
-			r    row
-			ts   []loadgen.CheckFunc
-			ring bool
+			r       row
+			measure func(row) (row, error)
 		}{
-			{mk(single, "single", c, 1), httpTargets, false},
-			{mk(batched, "batched", c, o.batch), httpTargets, false},
-			{mk(goSingle, "single", c, 1), ringTargets, true},
-			{mk(goBatched, "batched", c, o.batch), ringTargets, true},
+			{mk(single, "single", c, 1), measureHTTP},
+			{mk(batched, "batched", c, o.batch), measureHTTP},
+			{mk(goSingle, "single", c, 1), measureRing},
+			{mk(goBatched, "batched", c, o.batch), measureRing},
 		} {
-			var r row
-			var err error
-			if x.ring {
-				r, err = measureRing(x.r)
-			} else {
-				r, err = measure(ctx, o, rep, x.r, procs, x.ts)
-			}
+			r, err := x.measure(x.r)
 			if err != nil {
 				return err
 			}
