@@ -32,19 +32,26 @@ type row struct {
 	P99ms        float64 `json:"p99_ms"`
 	// P99SchedMs is a paced row's p99 from each call's scheduled send
 	// (loadgen's ResponseTime: the wait behind a late call included).
-	P99SchedMs        float64          `json:"p99_from_schedule_ms,omitempty"`
-	P99WakeLateMs     float64          `json:"p99_wake_late_ms,omitempty"` // paced rows: the load generator's timer lateness
-	HTTPFallbacks     int64            `json:"http_fallbacks,omitempty"`   // Go client rows: calls sent over HTTP (no view) during the row
-	ServerCPUSeconds  float64          `json:"server_cpu_s"`
-	CPUusPerCheck     float64          `json:"server_cpu_us_per_check"`
-	LoadCPUusPerCheck float64          `json:"loadgen_cpu_us_per_check"` // the load generator's own CPU (this process)
-	Checks            int64            `json:"checks"`
-	Errors            int64            `json:"errors"`
-	Degraded          int64            `json:"degraded"`
-	AllowedRatio      float64          `json:"allowed_ratio"`
-	ErrorKinds        map[string]int64 `json:"error_kinds,omitempty"`
-	Load              string           `json:"loadavg_after"`
-	Round             int              `json:"round,omitempty"` // with --rounds: which round; 0 in a median row
+	P99SchedMs        float64 `json:"p99_from_schedule_ms,omitempty"`
+	P99WakeLateMs     float64 `json:"p99_wake_late_ms,omitempty"` // paced rows: the load generator's timer lateness
+	HTTPFallbacks     int64   `json:"http_fallbacks,omitempty"`   // Go client rows: calls sent over HTTP (no view) during the row
+	ServerCPUSeconds  float64 `json:"server_cpu_s"`
+	CPUusPerCheck     float64 `json:"server_cpu_us_per_check"`
+	LoadCPUusPerCheck float64 `json:"loadgen_cpu_us_per_check"` // the load generator's own CPU (this process)
+	// Context switches and read/write syscalls per check, of the servers
+	// and of the load generator (proc.Sched): on this machine each costs
+	// microseconds, which a profile of user code does not show.
+	ServerSwitchesPerCheck float64          `json:"server_switches_per_check"`
+	ServerSyscallsPerCheck float64          `json:"server_rw_syscalls_per_check"`
+	LoadSwitchesPerCheck   float64          `json:"loadgen_switches_per_check"`
+	LoadSyscallsPerCheck   float64          `json:"loadgen_rw_syscalls_per_check"`
+	Checks                 int64            `json:"checks"`
+	Errors                 int64            `json:"errors"`
+	Degraded               int64            `json:"degraded"`
+	AllowedRatio           float64          `json:"allowed_ratio"`
+	ErrorKinds             map[string]int64 `json:"error_kinds,omitempty"`
+	Load                   string           `json:"loadavg_after"`
+	Round                  int              `json:"round,omitempty"` // with --rounds: which round; 0 in a median row
 
 	rule string
 }
@@ -141,6 +148,10 @@ func medianRows(rows []row) []row {
 		m.CPUusPerCheck = pick(func(x row) float64 { return x.CPUusPerCheck })
 		m.LoadCPUusPerCheck = pick(func(x row) float64 { return x.LoadCPUusPerCheck })
 		m.ServerCPUSeconds = pick(func(x row) float64 { return x.ServerCPUSeconds })
+		m.ServerSwitchesPerCheck = pick(func(x row) float64 { return x.ServerSwitchesPerCheck })
+		m.ServerSyscallsPerCheck = pick(func(x row) float64 { return x.ServerSyscallsPerCheck })
+		m.LoadSwitchesPerCheck = pick(func(x row) float64 { return x.LoadSwitchesPerCheck })
+		m.LoadSyscallsPerCheck = pick(func(x row) float64 { return x.LoadSyscallsPerCheck })
 		m.AllowedRatio = pick(func(x row) float64 { return x.AllowedRatio })
 		m.Rate = pick(func(x row) float64 { return x.Rate })
 		m.Checks, m.Errors, m.Degraded = 0, 0, 0
@@ -240,8 +251,8 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "%d rounds, the systems in turn: each figure below is the median of its rounds (every round's rows are in results.json), each ratio the median of the rounds' ratios.\n", r.Rounds)
 	}
 	b.WriteString("\n")
-	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | load generator CPU µs/check | errors | degraded |\n")
-	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| system | n | path | c | checks/call | checks/s | p50 ms | p99 ms | server CPU µs/check | load generator CPU µs/check | server switches / r-w syscalls per check | load generator switches / r-w syscalls per check | errors | degraded |\n")
+	b.WriteString("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, x := range r.Rows {
 		path := x.Path
 		if x.Rate > 0 {
@@ -250,8 +261,9 @@ func (r *report) markdown() string {
 		if x.HTTPFallbacks > 0 {
 			path += fmt.Sprintf(" (%s calls over HTTP: no view)", num(float64(x.HTTPFallbacks)))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s | %.3f | %.3f | %.2f | %.2f | %d | %d |\n",
-			x.System, x.Instances, path, x.Concurrency, x.Batch, num(x.ChecksPerSec), x.P50ms, x.P99ms, x.CPUusPerCheck, x.LoadCPUusPerCheck, x.Errors, x.Degraded)
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s | %.3f | %.3f | %.2f | %.2f | %.3f / %.3f | %.3f / %.3f | %d | %d |\n",
+			x.System, x.Instances, path, x.Concurrency, x.Batch, num(x.ChecksPerSec), x.P50ms, x.P99ms, x.CPUusPerCheck, x.LoadCPUusPerCheck,
+			x.ServerSwitchesPerCheck, x.ServerSyscallsPerCheck, x.LoadSwitchesPerCheck, x.LoadSyscallsPerCheck, x.Errors, x.Degraded)
 	}
 	if len(r.Memory) > 0 {
 		b.WriteString("\n| memory | active keys | bytes per key | measured as | Go heap bytes per key | note |\n|---|--:|--:|---|--:|---|\n")

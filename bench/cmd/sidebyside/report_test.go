@@ -27,7 +27,8 @@ func TestMedian(t *testing.T) {
 func TestRounds(t *testing.T) {
 	rl := func(round int, cps, cpu float64) row {
 		return row{System: "ringlimit", Instances: 1, Path: "Go client, 1 per call", Group: "single", Concurrency: 32, Batch: 1,
-			ChecksPerSec: cps, CPUusPerCheck: cpu, P99ms: cps / 1e5, Checks: 10, Errors: 1, Round: round}
+			ChecksPerSec: cps, CPUusPerCheck: cpu, P99ms: cps / 1e5, Checks: 10, Errors: 1, Round: round,
+			ServerSwitchesPerCheck: cpu / 10, ServerSyscallsPerCheck: cpu / 4, LoadSwitchesPerCheck: cpu / 5, LoadSyscallsPerCheck: cpu / 2}
 	}
 	rd := func(round int, cps float64) row {
 		return row{System: "redis", Instances: 1, Path: "EVALSHA, pipeline 1", Group: "single", Concurrency: 32, Batch: 1,
@@ -42,6 +43,12 @@ func TestRounds(t *testing.T) {
 	m := r.Rows[0]
 	if m.ChecksPerSec != 120e3 || m.CPUusPerCheck != 4 || m.P99ms != 1.2 || m.Checks != 30 || m.Errors != 3 || m.Round != 0 {
 		t.Errorf("ringlimit's median row %+v, want 120k/s, 4 µs, p99 1.2 ms, 30 checks, 3 errors, round 0", m)
+	}
+	if m.ServerSwitchesPerCheck != 0.4 || m.ServerSyscallsPerCheck != 1 || m.LoadSwitchesPerCheck != 0.8 || m.LoadSyscallsPerCheck != 2 {
+		t.Errorf("ringlimit's median switches and syscalls %+v, want 0.4 / 1 and 0.8 / 2", m)
+	}
+	if md := r.markdown(); !strings.Contains(md, "| 0.400 / 1.000 | 0.800 / 2.000 |") {
+		t.Errorf("the table lacks the median row's switches and syscalls:\n%s", md)
 	}
 	q, each := r.ratio("ringlimit", 1, "Go client, 1 per call", "redis", 1, "EVALSHA, pipeline 1", 32)
 	if q != 2.5 || strings.Join(each, " ") != "2.4 2.5 3.2" {

@@ -62,10 +62,26 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 	if err != nil {
 		return r, err
 	}
+	s0, err := proc.SchedOf(procs)
+	if err != nil {
+		return r, err
+	}
+	ls0, err := proc.SchedOfPID(os.Getpid())
+	if err != nil {
+		return r, err
+	}
 	l0 := cputime.Process()
 	res := loadgen.Run(ctx, cfg, targets)
 	l1 := cputime.Process()
 	c1, err := proc.CPUOf(procs)
+	if err != nil {
+		return r, err
+	}
+	s1, err := proc.SchedOf(procs)
+	if err != nil {
+		return r, err
+	}
+	ls1, err := proc.SchedOfPID(os.Getpid())
 	if err != nil {
 		return r, err
 	}
@@ -86,6 +102,10 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 		r.CPUusPerCheck = r.ServerCPUSeconds * 1e6 / float64(res.Checks)
 		r.LoadCPUusPerCheck = (l1 - l0).Seconds() * 1e6 / float64(res.Checks)
 		r.AllowedRatio = float64(res.Allowed) / float64(res.Checks)
+		n := float64(res.Checks)
+		sd, ld := s1.Sub(s0), ls1.Sub(ls0)
+		r.ServerSwitchesPerCheck, r.ServerSyscallsPerCheck = float64(sd.Switches)/n, float64(sd.ReadWrites)/n
+		r.LoadSwitchesPerCheck, r.LoadSyscallsPerCheck = float64(ld.Switches)/n, float64(ld.ReadWrites)/n
 	}
 	if len(res.ErrorKinds) > 0 {
 		r.ErrorKinds = res.ErrorKinds
@@ -95,8 +115,9 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 		r.Round = o.round
 	}
 	rep.Rows = append(rep.Rows, r)
-	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  load generator %7.3fµs/check  errors %d degraded %d",
-		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.LoadCPUusPerCheck, r.Errors, r.Degraded)
+	log.Printf("%-10s %d %-28s c=%-3d batch=%-4d %10.0f checks/s  p50 %7.3fms  p99 %7.3fms  cpu %7.3fµs/check  load generator %7.3fµs/check  switches/syscalls per check %.3f/%.3f, load generator %.3f/%.3f  errors %d degraded %d",
+		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.LoadCPUusPerCheck,
+		r.ServerSwitchesPerCheck, r.ServerSyscallsPerCheck, r.LoadSwitchesPerCheck, r.LoadSyscallsPerCheck, r.Errors, r.Degraded)
 	return r, nil
 }
 
