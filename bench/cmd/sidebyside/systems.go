@@ -58,30 +58,12 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 	if cfg.Rule == "" {
 		cfg.Rule = benchRule
 	}
-	c0, err := proc.CPUOf(procs)
+	before, err := readCounters(procs)
 	if err != nil {
 		return r, err
 	}
-	s0, err := proc.SchedOf(procs)
-	if err != nil {
-		return r, err
-	}
-	ls0, err := proc.SchedOfPID(os.Getpid())
-	if err != nil {
-		return r, err
-	}
-	l0 := cputime.Process()
 	res := loadgen.Run(ctx, cfg, targets)
-	l1 := cputime.Process()
-	c1, err := proc.CPUOf(procs)
-	if err != nil {
-		return r, err
-	}
-	s1, err := proc.SchedOf(procs)
-	if err != nil {
-		return r, err
-	}
-	ls1, err := proc.SchedOfPID(os.Getpid())
+	after, err := readCounters(procs)
 	if err != nil {
 		return r, err
 	}
@@ -97,13 +79,13 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 		r.P99SchedMs = float64(res.ResponseTime.Quantile(0.99)) / 1e6
 		r.P99WakeLateMs = float64(res.WakeLate.Quantile(0.99)) / 1e6
 	}
-	r.ServerCPUSeconds = (c1 - c0).Seconds()
+	r.ServerCPUSeconds = (after.server - before.server).Seconds()
 	if res.Checks > 0 {
 		r.CPUusPerCheck = r.ServerCPUSeconds * 1e6 / float64(res.Checks)
-		r.LoadCPUusPerCheck = (l1 - l0).Seconds() * 1e6 / float64(res.Checks)
+		r.LoadCPUusPerCheck = (after.load - before.load).Seconds() * 1e6 / float64(res.Checks)
 		r.AllowedRatio = float64(res.Allowed) / float64(res.Checks)
 		n := float64(res.Checks)
-		sd, ld := s1.Sub(s0), ls1.Sub(ls0)
+		sd, ld := after.serverSched.Sub(before.serverSched), after.loadSched.Sub(before.loadSched)
 		r.ServerSwitchesPerCheck, r.ServerSyscallsPerCheck = float64(sd.Switches)/n, float64(sd.ReadWrites)/n
 		r.LoadSwitchesPerCheck, r.LoadSyscallsPerCheck = float64(ld.Switches)/n, float64(ld.ReadWrites)/n
 	}
@@ -119,6 +101,27 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 		r.System, r.Instances, r.Path, r.Concurrency, r.Batch, r.ChecksPerSec, r.P50ms, r.P99ms, r.CPUusPerCheck, r.LoadCPUusPerCheck,
 		r.ServerSwitchesPerCheck, r.ServerSyscallsPerCheck, r.LoadSwitchesPerCheck, r.LoadSyscallsPerCheck, r.Errors, r.Degraded)
 	return r, nil
+}
+
+// counters is what measure reads of the servers (procs) and of the load
+// generator (this process) before and after a row.
+type counters struct {
+	server, load           time.Duration // CPU time
+	serverSched, loadSched proc.Sched
+}
+
+func readCounters(procs []*proc.Proc) (c counters, err error) {
+	if c.server, err = proc.CPUOf(procs); err != nil {
+		return c, err
+	}
+	if c.serverSched, err = proc.SchedOf(procs); err != nil {
+		return c, err
+	}
+	if c.loadSched, err = proc.SchedOfPID(os.Getpid()); err != nil {
+		return c, err
+	}
+	c.load = cputime.Process()
+	return c, nil
 }
 
 // warm drives targets briefly, unmeasured: connections, pools, buckets.
