@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -58,13 +59,15 @@ func measure(ctx context.Context, o *options, rep *report, r row, procs []*proc.
 	if cfg.Rule == "" {
 		cfg.Rule = benchRule
 	}
-	before, err := readCounters(procs)
-	if err != nil {
+	// The load generator's own counters are read nearest the run (last
+	// before it, first after it): reading the servers' /proc files is
+	// not its work. Arguments are evaluated left to right.
+	var before, after counters
+	if err := errors.Join(before.readServers(procs), before.readSelf()); err != nil {
 		return r, err
 	}
 	res := loadgen.Run(ctx, cfg, targets)
-	after, err := readCounters(procs)
-	if err != nil {
+	if err := errors.Join(after.readSelf(), after.readServers(procs)); err != nil {
 		return r, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -110,18 +113,18 @@ type counters struct {
 	serverSched, loadSched proc.Sched
 }
 
-func readCounters(procs []*proc.Proc) (c counters, err error) {
+func (c *counters) readServers(procs []*proc.Proc) (err error) {
 	if c.server, err = proc.CPUOf(procs); err != nil {
-		return c, err
+		return err
 	}
-	if c.serverSched, err = proc.SchedOf(procs); err != nil {
-		return c, err
-	}
-	if c.loadSched, err = proc.SchedOfPID(os.Getpid()); err != nil {
-		return c, err
-	}
+	c.serverSched, err = proc.SchedOf(procs)
+	return err
+}
+
+func (c *counters) readSelf() (err error) {
 	c.load = cputime.Process()
-	return c, nil
+	c.loadSched, err = proc.SchedOfPID(os.Getpid())
+	return err
 }
 
 // warm drives targets briefly, unmeasured: connections, pools, buckets.
