@@ -21,8 +21,10 @@ type Sched struct {
 	// the process's live threads (a thread that exited takes its count
 	// with it; Go and Redis keep theirs).
 	Switches int64
-	// ReadWrites is the read-like and write-like system calls (read,
-	// write, recvfrom, sendto, ...), from /proc/PID/io syscr + syscw.
+	// ReadWrites is the read and write system calls (read, readv, pread
+	// and their write twins, as Go's net package and Redis make on a
+	// socket), from /proc/PID/io syscr + syscw. Socket calls of their own
+	// (recvmsg, sendto, ...) and epoll waits are not counted.
 	ReadWrites int64
 }
 
@@ -39,12 +41,11 @@ func SchedOfPID(pid int) (Sched, error) {
 	if err != nil {
 		return s, err
 	}
-	r, err1 := field(io, "syscr:")
-	w, err2 := field(io, "syscw:")
-	if err := errors.Join(err1, err2); err != nil {
+	rw, err := fields(io, "syscr:", "syscw:")
+	if err != nil {
 		return s, fmt.Errorf("%s/io: %w", dir, err)
 	}
-	s.ReadWrites = r + w
+	s.ReadWrites = rw[0] + rw[1]
 	tasks, err := os.ReadDir(filepath.Join(dir, "task"))
 	if err != nil {
 		return s, err
@@ -57,12 +58,11 @@ func SchedOfPID(pid int) (Sched, error) {
 		if err != nil {
 			return s, err
 		}
-		v, err1 := field(st, "voluntary_ctxt_switches:")
-		n, err2 := field(st, "nonvoluntary_ctxt_switches:")
-		if err := errors.Join(err1, err2); err != nil {
+		vn, err := fields(st, "voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")
+		if err != nil {
 			return s, fmt.Errorf("%s/task/%s/status: %w", dir, t.Name(), err)
 		}
-		s.Switches += v + n
+		s.Switches += vn[0] + vn[1]
 	}
 	return s, nil
 }
@@ -84,14 +84,29 @@ func SchedOf(procs []*Proc) (Sched, error) {
 	return sum, nil
 }
 
-// field returns the integer after the line prefix name in a /proc file
-// of "name: value" lines.
-func field(b []byte, name string) (int64, error) {
+// fields returns the integers after the line prefixes names, in their
+// order, from one pass over a /proc file of "name: value" lines.
+func fields(b []byte, names ...string) ([]int64, error) {
+	vs := make([]int64, len(names))
+	found := 0
 	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte(name)); ok {
-			return strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+	for sc.Scan() && found < len(names) {
+		for i, name := range names {
+			v, ok := bytes.CutPrefix(sc.Bytes(), []byte(name))
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s %w", name, err)
+			}
+			vs[i] = n
+			found++
+			break
 		}
 	}
-	return 0, fmt.Errorf("no %q line", name)
+	if found < len(names) {
+		return nil, fmt.Errorf("not every one of %q is there", names)
+	}
+	return vs, nil
 }

@@ -60,14 +60,14 @@ func TestSchedCountsSyscallsAndSwitches(t *testing.T) {
 	}
 }
 
-func TestFieldNamesAMissingLine(t *testing.T) {
-	if v, err := field([]byte("syscr: 12\nsyscw: 7\n"), "syscw:"); err != nil || v != 7 {
-		t.Fatalf("field = %d, %v; want 7", v, err)
+func TestFieldsNamesAMissingLine(t *testing.T) {
+	if v, err := fields([]byte("syscr: 12\nsyscw: 7\n"), "syscw:", "syscr:"); err != nil || len(v) != 2 || v[0] != 7 || v[1] != 12 {
+		t.Fatalf("fields = %v, %v; want [7 12]", v, err)
 	}
-	if _, err := field([]byte("syscr: 12\n"), "syscw:"); err == nil {
+	if _, err := fields([]byte("syscr: 12\n"), "syscr:", "syscw:"); err == nil {
 		t.Fatal("a missing line gave no error")
 	}
-	if _, err := field([]byte("syscw: x\n"), "syscw:"); err == nil {
+	if _, err := fields([]byte("syscw: x\n"), "syscw:"); err == nil {
 		t.Fatal("a bad number gave no error")
 	}
 }
