@@ -410,7 +410,7 @@ func (p prober) Ready(ctx context.Context, httpAddr string) error {
 	return p.fwd.client(httpAddr).Ready(ctx)
 }
 
-const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached), " +
+const refusedHelp = "Inter-node connections closed unused: reason cap (the connection or handshake cap was reached: a new connection refused, or one still authenticating closed to make room for it), " +
 	"auth (failed or timed out authenticating, with --cluster-secret or TLS) or idle (no authentication configured: no first byte within 5s). " +
 	"A connection its peer closes before a byte, without authentication, is not counted (a joining member's address is probed so)."
 

@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// errEvicted is a handshake's error when it was closed to make room.
+var errEvicted = errors.New("transport: handshake closed to make room for a newer connection")
+
 // ListenerConfig configures a guarded Listener.
 type ListenerConfig struct {
 	// Auth authenticates every connection before Accept returns it; nil
@@ -25,10 +28,15 @@ type ListenerConfig struct {
 	// listener's own address.
 	Names []string
 	// MaxConns is the most connections open at once (authenticating or
-	// returned by Accept and not closed yet). Connections beyond it are
-	// closed as soon as they are accepted.
+	// returned by Accept and not closed yet). A connection beyond it takes
+	// the place of one still authenticating, as at MaxHandshakes; when all
+	// of them have authenticated it is closed as soon as it is accepted.
 	MaxConns int
-	// MaxHandshakes is the most connections authenticating at once.
+	// MaxHandshakes is the most connections authenticating at once. A
+	// connection accepted while that many are authenticating is not
+	// refused: one of those is closed to make room (see Listener), so
+	// that peers holding connections open without authenticating cannot
+	// lock out the ones that can.
 	MaxHandshakes int
 	// IdleTimeout, if positive, closes a returned connection on which no
 	// byte arrived for that long: every Read sets a read deadline. Only for
@@ -68,23 +76,38 @@ func (c ListenerConfig) Validate() error {
 // check). With authentication that counts in AuthFailed: the listener
 // cannot tell it from a peer that gave up on the handshake.
 type ListenerStats struct {
-	Open       int64 // connections open now (authenticating or accepted)
+	Open       int64 // connections open now (authenticating or accepted; a handshake closed to make room counts until it has ended)
 	Accepted   int64 // connections returned by Accept
-	OverCap    int64 // closed at once: MaxConns or MaxHandshakes reached
+	OverCap    int64 // closed at once at MaxConns, or a handshake closed to make room at a cap
 	AuthFailed int64 // closed: failed or timed out authenticating (authentication configured)
 	Idle       int64 // closed: no authentication configured, and no first byte within the handshake timeout
 }
 
 // Listener wraps a net.Listener: it accepts on its own goroutine, closes
-// connections over its caps at once, authenticates the others
+// connections over its connection cap at once, authenticates the others
 // concurrently (a slow or silent peer holds up nobody) and hands out only
 // those that passed. It is safe for concurrent use.
+//
+// At the handshake cap, and at the connection cap while some connections
+// are still authenticating, a new connection takes the place of one still
+// authenticating, chosen as the likeliest not to be a peer's: first one
+// that has not sent a byte, then one from the host with the most
+// handshakes in progress, then the oldest. A peer authenticates within
+// milliseconds, so someone holding silent connections open to lock peers
+// out would have to open MaxHandshakes of them within one peer's
+// handshake, from the peer's own host; refusing the newcomer instead (as
+// before) let 128 silent connections, renewed as they timed out, keep
+// every new peer out.
 type Listener struct {
 	inner net.Listener
 	cfg   ListenerConfig
 	slots chan struct{} // a token per open connection
-	hs    chan struct{} // a token per connection authenticating
 	ready chan net.Conn // authenticated connections for Accept
+
+	mu      sync.Mutex
+	shaking map[*handshake]struct{} // guarded by mu: connections authenticating
+	perHost map[string]int          // guarded by mu: handshakes in shaking by the peer's host
+	seq     uint64                  // guarded by mu: accept order of the last handshake
 
 	ctx    context.Context // ends at Close: stops handshakes in progress
 	cancel context.CancelFunc
@@ -96,6 +119,31 @@ type Listener struct {
 	lastRefusalLog                            atomic.Int64 // unix ns
 }
 
+// handshake is one connection authenticating.
+type handshake struct {
+	host   string      // the peer's address without its port
+	seq    uint64      // accept order
+	heard  atomic.Bool // a byte arrived from the peer
+	cancel context.CancelFunc
+	// guarded by the listener's mu:
+	evicted    bool // closed to make room for a newer connection
+	slotPassed bool // and its connection slot passed to that one
+}
+
+// heardConn marks its handshake heard once a byte arrives.
+type heardConn struct {
+	net.Conn
+	h *handshake
+}
+
+func (c *heardConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.h.heard.Load() {
+		c.h.heard.Store(true)
+	}
+	return n, err
+}
+
 // NewListener starts guarding ln. It fails only on an invalid cfg.
 func NewListener(ln net.Listener, cfg ListenerConfig) (*Listener, error) {
 	if err := cfg.Validate(); err != nil {
@@ -105,12 +153,13 @@ func NewListener(ln net.Listener, cfg ListenerConfig) (*Listener, error) {
 		cfg.Names = []string{ln.Addr().String()}
 	}
 	l := &Listener{
-		inner: ln,
-		cfg:   cfg,
-		slots: make(chan struct{}, cfg.MaxConns),
-		hs:    make(chan struct{}, cfg.MaxHandshakes),
-		ready: make(chan net.Conn),
-		done:  make(chan struct{}),
+		inner:   ln,
+		cfg:     cfg,
+		slots:   make(chan struct{}, cfg.MaxConns),
+		ready:   make(chan net.Conn),
+		done:    make(chan struct{}),
+		shaking: make(map[*handshake]struct{}, cfg.MaxHandshakes),
+		perHost: make(map[string]int),
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(1)
@@ -178,19 +227,96 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		backoff = 0
-		if !l.take(l.slots) {
+		h, ctx, ok := l.admit(nc, !l.take(l.slots))
+		if !ok {
 			l.refuse(nc, "connection cap")
-			continue
-		}
-		if !l.take(l.hs) {
-			<-l.slots
-			l.refuse(nc, "handshake cap")
 			continue
 		}
 		l.open.Add(1)
 		l.wg.Add(1)
-		go l.authenticate(nc)
+		go l.authenticate(ctx, nc, h)
 	}
+}
+
+// admit records nc as authenticating and returns its record and the
+// context that ends it. At the handshake cap, or when nc found no free
+// connection slot (noSlot), it closes another handshake to make room;
+// for noSlot that handshake's slot passes to nc. It fails only for
+// noSlot with no handshake in progress: every slot is held by an
+// authenticated connection.
+func (l *Listener) admit(nc net.Conn, noSlot bool) (*handshake, context.Context, bool) {
+	l.mu.Lock()
+	var victim *handshake
+	if noSlot || len(l.shaking) >= l.cfg.MaxHandshakes {
+		if len(l.shaking) == 0 {
+			l.mu.Unlock()
+			return nil, nil, false
+		}
+		victim = l.victimLocked()
+		l.dropLocked(victim)
+		victim.evicted, victim.slotPassed = true, noSlot
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	h := &handshake{host: hostOf(nc.RemoteAddr()), cancel: cancel}
+	l.seq++
+	h.seq = l.seq
+	l.shaking[h] = struct{}{}
+	l.perHost[h.host]++
+	l.mu.Unlock()
+	if victim != nil {
+		victim.cancel()
+		why := "handshake cap"
+		if noSlot {
+			why = "connection cap"
+		}
+		l.logRefusal(victim.host, why)
+	}
+	return h, ctx, true
+}
+
+// victimLocked picks the handshake to close at the cap: one not heard
+// from before one heard from, then one of the host with the most
+// handshakes, then the oldest. The caller holds mu and shaking is not
+// empty.
+func (l *Listener) victimLocked() *handshake {
+	var v *handshake
+	for h := range l.shaking {
+		if v == nil || worseHandshake(h, v, l.perHost) {
+			v = h
+		}
+	}
+	return v
+}
+
+// worseHandshake reports whether a is likelier than b not to be a peer's.
+func worseHandshake(a, b *handshake, perHost map[string]int) bool {
+	if ah, bh := a.heard.Load(), b.heard.Load(); ah != bh {
+		return !ah
+	}
+	if an, bn := perHost[a.host], perHost[b.host]; an != bn {
+		return an > bn
+	}
+	return a.seq < b.seq
+}
+
+// dropLocked forgets h; the caller holds mu.
+func (l *Listener) dropLocked(h *handshake) {
+	delete(l.shaking, h)
+	if l.perHost[h.host]--; l.perHost[h.host] <= 0 {
+		delete(l.perHost, h.host)
+	}
+}
+
+// hostOf is addr without its port (the whole address when it has none).
+func hostOf(addr net.Addr) string {
+	if addr == nil {
+		return ""
+	}
+	s := addr.String()
+	if host, _, err := net.SplitHostPort(s); err == nil {
+		return host
+	}
+	return s
 }
 
 func (l *Listener) take(sem chan struct{}) bool {
@@ -205,9 +331,14 @@ func (l *Listener) take(sem chan struct{}) bool {
 func (l *Listener) refuse(nc net.Conn, why string) {
 	_ = nc.Close()
 	l.overCap.Add(1)
+	l.logRefusal(nc.RemoteAddr(), why)
+}
+
+// logRefusal logs a connection closed at a cap, at most once a second.
+func (l *Listener) logRefusal(from any, why string) {
 	now := time.Now().UnixNano()
 	if last := l.lastRefusalLog.Load(); now-last > int64(time.Second) && l.lastRefusalLog.CompareAndSwap(last, now) {
-		l.logf(fmt.Errorf("transport: %v: refusing connections from %v and others: %s reached", l.inner.Addr(), nc.RemoteAddr(), why))
+		l.logf(fmt.Errorf("transport: %v: closing connections from %v and others: %s reached", l.inner.Addr(), from, why))
 	}
 }
 
@@ -216,21 +347,39 @@ func (l *Listener) release() {
 	<-l.slots
 }
 
-func (l *Listener) authenticate(nc net.Conn) {
+func (l *Listener) authenticate(ctx context.Context, nc net.Conn, h *handshake) {
 	defer l.wg.Done()
 	var c net.Conn
 	var err error
 	if l.cfg.Auth.Enabled() {
-		c, err = l.cfg.Auth.Server(l.ctx, nc, l.cfg.Names)
+		c, err = l.cfg.Auth.Server(ctx, &heardConn{Conn: nc, h: h}, l.cfg.Names)
 	} else {
-		c, err = firstByte(l.ctx, nc, l.cfg.Auth.timeout())
+		c, err = firstByte(ctx, nc, l.cfg.Auth.timeout())
 	}
-	<-l.hs
+	if hc, ok := c.(*heardConn); ok {
+		c = hc.Conn // read on without the handshake's watch
+	}
+	l.mu.Lock()
+	evicted, slotPassed := h.evicted, h.slotPassed
+	if !evicted {
+		l.dropLocked(h)
+	}
+	l.mu.Unlock()
+	h.cancel()
+	if evicted && err == nil {
+		err = errEvicted // it finished just as it was closed: its place is taken
+	}
 	if err != nil {
 		_ = nc.Close()
-		l.release()
+		if slotPassed {
+			l.open.Add(-1)
+		} else {
+			l.release()
+		}
 		switch {
 		case l.ctx.Err() != nil: // closing
+		case evicted: // closed to make room for a newer one
+			l.overCap.Add(1)
 		case l.cfg.Auth.Enabled():
 			l.authFailed.Add(1)
 			l.logf(err)

@@ -1,0 +1,95 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+)
+
+// Connections held open without a byte fill the handshake cap, but a
+// peer with the secret still gets in: the newest connection takes the
+// place of a silent one instead of being refused. Before, 128 silent
+// connections (renewed as they timed out) kept every new peer out of the
+// data plane and Raft: a router started then answered every check by
+// the failure mode, and an election could not reach the voters.
+func TestSilentConnectionsCannotLockPeersOut(t *testing.T) {
+	// Raft's listener reaches its connection cap first (128 of each).
+	for _, maxConns := range []int{64, 4} {
+		t.Run(fmt.Sprintf("MaxConns=%d", maxConns), func(t *testing.T) { silentFlood(t, maxConns) })
+	}
+}
+
+func silentFlood(t *testing.T, maxConns int) {
+	auth := &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Minute}
+	lcfg := ListenerConfig{MaxConns: maxConns, MaxHandshakes: 4, Auth: auth}
+	gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for range 10 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	// Six of the ten made room for the last four; nothing timed out.
+	eventually(t, func() bool { st := gl.Stats(); return st.OverCap == 6 && st.Open == 4 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := DefaultClientConfig()
+	cfg.Dial = auth.Dial
+	cfg.RedialBackoff = 0
+	c, err := Dial(ctx, addr, cfg)
+	if err != nil {
+		t.Fatalf("a peer with the secret, at the handshake cap: %v", err)
+	}
+	defer c.Close()
+	req, resp := batchOf(2, "r"), &BatchResponse{}
+	if err := c.Do(ctx, req, resp); err != nil {
+		t.Fatalf("a peer with the secret, at the handshake cap: Do: %v", err)
+	}
+	checkEcho(t, req, resp)
+	if st := gl.Stats(); st.Accepted != 1 || st.AuthFailed != 0 || st.OverCap != 7 {
+		t.Fatalf("stats %+v: want the peer accepted and one more silent connection closed for it", st)
+	}
+}
+
+// The handshake closed at the cap is the likeliest not to be a peer's:
+// silent before heard from, then from the busiest host, then the oldest.
+func TestHandshakeVictimOrder(t *testing.T) {
+	hs := func(host string, seq uint64, heard bool) *handshake {
+		h := &handshake{host: host, seq: seq}
+		h.heard.Store(heard)
+		return h
+	}
+	for _, tc := range []struct {
+		name    string
+		shaking []*handshake
+		want    int // index in shaking
+	}{
+		{"oldest of one host", []*handshake{hs("a", 3, false), hs("a", 1, false), hs("a", 2, false)}, 1},
+		{"silent before heard, however old", []*handshake{hs("a", 1, true), hs("a", 2, true), hs("a", 9, false)}, 2},
+		{"busiest host before an older one", []*handshake{hs("peer", 1, false), hs("x", 5, false), hs("x", 6, false)}, 1},
+		{"silent peer before a heard flood", []*handshake{hs("x", 1, true), hs("x", 2, true), hs("peer", 3, false)}, 2},
+		{"heard peer kept over a silent flood", []*handshake{hs("peer", 1, true), hs("x", 2, false), hs("x", 3, false)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &Listener{shaking: map[*handshake]struct{}{}, perHost: map[string]int{}}
+			for _, h := range tc.shaking {
+				l.shaking[h] = struct{}{}
+				l.perHost[h.host]++
+			}
+			if got := l.victimLocked(); got != tc.shaking[tc.want] {
+				t.Fatalf("victim host %q seq %d, want host %q seq %d", got.host, got.seq,
+					tc.shaking[tc.want].host, tc.shaking[tc.want].seq)
+			}
+		})
+	}
+}
