@@ -708,7 +708,8 @@ func (n *Node) viewCurrent() bool {
 // a quorum of Raft's voters answered (from their sending time) and from
 // the Raft calls a quorum of them answered at its term (leaderLease), and
 // has the members' voter flags corrected where they differ from Raft's
-// configuration (syncVoterFlagsLater). Raft's own
+// configuration (syncVoterFlagsLater) and, when a voter has left, a
+// non-voter promoted in its place (promoteNonvoters). Raft's own
 // heartbeat failures are reported only after its transport's I/O timeout
 // (10s), far too late for DeadAfter, hence the pings.
 func (n *Node) detectLoop() {
@@ -722,6 +723,7 @@ func (n *Node) detectLoop() {
 	acked := map[string]time.Time{}    // scratch for leaderLease
 	orphans := orphanWatch{}           // Raft servers that are no members, while we lead
 	lease := leaderLease(n.cfg.DeadAfter)
+	lastVoters := MaxVoters // Raft's voters at the last tick, while we lead
 	leading := false
 	prevLeader := ""    // the leader this node last followed
 	var heard time.Time // when this node last heard from prevLeader (Raft's LastContact)
@@ -755,6 +757,7 @@ func (n *Node) detectLoop() {
 				lastSeen.reset()
 				servers = nil
 				clear(orphans)
+				lastVoters = MaxVoters // a new lead promotes in leaderLoop
 			}
 			leading = false
 			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
@@ -782,6 +785,14 @@ func (n *Node) detectLoop() {
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
+			if v := raftVoters(servers); v < lastVoters && v < MaxVoters {
+				// A voter left (a leave, an orphan removed): a non-voter
+				// takes its seat, or the cluster would stay with fewer
+				// voters, and tolerate fewer failures, until the next
+				// change of leader.
+				n.promoteNonvoters()
+			}
+			lastVoters = raftVoters(servers)
 			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now, orphanVoterGrace(n.cfg.DeadAfter)))
 		}
 		lastSeen.retain(func(id string) bool {

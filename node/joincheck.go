@@ -166,7 +166,9 @@ func (n *Node) checkJoin(ctx context.Context, req api.JoinRequest) error {
 // Raft address: a leader that lost the lead while a member was catching
 // up took that member's promotion with it, and the new one takes it on.
 // A member left a non-voter because the cluster had MaxVoters voters is
-// looked at again too, and stays one (promote checks the room).
+// looked at again too, and stays one (promote checks the room). The
+// failure detector runs it too when a voter has left, so that a
+// non-voter takes the seat.
 func (n *Node) promoteNonvoters() {
 	if !n.promotesLater() {
 		return
@@ -184,6 +186,17 @@ func (n *Node) promoteNonvoters() {
 			n.promoteLater(api.JoinRequest{ID: m.ID, HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer})
 		}
 	}
+}
+
+// raftVoters counts the voters among servers.
+func raftVoters(servers []raft.Server) int {
+	n := 0
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			n++
+		}
+	}
+	return n
 }
 
 // errReaddressed: the member to promote joined again at another Raft

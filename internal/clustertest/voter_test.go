@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -162,5 +163,55 @@ func flagsAgree(c *Cluster) func() bool {
 			}
 		}
 		return true
+	}
+}
+
+// When a voter leaves a cluster with a non-voter, the non-voter takes its
+// seat: a cluster of six keeps five voters after one leaves, whether the
+// voter left gracefully or crashed, was marked dead and was then removed
+// (a new user's six-member cluster kept four voters after `leave` of a
+// dead voter: the leader promoted only when a member joined or when it
+// gained the lead).
+func TestNonVoterTakesTheSeatOfAVoterThatLeft(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "graceful leave", true: "crashed, marked dead, left"}[crash], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 6, Options{DeadAfter: 2 * time.Second, Prober: &gatedProber{}}) // a prober, as serve has: joins promote later
+				nonVoter, voter := "", ""
+				for _, m := range c.Members() {
+					switch {
+					case !raftVoter(c, m.ID):
+						nonVoter = m.ID
+					case m.ID != c.Leader().ID && voter == "":
+						voter = m.ID
+					}
+				}
+				if nonVoter == "" || voter == "" {
+					t.Fatalf("want a non-voter and a voter that does not lead; got %q and %q", nonVoter, voter)
+				}
+				if crash {
+					c.Crash(voter)
+					c.WaitFor(voter+" marked dead", 10*time.Second, func() bool {
+						m, _ := c.Leader().Node().State().Member(voter)
+						return m.State == fsm.Dead
+					})
+					if err := c.Leader().Node().Leave(context.Background(), voter); err != nil {
+						t.Fatalf("leave %s: %v", voter, err)
+					}
+				} else {
+					c.Leave(voter)
+				}
+				c.WaitFor(nonVoter+" promoted in "+voter+"'s place", 10*time.Second, func() bool { return raftVoter(c, nonVoter) })
+				voters := 0
+				for _, m := range c.Members() {
+					if m.ID != voter && raftVoter(c, m.ID) {
+						voters++
+					}
+				}
+				if voters != 5 {
+					t.Fatalf("%d voters after %s left, want 5", voters, voter)
+				}
+			})
+		})
 	}
 }
