@@ -113,8 +113,13 @@ type Cluster struct {
 // rules, and the cluster's secret key-hash seed. GET /v1/cluster/view is
 // an admin endpoint for that reason.
 type ClusterView struct {
-	Epoch             uint64   `json:"epoch"`
-	Partitions        int      `json:"partitions"`
+	Epoch      uint64 `json:"epoch"`
+	Partitions int    `json:"partitions"`
+	// ReplicationFactor and Load are the consistent-hash ring's settings
+	// (buraksezer/consistent: virtual points per member, and the bound
+	// on a member's partitions relative to the mean), which a router needs
+	// to build the same ring; not copies of data. Each partition has one
+	// owner and one backup whatever they are.
 	ReplicationFactor int      `json:"replication_factor"`
 	Load              float64  `json:"load"`
 	Seed              string   `json:"seed"`    // 16 hex digits: JSON numbers lose uint64 precision
