@@ -412,7 +412,7 @@ func (n *Node) register(ctx context.Context) error {
 			}
 			return err
 		}
-		n.log.Info("restarted while listed active: marked down first, so the backups serve what was lost")
+		n.log.Info("restarted after a crash (its own log lists it active; the leader may have marked it dead since): marked down first, so the backups serve what was lost")
 		n.recovered.Store(true)
 		return nil
 	}
