@@ -326,6 +326,13 @@ func CheckRoutes(routes []Route, set []limiter.Rule) error {
 // segment: "*" matches one segment, and a final "/*" matches the path
 // before it and anything below it ("/v1/chat/*" matches "/v1/chat",
 // "/v1/chat/x" and "/v1/chat/x/y"; "/*" matches every path).
+//
+// A route with limits ignores trailing slashes, on its pattern and on
+// the path: "/login" and "/login/" match both "/login" and "/login/", as
+// most upstreams serve both alike (was: "/login/" passed "/login"'s
+// limit). An unlimited route matches its pattern as written, a trailing
+// slash included: an exemption stays as narrow as it was written, so a
+// path it misses falls to the routes after it.
 func MatchRoute(routes []Route, method, path, tier string) *Route {
 	for i := range routes {
 		r := &routes[i]
@@ -336,7 +343,7 @@ func MatchRoute(routes []Route, method, path, tier string) *Route {
 			!(strings.EqualFold(method, http.MethodHead) && containsFold(r.Methods, http.MethodGet)) {
 			continue
 		}
-		if matchPath(r.Path, path) {
+		if matchPath(r.Path, path, !r.Unlimited) {
 			return r
 		}
 	}
@@ -352,9 +359,15 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// matchPath matches a path against a route pattern (see MatchRoute).
-func matchPath(pattern, path string) bool {
+// matchPath matches a path against a route pattern (see MatchRoute);
+// loose ignores trailing slashes on both.
+func matchPath(pattern, path string, loose bool) bool {
 	prefix, ok := strings.CutSuffix(pattern, "/*")
+	if loose {
+		// After the cut: "/x/*/" is still one segment under "/x", not
+		// the final wildcard "/x/*".
+		pattern, path = trimSlashes(pattern), trimSlashes(path)
+	}
 	switch {
 	case !ok:
 		return matchSegments(pattern, path)
@@ -366,6 +379,14 @@ func matchPath(pattern, path string) bool {
 		path = path[:cut]
 	}
 	return matchSegments(prefix, path)
+}
+
+// trimSlashes returns p without its trailing slashes; "/" stays "/".
+func trimSlashes(p string) string {
+	if t := strings.TrimRight(p, "/"); t != "" || p == "" {
+		return t
+	}
+	return "/"
 }
 
 // nthSlash returns the index of the n-th "/" of s (1-based), or -1.

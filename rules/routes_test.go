@@ -76,6 +76,53 @@ func TestParseRoutesAndMatch(t *testing.T) {
 	}
 }
 
+// A route with limits ignores trailing slashes on its pattern and on the
+// path; an unlimited route matches as written, so a path it misses falls
+// to the routes after it. Was: "/login/" matched no "/login" route and
+// passed unlimited to an upstream that serves it as "/login".
+func TestMatchRouteTrailingSlashes(t *testing.T) {
+	lim := []Limit{{Rule: "r", Cost: 1}}
+	routes := []Route{
+		{Name: "health", Path: "/healthz", Unlimited: true},
+		{Name: "public", Path: "/public/", Unlimited: true},
+		{Name: "login", Path: "/login", Limits: lim},
+		{Name: "form", Path: "/form/", Limits: lim},
+		{Name: "content", Path: "/files/*/content", Limits: lim},
+		{Name: "one", Path: "/one/*/", Limits: lim},
+		{Name: "chat", Path: "/chat/*", Limits: lim},
+		{Name: "root", Path: "/", Limits: lim},
+	}
+	for _, tt := range []struct{ path, want string }{
+		{"/login", "login"},
+		{"/login/", "login"},
+		{"/login//", "login"},
+		{"/login/x", ""},
+		{"/form", "form"},
+		{"/form/", "form"},
+		{"/files/a/content/", "content"},
+		{"/files/a/content", "content"},
+		{"/one/a", "one"},
+		{"/one/a/", "one"},
+		{"/one", ""}, // "/one/*/" is one segment under /one, not a final wildcard
+		{"/one/a/b", ""},
+		{"/chat/", "chat"},
+		{"/chat", "chat"},
+		{"/", "root"},
+		{"/healthz", "health"},
+		{"/healthz/", ""}, // not the exemption: limited by whatever follows (here nothing)
+		{"/public/", "public"},
+		{"/public", ""},
+	} {
+		got := ""
+		if r := MatchRoute(routes, "GET", tt.path, ""); r != nil {
+			got = r.Name
+		}
+		if got != tt.want {
+			t.Errorf("MatchRoute(GET %s) = %q, want %q", tt.path, got, tt.want)
+		}
+	}
+}
+
 func TestParseRoutesErrors(t *testing.T) {
 	tests := []struct{ doc, msg string }{
 		{"routes: [{name: a, path: x, limits: [{rule: default}]}]", `route "a": path: must start with /, got "x"`},

@@ -304,9 +304,12 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 
 // matchPath is the path routes are matched against: r.URL.Path (decoded)
 // with its dot segments resolved and repeated slashes merged, a trailing
-// slash kept. The request is forwarded as it came, and an upstream that
-// resolves "/x/../chat" or "//chat" serves "/chat": matched as they came,
-// such paths went past "/chat"'s limits.
+// slash kept (rules.MatchRoute ignores it for routes with limits). The
+// request is forwarded as it came, and an upstream that resolves
+// "/x/../chat" or "//chat" serves "/chat": matched as they came, such
+// paths went past "/chat"'s limits. Being decoded, an encoded slash
+// ("%2F") is a slash here: "/a%2Fb" is matched as "/a/b", and
+// "/login%2F" as "/login/".
 func matchPath(p string) string {
 	if p == "" || p[0] != '/' {
 		p = "/" + p

@@ -658,6 +658,38 @@ func TestRoutesMatchTheResolvedPath(t *testing.T) {
 	}
 }
 
+// A path that differs from a limited route's only by trailing slashes,
+// written or encoded, is limited by that route; an encoded slash is a
+// slash. Was: with "/login" limited to 3, "/login/" and "/login%2F"
+// matched no route and passed unlimited, without rate-limit headers, to
+// upstreams that serve them as "/login".
+func TestTrailingSlashIsLimitedByTheRoute(t *testing.T) {
+	c := newChecker(t,
+		limiter.Rule{Name: "three", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute},
+		limiter.Rule{Name: "three-ab", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute})
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Routes: []rules.Route{
+		{Name: "login", Path: "/login", Limits: []rules.Limit{{Rule: "three", Cost: 1}}},
+		{Name: "ab", Path: "/a/b", Limits: []rules.Limit{{Rule: "three-ab", Cost: 1}}},
+	}})
+	for i, tc := range []struct {
+		path string
+		want int
+	}{
+		{"/login", 200}, {"/login/", 200}, {"/login%2F", 200},
+		{"/login%2F", 429}, {"/login/", 429}, {"/login//", 429}, {"/login%2f%2F", 429}, {"/login", 429},
+		{"/a%2Fb", 200}, {"/a/b/", 200}, {"/a%2Fb%2F", 200}, {"/a/b", 429},
+	} {
+		resp := get(t, s.URL+tc.path, nil)
+		if resp.StatusCode != tc.want || resp.Header.Get("RateLimit") == "" {
+			t.Errorf("%d: GET %s: %d (RateLimit %q), want %d with rate-limit headers", i, tc.path, resp.StatusCode, resp.Header.Get("RateLimit"), tc.want)
+		}
+	}
+	if up.hits.Load() != 6 {
+		t.Errorf("upstream saw %d requests, want 6", up.hits.Load())
+	}
+}
+
 func mustJWT(t *testing.T, key []byte) *JWTKeys {
 	t.Helper()
 	k, err := ParseJWTKeys(key)
