@@ -142,6 +142,12 @@ func KeyByIP(r *http.Request) (string, error) {
 // gateway keys it: "key:VALUE", or "keyh:" and its SHA-256 for a value
 // over 1 KiB or not UTF-8. A request without the header, or with it
 // twice (one value keyed, the other read by the handler), gets 401.
+//
+// The value is not verified (the handler after the middleware does
+// that): a caller that sends a new value per request gets a new budget
+// each time. Where a limit must hold against such callers (a login),
+// wrap the handler in a second Middleware keyed by KeyByIP, outermost,
+// with a rule of its own, or key by what your authentication verified.
 func KeyByHeader(name string) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
 		vs := r.Header.Values(name)

@@ -27,6 +27,8 @@ import (
 //	        cost_from: header:X-Token-Estimate
 //	      - rule: uploads
 //	        cost: 5                # a constant cost
+//	      - rule: chat-per-ip
+//	        key: ip                # keyed by the client IP, whatever the caller sends
 //	  - name: health
 //	    path: /healthz
 //	    unlimited: true            # matched, and passed without a check
@@ -52,7 +54,23 @@ type Limit struct {
 	// header (1 when the header is absent, and at least 1: a forwarded
 	// request always spends).
 	CostFrom string `json:"cost_from,omitempty"`
+	// Key says what the limit is keyed by: "" or KeyClient for the
+	// client as the gateway identifies it (a verified JWT claim, else the
+	// API-key header, else the IP), KeyIP for the client IP alone. An
+	// API key is whatever the caller sends (the gateway does not verify
+	// it), so a caller that makes up a new one per request gets a new
+	// budget each time under KeyClient; a KeyIP limit holds it.
+	Key string `json:"key,omitempty"`
 }
+
+// The values of Limit.Key.
+const (
+	KeyClient = "client" // the identity chain: JWT claim, else API key, else IP (the default)
+	KeyIP     = "ip"     // the client IP alone, keyed "ip:ADDR"
+)
+
+// ByIP reports whether l is keyed by the client IP alone.
+func (l Limit) ByIP() bool { return l.Key == KeyIP }
 
 // CostHeader returns the header named by CostFrom, or "" for a constant
 // cost.
@@ -150,7 +168,7 @@ func ParseRoutes(data []byte) ([]Route, error) {
 // so that "Path" beside "path" slipped past strict decoding).
 var (
 	routeFields = []string{"name", "methods", "path", "tier", "limits", "unlimited"}
-	limitFields = []string{"rule", "cost", "cost_from"}
+	limitFields = []string{"rule", "cost", "cost_from", "key"}
 )
 
 func parseRoute(i int, raw json.RawMessage, r *Route) error {
@@ -218,10 +236,11 @@ func parseRoute(i int, raw json.RawMessage, r *Route) error {
 		}); err != nil {
 			return err
 		}
-		// A route's limits share one key (the client), so a rule named
-		// twice is one bucket spent twice by one request: refused.
+		// A rule named twice is one bucket spent twice by one request:
+		// refused. Also with one of them "key: ip": a client known by
+		// its IP alone has the same key under both.
 		if j := slices.IndexFunc(r.Limits[:k], func(l Limit) bool { return l.Rule == r.Limits[k].Rule }); j >= 0 {
-			return fail(fmt.Sprintf("limits[%d].rule", k), "names rule %q again (limits[%d]): a route's limits share one key, so give it one limit with the summed cost", r.Limits[k].Rule, j)
+			return fail(fmt.Sprintf("limits[%d].rule", k), "names rule %q again (limits[%d]): give it one limit with the summed cost, or a second rule for a per-IP limit (a client known by its IP has one key under both)", r.Limits[k].Rule, j)
 		}
 	}
 	return nil
@@ -250,6 +269,10 @@ func parseLimit(raw json.RawMessage, l *Limit, fail func(field, format string, a
 	if v, ok := present(fields, "cost_from"); ok && json.Unmarshal(v, &l.CostFrom) != nil {
 		return fail(".cost_from", "must be a string header:NAME, got %s", rawText(v))
 	}
+	key, hasKey := present(fields, "key")
+	if hasKey && json.Unmarshal(key, &l.Key) != nil {
+		return fail(".key", "must be %s or %s, got %s", KeyClient, KeyIP, rawText(key))
+	}
 	switch {
 	case !limiter.ValidName(l.Rule):
 		return fail(".rule", "missing or invalid rule name %s", quoteTrunc(l.Rule))
@@ -257,6 +280,8 @@ func parseLimit(raw json.RawMessage, l *Limit, fail func(field, format string, a
 		return fail(".cost", "must be ≥ 0, got %d", l.Cost)
 	case l.CostFrom != "" && (!strings.HasPrefix(l.CostFrom, "header:") || !validHeaderName(l.CostHeader())):
 		return fail(".cost_from", "must be header:NAME, got %s", quoteTrunc(l.CostFrom))
+	case hasKey && l.Key != KeyClient && l.Key != KeyIP:
+		return fail(".key", "must be %s (the JWT claim, else the API key, else the IP) or %s (the client IP alone), got %s", KeyClient, KeyIP, quoteTrunc(l.Key))
 	}
 	if !hasCost && l.CostFrom == "" {
 		l.Cost = 1 // cost 0 written out is a query: it spends nothing
@@ -326,6 +351,13 @@ func CheckRoutes(routes []Route, set []limiter.Rule) error {
 // segment: "*" matches one segment, and a final "/*" matches the path
 // before it and anything below it ("/v1/chat/*" matches "/v1/chat",
 // "/v1/chat/x" and "/v1/chat/x/y"; "/*" matches every path).
+//
+// A route with limits ignores trailing slashes, on its pattern and on
+// the path: "/login" and "/login/" match both "/login" and "/login/", as
+// most upstreams serve both alike (was: "/login/" passed "/login"'s
+// limit). An unlimited route matches its pattern as written, a trailing
+// slash included: an exemption stays as narrow as it was written, so a
+// path it misses falls to the routes after it.
 func MatchRoute(routes []Route, method, path, tier string) *Route {
 	for i := range routes {
 		r := &routes[i]
@@ -336,7 +368,7 @@ func MatchRoute(routes []Route, method, path, tier string) *Route {
 			!(strings.EqualFold(method, http.MethodHead) && containsFold(r.Methods, http.MethodGet)) {
 			continue
 		}
-		if matchPath(r.Path, path) {
+		if matchPath(r.Path, path, !r.Unlimited) {
 			return r
 		}
 	}
@@ -352,9 +384,15 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// matchPath matches a path against a route pattern (see MatchRoute).
-func matchPath(pattern, path string) bool {
+// matchPath matches a path against a route pattern (see MatchRoute);
+// loose ignores trailing slashes on both.
+func matchPath(pattern, path string, loose bool) bool {
 	prefix, ok := strings.CutSuffix(pattern, "/*")
+	if loose {
+		// After the cut: "/x/*/" is still one segment under "/x", not
+		// the final wildcard "/x/*".
+		pattern, path = trimSlashes(pattern), trimSlashes(path)
+	}
 	switch {
 	case !ok:
 		return matchSegments(pattern, path)
@@ -366,6 +404,14 @@ func matchPath(pattern, path string) bool {
 		path = path[:cut]
 	}
 	return matchSegments(prefix, path)
+}
+
+// trimSlashes returns p without its trailing slashes; "/" stays "/".
+func trimSlashes(p string) string {
+	if t := strings.TrimRight(p, "/"); t != "" || p == "" {
+		return t
+	}
+	return "/"
 }
 
 // nthSlash returns the index of the n-th "/" of s (1-based), or -1.

@@ -76,6 +76,53 @@ func TestParseRoutesAndMatch(t *testing.T) {
 	}
 }
 
+// A route with limits ignores trailing slashes on its pattern and on the
+// path; an unlimited route matches as written, so a path it misses falls
+// to the routes after it. Was: "/login/" matched no "/login" route and
+// passed unlimited to an upstream that serves it as "/login".
+func TestMatchRouteTrailingSlashes(t *testing.T) {
+	lim := []Limit{{Rule: "r", Cost: 1}}
+	routes := []Route{
+		{Name: "health", Path: "/healthz", Unlimited: true},
+		{Name: "public", Path: "/public/", Unlimited: true},
+		{Name: "login", Path: "/login", Limits: lim},
+		{Name: "form", Path: "/form/", Limits: lim},
+		{Name: "content", Path: "/files/*/content", Limits: lim},
+		{Name: "one", Path: "/one/*/", Limits: lim},
+		{Name: "chat", Path: "/chat/*", Limits: lim},
+		{Name: "root", Path: "/", Limits: lim},
+	}
+	for _, tt := range []struct{ path, want string }{
+		{"/login", "login"},
+		{"/login/", "login"},
+		{"/login//", "login"},
+		{"/login/x", ""},
+		{"/form", "form"},
+		{"/form/", "form"},
+		{"/files/a/content/", "content"},
+		{"/files/a/content", "content"},
+		{"/one/a", "one"},
+		{"/one/a/", "one"},
+		{"/one", ""}, // "/one/*/" is one segment under /one, not a final wildcard
+		{"/one/a/b", ""},
+		{"/chat/", "chat"},
+		{"/chat", "chat"},
+		{"/", "root"},
+		{"/healthz", "health"},
+		{"/healthz/", ""}, // not the exemption: limited by whatever follows (here nothing)
+		{"/public/", "public"},
+		{"/public", ""},
+	} {
+		got := ""
+		if r := MatchRoute(routes, "GET", tt.path, ""); r != nil {
+			got = r.Name
+		}
+		if got != tt.want {
+			t.Errorf("MatchRoute(GET %s) = %q, want %q", tt.path, got, tt.want)
+		}
+	}
+}
+
 func TestParseRoutesErrors(t *testing.T) {
 	tests := []struct{ doc, msg string }{
 		{"routes: [{name: a, path: x, limits: [{rule: default}]}]", `route "a": path: must start with /, got "x"`},
@@ -89,11 +136,18 @@ func TestParseRoutesErrors(t *testing.T) {
 		// Fields are matched exactly: "Path" beside "path" is no alias.
 		{"routes: [{name: a, PATH: /admin/*, limits: [{rule: r}]}]", `route "a": PATH: unknown field`},
 		{"routes: [{name: a, path: /admin/*, Path: /*, limits: [{rule: r}]}]", `route "a": Path: unknown field`},
-		{"routes: [{name: a, path: /, limits: [{rule: r, Rule: other}]}]", `route "a": limits[0].Rule: unknown field (want rule, cost, cost_from)`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, Rule: other}]}]", `route "a": limits[0].Rule: unknown field (want rule, cost, cost_from, key)`},
+		// What a limit is keyed by: the client (default) or its IP.
+		{"routes: [{name: a, path: /, limits: [{rule: r, key: address}]}]", `route "a": limits[0].key: must be client (the JWT claim, else the API key, else the IP) or ip (the client IP alone), got "address"`},
+		{"routes: [{name: a, path: /, limits: [{rule: r}, {rule: s, key: IP}]}]", `route "a": limits[1].key: must be client`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, key: ''}]}]", `route "a": limits[0].key: must be client`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, key: [ip]}]}]", `route "a": limits[0].key: must be client or ip, got ["ip"]`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, Key: ip}]}]", `route "a": limits[0].Key: unknown field`},
+		{"routes: [{name: a, path: /, limits: [{rule: r}, {rule: r, key: ip}]}]", `route "a": limits[1].rule: names rule "r" again (limits[0])`},
 		// A limit's errors name its index and the route.
 		{"routes: [{name: s, path: /b, limits: [{rule: x, bogus: 1}]}]", `route "s": limits[0].bogus: unknown field`},
 		{"routes: [{name: s, path: /b, limits: [{rule: x}, {rule: z, cost: '3'}]}]", `route "s": limits[1].cost: must be an integer, got "3"`},
-		{"routes: [{name: s, path: /b, limits: [7]}]", `route "s": limits[0]: must be a mapping of rule, cost, cost_from, got 7`},
+		{"routes: [{name: s, path: /b, limits: [7]}]", `route "s": limits[0]: must be a mapping of rule, cost, cost_from, key, got 7`},
 		{"routes: [{name: s, path: /b, limits: [{rule: x}, {rule: z}, {rule: x, cost: 2}]}]", `route "s": limits[2].rule: names rule "x" again (limits[0])`},
 		{"routes: [{name: yes, path: /b, limits: [{rule: x}]}]", `routes[0]: name: must be a string, got true (YAML reads an unquoted`},
 		{"routes: [{name: s, path: /b, limits: [{rule: 123}]}]", `route "s": limits[0].rule: must be a string, got 123 (YAML reads an unquoted`},
@@ -119,6 +173,23 @@ func TestParseRoutesErrors(t *testing.T) {
 	}
 	if err := CheckRoutes(routes, Effective(nil)); err == nil || err.Error() != `route "a": limits[0].rule: no rule named "nope"` {
 		t.Errorf("CheckRoutes = %v", err)
+	}
+}
+
+// A limit may be keyed by the client IP alone (key: ip), beside limits
+// keyed by the client (the default, or key: client written out).
+func TestParseRouteLimitKeys(t *testing.T) {
+	rs, err := ParseRoutes([]byte(`routes:
+  - name: login
+    path: /login
+    limits: [{rule: login-per-client}, {rule: login-per-ip, key: ip}, {rule: login-named, key: client}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := rs[0].Limits
+	if l[0].Key != "" || l[0].ByIP() || l[1].Key != KeyIP || !l[1].ByIP() || l[2].Key != KeyClient || l[2].ByIP() {
+		t.Errorf("limits %+v: want keys \"\", ip, client", l)
 	}
 }
 

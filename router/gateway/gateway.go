@@ -9,9 +9,13 @@
 //
 // Several limits on one route must all allow, and a request denied by
 // one spends nothing of the others: the route's limits go to the router
-// in one call as one group (router.Request.Joined). They all limit the
-// same client key, so one owner decides them, under its partition's
-// lock, all-or-nothing: exact, with no race between limits.
+// in one call as one group (router.Request.Joined). Limits keyed alike
+// (the client, or its IP with rules.KeyIP) have one owner, which decides
+// them under its partition's lock, all-or-nothing: exact, with no race
+// between limits. A route mixing per-client and per-IP limits has two
+// keys, which may have two owners; the router then queries before it
+// spends (see package router), which never admits more than a limit
+// allows.
 //
 // A Gateway is safe for concurrent use; it keeps no per-client state.
 package gateway
@@ -198,8 +202,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reqs := make([]router.Request, len(route.Limits))
+	ipKey := ""
 	for i, l := range route.Limits {
-		reqs[i] = router.Request{Rule: l.Rule, Key: who.key, Cost: l.Cost}
+		key := who.key
+		if l.ByIP() {
+			if ipKey == "" {
+				ipKey = g.cfg.Identity.ipKey(r)
+			}
+			key = ipKey
+		}
+		reqs[i] = router.Request{Rule: l.Rule, Key: key, Cost: l.Cost}
 		if h := l.CostHeader(); h != "" {
 			reqs[i].Cost = 1
 			if v := r.Header.Get(h); v != "" {
@@ -304,9 +316,12 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 
 // matchPath is the path routes are matched against: r.URL.Path (decoded)
 // with its dot segments resolved and repeated slashes merged, a trailing
-// slash kept. The request is forwarded as it came, and an upstream that
-// resolves "/x/../chat" or "//chat" serves "/chat": matched as they came,
-// such paths went past "/chat"'s limits.
+// slash kept (rules.MatchRoute ignores it for routes with limits). The
+// request is forwarded as it came, and an upstream that resolves
+// "/x/../chat" or "//chat" serves "/chat": matched as they came, such
+// paths went past "/chat"'s limits. Being decoded, an encoded slash
+// ("%2F") is a slash here: "/a%2Fb" is matched as "/a/b", and
+// "/login%2F" as "/login/".
 func matchPath(p string) string {
 	if p == "" || p[0] != '/' {
 		p = "/" + p

@@ -658,6 +658,97 @@ func TestRoutesMatchTheResolvedPath(t *testing.T) {
 	}
 }
 
+// A path that differs from a limited route's only by trailing slashes,
+// written or encoded, is limited by that route; an encoded slash is a
+// slash. Was: with "/login" limited to 3, "/login/" and "/login%2F"
+// matched no route and passed unlimited, without rate-limit headers, to
+// upstreams that serve them as "/login".
+func TestTrailingSlashIsLimitedByTheRoute(t *testing.T) {
+	c := newChecker(t,
+		limiter.Rule{Name: "three", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute},
+		limiter.Rule{Name: "three-ab", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute})
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Routes: []rules.Route{
+		{Name: "login", Path: "/login", Limits: []rules.Limit{{Rule: "three", Cost: 1}}},
+		{Name: "ab", Path: "/a/b", Limits: []rules.Limit{{Rule: "three-ab", Cost: 1}}},
+	}})
+	for i, tc := range []struct {
+		path string
+		want int
+	}{
+		{"/login", 200}, {"/login/", 200}, {"/login%2F", 200},
+		{"/login%2F", 429}, {"/login/", 429}, {"/login//", 429}, {"/login%2f%2F", 429}, {"/login", 429},
+		{"/a%2Fb", 200}, {"/a/b/", 200}, {"/a%2Fb%2F", 200}, {"/a/b", 429},
+	} {
+		resp := get(t, s.URL+tc.path, nil)
+		if resp.StatusCode != tc.want || resp.Header.Get("RateLimit") == "" {
+			t.Errorf("%d: GET %s: %d (RateLimit %q), want %d with rate-limit headers", i, tc.path, resp.StatusCode, resp.Header.Get("RateLimit"), tc.want)
+		}
+	}
+	if up.hits.Load() != 6 {
+		t.Errorf("upstream saw %d requests, want 6", up.hits.Load())
+	}
+}
+
+// A limit with key: ip is keyed by the client IP ("ip:ADDR", as the
+// identity chain keys it), whatever API key or token the request
+// carries: a caller that makes up a new API key per request, or leaves
+// out its token, gets a new per-client budget each time but one per-IP
+// budget. Was: every limit was keyed by the identity chain, and a
+// brute-force limit on /login stopped nothing for a caller that rotated
+// keys.
+func TestPerIPLimitHoldsACallerRotatingAPIKeys(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t,
+		limiter.Rule{Name: "per-client", Algorithm: limiter.SlidingLog, Limit: 2, Period: time.Minute},
+		limiter.Rule{Name: "per-ip", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Minute})
+	up := newUpstream(t)
+	trusted, _ := ParseCIDRs("127.0.0.0/8")
+	s := front(t, up, c, Config{
+		Identity: Identity{JWT: mustJWT(t, ks.hsSecret), APIKeyHeader: "X-Api-Key", TrustedProxies: trusted},
+		Routes: []rules.Route{{Name: "login", Path: "/login", Limits: []rules.Limit{
+			{Rule: "per-client", Cost: 1}, {Rule: "per-ip", Cost: 1, Key: rules.KeyIP},
+		}}},
+	})
+	alice := "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()})
+	for i, tc := range []struct {
+		xff, apiKey, auth string
+		want              int
+	}{
+		{"203.0.113.7", "k1", "", 200},
+		{"203.0.113.7", "k2", "", 200},
+		{"203.0.113.7", "", alice, 200},
+		{"203.0.113.7", "k3", "", 429}, // a fresh API key: per-client has 2 left, per-ip none
+		{"203.0.113.7", "", alice, 429},
+		{"203.0.113.8", "k4", "", 200}, // another address has its own budget
+		{"203.0.113.8", "k4", "", 200},
+		{"203.0.113.8", "k4", "", 429}, // per-client spent
+	} {
+		hdr := map[string]string{"X-Forwarded-For": tc.xff}
+		if tc.apiKey != "" {
+			hdr["X-Api-Key"] = tc.apiKey
+		}
+		if tc.auth != "" {
+			hdr["Authorization"] = tc.auth
+		}
+		if resp := get(t, s.URL+"/login", hdr); resp.StatusCode != tc.want {
+			t.Errorf("%d: from %s, API key %q: %d, want %d", i, tc.xff, tc.apiKey, resp.StatusCode, tc.want)
+		}
+	}
+	if got := c.keys()[:4]; !slices.Equal(got, []string{"key:k1", "ip:203.0.113.7", "key:k2", "ip:203.0.113.7"}) {
+		t.Errorf("keys %q, want each limit keyed by its own kind", got)
+	}
+	if got := c.remaining(t, "per-client", "key:k3"); got != 2 {
+		t.Errorf("per-client has %d left for k3 after a per-ip denial, want 2 (nothing spent)", got)
+	}
+	if got := c.remaining(t, "per-ip", "ip:203.0.113.8"); got != 1 {
+		t.Errorf("per-ip has %d left for 203.0.113.8 after a per-client denial, want 1", got)
+	}
+	if up.hits.Load() != 5 {
+		t.Errorf("upstream saw %d requests, want 5", up.hits.Load())
+	}
+}
+
 func mustJWT(t *testing.T, key []byte) *JWTKeys {
 	t.Helper()
 	k, err := ParseJWTKeys(key)

@@ -193,7 +193,13 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 			return caller{key: identity.Key("key", v)}, nil
 		}
 	}
-	return caller{key: "ip:" + id.clientIP(r).String()}, nil
+	return caller{key: id.ipKey(r)}, nil
+}
+
+// ipKey is r's client IP as a key, "ip:ADDR": the last link of the
+// identity chain, and what a route limit with key: ip is keyed by.
+func (id *Identity) ipKey(r *http.Request) string {
+	return "ip:" + id.clientIP(r).String()
 }
 
 func bearer(v string) (string, bool) {

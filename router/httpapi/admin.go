@@ -351,11 +351,14 @@ func (h *handler) serveState(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeStrict decodes one JSON object from body into v (a pointer to a
-// struct): no unknown fields, names matched exactly (exactNames),
-// nothing after it.
+// struct): no unknown fields, names matched exactly and given once
+// (exactNames), nothing after it.
 func decodeStrict(body io.Reader, v any) *api.Error {
 	in, err := io.ReadAll(body)
 	if err != nil {
+		return decodeError(err)
+	}
+	if err := exactNames(in, jsonNames(v)); err != nil {
 		return decodeError(err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(in))
@@ -363,13 +366,7 @@ func decodeStrict(body io.Reader, v any) *api.Error {
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
-	if e := atEOF(dec); e != nil {
-		return e
-	}
-	if err := exactNames(in, jsonNames(v)); err != nil {
-		return decodeError(err)
-	}
-	return nil
+	return atEOF(dec)
 }
 
 // ClusterOf is the wire form of a node's membership (GET /v1/cluster).

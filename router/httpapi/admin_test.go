@@ -348,6 +348,7 @@ func TestJoin(t *testing.T) {
 		{`{"id":"n","http":"h:1","raft":"h:2","peer":""}`, nil, 400, api.CodeBadRequest, "peer is empty"},
 		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3","x":1}`, nil, 400, api.CodeBadRequest, `unknown field "x"`},
 		{`{"ID":"n","http":"h:1","raft":"h:2","peer":"h:3"}`, nil, 400, api.CodeBadRequest, `unknown field "ID": field names are matched exactly (want "id")`},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3","id":"n2"}`, nil, 400, api.CodeBadRequest, `repeated field "id"`},
 		{`{"id":5}`, nil, 400, api.CodeBadRequest, "id: must be a string, got number"},
 		{`{"id":"n"`, nil, 400, api.CodeBadRequest, "malformed JSON"},
 		{``, nil, 400, api.CodeBadRequest, "empty body"},

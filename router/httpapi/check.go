@@ -41,9 +41,8 @@ type strictString string
 
 func (s *strictString) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
-		// null is empty, also after a value (a repeated field: the last
-		// wins, as in the single check's shape); json.Unmarshal would leave
-		// the earlier value in place.
+		// null is empty (json.Unmarshal would leave an earlier value in
+		// place; a repeated field is refused before decoding anyway).
 		*s = ""
 		return nil
 	}
@@ -98,7 +97,7 @@ type optCost struct {
 func (c *optCost) UnmarshalJSON(b []byte) error {
 	c.present = true
 	if string(b) == "null" {
-		c.set, c.v = false, 0 // the default, also after a value (the last wins)
+		c.set, c.v = false, 0 // the default
 		return nil
 	}
 	n, err := strconv.ParseInt(string(b), 10, 64)
@@ -135,7 +134,7 @@ func (l *checkList) UnmarshalJSON(b []byte) error {
 	if b[0] != '[' {
 		return &bodyError{"checks: must be an array, got " + truncate(string(b))}
 	}
-	clear(l.items) // a repeated "checks" replaces the first, as in encoding/json
+	clear(l.items) // (a repeated "checks" is refused before decoding)
 	l.items = l.items[:0]
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -287,6 +286,14 @@ func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
 	items := s.body.Checks.items
 	clear(items)
 	s.body = checkBody{Rule: optString{name: "rule"}, Key: optString{name: "key"}, Checks: checkList{items: items[:0]}}
+	// Names first, so that a repeated field is named as such rather
+	// than by what its last value fails (a body not read whole fails
+	// decoding, 413).
+	if readErr == nil {
+		if err := exactNames(in, checkNames); err != nil {
+			return decodeError(err)
+		}
+	}
 	var r io.Reader = bytes.NewReader(in)
 	if readErr != nil {
 		r = io.MultiReader(r, errReader{readErr})
@@ -296,13 +303,7 @@ func (s *checkScratch) decodeJSON(in []byte, readErr error) *api.Error {
 	if err := dec.Decode(&s.body); err != nil {
 		return decodeError(err)
 	}
-	if e := atEOF(dec); e != nil {
-		return e
-	}
-	if err := exactNames(in, checkNames); err != nil {
-		return decodeError(err)
-	}
-	return nil
+	return atEOF(dec)
 }
 
 // checkNames are the field names of a check body and of its checks.

@@ -13,7 +13,8 @@ import (
 
 // FuzzCheckHandler sends arbitrary bodies to POST /v1/check. The handler
 // must never panic and must always answer valid JSON with 200 (a decision
-// or a batch of them, one per check), 400, 404 or 413 (an api.Error).
+// or a batch of them, one per check), 400, 404 or 413 (an api.Error); a
+// body with a field given twice in one object is never answered 200.
 func FuzzCheckHandler(f *testing.F) {
 	for _, seed := range []string{
 		``,
@@ -38,6 +39,10 @@ func FuzzCheckHandler(f *testing.F) {
 		`{"RULE":"default","Key":"k"}`,
 		`{"rule":"default","key":"k","rule":"small"}`,
 		`{"checks":[{"rule":"default","key":"a"}],"checks":[{"rule":"small","key":"b"},{"rule":"small","key":"c"}]}`,
+		`{"rule":"default","key":"A","key":"B","cost":5}`,
+		`{"rule":"default","key":"A","k\u0065y":"B"}`,
+		`{"checks":[{"rule":"default","key":"a"},{"rule":"default","key":"A","key":"B"}]}`,
+		`{"checks":[{"rule":"default","key":"a","cost":1,"cost":null}]}`,
 		"{\"rule\":\"default\",\"key\":\"\xff\xfe\"}",
 		batchBody(3, 1, `{"rule":"default","key":"k","cost":99999999999999999999}`),
 	} {
@@ -59,6 +64,9 @@ func FuzzCheckHandler(f *testing.F) {
 		dec.DisallowUnknownFields()
 		switch w.Code {
 		case 200:
+			if name, ok := repeatedName(body); ok {
+				t.Fatalf("body %q: field %q given twice, answered 200: %s", body, name, out)
+			}
 			if strings.HasPrefix(string(out), `{"results":`) {
 				var b api.BatchResponse
 				if err := dec.Decode(&b); err != nil || b.Results == nil {
@@ -90,6 +98,45 @@ func FuzzCheckHandler(f *testing.F) {
 	})
 }
 
+// repeatedName is a naive oracle: the first object key of the JSON in
+// body that its object holds twice (every key, not only the contract's
+// names), and true; or false.
+func repeatedName(body []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var objects []map[string]bool // nil for an array
+	var atKey []bool
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		n := len(objects)
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			objects, atKey = objects[:n-1], atKey[:n-1]
+			continue
+		}
+		if n > 0 && objects[n-1] != nil {
+			if atKey[n-1] {
+				atKey[n-1] = false
+				k := tok.(string)
+				if objects[n-1][k] {
+					return k, true
+				}
+				objects[n-1][k] = true
+				continue
+			}
+			atKey[n-1] = true
+		}
+		if d, ok := tok.(json.Delim); ok {
+			var m map[string]bool
+			if d == '{' {
+				m = map[string]bool{}
+			}
+			objects, atKey = append(objects, m), append(atKey, d == '{')
+		}
+	}
+}
+
 // FuzzCheckFastPath holds the fast decoder of check bodies to
 // encoding/json's: on every body the fast path takes, encoding/json must
 // decode the same checks (and no error).
@@ -112,6 +159,8 @@ func FuzzCheckFastPath(f *testing.F) {
 		`{"checks":[{"rule":"a","key":"k1","cost":3},{"rule":"a","key":"k2"},{"rule":"","key":""},{"rule":"b","key":"k3","cost": -7}]}`,
 		`{"checks":[{"rule":"a","key":"k1","cost":01},{"rule":"a","key":"k2","cost":1 },{"rule":"a","key":"é"},{"rule":"a","key":"k","cost":1,"cost":2}]}`,
 		`{"checks":[{"rule":"a","key":"k\"x"},{"rule":"a\u0041","key":"k"},{"rule":"a","key":"k","rule":"b"},{"rule":"a","key":"k","cost":null}]}`,
+		`{"rule":"api","key":"A","key":"B","cost":5}`,
+		`{"checks":[{"rule":"a","key":"A","key":"B"}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
