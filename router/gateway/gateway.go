@@ -296,6 +296,17 @@ func window(v *router.View, rule string) time.Duration {
 	return time.Second
 }
 
+// itemMessage is err's message for a client: a check of the route's
+// limits is named by its rule, not by its place in the gateway's batch
+// (checks[1] means nothing to a client).
+func itemMessage(route *rules.Route, err error) string {
+	var ie *router.ItemError
+	if errors.As(err, &ie) && ie.Index >= 0 && ie.Index < len(route.Limits) {
+		return fmt.Sprintf("limit %q: %v", route.Limits[ie.Index].Rule, ie.Err)
+	}
+	return err.Error()
+}
+
 // checkError answers a Checker error.
 func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rules.Route, err error) {
 	switch {
@@ -303,7 +314,7 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		g.m.outcome(route.Name, "gone")
 	case errors.Is(err, api.ErrBadRequest), errors.Is(err, limiter.ErrCost):
 		g.m.outcome(route.Name, "bad_request")
-		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, itemMessage(route, err))
 	case errors.Is(err, router.ErrUnknownRule):
 		g.m.outcome(route.Name, "error")
 		g.logRepeated("unknown rule "+route.Name, slog.LevelError, "gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)

@@ -500,6 +500,20 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	if r := send("500"); r.StatusCode != http.StatusBadRequest || r.Header.Get("Retry-After") != "" {
 		t.Fatalf("cost over the limit: %d (Retry-After %q), want 400", r.StatusCode, r.Header.Get("Retry-After"))
 	}
+	// The client is told which of the route's limits refused the cost,
+	// not the place of a check in the gateway's own batch (checks[1]).
+	req, _ := http.NewRequest(http.MethodGet, s.URL, nil)
+	req.Header.Set("X-Api-Key", "t1")
+	req.Header.Set("X-Token-Estimate", "500")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `limit \"tpm\"`) || strings.Contains(string(b), "checks[") {
+		t.Fatalf("cost over the limit: body %s, want the limit named by its rule", b)
+	}
 	if got := c.remaining(t, "rpm", "key:t1"); got != 9 {
 		t.Fatalf("rpm has %d left after a refused cost, want 9", got)
 	}
