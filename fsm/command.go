@@ -161,6 +161,21 @@ func PutRules(rs []limiter.Rule) ([]byte, error) {
 	return encode(putRulesCmd{header{Version, OpPutRules}, toWireRules(rs)}), nil
 }
 
+// WrittenRules returns the rules a PutRules command data writes, and
+// false for any other command or data that is not a valid command of
+// this Version. It applies nothing: a node reads its log with it.
+func WrittenRules(data []byte) ([]limiter.Rule, bool) {
+	var h header
+	if json.Unmarshal(data, &h) != nil || h.V != Version || h.Op != OpPutRules {
+		return nil, false
+	}
+	var c putRulesCmd
+	if decodeStrict(data, &c) != nil {
+		return nil, false
+	}
+	return fromWireRules(c.Rules), true
+}
+
 // AddMember returns the command that adds m as an active member, or updates
 // the member with m's ID to m's addresses and Voter and makes it active.
 // Adding a member that is already active with the same addresses and Voter

@@ -607,3 +607,37 @@ func TestConcurrentReaders(t *testing.T) {
 	close(done)
 	wg.Wait()
 }
+
+// WrittenRules reads back what a PutRules command writes, and nothing
+// from any other command or bytes.
+func TestWrittenRules(t *testing.T) {
+	rs := []limiter.Rule{{Name: "login", Algorithm: limiter.SlidingLog, Limit: 8, Period: time.Minute, Burst: 8}}
+	put, err := PutRules(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := WrittenRules(put); !ok || !reflect.DeepEqual(got, rs) {
+		t.Fatalf("WrittenRules(PutRules(%v)) = %v, %v", rs, got, ok)
+	}
+	if got, ok := WrittenRules(mustCmd(PutRules(nil))); !ok || len(got) != 0 {
+		t.Fatalf("WrittenRules(PutRules(nil)) = %v, %v; want no rules, true", got, ok)
+	}
+	add := mustCmd(AddMember(Member{ID: "n1", HTTP: "h:1", Raft: "h:2", Peer: "h:3"}))
+	for name, data := range map[string][]byte{
+		"another command": add,
+		"not json":        []byte("{"),
+		"another version": bytes.Replace(put, []byte(`"v":1`), []byte(`"v":2`), 1),
+		"unknown field":   bytes.Replace(put, []byte(`{"v"`), []byte(`{"x":1,"v"`), 1),
+	} {
+		if got, ok := WrittenRules(data); ok {
+			t.Errorf("%s: WrittenRules = %v, true; want false", name, got)
+		}
+	}
+}
+
+func mustCmd(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -43,6 +43,9 @@ type raftParts struct {
 	// start (configuration entries never reach the FSM); 0 when none
 	// follows the latest snapshot, which NewRaft restores before returning.
 	lastCommand uint64
+	// logs is Raft's log store, read (never written) by the rules file's
+	// start (rulesWrittenAt).
+	logs raft.LogStore
 	// knownHTTP are the HTTP addresses of the members the local snapshot
 	// and log name (committed or not): whom to ask when no leader can be
 	// reached, before the log is replayed (a restart at new addresses).
@@ -148,6 +151,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	}
 	parts.raft, parts.hasState = r, hasState
 	parts.lastCommand = lastCommand(logs, snaps)
+	parts.logs = logs
 	parts.knownHTTP = known
 	return parts, nil
 }

@@ -10,6 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/rules"
 )
 
@@ -151,6 +155,19 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		n.m.rulesFileLoaded(true)
 		return false
 	}
+	if at, ok := n.rulesWrittenAt(canonicalRules(written)); ok && n.rulesFileStart.Load() {
+		// The cluster had the file's rules in force at index at, and a
+		// later write replaced them: this member was away (or is new)
+		// when the file changed, and the others applied it then. Was:
+		// applied again over that later write — a member restarted
+		// after a PUT, with the file its peers had applied while it was
+		// down, undid the PUT for the whole cluster.
+		n.log.Info("rules file applied by the cluster already; the later rules write in force stays",
+			"path", path, "applied_at", at, "rules_version", n.fsm.State().RulesIndex)
+		n.recordRulesFile(marker, fp)
+		n.m.rulesFileLoaded(true)
+		return false
+	}
 	// The watcher's stop (its ctx done) does not cut the write short: once
 	// proposed it may land, and a write that lands unrecorded in the
 	// marker is applied again at the next start, over any PUT since. Was:
@@ -171,6 +188,33 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	n.log.Info("rules file applied", "path", path, "rules", len(written))
 	n.m.rulesFileLoaded(true)
 	return false
+}
+
+// rulesWrittenAt returns the Raft index of the last rules write in the
+// local log that wrote rs (compared as the rules in force are), and
+// whether there is one. Only the log kept since the last snapshot is
+// read: a write compacted away is not found.
+func (n *Node) rulesWrittenAt(rs []limiter.Rule) (uint64, bool) {
+	logs := n.raft.logs
+	if logs == nil {
+		return 0, false
+	}
+	first, err1 := logs.FirstIndex()
+	last, err2 := logs.LastIndex()
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	want := rules.Fingerprint(rs)
+	for i := last; i >= first && i > 0; i-- {
+		var l raft.Log
+		if logs.GetLog(i, &l) != nil || l.Type != raft.LogCommand {
+			continue
+		}
+		if w, ok := fsm.WrittenRules(l.Data); ok && rules.Fingerprint(canonicalRules(w)) == want {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // recordRulesFile writes fp, the fingerprint of the rules file's content

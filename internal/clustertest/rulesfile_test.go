@@ -235,3 +235,68 @@ func TestNoRulesWrittenOnce(t *testing.T) {
 		}
 	})
 }
+
+// A member that was away when the shared rules file changed — stopped,
+// or not yet a member — and comes back after a later PUT leaves the PUT
+// in force: the others applied the file while it was away, so it is no
+// change. Was: its marker (or none) differed from the file, the file
+// differed from the rules in force, and it wrote the file again over
+// the PUT, for the whole cluster (an audit with real processes: a
+// login-style rule PUT down to 8 went back to the file's 20).
+func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		back func(c *Cluster) *Member // the member that was away, back
+	}{
+		{"restarted", func(c *Cluster) *Member { c.Restart("n3"); return c.Member("n3") }},
+		{"joined", func(c *Cluster) *Member { return c.Join("n4") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "rules.yaml")
+			write := func(limit string) {
+				doc := "rules:\n  - {name: login, algorithm: sliding_log, limit: " + limit + ", period: 1m}\n"
+				if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("20")
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 3, Options{DataDirs: true})
+				stops := map[string]func(){}
+				for _, m := range c.Members() {
+					stops[m.ID] = watchRules(t, m, path)
+				}
+				limitOn := func(ms []*Member, want int64) func() bool {
+					return func() bool {
+						for _, m := range ms {
+							v := m.Router().View()
+							if v == nil || v.Rules["login"] == nil || v.Rules["login"].Limit != want {
+								return false
+							}
+						}
+						return true
+					}
+				}
+				c.WaitFor("the file's 20 everywhere", 10*time.Second, limitOn(c.Members(), 20))
+				stops["n3"]()
+				c.Stop("n3", 5*time.Second)
+				c.WaitSettled(2)
+				write("15") // applied by n1 and n2 while n3 is away
+				c.WaitFor("the file's 15 on n1 and n2", 10*time.Second, limitOn([]*Member{c.Member("n1"), c.Member("n2")}, 15))
+				c.PutRules("n1", limiter.Rule{Name: "login", Algorithm: limiter.SlidingLog, Limit: 8, Period: time.Minute})
+				c.WaitFor("the PUT's 8 on n1 and n2", 10*time.Second, limitOn([]*Member{c.Member("n1"), c.Member("n2")}, 8))
+				m := tc.back(c)
+				watchRules(t, m, path)
+				time.Sleep(5 * time.Second) // its watcher has read the file, and any write of it landed
+				for _, m := range c.Members() {
+					if !m.running() {
+						continue
+					}
+					if v := m.Router().View(); v == nil || v.Rules["login"] == nil || v.Rules["login"].Limit != 8 {
+						t.Fatalf("%s: the member back undid the later PUT: view %+v, want login limit 8", m.ID, v)
+					}
+				}
+			})
+		})
+	}
+}
