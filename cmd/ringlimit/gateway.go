@@ -279,5 +279,6 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		log.Error("shutdown", "err", err)
 		return 1
 	}
+	log.Info("stopped") // as serve says it: the operator sees the stop end
 	return 0
 }

@@ -63,6 +63,9 @@ func TestGatewayServesBeforeItsFirstView(t *testing.T) {
 		if rc != 0 {
 			t.Fatalf("exit %d\n%s", rc, logs.String())
 		}
+		if !strings.Contains(logs.String(), `"msg":"stopped"`) {
+			t.Fatalf("no stopped line, as serve writes one:\n%s", logs.String())
+		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the gateway did not stop\n%s", logs.String())
 	}

@@ -215,6 +215,7 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 		log.Error("shutdown", "err", err)
 		return 1
 	}
+	log.Info("stopped") // as serve says it: the operator sees the stop end
 	return 0
 }
 
