@@ -169,10 +169,11 @@ func (h *handoffs) send(epoch uint64, out []Outgoing) {
 		h.n.goLoop(func() { h.deliver(epoch, group) })
 	}
 	if len(later) > 0 {
-		// A Lost part makes its receiver serve the partition at once,
-		// from its backup copy or from nothing. For a partition this
-		// member awaited, the state is on its way here: refused now, its
-		// sender takes it to the new owner, whom it should reach first.
+		// A Lost part makes a receiver that holds a copy of the
+		// partition serve it at once from that copy. For a partition
+		// this member awaited, the state is on its way here: refused
+		// now, its sender takes it to the new owner, whom it should
+		// reach first.
 		h.n.goLoop(func() {
 			t := time.NewTimer(lostDelay)
 			defer t.Stop()

@@ -262,9 +262,15 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 				}
 			}
 			src = o.table
-		case o.backup.PartitionLen(p) > 0:
+		case o.backup.PartitionLen(p) > 0 || o.based[p].Load():
 			// Its state never reached us (the ring moved on before the
-			// hand-off came), but we hold its backup copy: the best there is.
+			// hand-off came), but we hold its backup copy: the best there
+			// is. A whole copy with nothing in it goes too (an idle
+			// partition): a Lost part in its place no longer makes a
+			// receiver with nothing of its own serve at once
+			// (takeHandoff), and a crashed member's restart, whose
+			// mark-down and return a backup applies within its lostDelay,
+			// would await its idle partitions for the hand-off wait.
 			src = o.backup
 		default:
 			part.Lost = true
@@ -475,7 +481,11 @@ func (l *lateHandoffs) log(log *slog.Logger, from string) {
 // taken), it is merged into what is served: the old owner may have
 // admitted more than the copy knew, and dropping that would hand budget
 // back. Import merges per key conservatively (limiter.Table.Import), so a
-// duplicate changes nothing. A Lost hand-off has nothing to merge.
+// duplicate changes nothing. A Lost hand-off has nothing to merge; into
+// a partition that awaits, it ends the wait only when this member has
+// something of its own to serve the partition from (holdsAny), never
+// from nothing: the state may still come from elsewhere, and the
+// hand-off wait is what bounds waiting for it.
 //
 // Everything happens under p's moving lock, against p's state as it is
 // then: a move out of p (Apply) either comes after, and its export holds
@@ -513,6 +523,14 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	switch {
 	case pt.Lost && back:
 		return transport.PushOK // nothing to hold
+	case pt.Lost && !o.holdsAny(p):
+		// The sender has nothing, and neither have we: serving now would
+		// serve the partition from nothing, while its state may be on its
+		// way from a member the sender awaited it from (listed active,
+		// not back yet: a whole cluster's last member, its buckets in
+		// its bucket file, started after the others). The partition
+		// keeps awaiting; its hand-off wait (expireLater) ends that.
+		return transport.PushOK
 	case pt.Lost:
 		o.promoteLocked(p, now)
 		return transport.PushOK
@@ -537,6 +555,14 @@ func (o *Owner) takeHandoff(v *view.View, pt *transport.PushPart, now int64, lat
 	o.setState(p, partServing)
 	o.markWhole(p)
 	return transport.PushOK
+}
+
+// holdsAny reports whether this member has anything to serve partition
+// p from besides a hand-off: a backup copy (a whole one, even empty, or a
+// bucket file's loaded copy) or states of its own in the table (taken
+// back: TakeBack). The caller holds o.moving[p].
+func (o *Owner) holdsAny(p uint32) bool {
+	return o.based[p].Load() || o.backup.PartitionLen(p) > 0 || o.table.PartitionLen(p) > 0
 }
 
 // TakeBack takes back parts of hand-offs of this member's own that the

@@ -333,3 +333,89 @@ func TestLateHandoffsLogOneLinePerPush(t *testing.T) {
 		t.Fatalf("logged %q, want %q", lines, want)
 	}
 }
+
+// A Lost hand-off (its sender held nothing of the partition) into a
+// partition that awaits its state ends the wait only when the receiver
+// has a copy of its own to serve it from; with none it would serve the
+// partition from nothing, while the state may still be on its way from a
+// member the sender awaited it from (a whole cluster's last member, its
+// budgets in its bucket file, started after the others), so it keeps
+// awaiting until its hand-off wait ends.
+func TestLostHandoffIntoAwaitedPartition(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		backed bool // b holds a whole backup copy of p (empty: p is idle)
+		want   partState
+	}{
+		{"no copy", false, partAwaiting},
+		{"whole copy", true, partServing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := awaitingAtB(t, []limiter.Rule{{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 3, Period: time.Hour}}, tt.backed)
+			lost := &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a", Parts: []transport.PushPart{{Partition: s.p, Lost: true}}}
+			if st := s.push(s.b, lost); st != transport.PushOK {
+				t.Fatalf("Lost hand-off: %v, want OK", st)
+			}
+			if st := s.b.getState(s.p); st != tt.want {
+				t.Fatalf("partition %d after a Lost hand-off: state %d, want %d", s.p, st, tt.want)
+			}
+			s.clock.Add(int64(handoffTimeout))
+			s.b.ExpireAwaiting([]uint32{s.p})
+			if st := s.b.getState(s.p); st != partServing {
+				t.Fatalf("partition %d after the hand-off timeout: state %d, want served", s.p, st)
+			}
+		})
+	}
+}
+
+// An awaiting member that holds a whole backup copy of an idle partition
+// (empty) and gives the partition up hands that copy on, not a Lost part:
+// the member it goes to serves it at once (a crashed member back, whose
+// mark-down and return its backup applies within lostDelay; with a Lost
+// part it awaited its idle partitions for the whole hand-off wait).
+func TestAwaitedIdleCopyHandedOnAsACopy(t *testing.T) {
+	rules := []limiter.Rule{{Name: "tb", Algorithm: limiter.TokenBucket, Limit: 3, Period: time.Hour}}
+	s := awaitingAtB(t, rules, true)
+	a2, err := NewOwner("a", 64, s.clock.Load, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v3 := view.New(testRing(t, 3, "a", "b"), 9, rules, 1)
+	a2.Apply(v3, PlanMoves(nil, v3.Ring, "a", allAlive, true, false))
+	push := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "b"}
+	for _, og := range s.b.Apply(v3, PlanMoves(s.v2.Ring, v3.Ring, "b", allAlive, false, false)) {
+		if og.Part.Partition == s.p && og.Part.Lost {
+			t.Fatalf("partition %d handed on Lost; b holds a whole copy of it", s.p)
+		}
+		push.Parts = append(push.Parts, og.Part)
+	}
+	if st := s.push(a2, push); st != transport.PushOK {
+		t.Fatalf("hand-off of partition %d to a: %v", s.p, st)
+	}
+	if st := a2.getState(s.p); st != partServing {
+		t.Fatalf("partition %d at a after b's hand-off: state %d, want served", s.p, st)
+	}
+}
+
+// awaitingAtB is newLateHandoff under rules, moved to epoch 2 at b, which awaits
+// partition p from a; backed says a pushed b its whole (empty) copy of p
+// first.
+func awaitingAtB(t *testing.T, rules []limiter.Rule, backed bool) *lateHandoff {
+	t.Helper()
+	s := newLateHandoff(t, rules)
+	if backed {
+		bb := s.a.BackupPushes()["b"]
+		if bb == nil {
+			t.Fatal("a pushes b no backup copy")
+		}
+		push := &transport.Push{Kind: transport.PushBackup, Epoch: bb.Epoch, From: "a", Parts: bb.Parts}
+		if st := s.push(s.b, push); st != transport.PushOK {
+			t.Fatalf("backup push of partition %d: %v", s.p, st)
+		}
+	}
+	s.b.Apply(s.v2, PlanMoves(s.v1.Ring, s.v2.Ring, "b", allAlive, false, false))
+	if st := s.b.getState(s.p); st != partAwaiting {
+		t.Fatalf("b does not await partition %d: state %d", s.p, st)
+	}
+	return s
+}
