@@ -172,13 +172,20 @@ func allowRPC(cmd any, config func() (raft.Configuration, bool)) error {
 	return fmt.Errorf("%w: id %q address %q", errRaftRefused, truncateID(string(id)), truncateID(string(addr)))
 }
 
+// listed reports whether cfg has a server of id at addr: one server,
+// both. Was: the id and the address each listed, by any server, so a
+// header naming one member's id and another's address passed (a security
+// review; only a peer that authenticated could send it).
 func listed(cfg raft.Configuration, id raft.ServerID, addr raft.ServerAddress) bool {
-	idOK, addrOK := false, false
-	for _, s := range cfg.Servers {
-		idOK = idOK || s.ID == id
-		addrOK = addrOK || s.Address == addr
+	if id == "" || addr == "" {
+		return false
 	}
-	return idOK && addrOK && id != "" && addr != ""
+	for _, s := range cfg.Servers {
+		if s.ID == id && s.Address == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // carriesConfigWith reports whether entries hold a configuration that

@@ -148,6 +148,7 @@ func TestAllowRPC(t *testing.T) {
 		{"member", &raft.AppendEntriesRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 3}, known, true},
 		{"unknown id", &raft.AppendEntriesRequest{RPCHeader: hdr("evil", "10.0.0.2:8081"), Term: 3}, known, false},
 		{"unknown address", &raft.RequestVoteRequest{RPCHeader: hdr("n2", "10.6.6.6:8081"), Term: 3}, known, false},
+		{"one member's id at another's address", &raft.RequestVoteRequest{RPCHeader: hdr("n2", "10.0.0.1:8081"), Term: 3}, known, false},
 		{"no header", &raft.TimeoutNowRequest{}, known, false},
 		{"huge term", &raft.AppendEntriesRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 1<<64 - 1}, known, false},
 		{"huge pre-vote term", &raft.RequestPreVoteRequest{RPCHeader: hdr("n2", "10.0.0.2:8081"), Term: 1 << 63}, known, false},
