@@ -126,7 +126,15 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	if err := cfg.Auth.Validate(); err != nil {
 		return nil, err
 	}
-	lerr := func(err error) { cfg.Logger.Debug("inter-node connection refused", "err", err) }
+	lerr := func(err error) {
+		if errors.Is(err, transport.ErrCapReached) {
+			// At most one a second: a flood, or caps too low, is seen
+			// at the default level, not only in the metric.
+			cfg.Logger.Warn("inter-node connections closed at a cap", "err", err)
+			return
+		}
+		cfg.Logger.Debug("inter-node connection refused", "err", err)
+	}
 	// Each listener answers to its advertised address (what the others
 	// dial) and the address it is bound to.
 	raftLn, err := transport.NewListener(ls.Raft, transport.ListenerConfig{

@@ -292,7 +292,7 @@ func secretDialer(rw io.ReadWriter, secret []byte, addr string) error {
 	}
 	var ok [1]byte
 	if err := readHandshake(rw, ok[:]); err != nil {
-		return fmt.Errorf("%w (the peer refused our proof of the cluster secret, or %s is not its address)", err, addr)
+		return fmt.Errorf("%w (the peer refused our proof of the cluster secret, or %s is not its address, or it closed the handshake to make room at its connection cap: see its ringlimit_listener_refused_total{reason=\"cap\"})", err, addr)
 	}
 	if ok[0] != handshakeOK {
 		return fmt.Errorf("%w: the peer refused the handshake", ErrAuth)

@@ -62,7 +62,11 @@ func silentFlood(t *testing.T, maxConns int) {
 }
 
 // The handshake closed at the cap is the likeliest not to be a peer's:
-// silent before heard from, then from the busiest host, then the oldest.
+// from the busiest host, then silent before heard from, then the oldest.
+// A byte is no proof: a flood from another host sending one byte per
+// connection must not close a peer's handshake that the listener has
+// not read yet (a re-test with real processes: 16 of 17 dials failed
+// when silence ranked first).
 func TestHandshakeVictimOrder(t *testing.T) {
 	hs := func(host string, seq uint64, heard bool) *handshake {
 		h := &handshake{host: host, seq: seq}
@@ -77,8 +81,9 @@ func TestHandshakeVictimOrder(t *testing.T) {
 		{"oldest of one host", []*handshake{hs("a", 3, false), hs("a", 1, false), hs("a", 2, false)}, 1},
 		{"silent before heard, however old", []*handshake{hs("a", 1, true), hs("a", 2, true), hs("a", 9, false)}, 2},
 		{"busiest host before an older one", []*handshake{hs("peer", 1, false), hs("x", 5, false), hs("x", 6, false)}, 1},
-		{"silent peer before a heard flood", []*handshake{hs("x", 1, true), hs("x", 2, true), hs("peer", 3, false)}, 2},
-		{"heard peer kept over a silent flood", []*handshake{hs("peer", 1, true), hs("x", 2, false), hs("x", 3, false)}, 1},
+		{"a silent peer kept over a heard flood", []*handshake{hs("x", 1, true), hs("x", 2, true), hs("peer", 3, false)}, 0},
+		{"a heard peer kept over a silent flood", []*handshake{hs("peer", 1, true), hs("x", 2, false), hs("x", 3, false)}, 1},
+		{"the flood's silent one first", []*handshake{hs("x", 1, true), hs("x", 2, false), hs("peer", 3, false)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := &Listener{shaking: map[*handshake]struct{}{}, perHost: map[string]int{}}
