@@ -95,15 +95,14 @@ type ListenerStats struct {
 //
 // At the handshake cap, and at the connection cap while some connections
 // are still authenticating, a new connection takes the place of one still
-// authenticating, chosen as the likeliest not to be a peer's: one from
-// the host with the most handshakes in progress, then one that has not
-// sent a byte, then the oldest. Refusing the newcomer instead (as before)
-// let 128 silent connections, renewed as they timed out, keep every new
-// peer out. A flood from other hosts never closes a peer's handshake; a
-// flood from the peer's own host closes it only when MaxHandshakes newer
-// connections arrive while it runs (milliseconds, more on a saturated
-// machine: a re-test on 2 loaded cores failed 2 of 26 dials under 300
-// flooding connections, half under 1000).
+// authenticating, chosen as the likeliest not to be a peer's (see
+// worseHandshake): from the host with the most handshakes in progress,
+// then silent, then not yet heard from, then the oldest. Refusing the
+// newcomer instead (as before) let 128 silent connections, renewed as
+// they timed out, keep every new peer out. A flood from other hosts
+// never closes a peer's handshake; a flood from the peer's own host
+// closes it only when MaxHandshakes newer connections arrive before the
+// listener has read the peer's first message (SECURITY.md has figures).
 type Listener struct {
 	inner net.Listener
 	cfg   ListenerConfig
@@ -127,16 +126,17 @@ type Listener struct {
 
 // handshake is one connection authenticating.
 type handshake struct {
-	host   string      // the peer's address without its port
-	seq    uint64      // accept order
-	heard  atomic.Bool // a byte arrived from the peer
+	host   string       // the peer's address without its port
+	seq    uint64       // accept order
+	start  int64        // when it was accepted, unix ns
+	got    atomic.Int64 // bytes read from the peer (counted up to heardBytes)
 	cancel context.CancelFunc
 	// guarded by the listener's mu:
 	evicted    bool // closed to make room for a newer connection
 	slotPassed bool // and its connection slot passed to that one
 }
 
-// heardConn marks its handshake heard once a byte arrives.
+// heardConn counts what its handshake read, up to heardBytes.
 type heardConn struct {
 	net.Conn
 	h *handshake
@@ -144,8 +144,8 @@ type heardConn struct {
 
 func (c *heardConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 && !c.h.heard.Load() {
-		c.h.heard.Store(true)
+	if n > 0 && c.h.got.Load() < heardBytes {
+		c.h.got.Add(int64(n))
 	}
 	return n, err
 }
@@ -258,12 +258,12 @@ func (l *Listener) admit(nc net.Conn, noSlot bool) (*handshake, context.Context,
 			l.mu.Unlock()
 			return nil, nil, false
 		}
-		victim = l.victimLocked()
+		victim = l.victimLocked(time.Now().UnixNano())
 		l.dropLocked(victim)
 		victim.evicted, victim.slotPassed = true, noSlot
 	}
 	ctx, cancel := context.WithCancel(l.ctx)
-	h := &handshake{host: hostOf(nc.RemoteAddr()), cancel: cancel}
+	h := &handshake{host: hostOf(nc.RemoteAddr()), start: time.Now().UnixNano(), cancel: cancel}
 	l.seq++
 	h.seq = l.seq
 	l.shaking[h] = struct{}{}
@@ -280,35 +280,60 @@ func (l *Listener) admit(nc net.Conn, noSlot bool) (*handshake, context.Context,
 	return h, ctx, true
 }
 
-// victimLocked picks the handshake to close at the cap: one not heard
-// from before one heard from, then one of the host with the most
-// handshakes, then the oldest. The caller holds mu and shaking is not
-// empty.
-func (l *Listener) victimLocked() *handshake {
+// victimLocked picks the handshake to close at the cap, at now (unix
+// ns): see worseHandshake. The caller holds mu and shaking is not empty.
+func (l *Listener) victimLocked(now int64) *handshake {
 	var v *handshake
 	for h := range l.shaking {
-		if v == nil || worseHandshake(h, v, l.perHost) {
+		if v == nil || worseHandshake(h, v, l.perHost, now) {
 			v = h
 		}
 	}
 	return v
 }
 
-// worseHandshake reports whether a is likelier than b not to be a peer's:
-// the host first, then silence, then age. The host comes first because
-// a byte is no proof (a flood can send one; a peer's handshake is silent
-// until the listener reads it), while a peer's host has one or two
-// handshakes in progress and a flood's the most: with silence first, a
-// flood of one-byte connections from another host closed a peer's
-// handshakes just accepted (a re-test: 16 of 17 dials failed).
-func worseHandshake(a, b *handshake, perHost map[string]int) bool {
+// silentAfter is how long a handshake may go unheard before it counts
+// as silent: a peer's first message is there at once, but the listener
+// reads it only when its goroutine runs, which takes milliseconds on a
+// loaded machine.
+const silentAfter = 50 * time.Millisecond
+
+// heardBytes is what a handshake must have read to count as heard from:
+// less than a peer's first message (the secret handshake's is 43 bytes
+// and more, a TLS ClientHello over 100), more than a flood's single byte.
+const heardBytes = 32
+
+// worseHandshake reports whether a is likelier than b not to be a peer's
+// at now (unix ns): the host first, then what it sent (standing), then
+// age. The host comes first because bytes are no proof (a flood can send
+// them), while a peer's host has one or two handshakes in progress and a
+// flood's the most: with silence first, a flood of one-byte connections
+// from another host closed a peer's handshakes just accepted (a re-test:
+// 16 of 17 dials failed).
+func worseHandshake(a, b *handshake, perHost map[string]int, now int64) bool {
 	if an, bn := perHost[a.host], perHost[b.host]; an != bn {
 		return an > bn
 	}
-	if ah, bh := a.heard.Load(), b.heard.Load(); ah != bh {
-		return !ah
+	if as, bs := a.standing(now), b.standing(now); as != bs {
+		return as < bs
 	}
 	return a.seq < b.seq
+}
+
+// standing ranks h at now: 2 heard from (heardBytes read), 1 not yet
+// (younger than silentAfter: its first message may be there unread), 0
+// silent. A peer is heard from within milliseconds and then outlasts any
+// flood that sends less than heardBytes per connection, however fast it
+// reconnects; young, it ranks with the flood's young connections and,
+// being the newest, outlasts MaxHandshakes of them.
+func (h *handshake) standing(now int64) int {
+	switch {
+	case h.got.Load() >= heardBytes:
+		return 2
+	case now-h.start < int64(silentAfter):
+		return 1
+	}
+	return 0
 }
 
 // dropLocked forgets h; the caller holds mu.

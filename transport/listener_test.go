@@ -62,15 +62,20 @@ func silentFlood(t *testing.T, maxConns int) {
 }
 
 // The handshake closed at the cap is the likeliest not to be a peer's:
-// from the busiest host, then silent before heard from, then the oldest.
-// A byte is no proof: a flood from another host sending one byte per
-// connection must not close a peer's handshake that the listener has
-// not read yet (a re-test with real processes: 16 of 17 dials failed
-// when silence ranked first).
+// from the busiest host, then silent (nothing for silentAfter) before
+// young before heard from (heardBytes), then the oldest. A byte is no
+// proof: a flood from another host sending one byte per connection must
+// not close a peer's handshake that the listener has not read yet (a
+// re-test with real processes: 16 of 17 dials failed when silence ranked
+// first), nor may a one-byte flood from the peer's own host outrank a
+// peer that sent its first message.
 func TestHandshakeVictimOrder(t *testing.T) {
-	hs := func(host string, seq uint64, heard bool) *handshake {
-		h := &handshake{host: host, seq: seq}
-		h.heard.Store(heard)
+	const now = int64(time.Hour)
+	old, young := now-int64(time.Second), now-int64(silentAfter)/2
+	const none, oneByte, hello = 0, 1, 43 // a peer's first message is 43 bytes or more
+	hs := func(host string, seq uint64, start, got int64) *handshake {
+		h := &handshake{host: host, seq: seq, start: start}
+		h.got.Store(got)
 		return h
 	}
 	for _, tc := range []struct {
@@ -78,12 +83,15 @@ func TestHandshakeVictimOrder(t *testing.T) {
 		shaking []*handshake
 		want    int // index in shaking
 	}{
-		{"oldest of one host", []*handshake{hs("a", 3, false), hs("a", 1, false), hs("a", 2, false)}, 1},
-		{"silent before heard, however old", []*handshake{hs("a", 1, true), hs("a", 2, true), hs("a", 9, false)}, 2},
-		{"busiest host before an older one", []*handshake{hs("peer", 1, false), hs("x", 5, false), hs("x", 6, false)}, 1},
-		{"a silent peer kept over a heard flood", []*handshake{hs("x", 1, true), hs("x", 2, true), hs("peer", 3, false)}, 0},
-		{"a heard peer kept over a silent flood", []*handshake{hs("peer", 1, true), hs("x", 2, false), hs("x", 3, false)}, 1},
-		{"the flood's silent one first", []*handshake{hs("x", 1, true), hs("x", 2, false), hs("peer", 3, false)}, 1},
+		{"oldest of one host", []*handshake{hs("a", 3, old, none), hs("a", 1, old, none), hs("a", 2, old, none)}, 1},
+		{"silent before heard, however old", []*handshake{hs("a", 1, old, hello), hs("a", 2, old, hello), hs("a", 9, old, none)}, 2},
+		{"silent before young", []*handshake{hs("a", 1, young, none), hs("a", 2, old, none)}, 1},
+		{"young before heard", []*handshake{hs("a", 1, old, hello), hs("a", 9, young, none)}, 1},
+		{"a byte is not heard", []*handshake{hs("a", 1, old, oneByte), hs("a", 2, old, oneByte), hs("a", 3, old, hello)}, 0},
+		{"a peer's first message outranks a one-byte flood", []*handshake{hs("a", 9, old, hello), hs("a", 1, old, oneByte), hs("a", 2, old, oneByte)}, 1},
+		{"busiest host before an older one", []*handshake{hs("peer", 1, old, none), hs("x", 5, old, none), hs("x", 6, old, none)}, 1},
+		{"a silent peer kept over a heard flood", []*handshake{hs("x", 1, old, hello), hs("x", 2, old, hello), hs("peer", 3, old, none)}, 0},
+		{"a heard peer kept over a silent flood", []*handshake{hs("peer", 1, old, hello), hs("x", 2, old, none), hs("x", 3, old, none)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := &Listener{shaking: map[*handshake]struct{}{}, perHost: map[string]int{}}
@@ -91,7 +99,7 @@ func TestHandshakeVictimOrder(t *testing.T) {
 				l.shaking[h] = struct{}{}
 				l.perHost[h.host]++
 			}
-			if got := l.victimLocked(); got != tc.shaking[tc.want] {
+			if got := l.victimLocked(now); got != tc.shaking[tc.want] {
 				t.Fatalf("victim host %q seq %d, want host %q seq %d", got.host, got.seq,
 					tc.shaking[tc.want].host, tc.shaking[tc.want].seq)
 			}
