@@ -155,13 +155,15 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		n.m.rulesFileLoaded(true)
 		return false
 	}
-	if at, ok := n.rulesWrittenAt(canonicalRules(written)); ok && n.rulesFileStart.Load() {
-		// The cluster had the file's rules in force at index at, and a
-		// later write replaced them: this member was away (or is new)
-		// when the file changed, and the others applied it then. Was:
-		// applied again over that later write — a member restarted
-		// after a PUT, with the file its peers had applied while it was
-		// down, undid the PUT for the whole cluster.
+	if at, ok := n.rulesWrittenAt(canonicalRules(written)); ok && n.rulesFileStart.Load() && at > markerIndex(marker) {
+		// The cluster had the file's rules in force at index at, after
+		// this member last applied its file, and a later write replaced
+		// them: this member was away (or is new) when the file changed,
+		// and the others applied it then. Was: applied again over that
+		// later write — a member restarted after a PUT, with the file its
+		// peers had applied while it was down, undid the PUT for the
+		// whole cluster. Rules written before the marker's write are
+		// older content put back while it was down: a change, applied.
 		n.log.Info("rules file applied by the cluster already; the later rules write in force stays",
 			"path", path, "applied_at", at, "rules_version", n.fsm.State().RulesIndex)
 		n.recordRulesFile(marker, fp)
@@ -215,6 +217,18 @@ func (n *Node) rulesWrittenAt(rs []limiter.Rule) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// markerIndex is the Raft index in the data dir's rules-file marker: the
+// rules write in force when this member last applied its file; 0 when
+// there is no marker, or one without an index.
+func markerIndex(marker string) uint64 {
+	last, err := os.ReadFile(marker)
+	if err != nil {
+		return 0
+	}
+	_, idx, _ := parseRulesMarker(string(last))
+	return idx
 }
 
 // recordRulesFile writes fp, the fingerprint of the rules file's content

@@ -99,8 +99,9 @@ type ListenerStats struct {
 // worseHandshake): from the host with the most handshakes in progress,
 // then silent, then not yet heard from, then the oldest. Refusing the
 // newcomer instead (as before) let 128 silent connections, renewed as
-// they timed out, keep every new peer out. A flood from other hosts
-// never closes a peer's handshake; a flood from the peer's own host
+// they timed out, keep every new peer out. A flood from another host
+// (one address) never closes a peer's handshake; a flood spread over
+// many addresses, one connection each, or from the peer's own host
 // closes it only when MaxHandshakes newer connections arrive before the
 // listener has read the peer's first message (SECURITY.md has figures).
 type Listener struct {

@@ -300,3 +300,40 @@ func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
 		})
 	}
 }
+
+// A rules file put back to content this member applied before, while the
+// member was stopped, is a change at its start and is applied: the
+// earlier write of those rules is older than the member's own last
+// application of the file, so it is not the others' work while it was
+// away. (The check that keeps a later PUT in force, above, first took any
+// earlier write of the same rules for that, and left the old content
+// out of force.)
+func TestRulesFilePutBackWhileStoppedIsApplied(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	write := func(limit string) {
+		doc := "rules:\n  - {name: login, algorithm: sliding_log, limit: " + limit + ", period: 1m}\n"
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("20")
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 1, Options{DataDirs: true})
+		m := c.Members()[0]
+		limit := func(want int64) {
+			t.Helper()
+			c.WaitFor("limit "+strconv.FormatInt(want, 10), 10*time.Second, func() bool {
+				v := m.Router().View()
+				return v != nil && v.Rules["login"] != nil && v.Rules["login"].Limit == want
+			})
+		}
+		stop := watchRules(t, m, path)
+		limit(20)
+		write("15")
+		limit(15)
+		stop() // the member stops; its file is put back meanwhile
+		write("20")
+		watchRules(t, m, path) // and it starts again
+		limit(20)
+	})
+}

@@ -318,7 +318,7 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 	case errors.Is(err, router.ErrUnknownRule):
 		g.m.outcome(route.Name, "error")
 		g.logRepeated("unknown rule "+route.Name, slog.LevelError, "gateway: a route names a rule the cluster does not have", "route", route.Name, "err", err)
-		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %v", route.Name, err))
+		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %s", route.Name, itemMessage(route, err)))
 	default:
 		g.m.outcome(route.Name, "error")
 		client.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
