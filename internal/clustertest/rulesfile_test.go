@@ -252,13 +252,7 @@ func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
 		{"joined", func(c *Cluster) *Member { return c.Join("n4") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "rules.yaml")
-			write := func(limit string) {
-				doc := "rules:\n  - {name: login, algorithm: sliding_log, limit: " + limit + ", period: 1m}\n"
-				if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			path, write := loginRulesFile(t)
 			write("20")
 			synctest.Test(t, func(t *testing.T) {
 				c := New(t, 3, Options{DataDirs: true})
@@ -309,13 +303,7 @@ func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
 // earlier write of the same rules for that, and left the old content
 // out of force.)
 func TestRulesFilePutBackWhileStoppedIsApplied(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	write := func(limit string) {
-		doc := "rules:\n  - {name: login, algorithm: sliding_log, limit: " + limit + ", period: 1m}\n"
-		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	path, write := loginRulesFile(t)
 	write("20")
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 1, Options{DataDirs: true})
@@ -336,4 +324,16 @@ func TestRulesFilePutBackWhileStoppedIsApplied(t *testing.T) {
 		watchRules(t, m, path) // and it starts again
 		limit(20)
 	})
+}
+
+// loginRulesFile is a rules file of one sliding_log rule "login" per
+// minute, and a function that writes it with the given limit.
+func loginRulesFile(t *testing.T) (path string, write func(limit string)) {
+	path = filepath.Join(t.TempDir(), "rules.yaml")
+	return path, func(limit string) {
+		doc := "rules:\n  - {name: login, algorithm: sliding_log, limit: " + limit + ", period: 1m}\n"
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
