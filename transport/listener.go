@@ -252,6 +252,7 @@ func (l *Listener) acceptLoop() {
 // noSlot with no handshake in progress: every slot is held by an
 // authenticated connection.
 func (l *Listener) admit(nc net.Conn, noSlot bool) (*handshake, context.Context, bool) {
+	now := time.Now().UnixNano()
 	l.mu.Lock()
 	var victim *handshake
 	if noSlot || len(l.shaking) >= l.cfg.MaxHandshakes {
@@ -259,12 +260,12 @@ func (l *Listener) admit(nc net.Conn, noSlot bool) (*handshake, context.Context,
 			l.mu.Unlock()
 			return nil, nil, false
 		}
-		victim = l.victimLocked(time.Now().UnixNano())
+		victim = l.victimLocked(now)
 		l.dropLocked(victim)
 		victim.evicted, victim.slotPassed = true, noSlot
 	}
 	ctx, cancel := context.WithCancel(l.ctx)
-	h := &handshake{host: hostOf(nc.RemoteAddr()), start: time.Now().UnixNano(), cancel: cancel}
+	h := &handshake{host: hostOf(nc.RemoteAddr()), start: now, cancel: cancel}
 	l.seq++
 	h.seq = l.seq
 	l.shaking[h] = struct{}{}
