@@ -786,14 +786,15 @@ func (n *Node) detectLoop() {
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
-			if v := raftVoters(servers); v < lastVoters && v < MaxVoters {
+			v := raftVoters(servers)
+			if v < lastVoters && v < MaxVoters {
 				// A voter left (a leave, an orphan removed): a non-voter
 				// takes its seat, or the cluster would stay with fewer
 				// voters, and tolerate fewer failures, until the next
 				// change of leader.
 				n.promoteNonvoters()
 			}
-			lastVoters = raftVoters(servers)
+			lastVoters = v
 			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now, orphanVoterGrace(n.cfg.DeadAfter)))
 		}
 		lastSeen.retain(func(id string) bool {

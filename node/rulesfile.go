@@ -126,8 +126,11 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	// content while running is a change, applied like any other. Was:
 	// skipped whenever it matched the marker, so a file edited to invalid,
 	// then put back as it was, left a later PUT in force without a word.
-	if last, err := os.ReadFile(marker); err == nil && n.rulesFileStart.Load() {
+	start := n.rulesFileStart.Load()
+	var markerIdx uint64 // the rules write in force when this member last applied its file
+	if last, err := os.ReadFile(marker); err == nil && start {
 		mfp, idx, hasIdx := parseRulesMarker(string(last))
+		markerIdx = idx
 		switch {
 		case mfp != fp:
 		case !hasIdx: // a marker of the release before
@@ -155,7 +158,9 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		n.m.rulesFileLoaded(true)
 		return false
 	}
-	if at, ok := n.rulesWrittenAt(canonicalRules(written)); ok && n.rulesFileStart.Load() && at > markerIndex(marker) {
+	// Only at a start: the log is read then, not at every change of the
+	// file while the member runs.
+	if at, ok := n.superseded(start, written, markerIdx); ok {
 		// The cluster had the file's rules in force at index at, after
 		// this member last applied its file, and a later write replaced
 		// them: this member was away (or is new) when the file changed,
@@ -192,6 +197,17 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	return false
 }
 
+// superseded reports, at a start only, whether the local Raft log has
+// rs written after index since (this member's last application of its
+// file), and the index of that write.
+func (n *Node) superseded(start bool, rs []limiter.Rule, since uint64) (uint64, bool) {
+	if !start {
+		return 0, false
+	}
+	at, ok := n.rulesWrittenAt(canonicalRules(rs))
+	return at, ok && at > since
+}
+
 // rulesWrittenAt returns the Raft index of the last rules write in the
 // local log that wrote rs (compared as the rules in force are), and
 // whether there is one. Only the log kept since the last snapshot is
@@ -217,18 +233,6 @@ func (n *Node) rulesWrittenAt(rs []limiter.Rule) (uint64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// markerIndex is the Raft index in the data dir's rules-file marker: the
-// rules write in force when this member last applied its file; 0 when
-// there is no marker, or one without an index.
-func markerIndex(marker string) uint64 {
-	last, err := os.ReadFile(marker)
-	if err != nil {
-		return 0
-	}
-	_, idx, _ := parseRulesMarker(string(last))
-	return idx
 }
 
 // recordRulesFile writes fp, the fingerprint of the rules file's content
