@@ -239,14 +239,27 @@ type ticket struct {
 // per refetchGap) and decides again: the rule may be younger than its
 // view, which it otherwise reads once per Follow period.
 func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {
-	err := r.check(ctx, reqs, out)
+	return r.CheckBy(ctx, time.Time{}, reqs, out)
+}
+
+// CheckBy is Check for a caller that must answer by a deadline of its
+// own, by (the zero time: none, as Check). A check whose owner has not
+// answered by then gets its rule's failure mode (Result.Degraded), every
+// other check keeps its owner's answer, and CheckBy returns nil: the
+// caller has a whole answer in time. Envoy's rate-limit filter, for one,
+// waits 20 ms by default and then decides every descriptor of the call
+// by its own failure_mode_deny, closed limits too. As with Timeout, an
+// owner that was only slow may still count a check it decides after by.
+// ctx's own end is still an error.
+func (r *Router) CheckBy(ctx context.Context, by time.Time, reqs []Request, out []Result) error {
+	err := r.check(ctx, by, reqs, out)
 	if err != nil && errors.Is(err, ErrUnknownRule) && r.following.Load() &&
 		time.Since(time.Unix(0, r.lastFetch.Load())) >= refetchGap {
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.RefreshWait)
 		ferr := r.Refresh(rctx)
 		cancel()
 		if ferr == nil {
-			err = r.check(ctx, reqs, out) // nothing was spent: validation comes first
+			err = r.check(ctx, by, reqs, out) // nothing was spent: validation comes first
 		}
 	}
 	return err
@@ -257,7 +270,7 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 // members at most 1/refetchGap view reads per router.
 const refetchGap = 100 * time.Millisecond
 
-func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error {
+func (r *Router) check(ctx context.Context, by time.Time, reqs []Request, out []Result) error {
 	start := time.Now()
 	if r.ctx.Err() != nil {
 		return errRouterClosed
@@ -321,8 +334,24 @@ func (r *Router) check(ctx context.Context, reqs []Request, out []Result) error 
 		s.pending = append(s.pending, i)
 		s.joined = s.joined || q.Joined
 	}
-	if err := r.run(ctx, v, s, out, start); err != nil {
-		return err
+	runCtx := ctx
+	if !by.IsZero() {
+		// What no owner has answered by then keeps its failure answer:
+		// every check starts with it, and an owner's answer replaces it
+		// (settle). Was: by was a deadline on the whole call, and its
+		// error made the caller answer every check by failure mode,
+		// those its owners had decided (and spent) too.
+		for i := range reqs {
+			out[i] = failureAnswer(s.rules[i])
+		}
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
+	if err := r.run(runCtx, v, s, out, start); err != nil {
+		if by.IsZero() || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
 	}
 	if r.ctx.Err() != nil {
 		// Closed meanwhile: forwarded checks were answered by the failure
@@ -530,34 +559,51 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			r.settle(out, s, i, &s.resp.Results[k])
 		}
 	}
-	for _, t := range s.waits {
+	for w, t := range s.waits {
 		select {
 		case <-t.b.done:
 		case <-ctx.Done():
+			// The answers that came meanwhile are kept (a caller with a
+			// deadline of its own answers the rest: CheckBy). Was: the
+			// first owner not done hid every later owner's answer.
+			for _, u := range s.waits[w+1:] {
+				select {
+				case <-u.b.done:
+					maxEpoch = max(maxEpoch, r.settleTicket(out, s, u))
+				default:
+				}
+			}
 			return maxEpoch
 		}
-		if t.b.err != nil {
-			r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
-			if r.following.Load() && ownerGone(t.b.err) {
-				s.gone = append(s.gone, t.idx...)
-				t.b.release()
-				continue
-			}
-		}
-		maxEpoch = max(maxEpoch, t.b.resp.Epoch)
-		for k, i := range t.idx {
-			res := transport.Result{Status: transport.StatusUnavailable}
-			if t.b.err == nil && t.off+k < len(t.b.resp.Results) {
-				res = t.b.resp.Results[t.off+k]
-			}
-			r.settle(out, s, i, &res)
-		}
-		t.b.release() // a caller that gave up above (ctx) keeps its reference: the batch is not reused
+		maxEpoch = max(maxEpoch, r.settleTicket(out, s, t))
 	}
 	for _, run := range s.split {
 		r.decideSplit(ctx, v, s, run, out)
 	}
 	return maxEpoch
+}
+
+// settleTicket settles the checks of a ticket whose batch is done, and
+// returns the epoch its owner answered with. Checks whose owner could not
+// be reached are left in s.gone instead, for run, when this router
+// follows the cluster.
+func (r *Router) settleTicket(out []Result, s *scratch, t ticket) uint64 {
+	defer t.b.release() // a caller that gave up (ctx) keeps its reference: the batch is not reused
+	if t.b.err != nil {
+		r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
+		if r.following.Load() && ownerGone(t.b.err) {
+			s.gone = append(s.gone, t.idx...)
+			return 0
+		}
+	}
+	for k, i := range t.idx {
+		res := transport.Result{Status: transport.StatusUnavailable}
+		if t.b.err == nil && t.off+k < len(t.b.resp.Results) {
+			res = t.b.resp.Results[t.off+k]
+		}
+		r.settle(out, s, i, &res)
+	}
+	return t.b.resp.Epoch
 }
 
 // routes is what dispatch needs of one ring, computed once per ring:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -13,7 +14,7 @@ import (
 
 type allowAll struct{}
 
-func (allowAll) Check(_ context.Context, reqs []router.Request, out []router.Result) error {
+func (allowAll) CheckBy(_ context.Context, _ time.Time, reqs []router.Request, out []router.Result) error {
 	for i := range reqs {
 		out[i] = router.Result{Decision: limiter.Decision{Allowed: true, Limit: 10, Remaining: 9}}
 	}

@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -178,14 +179,81 @@ func TestFailureModeBeforeTheCallersDeadline(t *testing.T) {
 		if err != nil {
 			t.Fatalf("call with a 20ms deadline and the owner down: %v", err)
 		}
-		if waited := time.Since(start); waited != 18*time.Millisecond {
-			t.Errorf("answered after %v, want 18ms (a tenth of the deadline kept)", waited)
+		if waited := time.Since(start); waited != 15*time.Millisecond {
+			t.Errorf("answered after %v, want 15ms (a quarter of the deadline kept)", waited)
 		}
 		if resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over {
 			t.Fatalf("owner down: %v; want open OK, closed OVER_LIMIT", resp)
 		}
 		if got := testutil.ToFloat64(m.degraded); got != 2 {
 			t.Fatalf("degraded counted %v, want 2", got)
+		}
+	})
+}
+
+// halfDown answers every check sent to near:1 (allowed, 5 remaining) and
+// never answers those sent to far:1.
+type halfDown struct{}
+
+func (halfDown) Do(ctx context.Context, addr string, req *transport.BatchRequest, resp *transport.BatchResponse) error {
+	if addr != "near:1" {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	resp.Epoch = 1
+	resp.Results = resp.Results[:0]
+	for range req.Checks {
+		resp.Results = append(resp.Results, transport.Result{Status: transport.StatusOK, Allowed: true, Limit: 10, Remaining: 5})
+	}
+	return nil
+}
+
+// When one owner is slow and the caller's deadline comes first, only the
+// descriptors that owner holds are answered by their failure mode; the
+// others keep their owners' answers. Was: every descriptor of the call
+// was answered by its failure mode, closed ones OVER_LIMIT, although
+// their owners had decided (and spent) them — and the closed denials
+// said duration_until_reset 0s.
+func TestDeadlineDegradesOnlyTheSlowOwnersDescriptors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1,
+			[]ring.Member{{ID: "near", Peer: "near:1"}, {ID: "far", Peer: "far:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := router.New(router.Config{Timeout: 250 * time.Millisecond}, nil, halfDown{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		rt.SetView(&router.View{Ring: rg, Seed: 3})
+		svc, _ := serviceOwnerDown(t)
+		svc.checker = rt
+		var ds []*commonpb.RateLimitDescriptor
+		for i := range 20 {
+			ds = append(ds, desc([]string{"open", "closed"}[i%2], fmt.Sprint("v", i)))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		resp, err := svc.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "d", Descriptors: ds})
+		if err != nil {
+			t.Fatalf("call with a 20ms deadline and one owner down: %v", err)
+		}
+		answered, degraded := 0, 0
+		for i, st := range resp.Statuses {
+			closed := i%2 == 1
+			switch {
+			case st.Code == ok && st.LimitRemaining == 5:
+				answered++ // near's answer
+			case closed && st.Code == over && st.DurationUntilReset.AsDuration() == time.Second,
+				!closed && st.Code == ok && st.LimitRemaining == 0:
+				degraded++ // far's keys: the failure mode
+			default:
+				t.Errorf("descriptor %d (closed %v): %v; want near's answer (OK, 5 remaining) or the failure mode", i, closed, st)
+			}
+		}
+		if answered == 0 || degraded == 0 {
+			t.Fatalf("%d answered by their owner, %d by the failure mode; want some of each (two owners, one down)", answered, degraded)
 		}
 	})
 }

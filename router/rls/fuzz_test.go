@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -111,7 +112,7 @@ func sortedCopy(s []string) []string {
 // and the owner would, and allows everything with cost ≤ 1.
 type strictChecker struct{ t *testing.T }
 
-func (c strictChecker) Check(_ context.Context, reqs []router.Request, out []router.Result) error {
+func (c strictChecker) CheckBy(_ context.Context, _ time.Time, reqs []router.Request, out []router.Result) error {
 	for i, q := range reqs {
 		switch {
 		case q.Inline == nil || q.Inline.Name != q.Rule || !strings.HasPrefix(q.Rule, rules.InlinePrefix):
