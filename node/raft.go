@@ -44,7 +44,7 @@ type raftParts struct {
 	// follows the latest snapshot, which NewRaft restores before returning.
 	lastCommand uint64
 	// logs is Raft's log store, read (never written) by the rules file's
-	// start (rulesWrittenAt).
+	// start (rulesWrittenAfter).
 	logs raft.LogStore
 	// knownHTTP are the HTTP addresses of the members the local snapshot
 	// and log name (committed or not): whom to ask when no leader can be

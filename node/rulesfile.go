@@ -128,9 +128,12 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	// then put back as it was, left a later PUT in force without a word.
 	start := n.rulesFileStart.Load()
 	var markerIdx uint64 // the rules write in force when this member last applied its file
-	if last, err := os.ReadFile(marker); err == nil && start {
+	last, err := os.ReadFile(marker)
+	if err == nil {
+		_, markerIdx, _ = parseRulesMarker(string(last))
+	}
+	if err == nil && start {
 		mfp, idx, hasIdx := parseRulesMarker(string(last))
-		markerIdx = idx
 		switch {
 		case mfp != fp:
 		case !hasIdx: // a marker of the release before
@@ -158,17 +161,22 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		n.m.rulesFileLoaded(true)
 		return false
 	}
-	// Only at a start: the log is read then, not at every change of the
-	// file while the member runs.
-	if at, ok := n.superseded(start, written, markerIdx); ok {
+	switch at, ok := n.rulesWrittenAfter(written, markerIdx); {
+	case ok && at > n.fsm.State().RulesIndex:
+		// Written by another member a moment ago and not applied here
+		// yet: compare once it is. Was: taken for a write since replaced.
+		return true
+	case ok:
 		// The cluster had the file's rules in force at index at, after
 		// this member last applied its file, and a later write replaced
 		// them: this member was away (or is new) when the file changed,
+		// or its copy of the file changed later than the others' (a
+		// Kubernetes ConfigMap reaches each pod up to a minute apart),
 		// and the others applied it then. Was: applied again over that
-		// later write — a member restarted after a PUT, with the file its
-		// peers had applied while it was down, undid the PUT for the
-		// whole cluster. Rules written before the marker's write are
-		// older content put back while it was down: a change, applied.
+		// later write, for the whole cluster — at a start (a member
+		// restarted after a PUT) and, while running, by the member whose
+		// copy changed last. Rules written before the marker's write
+		// are older content put back: a change, applied.
 		n.log.Info("rules file applied by the cluster already; the later rules write in force stays",
 			"path", path, "applied_at", at, "rules_version", n.fsm.State().RulesIndex)
 		n.recordRulesFile(marker, fp)
@@ -197,22 +205,12 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	return false
 }
 
-// superseded reports, at a start only, whether the local Raft log has
-// rs written after index since (this member's last application of its
-// file), and the index of that write.
-func (n *Node) superseded(start bool, rs []limiter.Rule, since uint64) (uint64, bool) {
-	if !start {
-		return 0, false
-	}
-	at, ok := n.rulesWrittenAt(canonicalRules(rs))
-	return at, ok && at > since
-}
-
-// rulesWrittenAt returns the Raft index of the last rules write in the
-// local log that wrote rs (compared as the rules in force are), and
-// whether there is one. Only the log kept since the last snapshot is
-// read: a write compacted away is not found.
-func (n *Node) rulesWrittenAt(rs []limiter.Rule) (uint64, bool) {
+// rulesWrittenAfter returns the Raft index of the last rules write in
+// the local log after index since that wrote rs (compared as the rules
+// in force are), and whether there is one. Only the log kept since the
+// last snapshot is read, from its end down to since: a write compacted
+// away is not found. It runs when the file changes, not per check.
+func (n *Node) rulesWrittenAfter(rs []limiter.Rule, since uint64) (uint64, bool) {
 	logs := n.raft.logs
 	if logs == nil {
 		return 0, false
@@ -222,8 +220,8 @@ func (n *Node) rulesWrittenAt(rs []limiter.Rule) (uint64, bool) {
 	if err1 != nil || err2 != nil {
 		return 0, false
 	}
-	want := rules.Fingerprint(rs)
-	for i := last; i >= first && i > 0; i-- {
+	want := rules.Fingerprint(canonicalRules(rs))
+	for i := last; i >= first && i > since && i > 0; i-- {
 		var l raft.Log
 		if logs.GetLog(i, &l) != nil || l.Type != raft.LogCommand {
 			continue

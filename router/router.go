@@ -564,9 +564,10 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 		case <-t.b.done:
 		case <-ctx.Done():
 			// The answers that came meanwhile are kept (a caller with a
-			// deadline of its own answers the rest: CheckBy). Was: the
-			// first owner not done hid every later owner's answer.
-			for _, u := range s.waits[w+1:] {
+			// deadline of its own answers the rest: CheckBy), this one's
+			// too: select picks either case when both are ready. Was:
+			// the first owner not done hid every later owner's answer.
+			for _, u := range s.waits[w:] {
 				select {
 				case <-u.b.done:
 					maxEpoch = max(maxEpoch, r.settleTicket(out, s, u))

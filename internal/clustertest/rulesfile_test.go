@@ -277,6 +277,12 @@ func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
 				c.WaitSettled(2)
 				write("15") // applied by n1 and n2 while n3 is away
 				c.WaitFor("the file's 15 on n1 and n2", 10*time.Second, limitOn([]*Member{c.Member("n1"), c.Member("n2")}, 15))
+				// Both watchers saw the change at once and may both be
+				// writing it: the second write lands a round trip after
+				// the first is in force. A PUT in between is overwritten
+				// by it (a race the file's design has: last write wins).
+				time.Sleep(time.Second)
+				synctest.Wait()
 				c.PutRules("n1", limiter.Rule{Name: "login", Algorithm: limiter.SlidingLog, Limit: 8, Period: time.Minute})
 				c.WaitFor("the PUT's 8 on n1 and n2", 10*time.Second, limitOn([]*Member{c.Member("n1"), c.Member("n2")}, 8))
 				m := tc.back(c)
@@ -293,6 +299,46 @@ func TestRulesFileAppliedWhileAwayLeavesALaterPutInForce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Each member watches its own copy of the rules file, and the copies
+// change at different times (a Kubernetes ConfigMap reaches each pod up
+// to a minute apart). A copy that changes after the others, to what they
+// applied, after a later PUT, leaves the PUT in force. Was: its member
+// took the change for a new one and wrote the file's rules over the PUT,
+// for the whole cluster.
+func TestRulesFileCopyChangedLateLeavesALaterPutInForce(t *testing.T) {
+	pathA, writeA := loginRulesFile(t)
+	pathB, writeB := loginRulesFile(t)
+	writeA("20")
+	writeB("20")
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DataDirs: true})
+		login := func(m *Member) int64 {
+			if v := m.Router().View(); v != nil && v.Rules["login"] != nil {
+				return v.Rules["login"].Limit
+			}
+			return 0
+		}
+		watchRules(t, c.Member("n1"), pathA)
+		watchRules(t, c.Member("n2"), pathB)
+		c.WaitFor("the files' 20", 10*time.Second, func() bool { return login(c.Member("n1")) == 20 && login(c.Member("n2")) == 20 })
+		writeA("15")
+		c.WaitFor("n1's copy's 15", 10*time.Second, func() bool { return login(c.Member("n2")) == 15 })
+		c.PutRules("n3", limiter.Rule{Name: "login", Algorithm: limiter.SlidingLog, Limit: 8, Period: time.Minute})
+		c.WaitFor("the PUT's 8", 10*time.Second, func() bool { return login(c.Member("n1")) == 8 && login(c.Member("n2")) == 8 })
+		writeB("15") // n2's copy catches up
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		for _, m := range c.Members() {
+			if got := login(m); got != 8 {
+				t.Fatalf("%s: login limit %d after n2's copy caught up; want the later PUT's 8", m.ID, got)
+			}
+		}
+		// A change of a copy to rules no member applied is still a change.
+		writeB("12")
+		c.WaitFor("n2's copy's 12", 10*time.Second, func() bool { return login(c.Member("n1")) == 12 })
+	})
 }
 
 // A rules file put back to content this member applied before, while the
