@@ -47,6 +47,9 @@
 //     They are decided together, by the owner of the descriptor's key,
 //     all-or-nothing: a hit is counted by all of them or, when any
 //     denies, by none. Denied hits are never counted.
+//   - strings that are not UTF-8 (Envoy sends a header's bytes as they
+//     are) are taken as they are: the server's codec decodes a request
+//     that protobuf-go refuses for them (see codec).
 //   - is_negative_hits (a refund) is not supported: such a descriptor
 //     spends nothing and is answered as a query (OK when one more hit
 //     would pass).

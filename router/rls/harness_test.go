@@ -69,6 +69,7 @@ type env struct {
 	srv    *Server
 	reg    *prometheus.Registry
 	client rlspb.RateLimitServiceClient
+	cc     *grpc.ClientConn // for calls the generated client cannot make
 	dir    string
 }
 
@@ -115,7 +116,7 @@ func newEnv(t *testing.T, config string, opts Options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	e.client = rlspb.NewRateLimitServiceClient(cc)
+	e.cc, e.client = cc, rlspb.NewRateLimitServiceClient(cc)
 	return e
 }
 

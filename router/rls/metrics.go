@@ -1,8 +1,10 @@
 package rls
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -86,6 +88,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // without a detailed_metric value ("" when key has none). It reports
 // whether this call found MaxDetailedKeys reached for the first time.
 func (m *metrics) descriptor(key, base, result string) (capped bool) {
+	if !utf8.ValidString(key) {
+		// A detailed_metric value that is not UTF-8 (Envoy sends a
+		// header's bytes as they are): its invalid bytes become U+FFFD,
+		// since Prometheus refuses such a label value. Was: a panic in
+		// WithLabelValues, which ended the process.
+		key = strings.ToValidUTF8(key, "\uFFFD")
+	}
 	k := [2]string{key, result}
 	c, ok := m.cached.Load(k)
 	if !ok && base != "" && m.detailed.Load() >= MaxDetailedKeys {

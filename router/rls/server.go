@@ -85,8 +85,9 @@ func New(opts Options, checker Checker) (*Server, error) {
 		return nil, err
 	}
 	// Bounded: a call is at most 1 MiB, a connection (an Envoy) has at
-	// most 1024 calls in flight.
-	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
+	// most 1024 calls in flight. The codec takes descriptor values that
+	// are not UTF-8, as Envoy sends them (see codec).
+	s.gs = grpc.NewServer(grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024), grpc.ForceServerCodecV2(newCodec()))
 	rlspb.RegisterRateLimitServiceServer(s.gs, s.svc)
 	// gRPC's health service, as envoyproxy/ratelimit registers it, for
 	// Envoy's health checks of the rate-limit cluster: the server ("")
