@@ -259,14 +259,23 @@ func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescri
 	if !ok || !known {
 		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: unknown unit %v", o.GetUnit())
 	}
+	mult := int64(1) // unset and 0 mean 1, as in envoyproxy/ratelimit
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		mult = int64(m.GetValue())
+	}
+	// Bounded before the product, which overflows a time.Duration past
+	// 292 years (YEAR × 300 was a negative period). In seconds it cannot
+	// overflow: at most 2^32 × 31,536,000. A block is bounded alike: its
+	// period says when its window ends.
+	if mult > int64(limiter.MaxPeriod/u.d) {
+		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: %d × %s is a period of %ds, over the longest allowed, %ds (%d days)",
+			mult, name, mult*int64(u.d/time.Second), int64(limiter.MaxPeriod/time.Second), int64(limiter.MaxPeriod/(24*time.Hour)))
+	}
+	period := u.d * time.Duration(mult)
 	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}}
 	if o.GetRequestsPerUnit() == 0 {
 		l.denyAll = true
 		return l, nil
-	}
-	period := u.d
-	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
-		period *= time.Duration(m.GetValue())
 	}
 	r := &limiter.Rule{Name: ruleName(domain, "_override_"+lower(name), 0), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
 	if err := r.Validate(); err != nil {

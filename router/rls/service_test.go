@@ -372,6 +372,50 @@ func TestDescriptorLimitOverride(t *testing.T) {
 	})
 }
 
+// ov is desc(kv...) carrying Envoy's per-route limit override; a
+// multiplier of 0 leaves unit_multiplier unset.
+func ov(rpu uint32, unit typepb.RateLimitUnit, mult uint32, kv ...string) *commonpb.RateLimitDescriptor {
+	d := desc(kv...)
+	d.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+	if mult > 0 {
+		d.Limit.UnitMultiplier = wrapperspb.UInt32(mult)
+	}
+	return d
+}
+
+// An override's period is at most limiter.MaxPeriod (366 days), for a
+// block (requests_per_unit 0) too; one longer is InvalidArgument with a
+// message giving both. Was: YEAR × 300 overflowed into a negative period
+// (-2496095h…) in the message, and a block took any multiplier.
+func TestOverridePeriodBounds(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	for _, tt := range []struct {
+		rpu  uint32
+		unit typepb.RateLimitUnit
+		mult uint32
+		want string // "" for OK
+	}{
+		{5, typepb.RateLimitUnit_YEAR, 300, "descriptor limit override: 300 × YEAR is a period of 9460800000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_YEAR, 4_000_000_000, "descriptor limit override: 4000000000 × YEAR is a period of 126144000000000000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_DAY, 100_000, "descriptor limit override: 100000 × DAY is a period of 8640000000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_SECOND, 31_622_401, "descriptor limit override: 31622401 × SECOND is a period of 31622401s, over the longest allowed, 31622400s (366 days)"},
+		{0, typepb.RateLimitUnit_YEAR, 2, "descriptor limit override: 2 × YEAR is a period of 63072000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_SECOND, 31_622_400, ""},
+		{5, typepb.RateLimitUnit_YEAR, 1, ""},
+		{5, typepb.RateLimitUnit_MONTH, 12, ""},
+		{0, typepb.RateLimitUnit_DAY, 366, ""},
+	} {
+		d := ov(tt.rpu, tt.unit, tt.mult, "user", "bounds")
+		_, err := e.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d}})
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%d per %d × %v: %v, want OK", tt.rpu, tt.mult, tt.unit, err)
+		case tt.want != "" && (status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != tt.want):
+			t.Errorf("%d per %d × %v: %v; want InvalidArgument %q", tt.rpu, tt.mult, tt.unit, err, tt.want)
+		}
+	}
+}
+
 // With headers on, the limited descriptor with the least remaining is
 // described in x-ratelimit-* headers for Envoy to add.
 func TestResponseHeaders(t *testing.T) {
