@@ -277,12 +277,31 @@ func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescri
 		l.denyAll = true
 		return l, nil
 	}
-	r := &limiter.Rule{Name: ruleName(domain, "_override_"+lower(name), 0), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
+	// The rule, so the counter, is the descriptor's in the override's
+	// window, named by its period: 3 per 30 SECOND and 3 per SECOND count
+	// apart, 60 SECOND and MINUTE (one window) together. The limit is
+	// not in the name, as envoyproxy/ratelimit leaves it out of its cache
+	// key (domain, entries, window): routes that give one descriptor
+	// different limits in one window share its count, each holding it to
+	// its own limit, and a changed limit keeps the count.
+	r := &limiter.Rule{Name: overrideRuleName(domain, period), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
 	if err := r.Validate(); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)
 	}
 	l.rules = []*limiter.Rule{r}
 	return l, nil
+}
+
+// overrideRuleName names the rule of a descriptor limit override by its
+// period: the unit of that length (the name an override had before its
+// unit_multiplier counted), else the period in seconds.
+func overrideRuleName(domain string, period time.Duration) string {
+	for name, u := range units {
+		if u.d == period {
+			return ruleName(domain, "_override_"+name, 0)
+		}
+	}
+	return ruleName(domain, "_override_"+strconv.FormatInt(int64(period/time.Second), 10)+"s", 0)
 }
 
 func lower(s string) string {

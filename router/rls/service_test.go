@@ -383,6 +383,59 @@ func ov(rpu uint32, unit typepb.RateLimitUnit, mult uint32, kv ...string) *commo
 	return d
 }
 
+// An override counts its descriptor's hits per window: two routes that
+// send one descriptor with 3 per 30 SECOND and 3 per SECOND count apart,
+// each in its own window. Windows of one length (60 SECOND, MINUTE)
+// share a counter, and so do two limits in one window, as in
+// envoyproxy/ratelimit. Was: one counter per unit, whose window was the
+// period sent last (the 1 s override answered OVER_LIMIT, reset in 28 s).
+func TestOverrideCounterPerWindow(t *testing.T) {
+	const (
+		sec    = typepb.RateLimitUnit_SECOND
+		minute = typepb.RateLimitUnit_MINUTE
+	)
+	e := newEnv(t, basicConfig, Options{})
+	per30s, perSec := ov(3, sec, 30, "user", "alt"), ov(3, sec, 0, "user", "alt")
+	for i, s := range []struct {
+		advance time.Duration // the owner's clock, before the call
+		d       *commonpb.RateLimitDescriptor
+		code    rlspb.RateLimitResponse_Code
+		remain  uint32
+		reset   time.Duration
+	}{
+		{0, per30s, ok, 2, 30 * time.Second},
+		{0, perSec, ok, 2, time.Second},
+		{0, per30s, ok, 1, 30 * time.Second},
+		{0, perSec, ok, 1, time.Second},
+		{0, per30s, ok, 0, 30 * time.Second},
+		{0, perSec, ok, 0, time.Second},
+		{0, per30s, over, 0, 30 * time.Second},
+		{0, perSec, over, 0, time.Second},
+		{time.Second, perSec, ok, 2, time.Second}, // its next window
+		{0, per30s, over, 0, 29 * time.Second},    // not its next window
+		{0, ov(3, sec, 60, "user", "alt"), ok, 2, 59 * time.Second},
+		{0, ov(3, minute, 1, "user", "alt"), ok, 1, 59 * time.Second}, // the same window: the same counter
+		{0, ov(5, minute, 0, "user", "alt"), ok, 2, 59 * time.Second}, // another limit in it: the same counter, held to 5
+	} {
+		e.owner.now.Add(int64(s.advance))
+		st := e.call(t, "api", 0, s.d).Statuses[0]
+		if st.Code != s.code || st.LimitRemaining != s.remain || st.DurationUntilReset.AsDuration() != s.reset {
+			t.Errorf("step %d: ShouldRateLimit(%d per %v × %d) = %v remaining %d reset %v; want %v remaining %d reset %v",
+				i, s.d.Limit.RequestsPerUnit, s.d.Limit.Unit, s.d.Limit.GetUnitMultiplier().GetValue(),
+				st.Code, st.LimitRemaining, st.DurationUntilReset.AsDuration(), s.code, s.remain, s.reset)
+		}
+	}
+	// A period of a unit's length keeps the name an override of that
+	// unit always had, so its counters outlive the upgrade.
+	for period, want := range map[time.Duration]string{
+		time.Second: "rls:api/_override_second#0", 7 * 24 * time.Hour: "rls:api/_override_week#0", 30 * time.Second: "rls:api/_override_30s#0",
+	} {
+		if got := overrideRuleName("api", period); got != want {
+			t.Errorf("overrideRuleName(api, %v) = %q, want %q", period, got, want)
+		}
+	}
+}
+
 // An override's period is at most limiter.MaxPeriod (366 days), for a
 // block (requests_per_unit 0) too; one longer is InvalidArgument with a
 // message giving both. Was: YEAR × 300 overflowed into a negative period
