@@ -134,6 +134,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	// rate limits are one group (router.Request.Joined): a hit denied by
 	// one is counted by none. They share the descriptor's key, so one
 	// owner decides the group, atomically.
+	var pick headerPick // what the x-ratelimit-* headers describe
 	sc.reqs, sc.at = sc.reqs[:0], sc.at[:0]
 	for i, d := range ds {
 		sc.at = append(sc.at, -1)
@@ -148,6 +149,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			// period, not 0 ("now"): retrying at once cannot pass.
 			r := l.rules[over]
 			resp.Statuses[i] = s.status(l, over, router.Result{Decision: limiter.Decision{Limit: r.Capacity(), ResetAfter: r.Period}}, d)
+			pick.offer(resp.Statuses[i], r.Period)
 			continue
 		}
 		key := s.counterKey(sc, d.GetEntries())
@@ -178,6 +180,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case l.denyAll:
 			resp.Statuses[i] = s.status(l, 0, router.Result{}, d)
+			pick.offer(resp.Statuses[i], l.period(0))
 		default:
 			// The decisive limit: the first that denied (a limit refused
 			// only because another denied has no RetryAfter), else the
@@ -194,13 +197,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 				}
 			}
 			resp.Statuses[i] = s.status(l, best, sc.out[at+best], d)
+			pick.offer(resp.Statuses[i], l.period(best))
 		}
 		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 	}
 	if s.headers {
-		addHeaders(resp)
+		addHeaders(resp, &pick)
 	}
 	return resp, nil
 }
@@ -272,7 +276,7 @@ func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescri
 			mult, name, mult*int64(u.d/time.Second), int64(limiter.MaxPeriod/time.Second), int64(limiter.MaxPeriod/(24*time.Hour)))
 	}
 	period := u.d * time.Duration(mult)
-	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}}
+	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}, multiplier: uint32(mult)}
 	if o.GetRequestsPerUnit() == 0 {
 		l.denyAll = true
 		return l, nil
@@ -401,11 +405,11 @@ func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimit
 	cur := &rlspb.RateLimitResponse_RateLimit{Unit: l.units[j]}
 	if l.denyAll {
 		r = router.Result{}
-		// When its unit's window (aligned to the Unix epoch, as every
-		// limit's) ends, as envoyproxy/ratelimit says; was: none.
-		if u := unitLength(l.units[j]); u > 0 {
+		// When its window (aligned to the Unix epoch, as every limit's)
+		// ends, as envoyproxy/ratelimit says; was: none.
+		if w := l.period(j); w > 0 {
 			now := s.now().UnixNano()
-			st.DurationUntilReset = durationpb.New(time.Duration(int64(u) - now%int64(u)))
+			st.DurationUntilReset = durationpb.New(time.Duration(int64(w) - now%int64(w)))
 		}
 	} else {
 		rule := l.rules[j]
@@ -446,6 +450,16 @@ func unitLength(u rlspb.RateLimitResponse_RateLimit_Unit) time.Duration {
 	return 0
 }
 
+// period is the window of the j-th rate limit: its rule's period; for a
+// deny-all limit, which has no rule, its unit times an override's
+// unit_multiplier.
+func (l *limit) period(j int) time.Duration {
+	if l.denyAll {
+		return unitLength(l.units[j]) * time.Duration(max(l.multiplier, 1))
+	}
+	return l.rules[j].Period
+}
+
 // nameOf returns the name of the j-th rate limit, "" when it has none.
 func (l *limit) nameOf(j int) string {
 	if j < len(l.rlNames) {
@@ -469,51 +483,54 @@ func (s *Service) count(l *limit, d *commonpb.RateLimitDescriptor, result string
 	}
 }
 
-// addHeaders adds x-ratelimit-* for the limited descriptor that decides
-// the answer: one that is OVER_LIMIT, the latest to reset, when any is;
-// else the one with the least remaining. The form is that of Envoy's own
-// rate-limit filter (draft 03 of the IETF RateLimit header fields: the
-// limit with its window in seconds, the remaining count, seconds until
-// reset).
-func addHeaders(resp *rlspb.RateLimitResponse) {
-	var best *rlspb.RateLimitResponse_DescriptorStatus
+// headerPick is the limited descriptor whose status the x-ratelimit-*
+// headers describe, chosen as the statuses are built (a status has its
+// limit's unit, not its window), with that limit's window.
+type headerPick struct {
+	st     *rlspb.RateLimitResponse_DescriptorStatus
+	window time.Duration
+}
+
+// offer puts forward a limited descriptor's status and its limit's
+// window. The one that decides the answer is kept: one that is
+// OVER_LIMIT, the latest to reset, when any is; else the one with the
+// least remaining.
+func (p *headerPick) offer(st *rlspb.RateLimitResponse_DescriptorStatus, window time.Duration) {
 	over := func(st *rlspb.RateLimitResponse_DescriptorStatus) bool {
 		return st.Code == rlspb.RateLimitResponse_OVER_LIMIT
 	}
-	for _, st := range resp.Statuses {
-		if st.CurrentLimit == nil || st.LimitRemaining == math.MaxUint32 {
-			continue
-		}
-		switch {
-		case best == nil, over(st) && !over(best):
-			best = st
-		case over(st) && over(best):
-			if st.DurationUntilReset.AsDuration() > best.DurationUntilReset.AsDuration() {
-				best = st
-			}
-		case !over(st) && !over(best) && st.LimitRemaining < best.LimitRemaining:
-			best = st
-		}
+	if p.st == nil ||
+		over(st) && (!over(p.st) || st.DurationUntilReset.AsDuration() > p.st.DurationUntilReset.AsDuration()) ||
+		!over(st) && !over(p.st) && st.LimitRemaining < p.st.LimitRemaining {
+		p.st, p.window = st, window
 	}
-	if best == nil {
+}
+
+// headerSet is the three x-ratelimit-* headers, in one allocation.
+type headerSet struct {
+	v [3]corepb.HeaderValue
+	p [3]*corepb.HeaderValue
+}
+
+// addHeaders adds x-ratelimit-* for the status p picked, if any, to resp,
+// which has no headers yet. The form is that of Envoy's own rate-limit
+// filter (draft 03 of the IETF RateLimit header fields: the limit with
+// its window in seconds, the remaining count, seconds until reset).
+func addHeaders(resp *rlspb.RateLimitResponse, p *headerPick) {
+	if p.st == nil {
 		return
 	}
-	window := int64(1)
-	for _, u := range units {
-		if u.u == best.CurrentLimit.Unit {
-			window = int64(u.d / time.Second)
-		}
-	}
-	limit := strconv.FormatUint(uint64(best.CurrentLimit.RequestsPerUnit), 10)
+	limit := strconv.FormatUint(uint64(p.st.CurrentLimit.GetRequestsPerUnit()), 10)
 	reset := int64(0)
-	if best.DurationUntilReset != nil {
-		reset = int64((best.DurationUntilReset.AsDuration() + time.Second - 1) / time.Second)
+	if p.st.DurationUntilReset != nil {
+		reset = int64((p.st.DurationUntilReset.AsDuration() + time.Second - 1) / time.Second)
 	}
-	resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-		&corepb.HeaderValue{Key: "x-ratelimit-limit", Value: limit + ", " + limit + ";w=" + strconv.FormatInt(window, 10)},
-		&corepb.HeaderValue{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(best.LimitRemaining), 10)},
-		&corepb.HeaderValue{Key: "x-ratelimit-reset", Value: strconv.FormatInt(reset, 10)},
-	)
+	h := new(headerSet)
+	h.v[0].Key, h.v[0].Value = "x-ratelimit-limit", limit+", "+limit+";w="+strconv.FormatInt(max(int64(p.window/time.Second), 1), 10)
+	h.v[1].Key, h.v[1].Value = "x-ratelimit-remaining", strconv.FormatUint(uint64(p.st.LimitRemaining), 10)
+	h.v[2].Key, h.v[2].Value = "x-ratelimit-reset", strconv.FormatInt(reset, 10)
+	h.p = [3]*corepb.HeaderValue{&h.v[0], &h.v[1], &h.v[2]}
+	resp.ResponseHeadersToAdd = h.p[:]
 }
 
 // grpcError maps a router error to a gRPC status.

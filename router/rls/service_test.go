@@ -469,6 +469,39 @@ func TestOverridePeriodBounds(t *testing.T) {
 	}
 }
 
+// x-ratelimit-limit's window (w=) is the period of the limit described:
+// a config limit's unit, an override's unit times its unit_multiplier,
+// for a block and for hits over a limit's capacity too. Was: the unit
+// alone (w=1 for 30 SECOND); and a block's reset ended its unit, not its
+// window.
+func TestResponseHeaderWindow(t *testing.T) {
+	const sec = typepb.RateLimitUnit_SECOND
+	e := newEnv(t, basicConfig, Options{Headers: true})
+	e.owner.now.Add(int64(15 * time.Second))
+	e.srv.svc.now = func() time.Time { return time.Unix(0, t0).Add(15 * time.Second) }
+	for _, tt := range []struct {
+		name  string
+		hits  uint32
+		d     *commonpb.RateLimitDescriptor
+		limit string
+		reset string
+	}{
+		{"config, per minute", 0, desc("tenant", "w"), "3, 3;w=60", "45"},
+		{"3 per 30 SECOND", 0, ov(3, sec, 30, "user", "w"), "3, 3;w=30", "15"},
+		{"2 per 90 MINUTE", 0, ov(2, typepb.RateLimitUnit_MINUTE, 90, "user", "w"), "2, 2;w=5400", "3585"},
+		{"over the capacity of 3 per 30 SECOND", 4, ov(3, sec, 30, "user", "w2"), "3, 3;w=30", "30"},
+		{"blocked per 30 SECOND", 0, ov(0, sec, 30, "user", "w"), "0, 0;w=30", "15"},
+	} {
+		got := map[string]string{}
+		for _, h := range e.call(t, "api", tt.hits, tt.d).ResponseHeadersToAdd {
+			got[h.Key] = h.Value
+		}
+		if got["x-ratelimit-limit"] != tt.limit || got["x-ratelimit-reset"] != tt.reset {
+			t.Errorf("%s: x-ratelimit-limit %q, x-ratelimit-reset %q; want %q, %q", tt.name, got["x-ratelimit-limit"], got["x-ratelimit-reset"], tt.limit, tt.reset)
+		}
+	}
+}
+
 // With headers on, the limited descriptor with the least remaining is
 // described in x-ratelimit-* headers for Envoy to add.
 func TestResponseHeaders(t *testing.T) {
