@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -403,6 +404,9 @@ func (s *Service) counterKey(sc *scratch, es []*commonpb.RateLimitDescriptor_Ent
 func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimitDescriptor) *rlspb.RateLimitResponse_DescriptorStatus {
 	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	cur := &rlspb.RateLimitResponse_RateLimit{Unit: l.units[j]}
+	if l.multiplier > 1 { // the whole window, as the override gave it
+		cur.UnitMultiplier = wrapperspb.UInt32(l.multiplier)
+	}
 	if l.denyAll {
 		r = router.Result{}
 		// When its window (aligned to the Unix epoch, as every limit's)

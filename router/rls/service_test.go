@@ -471,9 +471,10 @@ func TestOverridePeriodBounds(t *testing.T) {
 
 // x-ratelimit-limit's window (w=) is the period of the limit described:
 // a config limit's unit, an override's unit times its unit_multiplier,
-// for a block and for hits over a limit's capacity too. Was: the unit
-// alone (w=1 for 30 SECOND); and a block's reset ended its unit, not its
-// window.
+// for a block and for hits over a limit's capacity too; the status's
+// current_limit carries the multiplier. Was: the unit alone (w=1 for 30
+// SECOND, no unit_multiplier); and a block's reset ended its unit, not
+// its window.
 func TestResponseHeaderWindow(t *testing.T) {
 	const sec = typepb.RateLimitUnit_SECOND
 	e := newEnv(t, basicConfig, Options{Headers: true})
@@ -485,19 +486,25 @@ func TestResponseHeaderWindow(t *testing.T) {
 		d     *commonpb.RateLimitDescriptor
 		limit string
 		reset string
+		mult  uint32 // current_limit.unit_multiplier, 0 for none
 	}{
-		{"config, per minute", 0, desc("tenant", "w"), "3, 3;w=60", "45"},
-		{"3 per 30 SECOND", 0, ov(3, sec, 30, "user", "w"), "3, 3;w=30", "15"},
-		{"2 per 90 MINUTE", 0, ov(2, typepb.RateLimitUnit_MINUTE, 90, "user", "w"), "2, 2;w=5400", "3585"},
-		{"over the capacity of 3 per 30 SECOND", 4, ov(3, sec, 30, "user", "w2"), "3, 3;w=30", "30"},
-		{"blocked per 30 SECOND", 0, ov(0, sec, 30, "user", "w"), "0, 0;w=30", "15"},
+		{"config, per minute", 0, desc("tenant", "w"), "3, 3;w=60", "45", 0},
+		{"3 per 30 SECOND", 0, ov(3, sec, 30, "user", "w"), "3, 3;w=30", "15", 30},
+		{"2 per 90 MINUTE", 0, ov(2, typepb.RateLimitUnit_MINUTE, 90, "user", "w"), "2, 2;w=5400", "3585", 90},
+		{"over the capacity of 3 per 30 SECOND", 4, ov(3, sec, 30, "user", "w2"), "3, 3;w=30", "30", 30},
+		{"blocked per 30 SECOND", 0, ov(0, sec, 30, "user", "w"), "0, 0;w=30", "15", 30},
+		{"3 per 1 SECOND", 0, ov(3, sec, 1, "user", "w"), "3, 3;w=1", "1", 0},
 	} {
+		resp := e.call(t, "api", tt.hits, tt.d)
 		got := map[string]string{}
-		for _, h := range e.call(t, "api", tt.hits, tt.d).ResponseHeadersToAdd {
+		for _, h := range resp.ResponseHeadersToAdd {
 			got[h.Key] = h.Value
 		}
 		if got["x-ratelimit-limit"] != tt.limit || got["x-ratelimit-reset"] != tt.reset {
 			t.Errorf("%s: x-ratelimit-limit %q, x-ratelimit-reset %q; want %q, %q", tt.name, got["x-ratelimit-limit"], got["x-ratelimit-reset"], tt.limit, tt.reset)
+		}
+		if m := resp.Statuses[0].CurrentLimit.GetUnitMultiplier(); m.GetValue() != tt.mult {
+			t.Errorf("%s: current_limit.unit_multiplier %v, want %d", tt.name, m, tt.mult)
 		}
 	}
 }
