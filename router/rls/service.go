@@ -198,7 +198,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 				}
 			}
 			resp.Statuses[i] = s.status(l, best, sc.out[at+best], d)
-			pick.offer(resp.Statuses[i], l.period(best))
+			// The headers describe what owners decided. A failure
+			// mode's answer knows nothing of the limit's state: one
+			// that let the hit through is not described (it said 0
+			// remaining, reset now); one that denied decides the
+			// answer, and is, with its retry.
+			if !sc.out[at+best].Degraded || resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
+				pick.offer(resp.Statuses[i], l.period(best))
+			}
 		}
 		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
