@@ -22,7 +22,8 @@ func (allowAll) CheckBy(_ context.Context, _ time.Time, reqs []router.Request, o
 }
 
 // BenchmarkService is the service's own cost per call, without gRPC or
-// the cluster: matching, keys, the response.
+// the cluster: matching, keys, the response, with and without the
+// x-ratelimit-* headers.
 //
 //	go test -run='^$' -bench=Service -benchmem ./router/rls/
 func BenchmarkService(b *testing.B) {
@@ -34,20 +35,22 @@ func BenchmarkService(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc := NewService(allowAll{}, false, m)
-	svc.SetConfig(c)
-	for _, n := range []int{1, 5} {
-		req := &rlspb.RateLimitRequest{Domain: "api"}
-		for i := range n {
-			req.Descriptors = append(req.Descriptors, desc("plan", "free", "user", fmt.Sprint("u", i)))
-		}
-		b.Run(fmt.Sprintf("descriptors=%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
-					b.Fatal(err)
-				}
+	for _, headers := range []bool{false, true} {
+		svc := NewService(allowAll{}, headers, m)
+		svc.SetConfig(c)
+		for _, n := range []int{1, 5} {
+			req := &rlspb.RateLimitRequest{Domain: "api"}
+			for i := range n {
+				req.Descriptors = append(req.Descriptors, desc("plan", "free", "user", fmt.Sprint("u", i)))
 			}
-		})
+			b.Run(fmt.Sprintf("descriptors=%d/headers=%v", n, headers), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

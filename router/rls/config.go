@@ -147,6 +147,10 @@ type limit struct {
 	names     []string // the rate limits' names, for replaces
 	rlNames   []string // per rule: its rate limit's name, "" when none
 	replaces  []string
+
+	// multiplier is a descriptor limit override's unit_multiplier, 0 or 1
+	// for none: a deny-all limit's window is its unit times it.
+	multiplier uint32
 }
 
 // Unit lengths. Month and year are 30 and 365 days (windows aligned to

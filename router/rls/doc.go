@@ -21,7 +21,11 @@
 // (router.Request.Inline): the key's owner decides under the definition
 // it is sent, after validating it, and every replica loading the same
 // file shares one counter per descriptor, exact across the cluster.
-// Rule names under rules.InlinePrefix can never be written rules.
+// Rule names under rules.InlinePrefix can never be written rules. A
+// descriptor's own limit (Envoy's per-route override) is a fixed window
+// of its unit × unit_multiplier, its rule named by the domain and that
+// period (rls:DOMAIN/_override_minute#0, rls:DOMAIN/_override_30s#0),
+// so its counter is the descriptor's in that window.
 //
 // # Semantics
 //

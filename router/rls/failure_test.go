@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/internal/logbuf"
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/transport"
@@ -388,4 +390,104 @@ func TestConfigDirectoryFiles(t *testing.T) {
 	if !strings.Contains(logs.String(), "level=WARN msg=\"envoy config holds no domain") {
 		t.Fatalf("no warning for a config with no domain; logs:\n%s", logs.String())
 	}
+}
+
+// serviceHalfDown is a service with headers on whose keys are owned by
+// "self" (a live owner at t0) or by "far" (never answers; the router's
+// timeout is 250ms), with one open and one closed limit per minute; and
+// a function returning a value of key whose descriptor is owned by id.
+// Call it inside a synctest bubble.
+func serviceHalfDown(t *testing.T) (*Service, func(key, id string) string) {
+	t.Helper()
+	rg, err := ring.New(ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25}, 1,
+		[]ring.Member{{ID: "self", Peer: "self:1"}, {ID: "far", Peer: "far:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := limiter.NewTable(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := &owner{table: tab}
+	live.now.Store(t0)
+	rt, err := router.New(router.Config{Self: "self", Timeout: 250 * time.Millisecond}, live, down{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	rt.SetView(&router.View{Ring: rg, Seed: 3})
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := NewService(rt, true, m)
+	c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: closed
+    rate_limit: {unit: minute, requests_per_unit: 5, failure_mode: closed}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetConfig(c)
+	ownedBy := func(key, id string) string {
+		for i := range 1000 {
+			v := fmt.Sprint("v", i)
+			_, m, _ := rg.OwnerOfKey(limiter.KeyHash(3, svc.counterKey(new(scratch), desc(key, v).Entries)))
+			if m.ID == id {
+				return v
+			}
+		}
+		t.Fatalf("no value of %s owned by %s", key, id)
+		return ""
+	}
+	return svc, ownedBy
+}
+
+// The x-ratelimit-* headers describe what an owner decided. A status
+// its limit's failure mode answered (the owner did not) says nothing of
+// the limit's state: an open one that let the hit through is not
+// described; a closed one that denied is, as the denial, with its 1 s
+// retry. So an OK answer whose every limit was degraded has no headers.
+// Was: the degraded open status (0 remaining, reset 0) won the least
+// remaining, and an allowed answer said x-ratelimit-remaining: 0.
+func TestHeadersSkipDegradedStatuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc, ownedBy := serviceHalfDown(t)
+		openLive, openFar, closedFar := desc("open", ownedBy("open", "self")), desc("open", ownedBy("open", "far")), desc("closed", ownedBy("closed", "far"))
+		for _, tt := range []struct {
+			name string
+			ds   []*commonpb.RateLimitDescriptor
+			code rlspb.RateLimitResponse_Code
+			want map[string]string // nil: no x-ratelimit headers
+		}{
+			{"open decided, open degraded", []*commonpb.RateLimitDescriptor{openLive, openFar}, ok,
+				map[string]string{"x-ratelimit-limit": "5, 5;w=60", "x-ratelimit-remaining": "4", "x-ratelimit-reset": "60"}},
+			{"open degraded, open decided", []*commonpb.RateLimitDescriptor{openFar, openLive}, ok,
+				map[string]string{"x-ratelimit-limit": "5, 5;w=60", "x-ratelimit-remaining": "3", "x-ratelimit-reset": "60"}},
+			{"open degraded alone", []*commonpb.RateLimitDescriptor{openFar}, ok, nil},
+			{"closed degraded", []*commonpb.RateLimitDescriptor{closedFar}, over,
+				map[string]string{"x-ratelimit-limit": "5, 5;w=60", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"}},
+			{"open decided, closed degraded", []*commonpb.RateLimitDescriptor{openLive, closedFar}, over,
+				map[string]string{"x-ratelimit-limit": "5, 5;w=60", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"}},
+		} {
+			resp, err := svc.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "d", Descriptors: tt.ds})
+			if err != nil {
+				t.Fatalf("%s: %v", tt.name, err)
+			}
+			var got map[string]string
+			for _, h := range resp.ResponseHeadersToAdd {
+				if got == nil {
+					got = map[string]string{}
+				}
+				got[h.Key] = h.Value
+			}
+			if resp.OverallCode != tt.code || !maps.Equal(got, tt.want) {
+				t.Errorf("%s: %v with headers %v; want %v with %v", tt.name, resp.OverallCode, got, tt.code, tt.want)
+			}
+		}
+	})
 }

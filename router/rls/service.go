@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -137,6 +138,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	// rate limits are one group (router.Request.Joined): a hit denied by
 	// one is counted by none. They share the descriptor's key, so one
 	// owner decides the group, atomically.
+	var pick headerPick // what the x-ratelimit-* headers describe
 	sc.reqs, sc.at = sc.reqs[:0], sc.at[:0]
 	for i, d := range ds {
 		sc.at = append(sc.at, -1)
@@ -151,6 +153,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			// period, not 0 ("now"): retrying at once cannot pass.
 			r := l.rules[over]
 			resp.Statuses[i] = s.status(l, over, router.Result{Decision: limiter.Decision{Limit: r.Capacity(), ResetAfter: r.Period}}, d)
+			pick.offer(resp.Statuses[i], r.Period)
 			continue
 		}
 		key := s.counterKey(sc, d.GetEntries())
@@ -181,6 +184,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case l.denyAll:
 			resp.Statuses[i] = s.status(l, 0, router.Result{}, d)
+			pick.offer(resp.Statuses[i], l.period(0))
 		default:
 			// The decisive limit: the first that denied (a limit refused
 			// only because another denied has no RetryAfter), else the
@@ -197,13 +201,21 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 				}
 			}
 			resp.Statuses[i] = s.status(l, best, sc.out[at+best], d)
+			// The headers describe what owners decided. A failure
+			// mode's answer knows nothing of the limit's state: one
+			// that let the hit through is not described (it said 0
+			// remaining, reset now); one that denied decides the
+			// answer, and is, with its retry.
+			if !sc.out[at+best].Degraded || resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
+				pick.offer(resp.Statuses[i], l.period(best))
+			}
 		}
 		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 	}
 	if s.headers {
-		addHeaders(resp)
+		addHeaders(resp, &pick)
 	}
 	return resp, nil
 }
@@ -254,21 +266,49 @@ func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescri
 	if !ok || !known {
 		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: unknown unit %v", o.GetUnit())
 	}
-	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}}
+	mult := int64(1) // unset and 0 mean 1, as in envoyproxy/ratelimit
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		mult = int64(m.GetValue())
+	}
+	// Bounded before the product, which overflows a time.Duration past
+	// 292 years (YEAR × 300 was a negative period). In seconds it cannot
+	// overflow: at most 2^32 × 31,536,000. A block is bounded alike: its
+	// period says when its window ends.
+	if mult > int64(limiter.MaxPeriod/u.d) {
+		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: %d × %s is a period of %ds, over the longest allowed, %ds (%d days)",
+			mult, name, mult*int64(u.d/time.Second), int64(limiter.MaxPeriod/time.Second), int64(limiter.MaxPeriod/(24*time.Hour)))
+	}
+	period := u.d * time.Duration(mult)
+	l := &limit{fullKey: domain + "._override", units: []rlspb.RateLimitResponse_RateLimit_Unit{u.u}, multiplier: uint32(mult)}
 	if o.GetRequestsPerUnit() == 0 {
 		l.denyAll = true
 		return l, nil
 	}
-	period := u.d
-	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
-		period *= time.Duration(m.GetValue())
-	}
-	r := &limiter.Rule{Name: ruleName(domain, "_override_"+lower(name), 0), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
+	// The rule, so the counter, is the descriptor's in the override's
+	// window, named by its period: 3 per 30 SECOND and 3 per SECOND count
+	// apart, 60 SECOND and MINUTE (one window) together. The limit is
+	// not in the name, as envoyproxy/ratelimit leaves it out of its cache
+	// key (domain, entries, window): routes that give one descriptor
+	// different limits in one window share its count, each holding it to
+	// its own limit, and a changed limit keeps the count.
+	r := &limiter.Rule{Name: overrideRuleName(domain, period), Algorithm: limiter.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}
 	if err := r.Validate(); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)
 	}
 	l.rules = []*limiter.Rule{r}
 	return l, nil
+}
+
+// overrideRuleName names the rule of a descriptor limit override by its
+// period: the unit of that length (the name an override had before its
+// unit_multiplier counted), else the period in seconds.
+func overrideRuleName(domain string, period time.Duration) string {
+	for name, u := range units {
+		if u.d == period {
+			return ruleName(domain, "_override_"+name, 0)
+		}
+	}
+	return ruleName(domain, "_override_"+strconv.FormatInt(int64(period/time.Second), 10)+"s", 0)
 }
 
 func lower(s string) string {
@@ -366,13 +406,16 @@ func (s *Service) counterKey(sc *scratch, es []*commonpb.RateLimitDescriptor_Ent
 func (s *Service) status(l *limit, j int, r router.Result, d *commonpb.RateLimitDescriptor) *rlspb.RateLimitResponse_DescriptorStatus {
 	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	cur := &rlspb.RateLimitResponse_RateLimit{Unit: l.units[j]}
+	if l.multiplier > 1 { // the whole window, as the override gave it
+		cur.UnitMultiplier = wrapperspb.UInt32(l.multiplier)
+	}
 	if l.denyAll {
 		r = router.Result{}
-		// When its unit's window (aligned to the Unix epoch, as every
-		// limit's) ends, as envoyproxy/ratelimit says; was: none.
-		if u := unitLength(l.units[j]); u > 0 {
+		// When its window (aligned to the Unix epoch, as every limit's)
+		// ends, as envoyproxy/ratelimit says; was: none.
+		if w := l.period(j); w > 0 {
 			now := s.now().UnixNano()
-			st.DurationUntilReset = durationpb.New(time.Duration(int64(u) - now%int64(u)))
+			st.DurationUntilReset = durationpb.New(time.Duration(int64(w) - now%int64(w)))
 		}
 	} else {
 		rule := l.rules[j]
@@ -413,6 +456,16 @@ func unitLength(u rlspb.RateLimitResponse_RateLimit_Unit) time.Duration {
 	return 0
 }
 
+// period is the window of the j-th rate limit: its rule's period; for a
+// deny-all limit, which has no rule, its unit times an override's
+// unit_multiplier.
+func (l *limit) period(j int) time.Duration {
+	if l.denyAll {
+		return unitLength(l.units[j]) * time.Duration(max(l.multiplier, 1))
+	}
+	return l.rules[j].Period
+}
+
 // nameOf returns the name of the j-th rate limit, "" when it has none.
 func (l *limit) nameOf(j int) string {
 	if j < len(l.rlNames) {
@@ -436,51 +489,54 @@ func (s *Service) count(l *limit, d *commonpb.RateLimitDescriptor, result string
 	}
 }
 
-// addHeaders adds x-ratelimit-* for the limited descriptor that decides
-// the answer: one that is OVER_LIMIT, the latest to reset, when any is;
-// else the one with the least remaining. The form is that of Envoy's own
-// rate-limit filter (draft 03 of the IETF RateLimit header fields: the
-// limit with its window in seconds, the remaining count, seconds until
-// reset).
-func addHeaders(resp *rlspb.RateLimitResponse) {
-	var best *rlspb.RateLimitResponse_DescriptorStatus
+// headerPick is the limited descriptor whose status the x-ratelimit-*
+// headers describe, chosen as the statuses are built (a status has its
+// limit's unit, not its window), with that limit's window.
+type headerPick struct {
+	st     *rlspb.RateLimitResponse_DescriptorStatus
+	window time.Duration
+}
+
+// offer puts forward a limited descriptor's status and its limit's
+// window. The one that decides the answer is kept: one that is
+// OVER_LIMIT, the latest to reset, when any is; else the one with the
+// least remaining.
+func (p *headerPick) offer(st *rlspb.RateLimitResponse_DescriptorStatus, window time.Duration) {
 	over := func(st *rlspb.RateLimitResponse_DescriptorStatus) bool {
 		return st.Code == rlspb.RateLimitResponse_OVER_LIMIT
 	}
-	for _, st := range resp.Statuses {
-		if st.CurrentLimit == nil || st.LimitRemaining == math.MaxUint32 {
-			continue
-		}
-		switch {
-		case best == nil, over(st) && !over(best):
-			best = st
-		case over(st) && over(best):
-			if st.DurationUntilReset.AsDuration() > best.DurationUntilReset.AsDuration() {
-				best = st
-			}
-		case !over(st) && !over(best) && st.LimitRemaining < best.LimitRemaining:
-			best = st
-		}
+	if p.st == nil ||
+		over(st) && (!over(p.st) || st.DurationUntilReset.AsDuration() > p.st.DurationUntilReset.AsDuration()) ||
+		!over(st) && !over(p.st) && st.LimitRemaining < p.st.LimitRemaining {
+		p.st, p.window = st, window
 	}
-	if best == nil {
+}
+
+// headerSet is the three x-ratelimit-* headers, in one allocation.
+type headerSet struct {
+	v [3]corepb.HeaderValue
+	p [3]*corepb.HeaderValue
+}
+
+// addHeaders adds x-ratelimit-* for the status p picked, if any, to resp,
+// which has no headers yet. The form is that of Envoy's own rate-limit
+// filter (draft 03 of the IETF RateLimit header fields: the limit with
+// its window in seconds, the remaining count, seconds until reset).
+func addHeaders(resp *rlspb.RateLimitResponse, p *headerPick) {
+	if p.st == nil {
 		return
 	}
-	window := int64(1)
-	for _, u := range units {
-		if u.u == best.CurrentLimit.Unit {
-			window = int64(u.d / time.Second)
-		}
-	}
-	limit := strconv.FormatUint(uint64(best.CurrentLimit.RequestsPerUnit), 10)
+	limit := strconv.FormatUint(uint64(p.st.CurrentLimit.GetRequestsPerUnit()), 10)
 	reset := int64(0)
-	if best.DurationUntilReset != nil {
-		reset = int64((best.DurationUntilReset.AsDuration() + time.Second - 1) / time.Second)
+	if p.st.DurationUntilReset != nil {
+		reset = int64((p.st.DurationUntilReset.AsDuration() + time.Second - 1) / time.Second)
 	}
-	resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-		&corepb.HeaderValue{Key: "x-ratelimit-limit", Value: limit + ", " + limit + ";w=" + strconv.FormatInt(window, 10)},
-		&corepb.HeaderValue{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(best.LimitRemaining), 10)},
-		&corepb.HeaderValue{Key: "x-ratelimit-reset", Value: strconv.FormatInt(reset, 10)},
-	)
+	h := new(headerSet)
+	h.v[0].Key, h.v[0].Value = "x-ratelimit-limit", limit+", "+limit+";w="+strconv.FormatInt(max(int64(p.window/time.Second), 1), 10)
+	h.v[1].Key, h.v[1].Value = "x-ratelimit-remaining", strconv.FormatUint(uint64(p.st.LimitRemaining), 10)
+	h.v[2].Key, h.v[2].Value = "x-ratelimit-reset", strconv.FormatInt(reset, 10)
+	h.p = [3]*corepb.HeaderValue{&h.v[0], &h.v[1], &h.v[2]}
+	resp.ResponseHeadersToAdd = h.p[:]
 }
 
 // grpcError maps a router error to a gRPC status.

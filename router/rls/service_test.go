@@ -372,6 +372,143 @@ func TestDescriptorLimitOverride(t *testing.T) {
 	})
 }
 
+// ov is desc(kv...) carrying Envoy's per-route limit override; a
+// multiplier of 0 leaves unit_multiplier unset.
+func ov(rpu uint32, unit typepb.RateLimitUnit, mult uint32, kv ...string) *commonpb.RateLimitDescriptor {
+	d := desc(kv...)
+	d.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+	if mult > 0 {
+		d.Limit.UnitMultiplier = wrapperspb.UInt32(mult)
+	}
+	return d
+}
+
+// An override counts its descriptor's hits per window: two routes that
+// send one descriptor with 3 per 30 SECOND and 3 per SECOND count apart,
+// each in its own window. Windows of one length (60 SECOND, MINUTE)
+// share a counter, and so do two limits in one window, as in
+// envoyproxy/ratelimit. Was: one counter per unit, whose window was the
+// period sent last (the 1 s override answered OVER_LIMIT, reset in 28 s).
+func TestOverrideCounterPerWindow(t *testing.T) {
+	const (
+		sec    = typepb.RateLimitUnit_SECOND
+		minute = typepb.RateLimitUnit_MINUTE
+	)
+	e := newEnv(t, basicConfig, Options{})
+	per30s, perSec := ov(3, sec, 30, "user", "alt"), ov(3, sec, 0, "user", "alt")
+	for i, s := range []struct {
+		advance time.Duration // the owner's clock, before the call
+		d       *commonpb.RateLimitDescriptor
+		code    rlspb.RateLimitResponse_Code
+		remain  uint32
+		reset   time.Duration
+	}{
+		{0, per30s, ok, 2, 30 * time.Second},
+		{0, perSec, ok, 2, time.Second},
+		{0, per30s, ok, 1, 30 * time.Second},
+		{0, perSec, ok, 1, time.Second},
+		{0, per30s, ok, 0, 30 * time.Second},
+		{0, perSec, ok, 0, time.Second},
+		{0, per30s, over, 0, 30 * time.Second},
+		{0, perSec, over, 0, time.Second},
+		{time.Second, perSec, ok, 2, time.Second}, // its next window
+		{0, per30s, over, 0, 29 * time.Second},    // not its next window
+		{0, ov(3, sec, 60, "user", "alt"), ok, 2, 59 * time.Second},
+		{0, ov(3, minute, 1, "user", "alt"), ok, 1, 59 * time.Second}, // the same window: the same counter
+		{0, ov(5, minute, 0, "user", "alt"), ok, 2, 59 * time.Second}, // another limit in it: the same counter, held to 5
+	} {
+		e.owner.now.Add(int64(s.advance))
+		st := e.call(t, "api", 0, s.d).Statuses[0]
+		if st.Code != s.code || st.LimitRemaining != s.remain || st.DurationUntilReset.AsDuration() != s.reset {
+			t.Errorf("step %d: ShouldRateLimit(%d per %v × %d) = %v remaining %d reset %v; want %v remaining %d reset %v",
+				i, s.d.Limit.RequestsPerUnit, s.d.Limit.Unit, s.d.Limit.GetUnitMultiplier().GetValue(),
+				st.Code, st.LimitRemaining, st.DurationUntilReset.AsDuration(), s.code, s.remain, s.reset)
+		}
+	}
+	// A period of a unit's length keeps the name an override of that
+	// unit always had, so its counters outlive the upgrade.
+	for period, want := range map[time.Duration]string{
+		time.Second: "rls:api/_override_second#0", 7 * 24 * time.Hour: "rls:api/_override_week#0", 30 * time.Second: "rls:api/_override_30s#0",
+	} {
+		if got := overrideRuleName("api", period); got != want {
+			t.Errorf("overrideRuleName(api, %v) = %q, want %q", period, got, want)
+		}
+	}
+}
+
+// An override's period is at most limiter.MaxPeriod (366 days), for a
+// block (requests_per_unit 0) too; one longer is InvalidArgument with a
+// message giving both. Was: YEAR × 300 overflowed into a negative period
+// (-2496095h…) in the message, and a block took any multiplier.
+func TestOverridePeriodBounds(t *testing.T) {
+	e := newEnv(t, basicConfig, Options{})
+	for _, tt := range []struct {
+		rpu  uint32
+		unit typepb.RateLimitUnit
+		mult uint32
+		want string // "" for OK
+	}{
+		{5, typepb.RateLimitUnit_YEAR, 300, "descriptor limit override: 300 × YEAR is a period of 9460800000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_YEAR, 4_000_000_000, "descriptor limit override: 4000000000 × YEAR is a period of 126144000000000000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_DAY, 100_000, "descriptor limit override: 100000 × DAY is a period of 8640000000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_SECOND, 31_622_401, "descriptor limit override: 31622401 × SECOND is a period of 31622401s, over the longest allowed, 31622400s (366 days)"},
+		{0, typepb.RateLimitUnit_YEAR, 2, "descriptor limit override: 2 × YEAR is a period of 63072000s, over the longest allowed, 31622400s (366 days)"},
+		{5, typepb.RateLimitUnit_SECOND, 31_622_400, ""},
+		{5, typepb.RateLimitUnit_YEAR, 1, ""},
+		{5, typepb.RateLimitUnit_MONTH, 12, ""},
+		{0, typepb.RateLimitUnit_DAY, 366, ""},
+	} {
+		d := ov(tt.rpu, tt.unit, tt.mult, "user", "bounds")
+		_, err := e.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d}})
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%d per %d × %v: %v, want OK", tt.rpu, tt.mult, tt.unit, err)
+		case tt.want != "" && (status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != tt.want):
+			t.Errorf("%d per %d × %v: %v; want InvalidArgument %q", tt.rpu, tt.mult, tt.unit, err, tt.want)
+		}
+	}
+}
+
+// x-ratelimit-limit's window (w=) is the period of the limit described:
+// a config limit's unit, an override's unit times its unit_multiplier,
+// for a block and for hits over a limit's capacity too; the status's
+// current_limit carries the multiplier. Was: the unit alone (w=1 for 30
+// SECOND, no unit_multiplier); and a block's reset ended its unit, not
+// its window.
+func TestResponseHeaderWindow(t *testing.T) {
+	const sec = typepb.RateLimitUnit_SECOND
+	e := newEnv(t, basicConfig, Options{Headers: true})
+	e.owner.now.Add(int64(15 * time.Second))
+	e.srv.svc.now = func() time.Time { return time.Unix(0, t0).Add(15 * time.Second) }
+	for _, tt := range []struct {
+		name  string
+		hits  uint32
+		d     *commonpb.RateLimitDescriptor
+		limit string
+		reset string
+		mult  uint32 // current_limit.unit_multiplier, 0 for none
+	}{
+		{"config, per minute", 0, desc("tenant", "w"), "3, 3;w=60", "45", 0},
+		{"3 per 30 SECOND", 0, ov(3, sec, 30, "user", "w"), "3, 3;w=30", "15", 30},
+		{"2 per 90 MINUTE", 0, ov(2, typepb.RateLimitUnit_MINUTE, 90, "user", "w"), "2, 2;w=5400", "3585", 90},
+		{"over the capacity of 3 per 30 SECOND", 4, ov(3, sec, 30, "user", "w2"), "3, 3;w=30", "30", 30},
+		{"blocked per 30 SECOND", 0, ov(0, sec, 30, "user", "w"), "0, 0;w=30", "15", 30},
+		{"3 per 1 SECOND", 0, ov(3, sec, 1, "user", "w"), "3, 3;w=1", "1", 0},
+	} {
+		resp := e.call(t, "api", tt.hits, tt.d)
+		got := map[string]string{}
+		for _, h := range resp.ResponseHeadersToAdd {
+			got[h.Key] = h.Value
+		}
+		if got["x-ratelimit-limit"] != tt.limit || got["x-ratelimit-reset"] != tt.reset {
+			t.Errorf("%s: x-ratelimit-limit %q, x-ratelimit-reset %q; want %q, %q", tt.name, got["x-ratelimit-limit"], got["x-ratelimit-reset"], tt.limit, tt.reset)
+		}
+		if m := resp.Statuses[0].CurrentLimit.GetUnitMultiplier(); m.GetValue() != tt.mult {
+			t.Errorf("%s: current_limit.unit_multiplier %v, want %d", tt.name, m, tt.mult)
+		}
+	}
+}
+
 // With headers on, the limited descriptor with the least remaining is
 // described in x-ratelimit-* headers for Envoy to add.
 func TestResponseHeaders(t *testing.T) {
