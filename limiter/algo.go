@@ -281,6 +281,9 @@ type logEntry struct {
 // that have left the window.
 func (l *Log) Dead(now int64) bool { l.expire(now); return l.n == 0 }
 
+// reset empties l, keeping its tag and its buffer.
+func (l *Log) reset() { l.costs, l.head, l.n, l.sum = nil, 0, 0, 0 }
+
 // Len is the number of entries held.
 func (l *Log) Len() int { return int(l.n) }
 

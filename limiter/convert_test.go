@@ -614,3 +614,50 @@ func TestRuleChangeLowerCapacityKeepsTokens(t *testing.T) {
 		}
 	}
 }
+
+// A rule removed and added back starts its keys afresh, whatever its
+// algorithm: its states were left behind by the set in between. Was:
+// sliding_log kept its entries (carry's fresh answer was dropped for a
+// log), so a login-style rule removed and written again kept denying,
+// while every other algorithm started afresh.
+func TestRuleRemovedAndAddedBackStartsFresh(t *testing.T) {
+	def := Rule{Name: "default", Algorithm: TokenBucket, Limit: 100, Period: time.Second, Burst: 200}
+	for _, alg := range []Algorithm{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			tb, err := NewTable(4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := Rule{Name: "login", Algorithm: alg, Limit: 3, Period: time.Hour}
+			now := int64(1e12)
+			check := func(version uint64, at int64) Decision {
+				t.Helper()
+				c := r
+				c.Version = version
+				d, err := tb.Check(0, 42, &c, at, 1)
+				if err != nil {
+					t.Fatalf("Check under version %d: %v", version, err)
+				}
+				return d
+			}
+			if err := tb.SetRules(10, []Rule{def, r}, now); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				check(10, now+int64(i))
+			}
+			if d := check(10, now+3); d.Allowed {
+				t.Fatalf("the fourth check of 3 per hour: %+v, want denied", d)
+			}
+			if err := tb.SetRules(11, []Rule{def}, now+1e6); err != nil {
+				t.Fatal(err)
+			}
+			if err := tb.SetRules(12, []Rule{def, r}, now+2e6); err != nil {
+				t.Fatal(err)
+			}
+			if d := check(12, now+3e6); !d.Allowed || d.Remaining != 2 {
+				t.Fatalf("after the rule was removed and added back: %+v, want allowed with 2 remaining (a fresh key)", d)
+			}
+		})
+	}
+}

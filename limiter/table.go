@@ -338,8 +338,12 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 		if l == nil {
 			l = new(Log)
 		}
-	} else if l.tag != set.tag {
-		carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog)
+	} else if l.tag != set.tag && carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog) == nil {
+		// Left behind (its rule removed, or of another algorithm, in a
+		// set in between): a fresh key, as for the other states. Was:
+		// carry's nil was dropped and the log kept as it was, so a
+		// sliding_log rule removed and added back kept denying.
+		l.reset()
 	}
 	if p.track && (cost > 0 || (ok && l.tag != set.tag)) {
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
