@@ -41,6 +41,23 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) err
 	return err
 }
 
+// envExcept is getenv without the variables of the named flags: they
+// are read from the command line only. A flag is kept out of the
+// environment when the variable of the same name means something else
+// where the command runs: RINGLIMIT_ID is, in a member's container or
+// pod, the id of that member (serve --id), while leave --id names the
+// member to remove.
+func envExcept(getenv func(string) string, flags ...string) func(string) string {
+	return func(name string) string {
+		for _, f := range flags {
+			if name == envName(f) {
+				return ""
+			}
+		}
+		return getenv(name)
+	}
+}
+
 // envName is the environment variable of a flag: --data-dir → RINGLIMIT_DATA_DIR.
 func envName(flagName string) string {
 	return "RINGLIMIT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -171,6 +173,16 @@ func (p *gatewayProc) adminHandler() http.Handler {
 			return
 		}
 		_, _ = io.WriteString(w, "{\"status\":\"ready\"}\n")
+	})
+	// Anything else is the API's JSON error naming what this listener
+	// is: `ringlimit status --addr` pointed here printed "http_404 (404):
+	// 404 page not found", where a router says what it does not serve.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf(
+			"no endpoint %.20s %.100s on a gateway's admin listener (it serves GET /metrics, /healthz, /readyz; membership, rules and checks are served by the members)",
+			r.Method, r.URL.Path)})
 	})
 	return mux
 }

@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -121,6 +124,29 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 	if _, err := nc.Write(transport.AppendBatchRequest(nil, 1, 0, req)); err == nil {
 		if _, err := transport.ReadFrame(nc, nil); err == nil {
 			t.Error("the embedded member's data plane answered a stranger's frame")
+		}
+	}
+}
+
+// `ringlimit status --addr` pointed at a gateway's admin listener says
+// what that listener is, as a router does (was: "http_404 (404): 404
+// page not found"), and its health endpoints still answer.
+func TestGatewayAdminNamesItself(t *testing.T) {
+	p := &gatewayProc{reg: prometheus.NewRegistry(), ready: func() bool { return true }}
+	srv := httptest.NewServer(p.adminHandler())
+	t.Cleanup(srv.Close)
+	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", srv.URL)
+	if code != 2 || out != "" || !strings.Contains(errs, "not_found (404): no endpoint GET /v1/cluster on a gateway's admin listener") {
+		t.Errorf("status of a gateway's admin listener: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200, "/v1/check": 404} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
 		}
 	}
 }

@@ -17,6 +17,13 @@ import (
 // default the member whose HTTP address is --addr. It exits 0, or 2 on
 // error.
 //
+// --id is read from the command line only, never from RINGLIMIT_ID: a
+// member's container or pod sets that to its own id (serve --id), so
+// `leave` run there removed that member instead of the one at --addr.
+// Without --id, a RINGLIMIT_ID that names another member than the one at
+// --addr stops the leave before anything is removed (exit 2): whoever set
+// it may have meant it, and a removal cannot be undone.
+//
 // A 503 (no leader: an election is under way, say) is asked again, with
 // a growing pause, until --timeout. When a later answer is 404 (no such
 // member), an earlier attempt removed it - its answer was lost - and the
@@ -24,10 +31,10 @@ import (
 func runLeave(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("leave", stderr)
 	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
-	id := fs.String("id", "", "id of the member to remove (default: the member at --addr)")
+	id := fs.String("id", "", "id of the member to remove (default: the member at --addr); command line only, RINGLIMIT_ID is not read")
 	token := fs.String("admin-token", "", "bearer token of the admin endpoints")
 	timeout := fs.Duration("timeout", time.Minute, "give up after this long (leaving drains the member first)")
-	if code, ok := parseOrExit(fs, args, getenv); !ok {
+	if code, ok := parseOrExit(fs, args, envExcept(getenv, "id")); !ok {
 		return code
 	}
 	ctx, cancel := withTimeout(ctx, *timeout)
@@ -40,10 +47,14 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 	if target == "" {
 		cl, err := c.Cluster(ctx)
 		if err != nil {
-			return fail(stderr, "leave", err)
+			return fail(stderr, "leave", notAMember(*addr, err))
 		}
 		if target, err = memberAt(cl, hostPort(*addr)); err != nil {
 			return fail(stderr, "leave", err)
+		}
+		if envID := getenv(envName("id")); envID != "" && envID != target {
+			return fail(stderr, "leave", fmt.Errorf("the member at %s is %s, but %s=%s (a member's container sets it to its own id): leave does not read it; give --id %s to remove %s",
+				hostPort(*addr), target, envName("id"), envID, target, target))
 		}
 		// The member asked leaves and stops: if it goes before its answer
 		// reaches us, the others say how the leave ended.

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -82,6 +85,58 @@ func TestLeaveRetriesWhileNoLeader(t *testing.T) {
 	code, _, errs := runCmd(context.Background(), runLeave, nil, "--addr", f.addr, "--id", "n1", "--timeout", "500ms")
 	if code != 2 || !strings.Contains(errs, "gave up") || !strings.Contains(errs, "no leader") {
 		t.Fatalf("503 past --timeout: exit %d, stderr %q", code, errs)
+	}
+}
+
+// RINGLIMIT_ID is a member's own id in its container or pod (serve
+// --id): `docker exec n2 ringlimit leave --addr n3:8080` removed n2. It
+// never names the member to remove; when it names another member than
+// the one at --addr, the leave stops before anything is sent.
+func TestLeaveIDNotFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		code   int
+		left   []string
+		stderr string
+	}{
+		{"env names another member", map[string]string{"RINGLIMIT_ID": "n1"}, nil, 2, nil,
+			"the member at ADDR is n2, but RINGLIMIT_ID=n1 (a member's container sets it to its own id): leave does not read it; give --id n2"},
+		{"env names the member at --addr", map[string]string{"RINGLIMIT_ID": "n2"}, nil, 0, []string{"n2"}, ""},
+		{"--id given", map[string]string{"RINGLIMIT_ID": "n2"}, []string{"--id", "n1"}, 0, []string{"n1"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAPI(t)
+			code, _, errs := runCmd(context.Background(), runLeave, tc.env, append([]string{"--addr", f.addr}, tc.args...)...)
+			want := strings.ReplaceAll(tc.stderr, "ADDR", f.addr)
+			if code != tc.code || !slices.Equal(f.left(), tc.left) || !strings.Contains(errs, want) {
+				t.Errorf("leave %q with %v: exit %d, removed %q, stderr %q; want exit %d, removed %q, stderr with %q",
+					tc.args, tc.env, code, f.left(), errs, tc.code, tc.left, want)
+			}
+		})
+	}
+	// The flag's help says so too.
+	var help strings.Builder
+	runLeave(context.Background(), []string{"-h"}, envOf(nil), &help, &help)
+	if !strings.Contains(help.String(), "RINGLIMIT_ID is not read") {
+		t.Errorf("leave -h does not say RINGLIMIT_ID is not read:\n%s", help.String())
+	}
+}
+
+// An --addr that answers GET /v1/cluster with something other than the
+// API's JSON (a 404 page) is named as not a member.
+func TestStatusAndLeaveOfANonMember(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	for _, cmd := range []struct {
+		name string
+		fn   func(context.Context, []string, func(string) string, io.Writer, io.Writer) int
+	}{{"status", runStatus}, {"leave", runLeave}} {
+		code, out, errs := runCmd(context.Background(), cmd.fn, nil, "--addr", srv.URL)
+		if code != 2 || out != "" || !strings.Contains(errs, "http_404 (404)") || !strings.Contains(errs, "--addr must be a member's HTTP address") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", cmd.name, code, out, errs)
+		}
 	}
 }
 

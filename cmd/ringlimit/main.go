@@ -29,7 +29,8 @@ usage:
   ringlimit bench   [flags]   load generator: checks/s, latency
   ringlimit certs   --dir DIR --nodes n1,n2,... [--hosts H,...]   a test CA, member certificates and a cluster secret
 
-Every flag may also come from the environment as RINGLIMIT_<FLAG>.
+Every flag may also come from the environment as RINGLIMIT_<FLAG>, except
+leave --id (RINGLIMIT_ID is a member's own id in its container).
 Run 'ringlimit <command> -h' for the flags of a command.
 `
 

@@ -32,6 +32,14 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--drain-timeout", "0s"}, 2, "--drain-timeout: must be > 0"},
 		{[]string{"serve", "--dead-after", "-1s"}, 2, "--dead-after: must be > 0"},
 		{[]string{"serve", "--max-keys", "-5"}, 2, "--max-keys: must be ≥ 0 (0: no cap), got -5"},
+		// Values refused again inside server.Start exited 1, as a start
+		// that failed on good flags does; they are usage errors (2).
+		{[]string{"serve", "--dead-after", "100ms"}, 2, "--dead-after: must be ≥ 1s, Raft's timeout"},
+		{[]string{"serve", "--linger", "2s"}, 2, "router: linger 2s outside [0, 1s]"},
+		{[]string{"serve", "--max-batch", "100000"}, 2, "router: max batch 100000"},
+		{[]string{"serve", "--forward-timeout", "-1s"}, 2, "router: negative timeout"},
+		{[]string{"serve", "--id", ""}, 2, "--id: must not be empty"},
+		{[]string{"serve", "--data-dir", ""}, 2, "--data-dir: must not be empty"},
 		{[]string{"serve", "--admin-token", "tok "}, 2, "--admin-token: contains white space"},
 		{[]string{"serve", "--admin-token", "tok\n"}, 2, "--admin-token: contains white space"},
 		{[]string{"serve", "--view-token", "v\t"}, 2, "--view-token: contains white space"},

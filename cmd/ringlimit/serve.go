@@ -62,13 +62,27 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		log.Error(fmt.Sprintf(format, a...))
 		return 2
 	}
+	// Every flag value is checked here, before anything starts, so that
+	// a bad one exits 2 as a usage error (API.md): the checks that
+	// server.Start makes again (node, router) exited 1, as if a start
+	// with good flags had failed (--dead-after 100ms, --linger 2s).
+	rcfg := router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout}
 	switch {
+	case *id == "":
+		return fail("--id: must not be empty")
+	case *dataDir == "":
+		return fail("--data-dir: must not be empty")
 	case *drainTimeout <= 0:
 		return fail("--drain-timeout: must be > 0, got %v", *drainTimeout)
 	case *deadAfter <= 0:
 		return fail("--dead-after: must be > 0, got %v", *deadAfter)
+	case *deadAfter < raftTimeout:
+		return fail("--dead-after: must be ≥ %v, Raft's timeout (the leader's lease, dead-after/4, counts Raft heartbeats), got %v", raftTimeout, *deadAfter)
 	case *maxKeys < 0:
 		return fail("--max-keys: must be ≥ 0 (0: no cap), got %d", *maxKeys)
+	}
+	if err := rcfg.Validate(); err != nil {
+		return fail("--linger, --max-batch or --forward-timeout: %v", err)
 	}
 	if err := checkToken(*adminToken); err != nil {
 		return fail("--admin-token: %v", err)
@@ -137,8 +151,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken, ViewToken: *viewToken,
-		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc,
-		Router: router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout},
+		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc, RaftTimeout: raftTimeout,
+		Router: rcfg,
 		Logger: log, Auth: auth,
 		RLS: envoy.options(),
 	}, ls)
@@ -171,6 +185,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	log.Info("stopped")
 	return 0
 }
+
+// raftTimeout is a member's Raft heartbeat and election timeout (the
+// node's default, given here explicitly): --dead-after is checked against
+// it with the other flags.
+const raftTimeout = time.Second
 
 // shutdownGrace is how long serve waits for a member's shutdown past
 // --drain-timeout (an abort past its own 5s) before it exits all the

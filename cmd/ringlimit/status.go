@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -31,7 +33,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	defer c.CloseIdleConnections()
 	cl, err := c.Cluster(ctx)
 	if err != nil {
-		return fail(stderr, "status", err)
+		return fail(stderr, "status", notAMember(*addr, err))
 	}
 	if len(cl.Members) == 0 {
 		return fail(stderr, "status", fmt.Errorf("%s has no view of the cluster yet (it lists no members): it has not joined a cluster, or has just started", hostPort(*addr)))
@@ -119,6 +121,17 @@ func writeSilences(w io.Writer, cl api.Cluster) error {
 		}
 	}
 	return nil
+}
+
+// notAMember adds to err, when it is an answer that is not the API's
+// JSON (code http_<status>: a 404 page, another kind of server), that
+// --addr must be a member's HTTP address.
+func notAMember(addr string, err error) error {
+	var ae *api.Error
+	if errors.As(err, &ae) && strings.HasPrefix(ae.Code, "http_") {
+		return fmt.Errorf("%w: %s does not answer GET /v1/cluster as a ringlimit member does; --addr must be a member's HTTP address", err, hostPort(addr))
+	}
+	return err
 }
 
 // voterText is the VOTER column: yes, no, or - when not reported.
