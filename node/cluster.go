@@ -320,6 +320,9 @@ func (n *Node) registerLoop() {
 		if n.removed.Load() || n.stopping.Load() || seen && !member {
 			return // removed (ringlimit leave): never re-register
 		}
+		if n.leftBeforeRestart() {
+			return // it never re-registers either
+		}
 		// A member restarted over its data dir acts (marks itself down,
 		// re-registers) only once a leader has committed the log it
 		// restarted with; what the cluster did meanwhile (marked it dead
@@ -336,6 +339,9 @@ func (n *Node) registerLoop() {
 		}
 		joining := n.joinEpoch.Load() == joinPending
 		if joining || n.caughtUp() && (n.needsRecovery() || !n.registered()) || !n.caughtUp() && n.moved() {
+			if n.leftBeforeRestart() { // caught up since st was read
+				return
+			}
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()

@@ -115,6 +115,14 @@ type Config struct {
 	// OnRemoved is called once when this member is removed from the
 	// cluster (ringlimit leave).
 	OnRemoved func()
+	// OnLeft is called once, with an error wrapping ErrDataDir, when this
+	// member, restarted over its data dir, learns from another member of
+	// its cluster that it was removed while it was away, its log never
+	// having received the removal (leftWhileAway): the error says what
+	// Open's does when the log holds the removal. It is no member: the
+	// process should stop without telling the cluster anything, and
+	// exit with the error. Nil: OnRemoved is called instead.
+	OnLeft func(error)
 	// RaftDial opens (and authenticates) Raft connections to other
 	// members, and Probe checks a joining member's addresses; nil dials
 	// plain TCP (see transport.Auth.Dial). The Raft listener given to
@@ -322,6 +330,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	n.goLoop(n.backupLoop)
 	n.goLoop(n.detectLoop)
 	n.goLoop(n.leaseLoop)
+	n.goLoop(n.leftWhileAway)
 	return n, nil
 }
 
@@ -460,10 +469,17 @@ func (n *Node) noteJoin(epoch uint64) {
 }
 
 // notCaughtUp says why the node does not act on its log yet (caughtUp),
-// as "replaying …" or "joining …"; "" once it does.
+// as "replaying …", "waiting …" or "joining …"; "" once it does.
 func (n *Node) notCaughtUp() string {
 	st := n.fsm.State()
 	switch e := n.joinEpoch.Load(); {
+	case n.applied() < n.startIndex && !n.leaderKnown():
+		// Raft applies the log it restarted with only once a leader has
+		// confirmed it: with none in sight nothing is being replayed (a
+		// member cut off, or one removed while it was away, which finds
+		// that out: leftWhileAway). Was: "replaying its raft log (0 of
+		// 50)" for as long as that lasted.
+		return fmt.Sprintf("waiting for a raft leader to confirm the log it restarted with (none has reached it; %d of %d applied)", n.applied(), n.startIndex)
 	case n.applied() < n.startIndex:
 		return fmt.Sprintf("replaying its raft log (%d of %d)", n.applied(), n.startIndex)
 	case e == joinPending:
@@ -550,6 +566,8 @@ func (n *Node) refresh() {
 	}
 	if _, member := st.Member(n.cfg.ID); !member && n.sawSelf(before) {
 		n.noteRemoved("this member was removed from the cluster", true)
+	} else if old == nil {
+		n.leftBeforeRestart()
 	}
 }
 

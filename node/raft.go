@@ -48,8 +48,12 @@ type raftParts struct {
 	logs raft.LogStore
 	// knownHTTP are the HTTP addresses of the members the local snapshot
 	// and log name (committed or not): whom to ask when no leader can be
-	// reached, before the log is replayed (a restart at new addresses).
+	// reached, before the log is replayed (a restart at new addresses, or
+	// a member removed while it was away: leftWhileAway).
 	knownHTTP map[string]string
+	// local is what the local snapshot and log say of the cluster and
+	// of this member (replayLocal), for leftWhileAway.
+	local localHistory
 	// terms watches the answers to this node's AppendEntries (the
 	// leader's lease needs them: leaderLease).
 	terms *termWatch
@@ -134,8 +138,8 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		closeAll()
 		return nil, fmt.Errorf("node: reading raft state: %w", err)
 	}
-	known, left := replayLocal(logs, snaps, cfg.ID)
-	if hasState && left {
+	local := replayLocal(logs, snaps, cfg.ID)
+	if hasState && local.left {
 		// Raft would wait for a leader that no longer sends it anything,
 		// and the member would say it waits for its log to be confirmed,
 		// forever (seen by a new user restarting a member after leave).
@@ -152,7 +156,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	parts.raft, parts.hasState = r, hasState
 	parts.lastCommand = lastCommand(logs, snaps)
 	parts.logs = logs
-	parts.knownHTTP = known
+	parts.knownHTTP, parts.local = local.known, local
 	return parts, nil
 }
 
@@ -327,12 +331,29 @@ func lastCommand(logs raft.LogStore, snaps raft.SnapshotStore) uint64 {
 	return 0
 }
 
+// localHistory is what a member's local snapshot and log say
+// (replayLocal), committed or not.
+type localHistory struct {
+	// known are the HTTP addresses of the members listed at the end, by id.
+	known map[string]string
+	// left: the member was listed at some point of that history and is
+	// not at its end (its removal, by leave, is in the log).
+	left bool
+	// seed is the cluster's hash seed (0 when the history holds no Init):
+	// it identifies the cluster, being drawn at random when one is
+	// initialised.
+	seed uint64
+	// since is the index of the last change to the member's own record
+	// at the end of the history (fsm.Member.Since); 0 when not listed.
+	// sinceTerm is the term of that entry in the log; 0 when the
+	// snapshot holds it (committed, then).
+	since, sinceTerm uint64
+}
+
 // replayLocal replays the local snapshot and log into a scratch FSM and
-// returns each member's HTTP address by id (known), and whether member
-// self was listed at some point of that history and is not at its end
-// (left: its removal, by leave, is in the log). Errors just shorten the
-// history.
-func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) (known map[string]string, left bool) {
+// returns what they say of the cluster and of member self. Errors just
+// shorten the history.
+func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) localHistory {
 	f := fsm.New()
 	var floor uint64
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
@@ -356,11 +377,18 @@ func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) (kno
 			}
 		}
 	}
-	known = map[string]string{}
-	for _, m := range f.State().Members {
-		known[m.ID] = m.HTTP
+	st := f.State()
+	h := localHistory{known: map[string]string{}, seed: st.Config.Seed}
+	for _, m := range st.Members {
+		h.known[m.ID] = m.HTTP
 	}
-	return known, was && !listed()
+	m, ok := st.Member(self)
+	h.left, h.since = was && !ok, m.Since
+	var l raft.Log
+	if h.since > floor && logs.GetLog(h.since, &l) == nil {
+		h.sinceTerm = l.Term
+	}
+	return h
 }
 
 // advertiseAddr is the Raft address as configured, not resolved: Raft

@@ -49,7 +49,8 @@ func TestReplayLocalFindsALeave(t *testing.T) {
 				}
 			}
 			for id, want := range tc.left {
-				known, left := replayLocal(logs, raft.NewInmemSnapshotStore(), id)
+				h := replayLocal(logs, raft.NewInmemSnapshotStore(), id)
+				known, left := h.known, h.left
 				if left != want {
 					t.Errorf("%s: left = %v, want %v", id, left, want)
 				}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -97,6 +98,7 @@ type Server struct {
 	wg       sync.WaitGroup
 	removed  chan struct{}
 	conflict chan error // one send at most (node.OnConflict fires once)
+	left     chan error // one send at most (node.OnLeft fires once)
 }
 
 // names are the addresses a listener advertised at adv answers to in the
@@ -119,7 +121,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	if cfg.RulesInterval == 0 {
 		cfg.RulesInterval = time.Second
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, Registry: prometheus.NewRegistry(), removed: make(chan struct{}), conflict: make(chan error, 1)}
+	s := &Server{cfg: cfg, log: cfg.Logger, Registry: prometheus.NewRegistry(), removed: make(chan struct{}), conflict: make(chan error, 1), left: make(chan error, 1)}
 	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
@@ -186,6 +188,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 		MaxKeys:    cfg.MaxKeys,
 		OnRemoved:  func() { removeOnce.Do(func() { close(s.removed) }) },
 		OnConflict: func(err error) { s.conflict <- err },
+		OnLeft:     func(err error) { s.left <- err },
 		RaftDial:   cfg.Auth.Dial, Prober: prober{auth: cfg.Auth, fwd: fwd},
 	}, ls.Raft)
 	if err != nil {
@@ -249,6 +252,13 @@ func (s *Server) Removed() <-chan struct{} { return s.removed }
 // member's id: the process must stop with Abort (not Shutdown, which
 // would mark that other member down) and exit.
 func (s *Server) Conflict() <-chan error { return s.conflict }
+
+// Left receives the error once when this member, restarted over its data
+// dir, learns that it was removed from the cluster while it was away
+// (node.Config.OnLeft): the process must stop with Abort (it is no
+// member) and exit with the error, as when Start refuses a data dir whose
+// log holds the removal.
+func (s *Server) Left() <-chan error { return s.left }
 
 // Abort stops this process's servers and Raft without telling the
 // cluster anything (see Conflict).
@@ -370,6 +380,33 @@ func (f forwarder) PutRules(ctx context.Context, leader string, written []limite
 		return nil, err
 	}
 	return rules.Parse(back)
+}
+
+// ClusterOf reads the view of the member at addr (node.ClusterReader):
+// GET /v1/cluster, and GET /v1/cluster/view for the cluster's seed (an
+// admin call, with this member's admin token, as its joins are).
+func (f forwarder) ClusterOf(ctx context.Context, addr string) (node.RemoteCluster, error) {
+	c := client.New(addr, f.options()...)
+	cl, err := c.Cluster(ctx)
+	if err != nil {
+		return node.RemoteCluster{}, wrapRemote("member "+addr, err)
+	}
+	v, err := c.RouterView(ctx)
+	if err != nil {
+		return node.RemoteCluster{}, wrapRemote("member "+addr, err)
+	}
+	seed, err := strconv.ParseUint(v.Seed, 16, 64)
+	if err != nil {
+		return node.RemoteCluster{}, fmt.Errorf("%w: member %s: seed %q: %w", api.ErrUnavailable, addr, v.Seed, err)
+	}
+	r := node.RemoteCluster{Leader: cl.Leader, Epoch: cl.Epoch, Seed: seed}
+	for _, m := range cl.Members {
+		r.Members = append(r.Members, m.ID)
+		if m.HTTP == addr {
+			r.ID = m.ID
+		}
+	}
+	return r, nil
 }
 
 // wrapRemote maps the HTTP answer of who (the leader, or the member a

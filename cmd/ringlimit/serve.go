@@ -167,6 +167,16 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		log.Info("shutting down: draining in-flight requests (a second signal exits at once)", "drain_timeout", drainTimeout.String())
 	case <-srv.Removed():
 		log.Info("removed from the cluster: exiting")
+	case err := <-srv.Left():
+		// Removed while it was away (its log never got the removal): as
+		// Start's refusal of a data dir whose log holds it, exit 1.
+		log.Error(err.Error())
+		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := within(5*time.Second+shutdownGrace, func() error { return srv.Abort(actx) }); err != nil {
+			log.Error("stopping", "err", err)
+		}
+		return 1
 	case err := <-srv.Conflict():
 		log.Error(fmt.Sprintf("member id %q is held by another live process; exiting without touching it: %v", *id, err))
 		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

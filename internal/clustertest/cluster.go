@@ -122,6 +122,19 @@ type Member struct {
 	// stopped (kill has returned: its running flag drops first); guarded
 	// by mu, nil before the first start.
 	stopped chan struct{}
+	// left is the error the process started last stopped with because
+	// it learnt that it had left the cluster while it was away
+	// (node.Config.OnLeft); guarded by mu, nil until then.
+	left error
+}
+
+// Left returns the error the member's last process stopped with because
+// it learnt that it had left the cluster while it was away (as serve
+// exits 1 with it), or nil.
+func (m *Member) Left() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.left
 }
 
 // awaitStopped waits until the member's last process has wholly
@@ -277,6 +290,12 @@ func (c *Cluster) start(m *Member) {
 		OnRemoved: func() {
 			go c.kill(m, false)
 		},
+		OnLeft: func(err error) {
+			m.mu.Lock()
+			m.left = err
+			m.mu.Unlock()
+			go c.kill(m, false)
+		},
 	}, nil)
 	if err != nil {
 		cancel()
@@ -284,7 +303,7 @@ func (c *Cluster) start(m *Member) {
 	}
 	local.n = n
 	m.mu.Lock()
-	m.n, m.rt, m.trans, m.cancel, m.stopped = n, rt, trans, cancel, make(chan struct{})
+	m.n, m.rt, m.trans, m.cancel, m.stopped, m.left = n, rt, trans, cancel, make(chan struct{}), nil
 	m.mu.Unlock()
 	m.up.Store(true)
 	c.relink()
@@ -840,6 +859,28 @@ func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinReque
 		return 0, err
 	}
 	return f.answer(n.Join(ctx, req))
+}
+
+// ClusterOf reads the view of the member at addr, as GET /v1/cluster and
+// GET /v1/cluster/view (for the seed) do (node.ClusterReader).
+func (f forwarder) ClusterOf(ctx context.Context, addr string) (node.RemoteCluster, error) {
+	n, err := f.reach(ctx, addr)
+	if err != nil {
+		return node.RemoteCluster{}, err
+	}
+	cl, err := n.Cluster(ctx)
+	if err != nil {
+		return node.RemoteCluster{}, err
+	}
+	v, err := n.RouterView(ctx)
+	if err != nil {
+		return node.RemoteCluster{}, err
+	}
+	r := node.RemoteCluster{ID: n.ID(), Leader: cl.Leader, Epoch: cl.Epoch, Seed: v.Seed}
+	for _, m := range cl.Members {
+		r.Members = append(r.Members, m.ID)
+	}
+	return r, nil
 }
 
 // answer is the answer to a join as the member gets it (Options.JoinAnswer).

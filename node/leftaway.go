@@ -1,0 +1,243 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/fsm"
+)
+
+// ClusterReader reads another member's view of the cluster over its
+// HTTP API: what a member restarted over its data dir asks the members
+// its log knows, when no Raft leader reaches it (leftWhileAway). A
+// Forwarder may implement it; without it the member does not ask.
+type ClusterReader interface {
+	ClusterOf(ctx context.Context, memberHTTP string) (RemoteCluster, error)
+}
+
+// RemoteCluster is a member's view of its cluster, as ClusterOf reads it.
+type RemoteCluster struct {
+	ID      string   // the member that answered ("" when unknown)
+	Leader  string   // the id of its Raft leader; "" when it knows none
+	Epoch   uint64   // its membership index (ring epoch)
+	Seed    uint64   // its cluster's hash seed: the cluster's identity
+	Members []string // the ids of every member it lists, in any state
+}
+
+// removedIn reports whether r, another member's view, shows that member
+// self, whose local snapshot and log say h, was removed from the cluster
+// after that log ends: r knows a Raft leader (a member amid an election,
+// or cut off, has only its last word), r is of the same cluster (the
+// seed is drawn at random when a cluster is initialised: another cluster
+// at the same addresses, or one rebuilt over wiped data dirs, has
+// another), r's membership index is at least that of the last change to
+// self's own record in h, and r does not list self.
+//
+// The index matters: a member that lags behind self's join does not list
+// self yet. One at or past the change has applied it, the very entry
+// when it was committed (Raft's logs agree on every committed entry), so
+// that it lists self no more means a later removal; when the entry was
+// never committed (self's join or return cut short as it crashed, and
+// overwritten by the next leader), the cluster does not hold self as a
+// member either, and removes a Raft server that is no member by itself
+// (removeOrphansLater).
+func removedIn(h localHistory, self string, r RemoteCluster) bool {
+	return r.Leader != "" && r.Leader != self && h.seed != 0 && r.Seed == h.seed &&
+		h.since > 0 && r.Epoch >= h.since && !slices.Contains(r.Members, self)
+}
+
+// removedBeforeRestart reports whether st, this member's state once it
+// has caught up after a restart over its data dir, shows it removed
+// after the last change to its record that its log held (h.since): the
+// leader's last append to a server it removes, or the log between a
+// leave's two halves, reached a member restarted just then, and it
+// caught up past its removal in one go, never seeing itself listed. It
+// re-registered then, as a new member over the data dir of one that
+// left. A record whose entry the caught-up log holds at another term
+// was never committed (a join or return cut short by a crash, which the
+// next leader's log overwrote): no removal, it registers again.
+func (n *Node) removedBeforeRestart(st *fsm.State) bool {
+	h := n.raft.local
+	if !n.raft.hasState || n.joinEpoch.Load() != 0 || h.since == 0 || st.MembershipIndex < h.since {
+		return false
+	}
+	if _, ok := st.Member(n.cfg.ID); ok {
+		return false
+	}
+	var l raft.Log
+	if h.sinceTerm != 0 && n.raft.logs.GetLog(h.since, &l) == nil && l.Term != h.sinceTerm {
+		return false
+	}
+	return true
+}
+
+// leftBeforeRestart stops this member (noteLeft) and reports true when
+// it has caught up with the log and removedBeforeRestart.
+func (n *Node) leftBeforeRestart() bool {
+	st := n.fsm.State()
+	if !n.caughtUpTo(st) || !n.removedBeforeRestart(st) {
+		return false
+	}
+	n.noteLeft(n.leftInLog(st))
+	return true
+}
+
+// leftInLog is the error of a member that found its removal in its log
+// as it caught up after a restart (removedBeforeRestart).
+func (n *Node) leftInLog(st *fsm.State) error {
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: its log, caught up after the restart, holds the removal (epoch %d; the log it restarted with lists it as of epoch %d); start it over an empty --data-dir (or another --id) to join again as a new member",
+		ErrDataDir, n.cfg.ID, st.MembershipIndex, n.raft.local.since)
+}
+
+// leftWhileAwayAfter is how long a member restarted over its data dir
+// waits for a Raft leader to reach it before it asks the others whether
+// it is still a member (leftWhileAway): two Raft timeouts, in which a
+// leader that has the member in its configuration sends it a heartbeat.
+func (n *Node) leftWhileAwayAfter() time.Duration { return 2 * n.cfg.RaftTimeout }
+
+// leftWhileAway watches a member restarted over its data dir for a
+// removal that its log never received: a member crashed (marked dead,
+// say) and removed by `ringlimit leave` while it was away. The leader
+// sends a server it removes one last append, which a member that is
+// down misses; started again, it waits for a leader that sends it
+// nothing more, campaigns, and the others refuse its votes (Raft and the
+// Raft guard turn away a server they no longer list), forever. Its log
+// cannot tell it; the others can.
+//
+// So until a Raft leader reaches it, every Raft timeout after the first
+// leftWhileAwayAfter it asks the members its log knows for their view of
+// the cluster (ClusterReader), all at once, each for at most a Raft
+// timeout, and stops with the error its start over a log holding its
+// removal gets (Config.OnLeft) once one of them shows it removed
+// (removedIn). A member that is merely cut off hears no answer, or
+// answers that list it; another cluster answers with another seed; a
+// cluster amid an election answers with no leader: none of these stop
+// it. Once a leader reaches it, Raft takes it from there.
+//
+// Why not the Raft guard's refusal: it reaches the member only as the
+// text of a failed vote, inside Raft, which logs it and retries; it
+// comes from any server that does not list the member in its latest
+// (perhaps uncommitted) configuration, including a member of another
+// cluster sharing the secret, or one asked at an address it moved from;
+// and Raft's in-memory transport (tests) has no guard at all.
+func (n *Node) leftWhileAway() {
+	reader, ok := n.cfg.Forward.(ClusterReader)
+	if !ok || !n.raft.hasState || n.raft.local.seed == 0 || n.raft.local.since == 0 {
+		return // nothing to ask with, a new member, or a log that never listed it
+	}
+	first := time.NewTimer(n.leftWhileAwayAfter())
+	defer first.Stop()
+	select {
+	case <-n.ctx.Done():
+		return
+	case <-first.C:
+	}
+	tick := time.NewTicker(n.cfg.RaftTimeout)
+	defer tick.Stop()
+	said, other := false, false
+	for {
+		if n.leaderKnown() || n.removed.Load() || n.stopping.Load() {
+			return
+		}
+		if !said {
+			n.log.Info("no raft leader has reached this member since it restarted: asking the members its log knows whether it is still one of them",
+				"waited", n.leftWhileAwayAfter().String())
+			said = true
+		}
+		if err := n.askWhetherRemoved(reader, &other); err != nil {
+			n.noteLeft(err)
+			return
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// askWhetherRemoved asks every member this member's log knows (and its
+// --join) for its view, each for at most a Raft timeout, and returns the
+// error to stop with when one shows this member removed (removedIn); nil
+// otherwise. An answer of another cluster is logged once (warned).
+func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
+	var addrs []string
+	add := func(addr string) {
+		if addr != "" && addr != n.cfg.HTTPAddr && !slices.Contains(addrs, addr) {
+			addrs = append(addrs, addr)
+		}
+	}
+	for id, addr := range n.raft.knownHTTP {
+		if id != n.cfg.ID {
+			add(addr)
+		}
+	}
+	add(n.cfg.Join)
+	slices.Sort(addrs)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.RaftTimeout)
+	defer cancel()
+	type answer struct {
+		addr string
+		r    RemoteCluster
+		err  error
+	}
+	answers := make(chan answer, len(addrs))
+	for _, addr := range addrs {
+		go func() {
+			r, err := reader.ClusterOf(ctx, addr)
+			answers <- answer{addr, r, err}
+		}()
+	}
+	var found error
+	for range addrs {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			n.log.Debug("asking whether this member was removed", "member", a.addr, "err", a.err)
+		case found == nil && removedIn(n.raft.local, n.cfg.ID, a.r):
+			cancel() // the others need not answer
+			found = n.leftError(a.addr, a.r)
+		case a.r.Seed != n.raft.local.seed && !*warned:
+			*warned = true
+			n.log.Warn("a member this member's log knows answers for another cluster (another hash seed): not taken into account", "member", a.addr)
+		default:
+			n.log.Debug("asked whether this member was removed", "member", a.addr, "leader", a.r.Leader, "epoch", a.r.Epoch, "listed", slices.Contains(a.r.Members, n.cfg.ID))
+		}
+	}
+	return found
+}
+
+// leftError is the error of a member that learns from the member at addr,
+// whose view is r, that it left the cluster while it was away: it says
+// what openRaft's refusal of a log that holds the removal says.
+func (n *Node) leftError(addr string, r RemoteCluster) error {
+	who := addr
+	if r.ID != "" {
+		who = fmt.Sprintf("%s (%s)", r.ID, addr)
+	}
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: member %s, whose raft leader is %s, no longer lists it (epoch %d; this data dir's log, which lists it as of epoch %d, never received the removal); start it over an empty --data-dir (or another --id) to join again as a new member",
+		ErrDataDir, n.cfg.ID, who, r.Leader, r.Epoch, n.raft.local.since)
+}
+
+// noteLeft stops this member, which learnt that it left the cluster while
+// it was away (leftWhileAway, removedBeforeRestart): once, it calls
+// OnLeft with err, whose caller logs it (or, without one, logs err and
+// calls OnRemoved). It is in no ring: it owns nothing.
+func (n *Node) noteLeft(err error) {
+	if !n.removed.CompareAndSwap(false, true) {
+		return
+	}
+	if n.cfg.OnLeft != nil {
+		n.log.Warn("this member was removed from the cluster while it was away (its log never received the removal): stopping")
+		go n.cfg.OnLeft(err)
+		return
+	}
+	n.log.Error(err.Error())
+	if n.cfg.OnRemoved != nil {
+		go n.cfg.OnRemoved()
+	}
+}
