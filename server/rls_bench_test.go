@@ -127,7 +127,7 @@ func benchCalls(b *testing.B, clients []rlspb.RateLimitServiceClient, keys []str
 // allowAll allows every check without deciding anything.
 type allowAll struct{}
 
-func (allowAll) Check(_ context.Context, reqs []router.Request, out []router.Result) error {
+func (allowAll) CheckBy(_ context.Context, _ time.Time, reqs []router.Request, out []router.Result) error {
 	for i := range reqs {
 		out[i] = router.Result{Decision: limiter.Decision{Allowed: true, Limit: 1, Remaining: 1}}
 	}
