@@ -138,6 +138,20 @@ type JoinRequest struct {
 	Peer string `json:"peer"`
 }
 
+// SeedStatus is the answer of GET /v1/cluster/seed: what a member with
+// no Raft state that heads its --join list (the seed) asks every other
+// member of the list before it bootstraps a cluster. InCluster is true
+// when the member answering holds Raft state (it bootstrapped a cluster,
+// received a leader's log, or restarted with a data dir): the seed then
+// joins through it. False means it holds none: it is itself waiting to
+// join, or is a seed deciding. A member holding state answers true even
+// with no leader or no view yet (a restart replaying its log), where
+// GET /v1/cluster answers 503.
+type SeedStatus struct {
+	ID        string `json:"id"`
+	InCluster bool   `json:"in_cluster"`
+}
+
 // JoinResponse is the answer of POST /v1/cluster/join.
 type JoinResponse struct {
 	Status string `json:"status"` // "ok"

@@ -235,6 +235,15 @@ func (c *Client) RouterView(ctx context.Context) (api.ClusterView, error) {
 	return v, err
 }
 
+// Seed asks a member whether it holds a cluster's Raft state
+// (GET /v1/cluster/seed): what a seed with no Raft state asks the other
+// members of its --join list before it bootstraps.
+func (c *Client) Seed(ctx context.Context) (api.SeedStatus, error) {
+	var s api.SeedStatus
+	err := c.do(ctx, http.MethodGet, "/v1/cluster/seed", false, nil, &s)
+	return s, err
+}
+
 // SetState marks member id "down" (stopped gracefully) or "active".
 func (c *Client) SetState(ctx context.Context, id, state string) error {
 	return c.do(ctx, http.MethodPost, "/v1/cluster/state", true, api.StateRequest{ID: id, State: state}, nil)

@@ -56,7 +56,7 @@ func startMembersToken(tb testing.TB, n int, token string, rs ...limiter.Rule) *
 		}
 		s, err := server.Start(server.Config{
 			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
-			PeerAdvertise: ls.Peer.Addr().String(), DataDir: tb.TempDir(), Join: join, AdminToken: token, ViewToken: testViewToken,
+			PeerAdvertise: ls.Peer.Addr().String(), DataDir: tb.TempDir(), Join: []string{join}, AdminToken: token, ViewToken: testViewToken,
 			Ring: ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, RaftTimeout: 300 * time.Millisecond,
 			Router: router.Config{Timeout: 5 * time.Second},
 		}, ls)

@@ -350,8 +350,9 @@ func TestStatefulSet(t *testing.T) {
 	}
 	flags, env := checkPod(t, m, "StatefulSet "+s.Name, pod, s.Spec.Template.Labels, n)
 	// Identity and addresses: id = pod name; the advertised host is the
-	// pod's headless-Service name; every pod is given pod 0's address as
-	// --join, which makes pod 0 (and only pod 0) the seed.
+	// pod's headless-Service name; every pod is given the same --join
+	// list, which names every pod and pod 0 first: pod 0 (and only pod 0)
+	// is the seed, and a pod 0 over a lost PVC can ask the others.
 	if env["RINGLIMIT_ID"] != "$(POD_NAME)" {
 		t.Errorf("%s: RINGLIMIT_ID = %q, want $(POD_NAME)", where, env["RINGLIMIT_ID"])
 	}
@@ -374,9 +375,12 @@ func TestStatefulSet(t *testing.T) {
 		if want := fmt.Sprintf("%s-%d.%s.ns.svc", s.Name, i, headless.Name); adv != want {
 			t.Errorf("%s: pod %d advertises %q, want its headless-Service name %q", where, i, adv, want)
 		}
-		join := expand(env["RINGLIMIT_JOIN"], vars)
-		if self := join == adv+":"+httpPort; self != (i == 0) {
+		join := strings.Split(expand(env["RINGLIMIT_JOIN"], vars), ",")
+		if self := join[0] == adv+":"+httpPort; self != (i == 0) {
 			t.Errorf("%s: pod %d: --join %q vs own address %s:%s: seed = %v, want only pod 0", where, i, join, adv, httpPort, self)
+		}
+		if !slices.Contains(join, adv+":"+httpPort) {
+			t.Errorf("%s: pod %d: --join %q does not list its own address %s:%s: pod 0 over a lost PVC would not ask it whether a cluster exists", where, i, join, adv, httpPort)
 		}
 	}
 
@@ -777,6 +781,8 @@ func TestCompose(t *testing.T) {
 		t.Fatal("no services in the Compose file")
 	}
 	members := 0
+	joins := map[string]string{} // member → RINGLIMIT_JOIN
+	var selves []string          // every member's own HTTP address
 	for name, svc := range cf.Services {
 		where := "compose service " + name
 		if len(svc.Command) == 0 {
@@ -807,6 +813,8 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: id %q, advertise-host %q: want both %q", where, env["RINGLIMIT_ID"], env["RINGLIMIT_ADVERTISE_HOST"], name)
 		}
 		http := strconv.Itoa(int(flagPort(t, where, flags, env, "http")))
+		joins[name] = env["RINGLIMIT_JOIN"]
+		selves = append(selves, name+":"+http)
 		for _, p := range svc.Ports {
 			if !strings.HasSuffix(p, ":"+http) {
 				t.Errorf("%s: port %q does not publish the HTTP port %s", where, p, http)
@@ -832,6 +840,16 @@ func TestCompose(t *testing.T) {
 	}
 	if members != 3 {
 		t.Errorf("%d members (serve) in the Compose file, want 3", members)
+	}
+	// One --join list for all, naming every member: its first is the one
+	// seed, which over a lost volume asks the others before bootstrapping.
+	slices.Sort(selves)
+	first := strings.Split(joins["n1"], ",")[0]
+	for name, join := range joins {
+		list := strings.Split(join, ",")
+		if sorted := slices.Sorted(slices.Values(list)); !slices.Equal(sorted, selves) || list[0] != first {
+			t.Errorf("compose service %s: RINGLIMIT_JOIN %q: want every member's address %v, the same one first for all", name, join, selves)
+		}
 	}
 	for name, svc := range cf.Services {
 		if len(svc.Command) == 0 || svc.Command[0] != "gateway" {

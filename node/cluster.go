@@ -307,6 +307,13 @@ func listedActive(st *fsm.State, req api.JoinRequest) bool {
 // replay shows it listed: that listing may be of an earlier member of
 // its id, and a join whose answer was lost is answered again.
 func (n *Node) registerLoop() {
+	if n.seeded != nil {
+		select { // a seed with no Raft state decides first: join or bootstrap
+		case <-n.seeded:
+		case <-n.ctx.Done():
+			return
+		}
+	}
 	backoff := 50 * time.Millisecond
 	ch, cancel := n.fsm.Watch()
 	defer cancel()
@@ -470,7 +477,9 @@ func (n *Node) register(ctx context.Context) error {
 			tried = append(tried, addr)
 		}
 	}
-	add(n.cfg.Join)
+	for _, a := range n.cfg.Join {
+		add(a)
+	}
 	for _, m := range n.fsm.State().Members {
 		if m.ID != n.cfg.ID {
 			add(m.HTTP)
@@ -1185,6 +1194,8 @@ func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 		why := "it has not joined a cluster, or the cluster is still being set up"
 		if snap == nil {
 			switch r := n.notCaughtUp(); {
+			case n.seeding.Load():
+				why = "it is " + r
 			case n.joinEpoch.Load() == joinPending:
 				why = "it has not joined a cluster yet: its join is not answered"
 			case r != "":

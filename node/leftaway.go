@@ -176,7 +176,9 @@ func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
 			add(addr)
 		}
 	}
-	add(n.cfg.Join)
+	for _, addr := range n.cfg.Join {
+		add(addr)
+	}
 	slices.Sort(addrs)
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.RaftTimeout)
 	defer cancel()

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,11 @@ type Forwarder interface {
 	Leave(ctx context.Context, leaderHTTP, id string) error
 	SetState(ctx context.Context, leaderHTTP, id, state string) error
 	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)
+	// InCluster asks the member at memberHTTP whether it holds a
+	// cluster's Raft state (api.SeedStatus): what a seed with no Raft
+	// state asks before it bootstraps (Config.Seed). An error is no
+	// answer.
+	InCluster(ctx context.Context, memberHTTP string) (bool, error)
 }
 
 // DataPlane pushes partitions to other members by data-plane address.
@@ -68,11 +74,23 @@ type Config struct {
 	RaftAdvertise string // advertised Raft address, host:port
 	PeerAddr      string // advertised data-plane address, host:port
 	DataDir       string
-	// Join is the HTTP address of any member, used to join when DataDir
-	// holds no cluster state. Empty with an empty DataDir bootstraps a
-	// new cluster. A member that joins acts on the cluster's log only
-	// from its own join on, which the join's answer names.
-	Join string
+	// Join lists HTTP addresses of members, used to join when DataDir
+	// holds no cluster state (any of them will do; empty strings are
+	// ignored). Empty with an empty DataDir bootstraps a new cluster. A
+	// member that joins acts on the cluster's log only from its own join
+	// on, which the join's answer names.
+	Join []string
+	// Seed makes a member with no Raft state and a non-empty Join the
+	// one that may bootstrap: it asks every address of Join whether it
+	// holds a cluster (Forwarder.InCluster) and joins through one that
+	// does; it bootstraps once every one has answered that it holds
+	// none, or when SeedGrace has passed and none has said it holds one
+	// (seed.go). A --join list that names the member itself first makes
+	// it the seed, Join then being the list's other addresses.
+	Seed bool
+	// SeedGrace bounds how long a seed waits for listed members that do
+	// not answer at all (DefaultSeedGrace).
+	SeedGrace time.Duration
 	// Ring is the partitioning a bootstrapping node writes into the
 	// cluster; joining nodes take the cluster's.
 	Ring ring.Config
@@ -158,6 +176,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: data plane is nil")
 	case c.Forward == nil:
 		return errors.New("node: forwarder is nil")
+	case c.SeedGrace < 0:
+		return fmt.Errorf("node: seed grace %v is negative", c.SeedGrace)
 	case c.MaxKeys < 0:
 		return fmt.Errorf("node: max keys %d is negative (0 means no cap)", c.MaxKeys)
 	case c.DeadAfter < 0:
@@ -211,6 +231,11 @@ type Node struct {
 	// would take that leave for its own removal.
 	joinEpoch atomic.Uint64
 	stopping  atomic.Bool // marked down for a graceful stop: do not re-register
+	// seeded is closed once a seed with no Raft state has decided
+	// between joining and bootstrapping (seedLoop); registerLoop waits
+	// for it. Nil for every other member.
+	seeded  chan struct{}
+	seeding atomic.Bool // seedLoop is asking the other listed members
 	// membership serialises leader-side membership changes. It is a
 	// channel, not a sync.Mutex, because its holder waits on Raft: a
 	// request queued behind it can give up when its context ends
@@ -290,6 +315,10 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if cfg.BackupInterval == 0 {
 		cfg.BackupInterval = 20 * time.Millisecond
 	}
+	if cfg.SeedGrace == 0 {
+		cfg.SeedGrace = DefaultSeedGrace
+	}
+	cfg.Join = slices.DeleteFunc(slices.Clone(cfg.Join), func(a string) bool { return a == "" })
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
@@ -303,11 +332,15 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	}
 	n.raft = rp
 	n.startIndex = rp.lastCommand
-	if !rp.hasState && cfg.Join != "" {
-		n.joinEpoch.Store(joinPending)
+	if !rp.hasState && len(cfg.Join) > 0 {
+		n.joinEpoch.Store(joinPending) // a seed too, until it bootstraps (seedLoop)
+		if cfg.Seed {
+			n.seeded = make(chan struct{})
+			n.seeding.Store(true)
+		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	if !rp.hasState && cfg.Join == "" {
+	if !rp.hasState && len(cfg.Join) == 0 {
 		f := rp.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
 			ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(cfg.RaftAdvertise), Suffrage: raft.Voter,
 		}}})
@@ -322,6 +355,9 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		n.cancel()
 		_ = rp.close()
 		return nil, err
+	}
+	if n.seeded != nil {
+		n.goLoop(n.seedLoop)
 	}
 	n.goLoop(n.watchLoop)
 	n.goLoop(n.leaderLoop)
@@ -482,6 +518,8 @@ func (n *Node) notCaughtUp() string {
 		return fmt.Sprintf("waiting for a raft leader to confirm the log it restarted with (none has reached it; %d of %d applied)", n.applied(), n.startIndex)
 	case n.applied() < n.startIndex:
 		return fmt.Sprintf("replaying its raft log (%d of %d)", n.applied(), n.startIndex)
+	case e == joinPending && n.seeding.Load():
+		return "seeding: asking the other members of its --join list whether a cluster exists before it bootstraps one"
 	case e == joinPending:
 		return "joining: waiting for the answer to its join"
 	case st.MembershipIndex < e:

@@ -137,6 +137,14 @@ func (g *raftGuard) check(rpc raft.RPC) error {
 	return err
 }
 
+// AllowRPC is the guard's decision for an RPC's command, given the
+// receiver's latest Raft configuration (false: Raft not started): nil to
+// act on it. For in-memory transports that have no guard of their own
+// (internal/clustertest) to decide as the TCP path does.
+func AllowRPC(cmd any, config func() (raft.Configuration, bool)) error {
+	return allowRPC(cmd, config)
+}
+
 // allowRPC is the guard's decision (pure but for the configuration read).
 func allowRPC(cmd any, config func() (raft.Configuration, bool)) error {
 	h, ok := cmd.(raft.WithRPCHeader)

@@ -105,7 +105,7 @@ func benchCluster(b *testing.B) []*Server {
 		ls := listen(b)
 		s, err := Start(Config{
 			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
-			DataDir: b.TempDir(), Join: join, RaftTimeout: 300 * time.Millisecond,
+			DataDir: b.TempDir(), Join: []string{join}, RaftTimeout: 300 * time.Millisecond,
 		}, ls)
 		if err != nil {
 			b.Fatal(err)

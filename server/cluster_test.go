@@ -72,7 +72,7 @@ func startMember(t *testing.T, id, dir, join string) *Server {
 func startMemberOn(t testing.TB, id, dir, join string, ls Listeners) (*Server, error) {
 	s, err := Start(Config{
 		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
-		DataDir: dir, Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+		DataDir: dir, Join: []string{join}, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
 		RaftTimeout: testRaftTimeout,
 		Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
 		Logger:      testLogger(),

@@ -35,7 +35,7 @@ func TestEveryLogLineIsSlogJSON(t *testing.T) {
 		ls := listen(t)
 		s, err := Start(Config{
 			ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
-			DataDir: t.TempDir(), Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+			DataDir: t.TempDir(), Join: []string{join}, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
 			RaftTimeout: testRaftTimeout,
 			Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
 			Logger:      log,

@@ -62,7 +62,7 @@ func startRLSCluster(t testing.TB, n int, config string) ([]*Server, []rlspb.Rat
 		}
 		s, err := Start(Config{
 			ID: fmt.Sprintf("n%d", i+1), HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
-			DataDir: filepath.Join(dir, "data"), Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+			DataDir: filepath.Join(dir, "data"), Join: []string{join}, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
 			RaftTimeout: testRaftTimeout,
 			Router:      router.Config{Timeout: testRouterTimeout, RefreshWait: 2 * time.Second},
 			RLS:         rls.Options{ConfigPath: path},

@@ -26,7 +26,7 @@ func startAuthMember(t *testing.T, id, dir, join string, auth *transport.Auth) *
 	ls := listen(t)
 	s, err := Start(Config{
 		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
-		DataDir: dir, Join: join, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
+		DataDir: dir, Join: []string{join}, Ring: ring.Config{Partitions: 128, ReplicationFactor: 64, Load: 1.25},
 		RaftTimeout: 300 * time.Millisecond,
 		Router:      router.Config{Timeout: 5 * time.Second, RefreshWait: 2 * time.Second},
 		Auth:        auth,

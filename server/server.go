@@ -41,8 +41,14 @@ type Config struct {
 	RaftAdvertise string
 	PeerAdvertise string
 	DataDir       string
-	Join          string // HTTP address of any member; "" bootstraps when DataDir is empty
-	RulesFile     string // "" = none
+	// Join lists HTTP addresses of members to join through when DataDir
+	// is empty; none bootstraps. With Seed, this member heads the list
+	// and Join holds the others: it asks them before it bootstraps
+	// (node.Config.Seed).
+	Join          []string
+	Seed          bool
+	SeedGrace     time.Duration // node.DefaultSeedGrace when 0
+	RulesFile     string        // "" = none
 	RulesInterval time.Duration
 	AdminToken    string
 	ViewToken     string // reads GET /v1/cluster/view alone (httpapi.Config.ViewToken)
@@ -179,7 +185,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	}
 	n, err := node.Open(node.Config{
 		ID: cfg.ID, HTTPAddr: cfg.HTTPAdvertise, RaftAdvertise: cfg.RaftAdvertise, PeerAddr: cfg.PeerAdvertise,
-		DataDir: cfg.DataDir, Join: cfg.Join, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
+		DataDir: cfg.DataDir, Join: cfg.Join, Seed: cfg.Seed, SeedGrace: cfg.SeedGrace, Ring: cfg.Ring, RaftTimeout: cfg.RaftTimeout,
 		Forward: fwd, Logger: cfg.Logger,
 		Registerer: s.Registry,
 		OnView:     rt.SetView,
@@ -356,6 +362,13 @@ func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest)
 func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) (uint64, error) {
 	epoch, err := client.New(member, f.options()...).JoinEpoch(ctx, req)
 	return epoch, wrapRemote("member "+member, err)
+}
+
+// InCluster is not marked forwarded: it is a read, answered by the
+// member asked.
+func (f forwarder) InCluster(ctx context.Context, member string) (bool, error) {
+	st, err := client.New(member, f.options()...).Seed(ctx)
+	return st.InCluster, wrapRemote("member "+member, err)
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {

@@ -102,7 +102,7 @@ func startTestMember(t testing.TB, id, join string) *testMember {
 	px := newHoleProxy(t, ls.Peer.Addr().String())
 	s, err := server.Start(server.Config{
 		ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
-		PeerAdvertise: px.ln.Addr().String(), DataDir: t.TempDir(), Join: join,
+		PeerAdvertise: px.ln.Addr().String(), DataDir: t.TempDir(), Join: []string{join},
 		Ring: ring.Config{Partitions: 64, ReplicationFactor: 32, Load: 1.25}, RaftTimeout: 300 * time.Millisecond,
 		Router: router.Config{Timeout: 5 * time.Second}, DeadAfter: time.Hour,
 	}, ls)

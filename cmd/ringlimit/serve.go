@@ -33,7 +33,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		peerAddr     = fs.String("peer", "127.0.0.1:8082", "data-plane (check forwarding) listen/advertise address")
 		advHost      = fs.String("advertise-host", "", "host other nodes use to reach this one, when it differs from the listen host")
 		dataDir      = fs.String("data-dir", "./ringlimit-data", "Raft log, stable store and snapshots")
-		join         = fs.String("join", "", "HTTP address of any existing member; empty with an empty data dir bootstraps a new cluster")
+		join         = fs.String("join", "", "comma-separated HTTP addresses of members; empty with an empty data dir bootstraps a new cluster; a list headed by this node's own address makes it the seed, which asks the others before it bootstraps")
 		rulesFile    = fs.String("rules", "", "rules YAML file, applied through Raft whenever it changes")
 		adminToken   = fs.String("admin-token", "", "bearer token required by admin endpoints (empty: admin only from loopback)")
 		viewToken    = fs.String("view-token", "", "bearer token that reads the cluster view alone (GET /v1/cluster/view), for routers, gateways and Go clients; the admin token reads it too")
@@ -137,11 +137,15 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	} else if ln != nil {
 		ls.GRPC = ln
 	}
-	if isSelf(*join, advHTTP) {
-		// Every member may be given the same --join (a StatefulSet's pods
-		// share one spec): the one it names is the seed and bootstraps.
-		log.Info("--join names this node's own HTTP address: bootstrapping as the seed when the data dir is empty", "join", *join)
-		*join = ""
+	// Every member may be given the same --join (a StatefulSet's pods
+	// share one spec): the member it names first is the seed, the only
+	// one that may bootstrap, after asking the others (node.Config.Seed).
+	joins, seed := joinList(*join, advHTTP)
+	switch {
+	case seed && len(joins) == 0:
+		log.Info("--join names only this node's own HTTP address: bootstrapping as the seed when the data dir is empty (no other member to ask whether a cluster exists)", "join", *join)
+	case seed:
+		log.Info("--join names this node's own HTTP address first: it is the seed; with an empty data dir it asks the other listed members whether a cluster exists, and bootstraps only if none does", "join", *join)
 	}
 	// GC defaults for a heap of bucket tables (unless GOGC/GOMEMLIMIT say
 	// otherwise): RSS per active key near the tables' own size.
@@ -150,7 +154,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
-		DataDir: *dataDir, Join: hostPort(*join), RulesFile: *rulesFile, AdminToken: *adminToken, ViewToken: *viewToken,
+		DataDir: *dataDir, Join: joins, Seed: seed, RulesFile: *rulesFile, AdminToken: *adminToken, ViewToken: *viewToken,
 		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc, RaftTimeout: raftTimeout,
 		Router: rcfg,
 		Logger: log, Auth: auth,
@@ -248,6 +252,25 @@ func closeAll(ls server.Listeners) {
 			l.Close()
 		}
 	}
+}
+
+// joinList splits a --join list: the members to join through (or, for
+// the seed, to ask), without this node's own address, and whether it
+// is the seed (the list names it first).
+func joinList(join, advHTTP string) (others []string, seed bool) {
+	first := true
+	for _, a := range strings.Split(join, ",") {
+		switch a = hostPort(a); {
+		case a == "":
+			continue
+		case isSelf(a, advHTTP):
+			seed = seed || first
+		default:
+			others = append(others, a)
+		}
+		first = false
+	}
+	return others, seed
 }
 
 // isSelf reports whether the --join address is this node's own advertised

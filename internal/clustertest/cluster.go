@@ -80,6 +80,17 @@ type Options struct {
 	// through every state of it, as though the leader's batches ended
 	// between any two entries.
 	StepAppends bool
+	// GuardRaft has every member refuse Raft calls from senders outside
+	// its Raft configuration, as the TCP transport's guard does
+	// (node.AllowRPC); without it a stranger's AppendEntries of a higher
+	// term overwrite a member's log, which over TCP they do not.
+	GuardRaft bool
+	// JoinList, when set, is the --join list of the members it names
+	// (ids; deploy/compose gives all of them n1:8080,n2:8080,n3:8080):
+	// each is given the list's other members' HTTP addresses, and the
+	// first is the seed (node.Config.Seed). Members not in it join
+	// through the first member created, as without it.
+	JoinList []string
 	// JoinAnswer, when set, is what member from gets for a join it
 	// asked of another member (its own registration, or one it forwards
 	// to the leader), given what that member answered: a test can lose
@@ -257,14 +268,36 @@ func (m *Member) raftAddr() string { return fmt.Sprintf("raft-%s.%d:1", m.ID, m.
 func (c *Cluster) start(m *Member) {
 	c.t.Helper()
 	_, trans := raft.NewInmemTransport(raft.ServerAddress(m.raftAddr()))
-	join := ""
-	if m.joined {
-		join = c.Member(c.ids()[0]).httpAddr()
+	var join []string
+	seed := false
+	if ids := c.opts.JoinList; slices.Contains(ids, m.ID) {
+		seed = ids[0] == m.ID
+		for _, id := range ids {
+			if id != m.ID {
+				join = append(join, c.listedHTTP(id))
+			}
+		}
+	} else if m.joined {
+		join = []string{c.Member(c.ids()[0]).httpAddr()}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var raftTrans raft.Transport = trans
 	if c.opts.StepAppends {
 		raftTrans = stepAppends(ctx, trans)
+	}
+	if c.opts.GuardRaft {
+		var started atomic.Pointer[raft.Raft]
+		defer func() {
+			if n := m.Node(); n != nil {
+				started.Store(n.Raft())
+			}
+		}()
+		raftTrans = guardRaft(ctx, raftTrans, func() (raft.Configuration, bool) {
+			if r := started.Load(); r != nil {
+				return r.GetConfiguration().Configuration(), true
+			}
+			return raft.Configuration{}, false
+		})
 	}
 	var local localHandler
 	rt, err := router.New(router.Config{Self: m.ID, Timeout: c.opts.RouterTimeout, Linger: 50 * time.Microsecond}, &local, endpoint{c.net, m.ID})
@@ -273,7 +306,7 @@ func (c *Cluster) start(m *Member) {
 	}
 	n, err := node.Open(node.Config{
 		ID: m.ID, HTTPAddr: m.httpAddr(), RaftAdvertise: m.raftAddr(), PeerAddr: m.peerAddr(),
-		Join: join, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
+		Join: join, Seed: seed, Ring: ring.Config{Partitions: c.opts.Partitions, ReplicationFactor: 32, Load: 1.25},
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: raftTrans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter, DataDir: m.dir,
@@ -538,6 +571,32 @@ func (c *Cluster) Rejoin(id string) *Member {
 	m.logs, m.stable, m.snaps, m.joined = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore(), true
 	c.start(m)
 	return m
+}
+
+// RestartWiped starts member id again, as the same id at the same
+// addresses, over empty stores and an empty data dir: its volume was
+// lost. It does not wait for anything.
+func (c *Cluster) RestartWiped(id string) {
+	c.t.Helper()
+	m := c.Member(id)
+	if m.running() {
+		c.t.Fatalf("clustertest: restart of %s, which is running", id)
+	}
+	m.awaitStopped()
+	m.logs, m.stable, m.snaps = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore()
+	if c.opts.DataDirs {
+		m.dir = c.t.TempDir()
+	}
+	c.start(m)
+}
+
+// listedHTTP is the HTTP address of member id as a --join list names
+// it: where it is now, or where it will be once created.
+func (c *Cluster) listedHTTP(id string) string {
+	if m := c.Member(id); m != nil {
+		return m.httpAddr()
+	}
+	return (&Member{ID: id}).httpAddr()
 }
 
 // Leave removes member id for good through the leader (ringlimit leave)
@@ -889,6 +948,16 @@ func (f forwarder) answer(epoch uint64, err error) (uint64, error) {
 		return f.c.opts.JoinAnswer(f.from, epoch, err)
 	}
 	return epoch, err
+}
+
+// InCluster is answered by the member asked, over the links.
+func (f forwarder) InCluster(ctx context.Context, member string) (bool, error) {
+	n, err := f.reach(ctx, member)
+	if err != nil {
+		return false, err
+	}
+	st, err := n.Seed(ctx)
+	return st.InCluster, err
 }
 
 func (f forwarder) Leave(ctx context.Context, leader, id string) error {

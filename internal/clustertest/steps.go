@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/node"
 )
 
 // stepTransport is a member's Raft transport under Options.StepAppends.
@@ -83,3 +85,41 @@ func (s *stepTransport) step(ctx context.Context, req *raft.AppendEntriesRequest
 	}
 	return true
 }
+
+// guardTransport is a member's Raft transport under Options.GuardRaft:
+// it refuses the calls the TCP path's guard refuses (node.AllowRPC),
+// given the member's latest Raft configuration.
+type guardTransport struct {
+	raft.Transport
+	in <-chan raft.RPC
+	ch chan raft.RPC // what the member's Raft consumes
+}
+
+// guardRaft wraps t; config reads the member's configuration (false
+// before its Raft runs); its goroutine ends with ctx.
+func guardRaft(ctx context.Context, t raft.Transport, config func() (raft.Configuration, bool)) *guardTransport {
+	g := &guardTransport{Transport: t, in: t.Consumer(), ch: make(chan raft.RPC)}
+	go func() {
+		for {
+			var rpc raft.RPC
+			select {
+			case <-ctx.Done():
+				return
+			case rpc = <-g.in:
+			}
+			if err := node.AllowRPC(rpc.Command, config); err != nil {
+				rpc.Respond(nil, err)
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case g.ch <- rpc:
+			}
+		}
+	}()
+	return g
+}
+
+// Consumer is the calls the guard lets through.
+func (g *guardTransport) Consumer() <-chan raft.RPC { return g.ch }

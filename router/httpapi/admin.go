@@ -238,6 +238,15 @@ func (h *handler) serveCluster(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ClusterOf(c))
 }
 
+func (h *handler) serveSeed(w http.ResponseWriter, r *http.Request) {
+	st, err := h.admin.Seed(r.Context())
+	if err != nil {
+		writeError(w, h.errorOf(r, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
 func (h *handler) serveJoin(w http.ResponseWriter, r *http.Request) {
 	var req api.JoinRequest
 	if e := decodeStrict(limitBody(w, r), &req); e != nil {

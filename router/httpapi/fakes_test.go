@@ -194,6 +194,10 @@ func (a *fakeAdmin) SetState(ctx context.Context, id, state string) error {
 	return nil
 }
 
+func (a *fakeAdmin) Seed(context.Context) (api.SeedStatus, error) {
+	return api.SeedStatus{ID: "n1", InCluster: true}, nil
+}
+
 func (a *fakeAdmin) RouterView(context.Context) (*view.View, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -68,6 +68,9 @@ func (frontAdmin) Join(context.Context, api.JoinRequest) (uint64, error) {
 func (frontAdmin) Leave(context.Context, string) error            { return errNotServed }
 func (frontAdmin) SetState(context.Context, string, string) error { return errNotServed }
 func (frontAdmin) RouterView(context.Context) (*view.View, error) { return nil, errNotServed }
+func (frontAdmin) Seed(context.Context) (api.SeedStatus, error) {
+	return api.SeedStatus{}, errNotServed
+}
 
 // RouterFront is the Front of a router that follows the cluster: the
 // rules of its view (default first, then as the members list them: in

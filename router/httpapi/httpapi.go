@@ -79,6 +79,10 @@ type Admin interface {
 	// RouterView returns what a router that is not a member needs
 	// (GET /v1/cluster/view, admin: it carries the hash seed).
 	RouterView(ctx context.Context) (*view.View, error)
+	// Seed answers GET /v1/cluster/seed (not admin: one bit, less than
+	// GET /v1/cluster tells): whether this node holds a cluster's Raft
+	// state, asked by a seed before it bootstraps (api.SeedStatus).
+	Seed(ctx context.Context) (api.SeedStatus, error)
 	// Ready returns nil when the node is ready, else an error wrapping
 	// api.ErrUnavailable whose text is the reason.
 	Ready() error
@@ -158,6 +162,7 @@ const (
 	epLeave
 	epState
 	epView
+	epSeed
 	epHealthz
 	epReadyz
 	epMetrics
@@ -173,6 +178,7 @@ var endpointNames = [numEndpoints]string{
 	epLeave:   "/v1/cluster/leave",
 	epState:   "/v1/cluster/state",
 	epView:    "/v1/cluster/view",
+	epSeed:    "/v1/cluster/seed",
 	epHealthz: "/healthz",
 	epReadyz:  "/readyz",
 	epMetrics: "/metrics",
@@ -189,6 +195,7 @@ var endpointAllow = [numEndpoints]string{
 	epLeave:   "POST",
 	epState:   "POST",
 	epView:    "GET, HEAD",
+	epSeed:    "GET, HEAD",
 	epHealthz: "GET, HEAD",
 	epReadyz:  "GET, HEAD",
 	epMetrics: "GET, HEAD",
@@ -210,6 +217,8 @@ func endpointOf(path string) int {
 		return epState
 	case "/v1/cluster/view":
 		return epView
+	case "/v1/cluster/seed":
+		return epSeed
 	case "/healthz":
 		return epHealthz
 	case "/readyz":
@@ -287,6 +296,8 @@ func (h *handler) route(ep int, w http.ResponseWriter, r *http.Request) {
 		if h.authorizeView(w, r) {
 			h.serveView(w, r)
 		}
+	case ep == epSeed && get:
+		h.serveSeed(w, r)
 	case ep == epHealthz && get:
 		writeJSON(w, http.StatusOK, statusBody{"ok"})
 	case ep == epReadyz && get:
