@@ -76,19 +76,7 @@ func TestServeCorruptDataExits1(t *testing.T) {
 		// count, pgid): half the file is not always that, as bolt grows
 		// the file ahead of its pages (was db[:len(db)/2], which kept
 		// every page in use once the log's layout changed).
-		{"truncated", func() []byte {
-			hwm := func(i int) (txid, pgid uint64) {
-				m := db[i*page+16:]
-				return binenc.LittleEndian.Uint64(m[48:]), binenc.LittleEndian.Uint64(m[40:])
-			}
-			t0, p0 := hwm(0)
-			t1, p1 := hwm(1)
-			pages := p0
-			if t1 > t0 {
-				pages = p1
-			}
-			return db[:(int(pages)-1)*page]
-		}, "truncated"},
+		{"truncated", func() []byte { return db[:(int(newestMeta(db).pgid)-1)*page] }, "truncated"},
 		{"meta pages corrupt", func() []byte {
 			b := bytes.Clone(db)
 			copy(b[16+20:], "XXXX")
@@ -106,17 +94,7 @@ func TestServeCorruptDataExits1(t *testing.T) {
 		// file for writing; was a SIGSEGV in its freelist load.
 		{"freelist count corrupt", func() []byte {
 			b := bytes.Clone(db)
-			meta := func(i int) (txid, freelist uint64) {
-				m := b[i*page+16:]
-				return binenc.LittleEndian.Uint64(m[48:]), binenc.LittleEndian.Uint64(m[32:])
-			}
-			t0, f0 := meta(0)
-			t1, f1 := meta(1)
-			fl := f0
-			if t1 > t0 {
-				fl = f1
-			}
-			copy(b[int(fl)*page+10:], []byte{0xff, 0xfe})
+			copy(b[int(newestMeta(db).freelist)*page+10:], []byte{0xff, 0xfe})
 			return b
 		}, "freelist"},
 	} {
@@ -487,4 +465,23 @@ func TestCertsRefusesBadInputWritingNothing(t *testing.T) {
 	if code != 2 || !strings.Contains(errs.String(), "n2.pem exists already") || len(entries) != 1 {
 		t.Errorf("certs over an existing n2.pem: exit %d, %q, %d files; want exit 2 and only n2.pem", code, errs.String(), len(entries))
 	}
+}
+
+// boltMeta is what these tests read of a bolt meta page.
+type boltMeta struct{ txid, freelist, pgid uint64 }
+
+// newestMeta reads the newer of db's two meta pages (bolt's layout: the
+// meta follows a 16-byte page header; freelist at 32, pgid — the pages
+// in use — at 40, txid at 48).
+func newestMeta(db []byte) boltMeta {
+	page := os.Getpagesize()
+	read := func(i int) boltMeta {
+		m := db[i*page+16:]
+		return boltMeta{txid: binenc.LittleEndian.Uint64(m[48:]), freelist: binenc.LittleEndian.Uint64(m[32:]), pgid: binenc.LittleEndian.Uint64(m[40:])}
+	}
+	a, b := read(0), read(1)
+	if b.txid > a.txid {
+		return b
+	}
+	return a
 }

@@ -527,14 +527,22 @@ func (c *Cluster) kill(m *Member, _ bool) {
 	c.notify()
 }
 
-// Restart starts member id again over the stores it had.
-func (c *Cluster) Restart(id string) {
+// stoppedMember returns member id once it has stopped; it fails the test
+// when id is running (what: the step that needs it stopped).
+func (c *Cluster) stoppedMember(id, what string) *Member {
 	c.t.Helper()
 	m := c.Member(id)
 	if m.running() {
-		c.t.Fatalf("clustertest: restart of %s, which is running", id)
+		c.t.Fatalf("clustertest: %s of %s, which is running", what, id)
 	}
 	m.awaitStopped()
+	return m
+}
+
+// Restart starts member id again over the stores it had.
+func (c *Cluster) Restart(id string) {
+	c.t.Helper()
+	m := c.stoppedMember(id, "restart")
 	c.start(m)
 }
 
@@ -543,11 +551,7 @@ func (c *Cluster) Restart(id string) {
 // Its old addresses stop answering.
 func (c *Cluster) RestartAt(id string) {
 	c.t.Helper()
-	m := c.Member(id)
-	if m.running() {
-		c.t.Fatalf("clustertest: restart of %s, which is running", id)
-	}
-	m.awaitStopped()
+	m := c.stoppedMember(id, "restart")
 	c.net.mu.Lock()
 	delete(c.net.byPeer, m.peerAddr())
 	delete(c.net.byHTTP, m.httpAddr())
@@ -563,11 +567,7 @@ func (c *Cluster) RestartAt(id string) {
 // cluster; it does not wait for the join.
 func (c *Cluster) Rejoin(id string) *Member {
 	c.t.Helper()
-	m := c.Member(id)
-	if m.running() {
-		c.t.Fatalf("clustertest: rejoin of %s, which is running", id)
-	}
-	m.awaitStopped()
+	m := c.stoppedMember(id, "rejoin")
 	m.logs, m.stable, m.snaps, m.joined = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore(), true
 	c.start(m)
 	return m
@@ -578,11 +578,7 @@ func (c *Cluster) Rejoin(id string) *Member {
 // lost. It does not wait for anything.
 func (c *Cluster) RestartWiped(id string) {
 	c.t.Helper()
-	m := c.Member(id)
-	if m.running() {
-		c.t.Fatalf("clustertest: restart of %s, which is running", id)
-	}
-	m.awaitStopped()
+	m := c.stoppedMember(id, "restart")
 	m.logs, m.stable, m.snaps = raft.NewInmemStore(), raft.NewInmemStore(), raft.NewInmemSnapshotStore()
 	if c.opts.DataDirs {
 		m.dir = c.t.TempDir()

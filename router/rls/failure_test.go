@@ -48,21 +48,29 @@ func serviceOwnerDown(t *testing.T) (*Service, *metrics) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return openClosedService(t, rt, rg, false, "second", 1)
+}
+
+// openClosedService is a service on rt (its view: ring rg, seed 3) of
+// domain d with two limits of perUnit per unit, keys open and closed,
+// failing open and closed.
+func openClosedService(t *testing.T, rt *router.Router, rg *ring.Ring, headers bool, unit string, perUnit int) (*Service, *metrics) {
+	t.Helper()
 	t.Cleanup(rt.Close)
 	rt.SetView(&router.View{Ring: rg, Seed: 3})
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := NewService(rt, false, m)
-	c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
+	svc := NewService(rt, headers, m)
+	c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(fmt.Sprintf(`
 domain: d
 descriptors:
   - key: open
-    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limit: {unit: %[1]s, requests_per_unit: %[2]d}
   - key: closed
-    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: closed}
-`)})
+    rate_limit: {unit: %[1]s, requests_per_unit: %[2]d, failure_mode: closed}
+`, unit, perUnit))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,25 +422,7 @@ func serviceHalfDown(t *testing.T) (*Service, func(key, id string) string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(rt.Close)
-	rt.SetView(&router.View{Ring: rg, Seed: 3})
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := NewService(rt, true, m)
-	c, err := ParseConfig(File{Name: "f.yaml", Data: []byte(`
-domain: d
-descriptors:
-  - key: open
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: closed
-    rate_limit: {unit: minute, requests_per_unit: 5, failure_mode: closed}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetConfig(c)
+	svc, _ := openClosedService(t, rt, rg, true, "minute", 5)
 	ownedBy := func(key, id string) string {
 		for i := range 1000 {
 			v := fmt.Sprint("v", i)
