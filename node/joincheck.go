@@ -77,6 +77,12 @@ func validateJoin(req api.JoinRequest) error {
 	return nil
 }
 
+// ValidHostPort checks s as a member's advertised address: host:port,
+// the host a name or an IP address that can be reached (not 0.0.0.0 or
+// ::), the port 1 to 65535. serve checks --join and --advertise-host
+// with it before starting, as the leader checks a join's addresses.
+func ValidHostPort(s string) error { return validHostPort(s) }
+
 func validHostPort(s string) error {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {

@@ -84,6 +84,21 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err := rcfg.Validate(); err != nil {
 		return fail("--linger, --max-batch or --forward-timeout: %v", err)
 	}
+	// Addresses others are told: checked here, as the leader would check
+	// them at the join (was: serve started and kept retrying a --join of
+	// "::::", or advertised "bad host!" until the leader refused it).
+	if *advHost != "" {
+		if err := node.ValidHostPort(net.JoinHostPort(*advHost, "1")); err != nil {
+			return fail("--advertise-host %q: %v", *advHost, err)
+		}
+	}
+	for _, a := range strings.Split(*join, ",") {
+		if a = hostPort(a); a != "" {
+			if err := node.ValidHostPort(a); err != nil {
+				return fail("--join %q: %v", a, err)
+			}
+		}
+	}
 	if err := checkToken(*adminToken); err != nil {
 		return fail("--admin-token: %v", err)
 	}
