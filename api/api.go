@@ -136,6 +136,14 @@ type JoinRequest struct {
 	HTTP string `json:"http"`
 	Raft string `json:"raft"`
 	Peer string `json:"peer"`
+	// Incarnation names the process that asks (random, per start;
+	// optional). A member listed active that joins from another process
+	// than the one the leader last added lost its data dir (it crashed
+	// and came back empty): the leader marks it down before listing it
+	// active again, so that its partitions' backups serve what it held
+	// and hand it back. The same process asking again (a join whose
+	// answer was lost) changes nothing.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // SeedStatus is the answer of GET /v1/cluster/seed: what a member with

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -285,7 +287,14 @@ func (n *Node) leaderLoop() {
 
 // self is this member's registration.
 func (n *Node) self() api.JoinRequest {
-	return api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr}
+	return api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr, Incarnation: n.incarnation}
+}
+
+// newIncarnation is a random name for this process (api.JoinRequest).
+func newIncarnation() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand: never fails on a supported platform
+	return hex.EncodeToString(b[:])
 }
 
 // registered reports whether the cluster lists this member as active
@@ -622,7 +631,28 @@ func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint6
 	}
 	if st := n.fsm.State(); listedActive(st, req) {
 		m, _ := st.Member(req.ID)
-		return m.Since, nil // listed since its last change: a join answered before, say
+		if req.Incarnation == "" || n.joined[req.ID] == req.Incarnation || len(st.Active()) < 2 {
+			n.joined[req.ID] = req.Incarnation
+			return m.Since, nil // listed since its last change: a join answered before, say
+		}
+		// Another process than the one last seen: the member lost its data
+		// dir (crashed, came back empty) while listed active. Marked down
+		// first, as a member back over its data dir after a crash marks
+		// itself (needsRecovery): its partitions go to their backups,
+		// which promote their copies, and come back by hand-off once it
+		// is active again. Was: nothing changed, and it served its
+		// partitions from nothing (a new user: 11 of 30 spent keys fresh).
+		// A leader that has not seen the process before (it took the lead
+		// since) counts a join answered before as one of these: a round
+		// of hand-offs, nothing lost beyond replication lag.
+		down, err := fsm.SetMemberState(req.ID, fsm.Down)
+		if err != nil {
+			return 0, err
+		}
+		if err := n.apply(ctx, down); err != nil {
+			return 0, err
+		}
+		n.log.Info("a member listed active joined from a new process (its data dir lost): marked down first, so that its backups serve what it held", "id", req.ID)
 	}
 	cmd, err := fsm.AddMember(fsm.Member{ID: req.ID, HTTP: req.HTTP, Raft: req.Raft, Peer: req.Peer, State: fsm.Active, Voter: suffrage == raft.Voter})
 	if err != nil {
@@ -638,6 +668,7 @@ func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint6
 	if !ok {
 		return 0, fmt.Errorf("%w: %q was removed as it joined; ask again", api.ErrUnavailable, req.ID)
 	}
+	n.joined[req.ID] = req.Incarnation
 	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter, "epoch", m.Since)
 	return m.Since, nil
 }

@@ -74,6 +74,9 @@ func validateJoin(req api.JoinRequest) error {
 			return fmt.Errorf("%w: %s address %q: %w", api.ErrBadRequest, f.name, truncateID(f.v), err)
 		}
 	}
+	if len(req.Incarnation) > maxIDLen {
+		return fmt.Errorf("%w: incarnation of %d bytes, at most %d", api.ErrBadRequest, len(req.Incarnation), maxIDLen)
+	}
 	return nil
 }
 

@@ -230,7 +230,12 @@ type Node struct {
 	// acts on no state of its log before that epoch (joinedIn), or it
 	// would take that leave for its own removal.
 	joinEpoch atomic.Uint64
-	stopping  atomic.Bool // marked down for a graceful stop: do not re-register
+	// incarnation names this process in its joins (api.JoinRequest).
+	incarnation string
+	// joined is, on a leader, the incarnation it last added or found
+	// listed for each member id; guarded by membership.
+	joined   map[string]string
+	stopping atomic.Bool // marked down for a graceful stop: do not re-register
 	// seeded is closed once a seed with no Raft state has decided
 	// between joining and bootstrapping (seedLoop); registerLoop waits
 	// for it. Nil for every other member.
@@ -322,6 +327,8 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
+	n.incarnation = newIncarnation()
+	n.joined = make(map[string]string)
 	if n.now == nil {
 		base := time.Now()
 		n.now = func() int64 { return base.UnixNano() + int64(time.Since(base)) }
