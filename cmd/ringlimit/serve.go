@@ -92,12 +92,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return fail("--advertise-host %q: %v", *advHost, err)
 		}
 	}
-	for _, a := range strings.Split(*join, ",") {
-		if a = hostPort(a); a != "" {
-			if err := node.ValidHostPort(a); err != nil {
-				return fail("--join %q: %v", a, err)
-			}
-		}
+	if err := checkJoin(*join); err != nil {
+		return fail("%v", err)
 	}
 	if err := checkToken(*adminToken); err != nil {
 		return fail("--admin-token: %v", err)
@@ -273,19 +269,42 @@ func closeAll(ls server.Listeners) {
 // the seed, to ask), without this node's own address, and whether it
 // is the seed (the list names it first).
 func joinList(join, advHTTP string) (others []string, seed bool) {
-	first := true
-	for _, a := range strings.Split(join, ",") {
-		switch a = hostPort(a); {
-		case a == "":
-			continue
-		case isSelf(a, advHTTP):
-			seed = seed || first
-		default:
+	for i, a := range joinEntries(join) {
+		if isSelf(a, advHTTP) {
+			seed = seed || i == 0
+		} else {
 			others = append(others, a)
 		}
-		first = false
 	}
 	return others, seed
+}
+
+// joinEntries are the addresses of a --join list, each as hostPort reads
+// it; empty entries are left out.
+func joinEntries(join string) []string {
+	var out []string
+	for _, a := range strings.Split(join, ",") {
+		if a = hostPort(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// checkJoin checks every address of a --join list as the leader checks
+// a member's (node.ValidHostPort); a host may end in the root's dot (a
+// fully qualified name), which isSelf reads as the name without it.
+func checkJoin(join string) error {
+	for _, a := range joinEntries(join) {
+		c := a
+		if h, p, err := net.SplitHostPort(a); err == nil {
+			c = net.JoinHostPort(strings.TrimSuffix(h, "."), p)
+		}
+		if err := node.ValidHostPort(c); err != nil {
+			return fmt.Errorf("--join %q: %w", a, err)
+		}
+	}
+	return nil
 }
 
 // isSelf reports whether the --join address is this node's own advertised
