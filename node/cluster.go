@@ -290,6 +290,32 @@ func (n *Node) self() api.JoinRequest {
 	return api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr, Incarnation: n.incarnation}
 }
 
+// othersHTTP returns the HTTP addresses of the other members this node
+// knows of, once each and without skip: its --join list's, then those
+// its state lists, then those its local log named at its start.
+func (n *Node) othersHTTP(skip string) []string {
+	var addrs []string
+	add := func(addr string) {
+		if addr != "" && addr != skip && !slices.Contains(addrs, addr) {
+			addrs = append(addrs, addr)
+		}
+	}
+	for _, a := range n.cfg.Join {
+		add(a)
+	}
+	for _, m := range n.fsm.State().Members {
+		if m.ID != n.cfg.ID {
+			add(m.HTTP)
+		}
+	}
+	for id, addr := range n.raft.local.known {
+		if id != n.cfg.ID {
+			add(addr)
+		}
+	}
+	return addrs
+}
+
 // newIncarnation is a random name for this process (api.JoinRequest).
 func newIncarnation() string {
 	var b [12]byte
@@ -480,25 +506,7 @@ func (n *Node) register(ctx context.Context) error {
 	// marked forwarded: a new member whose --join names a follower would
 	// otherwise be refused until that follower happened to lead).
 	leader, lerr := n.leaderHTTP()
-	var tried []string
-	add := func(addr string) {
-		if addr != "" && addr != leader && !slices.Contains(tried, addr) {
-			tried = append(tried, addr)
-		}
-	}
-	for _, a := range n.cfg.Join {
-		add(a)
-	}
-	for _, m := range n.fsm.State().Members {
-		if m.ID != n.cfg.ID {
-			add(m.HTTP)
-		}
-	}
-	for id, addr := range n.raft.knownHTTP {
-		if id != n.cfg.ID {
-			add(addr)
-		}
-	}
+	tried := n.othersHTTP(leader)
 	err := fmt.Errorf("%w: no leader", api.ErrUnavailable)
 	if lerr == nil {
 		// The leader first, with half of what is left when there are

@@ -165,20 +165,7 @@ func (n *Node) leftWhileAway() {
 // error to stop with when one shows this member removed (removedIn); nil
 // otherwise. An answer of another cluster is logged once (warned).
 func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
-	var addrs []string
-	add := func(addr string) {
-		if addr != "" && addr != n.cfg.HTTPAddr && !slices.Contains(addrs, addr) {
-			addrs = append(addrs, addr)
-		}
-	}
-	for id, addr := range n.raft.knownHTTP {
-		if id != n.cfg.ID {
-			add(addr)
-		}
-	}
-	for _, addr := range n.cfg.Join {
-		add(addr)
-	}
+	addrs := n.othersHTTP(n.cfg.HTTPAddr)
 	slices.Sort(addrs)
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.RaftTimeout)
 	defer cancel()

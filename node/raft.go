@@ -46,13 +46,10 @@ type raftParts struct {
 	// logs is Raft's log store, read (never written) by the rules file's
 	// start (rulesWrittenAfter).
 	logs raft.LogStore
-	// knownHTTP are the HTTP addresses of the members the local snapshot
-	// and log name (committed or not): whom to ask when no leader can be
+	// local is what the local snapshot and log say of the cluster and
+	// of this member (replayLocal): whom to ask when no leader can be
 	// reached, before the log is replayed (a restart at new addresses, or
 	// a member removed while it was away: leftWhileAway).
-	knownHTTP map[string]string
-	// local is what the local snapshot and log say of the cluster and
-	// of this member (replayLocal), for leftWhileAway.
 	local localHistory
 	// terms watches the answers to this node's AppendEntries (the
 	// leader's lease needs them: leaderLease).
@@ -156,7 +153,7 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	parts.raft, parts.hasState = r, hasState
 	parts.lastCommand = lastCommand(logs, snaps)
 	parts.logs = logs
-	parts.knownHTTP, parts.local = local.known, local
+	parts.local = local
 	return parts, nil
 }
 

@@ -126,14 +126,11 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	// content while running is a change, applied like any other. Was:
 	// skipped whenever it matched the marker, so a file edited to invalid,
 	// then put back as it was, left a later PUT in force without a word.
-	start := n.rulesFileStart.Load()
-	var markerIdx uint64 // the rules write in force when this member last applied its file
+	// markerIdx: the rules write in force when this member last applied
+	// its file.
 	last, err := os.ReadFile(marker)
-	if err == nil {
-		_, markerIdx, _ = parseRulesMarker(string(last))
-	}
-	if err == nil && start {
-		mfp, idx, hasIdx := parseRulesMarker(string(last))
+	mfp, markerIdx, hasIdx := parseRulesMarker(string(last))
+	if err == nil && n.rulesFileStart.Load() {
 		switch {
 		case mfp != fp:
 		case !hasIdx: // a marker of the release before
@@ -141,7 +138,7 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 			return false // unchanged since we applied it: a later PUT stays in force
 		case !n.caughtUp() || n.View() == nil:
 			return true // the log is still replaying: compare once it is in
-		case n.fsm.State().RulesIndex >= idx:
+		case n.fsm.State().RulesIndex >= markerIdx:
 			n.m.rulesFileLoaded(true)
 			return false // unchanged since we applied it: a later PUT stays in force
 		}
