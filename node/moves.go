@@ -164,10 +164,15 @@ func (o *Owner) ForwardBackups(next *view.View, parts map[uint32]string) []Outgo
 		if !ok {
 			continue
 		}
+		// A whole copy goes even with nothing in it (an idle partition),
+		// as Apply sends one: M awaits this hand-off, and self, had it
+		// seen the ring in between, would have promoted that copy and
+		// handed it back. Was: only a copy holding states went, so M
+		// awaited its idle partitions for the whole hand-off wait.
 		g := &o.moving[p]
 		g.Lock()
 		var data []byte
-		if o.backup.PartitionLen(p) > 0 {
+		if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
 			data = o.backup.Export(nil, p, now)
 		}
 		g.Unlock()
@@ -285,10 +290,20 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 				// first whole push replaces it: was none, so a new owner
 				// that crashed before that push (one backup interval) had
 				// its partitions promoted from nothing.
+				//
+				// It is a whole copy, as a backup push's is (based): even
+				// empty (an idle partition), it is what the new owner
+				// serves from, so a crash of the new owner before its
+				// first push has it promoted and handed back at once.
+				// Was: not based, and an empty one counted as nothing
+				// (holdsAny): the backup and the restarted owner each
+				// awaited the other's hand-off for the whole hand-off wait.
 				if src != o.backup {
 					o.dropBackup(p)
 					if _, err := o.backup.Import(p, part.Data, now); err != nil {
 						o.log.Error("keeping a handed-off partition as its backup copy", "partition", p, "err", err)
+					} else {
+						o.based[p].Store(true)
 					}
 				}
 			}

@@ -45,6 +45,9 @@ type Options struct {
 	Partitions  int           // 64
 	RaftTimeout time.Duration // 200ms
 	DeadAfter   time.Duration // 2s
+	// BackupInterval is every member's node.Config.BackupInterval (the
+	// node's default, 20ms).
+	BackupInterval time.Duration
 	// RouterTimeout is how long a member's router waits for an owner (250ms).
 	RouterTimeout time.Duration
 	// Prober, when set, is every member's node.Prober: joining members
@@ -310,9 +313,10 @@ func (c *Cluster) start(m *Member) {
 		RaftTimeout:   c.opts.RaftTimeout,
 		RaftTransport: raftTrans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter, DataDir: m.dir,
-		Forward: forwarder{c, m.ID},
-		Prober:  c.prober(m.ID),
-		Logger:  c.logger(),
+		BackupInterval: c.opts.BackupInterval,
+		Forward:        forwarder{c, m.ID},
+		Prober:         c.prober(m.ID),
+		Logger:         c.logger(),
 		OnView: func(v *router.View) {
 			rt.SetView(v)
 			if c.opts.OnView != nil {

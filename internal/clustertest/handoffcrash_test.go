@@ -49,3 +49,42 @@ func TestHandoffTargetCrashBeforeItsFirstBackupPush(t *testing.T) {
 		}
 	})
 }
+
+// The same crash, but the member comes back over its data dir before it
+// is marked dead, and most of its partitions are idle: the restart
+// protocol (marked down, then active) moves them to the members that
+// handed them off and back, and every one is served at once. Was: the
+// copy kept of a hand-off did not count as a whole copy (based), so an
+// idle partition's was taken for none; that member awaited the partition
+// from the restarted one, which awaited it back, each answering the
+// other's hand-off with "lost", for the whole hand-off wait (with
+// --dead-after 1h, an hour). No backup round runs here: what the members
+// hold of the new member's partitions is what they handed it.
+func TestHandoffTargetRestartBeforeItsFirstBackupPush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour, BackupInterval: time.Hour})
+		c.PutRules("n1", logRule)
+		var keys []string
+		for _, id := range []string{"n1", "n2", "n3"} {
+			keys = append(keys, c.KeyOwnedBy(id, 0))
+		}
+		for _, k := range keys {
+			if a, _ := spend(c, "n1", k, 5); a != 5 {
+				t.Fatalf("%s: admitted %d of 5", k, a)
+			}
+		}
+		n4 := c.Join("n4")
+		if len(n4.Node().View().Ring.PartitionsOf("n4")) == 0 {
+			t.Fatal("n4 owns no partition")
+		}
+		c.Crash("n4")
+		c.Restart("n4")
+		c.WaitFor("n4 ready", 10*time.Second, func() bool { return c.Member("n4").Node().Ready() == nil })
+		c.WaitSettled(4)
+		for _, k := range keys {
+			if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
+				t.Errorf("%s: admitted %d more (degraded %d) after n4's restart, want the 5 left of 10", k, a, d)
+			}
+		}
+	})
+}

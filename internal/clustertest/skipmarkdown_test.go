@@ -20,32 +20,13 @@ func TestCrashRestartWithABackupThatSkipsTheMarkDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 4, Options{})
 		c.PutRules("n1", logRule)
-		leader := c.Leader().ID
-		var victim, x string
-		for _, id := range []string{"n1", "n2", "n3", "n4"} {
-			switch {
-			case id == leader:
-			case victim == "":
-				victim = id
-			case x == "":
-				x = id
-			}
-		}
+		leader, victim, x := victimAndBackup(c)
 		key, _ := keyBackedBy(c, victim, x)
 		if a, _ := spend(c, "n1", key, 6); a != 6 {
 			t.Fatalf("admitted %d of 6", a)
 		}
 		time.Sleep(time.Second) // the backup has it; nothing is spent from here on
-		epoch := c.Member(leader).Node().View().Epoch()
-		c.CutRaft(x)
-		c.Crash(victim)
-		c.Restart(victim)
-		c.WaitFor(victim+" down and active again in the leader's ring", 20*time.Second, func() bool {
-			v := c.Member(leader).Node().View()
-			_, in := v.Ring.Member(victim)
-			return in && v.Epoch() >= epoch+2
-		})
-		c.Heal()
+		restartPastLaggingBackup(c, leader, victim, x)
 		c.WaitSettled(4)
 		start := time.Now()
 		r := c.Check("n1", "log", key, 0)
@@ -55,4 +36,54 @@ func TestCrashRestartWithABackupThatSkipsTheMarkDown(t *testing.T) {
 			t.Errorf("after %s's crash and restart: admitted %d more (degraded %d), want the 4 left of 10", victim, a, d)
 		}
 	})
+}
+
+// The same with the victim's partitions idle, and a hand-off wait of an
+// hour (--dead-after 1h): X's whole copies of them hold nothing and go
+// all the same, so the restarted member serves every partition at once.
+// Was: X sent only copies holding states (unlike a hand-off, which sends
+// an empty whole copy), and the victim awaited its idle partitions for
+// the whole hand-off wait. Found as a -race flake of
+// TestRestartedMemberCaughtUpByASnapshotIsReady in CI.
+func TestCrashRestartWithABackupThatSkipsTheMarkDownIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 4, Options{DeadAfter: time.Hour})
+		c.PutRules("n1", logRule)
+		leader, victim, x := victimAndBackup(c)
+		time.Sleep(time.Second) // every backup holds a whole copy of every partition
+		restartPastLaggingBackup(c, leader, victim, x)
+		c.WaitSettled(4)
+	})
+}
+
+// victimAndBackup names the leader and two other members.
+func victimAndBackup(c *Cluster) (leader, victim, x string) {
+	leader = c.Leader().ID
+	for _, id := range c.ids() {
+		switch {
+		case id == leader:
+		case victim == "":
+			victim = id
+		case x == "":
+			x = id
+		}
+	}
+	return leader, victim, x
+}
+
+// restartPastLaggingBackup crashes and restarts victim while x is cut
+// off from Raft, until the leader's ring has marked victim down and back
+// active, and heals: x then applies both rings in one refresh.
+func restartPastLaggingBackup(c *Cluster, leader, victim, x string) {
+	c.t.Helper()
+	epoch := c.Member(leader).Node().View().Epoch()
+	c.CutRaft(x)
+	c.Crash(victim)
+	c.Restart(victim)
+	c.WaitFor(victim+" down and active again in the leader's ring", 20*time.Second, func() bool {
+		v := c.Member(leader).Node().View()
+		_, in := v.Ring.Member(victim)
+		return in && v.Epoch() >= epoch+2
+	})
+	c.Heal()
 }

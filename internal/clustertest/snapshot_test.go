@@ -20,6 +20,13 @@ func TestRestartedMemberCaughtUpByASnapshotIsReady(t *testing.T) {
 		c := New(t, 3, Options{DeadAfter: time.Hour}) // no member marked dead: no command the test does not write
 		rule := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
 		c.PutRules("n1", rule)
+		// n3's first backup round: its backups hold whole copies of its
+		// (idle) partitions, which the restart protocol promotes and hands
+		// back. A crash before it leaves partitions that n3 took in a
+		// hand-off backed up nowhere, whose backup then awaits them from
+		// n3 as n3 awaits them back, for the whole hand-off wait (an hour
+		// here; see the note on issue 14's session).
+		time.Sleep(100 * time.Millisecond)
 		c.Crash("n3")
 		for i := range 3 {
 			rule.Limit = int64(20 + i)
