@@ -144,6 +144,16 @@ type JoinRequest struct {
 	// and hand it back. The same process asking again (a join whose
 	// answer was lost) changes nothing.
 	Incarnation string `json:"incarnation,omitempty"`
+	// Listed is, for a process restarted over a data dir, the log index
+	// (epoch) of the last change to this member's record that its Raft
+	// log held at the start (0: none, or no Raft state), and ListedTerm
+	// that entry's term (0: in the snapshot, so committed). A join of an
+	// id the cluster no longer lists, whose log listed it at an epoch the
+	// cluster has reached, is refused as having left (ErrLeft, 409 with
+	// code "left"): a leave removed it after that log ends, and its
+	// restart must not undo the leave. Both optional.
+	Listed     uint64 `json:"listed,omitempty"`
+	ListedTerm uint64 `json:"listed_term,omitempty"`
 }
 
 // SeedStatus is the answer of GET /v1/cluster/seed: what a member with
@@ -198,6 +208,7 @@ const (
 	CodeInternal     = "internal"
 	CodeMethod       = "method_not_allowed"
 	CodeConflict     = "conflict"
+	CodeLeft         = "left"
 )
 
 // Error is the body of every error answer. It is also what the client
@@ -244,4 +255,8 @@ var (
 	// ErrConflict: a join for an id a live member holds at other
 	// addresses (409).
 	ErrConflict = errors.New("conflict")
+	// ErrLeft: a join of a member that left the cluster, from a process
+	// whose data dir predates its removal (409, code "left"; see
+	// JoinRequest.Listed).
+	ErrLeft = errors.New("left")
 )

@@ -287,7 +287,11 @@ func (n *Node) leaderLoop() {
 
 // self is this member's registration.
 func (n *Node) self() api.JoinRequest {
-	return api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr, Incarnation: n.incarnation}
+	req := api.JoinRequest{ID: n.cfg.ID, HTTP: n.cfg.HTTPAddr, Raft: n.cfg.RaftAdvertise, Peer: n.cfg.PeerAddr, Incarnation: n.incarnation}
+	if n.raft != nil && n.raft.hasState {
+		req.Listed, req.ListedTerm = n.raft.local.since, n.raft.local.sinceTerm
+	}
+	return req
 }
 
 // othersHTTP returns the HTTP addresses of the other members this node
@@ -387,6 +391,10 @@ func (n *Node) registerLoop() {
 			ctx, cancelReq := context.WithTimeout(n.ctx, 5*time.Second)
 			err := n.register(ctx)
 			cancelReq()
+			if errors.Is(err, api.ErrLeft) {
+				n.noteLeft(fmt.Errorf("%w: %w", ErrDataDir, err))
+				return
+			}
 			if errors.Is(err, api.ErrConflict) {
 				n.log.Error("another live process holds this member id; not registering", "id", n.cfg.ID, "err", err)
 				if n.conflict.CompareAndSwap(false, true) && n.cfg.OnConflict != nil {
@@ -595,6 +603,9 @@ func (n *Node) join(ctx context.Context, req api.JoinRequest) (epoch uint64, err
 
 // joinLocked is join under the membership lock.
 func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint64, err error) {
+	if err := n.leftBefore(req); err != nil {
+		return 0, err
+	}
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return 0, fmt.Errorf("%w: %w", api.ErrUnavailable, err)
@@ -679,6 +690,28 @@ func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint6
 	n.joined[req.ID] = req.Incarnation
 	n.log.Info("member joined", "id", req.ID, "http", req.HTTP, "voter", suffrage == raft.Voter, "epoch", m.Since)
 	return m.Since, nil
+}
+
+// leftBefore refuses, with an error wrapping api.ErrLeft, the join of a
+// member that left: a process restarted over a data dir whose log listed
+// the member as of epoch req.Listed, which the cluster has reached and
+// no longer lists the member, so a leave removed it after that log ends.
+// Its re-registration, sent as it caught up, can reach the leader after
+// the leave (a restart policy starts it again at once): taken for a new
+// member's, it undid the leave. A listing whose entry the leader's log
+// holds at another term was never committed (a join cut short by a
+// crash, overwritten by the next leader): no removal then.
+func (n *Node) leftBefore(req api.JoinRequest) error {
+	st := n.fsm.State()
+	if _, listed := st.Member(req.ID); listed || req.Listed == 0 || st.MembershipIndex < req.Listed {
+		return nil
+	}
+	var l raft.Log
+	if req.ListedTerm != 0 && n.raft.logs.GetLog(req.Listed, &l) == nil && l.Term != req.ListedTerm {
+		return nil
+	}
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave): the log of the process asking lists it as of epoch %d, and the cluster, at epoch %d, lists it no more; start it over an empty --data-dir (or another --id) to join again as a new member",
+		api.ErrLeft, req.ID, req.Listed, st.MembershipIndex)
 }
 
 // Leave removes a member for good: from the ring, then from Raft. On a

@@ -14,7 +14,8 @@ import (
 // The forwarder carries a join's epoch back from the member it asked,
 // marked forwarded to a leader (Join) and not through a member (JoinVia);
 // a member older than the epoch answers without one, which reads 0, and
-// a refusal keeps its meaning.
+// a refusal keeps its meaning (a live holder of the id, and a member that
+// left, both 409, stay apart).
 func TestForwarderJoinAnswers(t *testing.T) {
 	var answer string
 	var status int
@@ -38,6 +39,8 @@ func TestForwarderJoinAnswers(t *testing.T) {
 		{200, `{"status":"ok","epoch":17}`, 17, nil},
 		{200, `{"status":"ok"}`, 0, nil},
 		{503, `{"error":"unavailable","message":"no leader"}`, 0, api.ErrUnavailable},
+		{409, `{"error":"conflict","message":"member \"n3\" is live"}`, 0, api.ErrConflict},
+		{409, `{"error":"left","message":"member \"n3\" left the cluster"}`, 0, api.ErrLeft},
 	} {
 		status, answer = tc.status, tc.answer
 		for _, via := range []struct {
@@ -47,7 +50,8 @@ func TestForwarderJoinAnswers(t *testing.T) {
 		}{{"Join", f.Join, true}, {"JoinVia", f.JoinVia, false}} {
 			forwarded = nil
 			epoch, err := via.join(context.Background(), srv.Listener.Addr().String(), req)
-			if epoch != tc.epoch || !errors.Is(err, tc.wantErr) || tc.wantErr == nil && err != nil {
+			if epoch != tc.epoch || !errors.Is(err, tc.wantErr) || tc.wantErr == nil && err != nil ||
+				tc.wantErr == api.ErrConflict && errors.Is(err, api.ErrLeft) || tc.wantErr == api.ErrLeft && errors.Is(err, api.ErrConflict) {
 				t.Errorf("%s answered %d %s = %d, %v; want %d, %v", via.name, tc.status, tc.answer, epoch, err, tc.epoch, tc.wantErr)
 			}
 			if len(forwarded) != 1 || forwarded[0] != via.forwarded {

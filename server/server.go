@@ -441,6 +441,9 @@ func wrapRemote(who string, err error) error {
 	case http.StatusNotFound:
 		return fmt.Errorf("%w: %s", api.ErrNotFound, e.Message)
 	case http.StatusConflict:
+		if e.Code == api.CodeLeft {
+			return fmt.Errorf("%w: %s", api.ErrLeft, e.Message)
+		}
 		return fmt.Errorf("%w: %s", api.ErrConflict, e.Message)
 	}
 	if e.Code == api.CodeUnavailable {

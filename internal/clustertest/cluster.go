@@ -66,7 +66,8 @@ type Options struct {
 	// wins when both are set.
 	ProbeLinks bool
 	// OnForward, when set, is called as member from forwards a write
-	// (op: "leave" and so on) to the leader, before it is delivered.
+	// (op: "leave", "join" and so on) to the leader, before it is
+	// delivered; it may block to hold the write back.
 	OnForward func(from, op string)
 	// OnView, when set, sees every view a member publishes, as it does
 	// (from the member's goroutine: keep it short).
@@ -904,6 +905,9 @@ func (f forwarder) reach(ctx context.Context, addr string) (*node.Node, error) {
 }
 
 func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest) (uint64, error) {
+	if f.c.opts.OnForward != nil {
+		f.c.opts.OnForward(f.from, "join")
+	}
 	n, ctx, err := f.target(ctx, leader)
 	if err != nil {
 		return 0, err
@@ -913,6 +917,9 @@ func (f forwarder) Join(ctx context.Context, leader string, req api.JoinRequest)
 
 // JoinVia is not marked forwarded, as over HTTP.
 func (f forwarder) JoinVia(ctx context.Context, member string, req api.JoinRequest) (uint64, error) {
+	if f.c.opts.OnForward != nil {
+		f.c.opts.OnForward(f.from, "join")
+	}
 	n, err := f.reach(ctx, member)
 	if err != nil {
 		return 0, err

@@ -296,3 +296,44 @@ func TestLeaderForwardsItsLeaveOnceItKnowsTheNewLeader(t *testing.T) {
 		})
 	}
 }
+
+// A member stopped and restarted over its data dir, whose join (its
+// re-registration) reaches the leader after a leave removed it, is
+// refused as having left: its log lists it as of an epoch the cluster
+// has passed, and the cluster lists it no more. It stops (here its log
+// receives the removal too). Was: the leader took the
+// join for a new member's and added it again (a new user with docker
+// compose, 1 in 6: leave, then the restart policy's start 1.4 s later),
+// so a leave could be undone by the member's own restart.
+func TestJoinOfAMemberRemovedMeanwhileIsRefusedAsLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c *Cluster
+		var victim atomic.Pointer[string]
+		held := make(chan struct{}, 1)
+		release := make(chan struct{})
+		c = New(t, 4, Options{OnForward: func(from, op string) {
+			if id := victim.Load(); id != nil && *id == from && op == "join" {
+				select {
+				case held <- struct{}{}:
+				default:
+				}
+				<-release
+			}
+		}})
+		leader := c.Leader().ID
+		id := otherThan(c, leader)
+		c.Stop(id, 5*time.Second)
+		victim.Store(&id)
+		c.Restart(id)
+		<-held // its join is on its way to the leader
+		if err := c.Member(leader).Node().Leave(t.Context(), id); err != nil {
+			t.Fatalf("leave of %s: %v", id, err)
+		}
+		close(release)
+		c.WaitFor(id+" stopped", 30*time.Second, func() bool { return !c.Member(id).Running() })
+		time.Sleep(5 * time.Second) // past the dead-member detection of a member re-added
+		if m, ok := c.Member(leader).Node().State().Member(id); ok {
+			t.Errorf("%s listed again after its leave: %+v", id, m)
+		}
+	})
+}

@@ -335,6 +335,10 @@ func TestJoin(t *testing.T) {
 	if want := (api.JoinRequest{ID: "n2", HTTP: "h:1", Raft: "h:2", Peer: "h:3"}); len(e.a.joins) != 1 || e.a.joins[0] != want {
 		t.Errorf("joins = %+v", e.a.joins)
 	}
+	decodeOK(t, e.do("POST", "/v1/cluster/join", `{"id":"n2","http":"h:1","raft":"h:2","peer":"h:3","incarnation":"x","listed":9,"listed_term":2}`), &ok)
+	if want := (api.JoinRequest{ID: "n2", HTTP: "h:1", Raft: "h:2", Peer: "h:3", Incarnation: "x", Listed: 9, ListedTerm: 2}); len(e.a.joins) != 2 || e.a.joins[1] != want {
+		t.Errorf("joins = %+v", e.a.joins)
+	}
 	tests := []struct {
 		body    string
 		joinErr error
@@ -354,6 +358,7 @@ func TestJoin(t *testing.T) {
 		{``, nil, 400, api.CodeBadRequest, "empty body"},
 		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}`, fmt.Errorf("%w: id n taken by another address", api.ErrBadRequest), 400, api.CodeBadRequest, "taken"},
 		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}`, fmt.Errorf("%w: no leader", api.ErrUnavailable), 503, api.CodeUnavailable, "no leader"},
+		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3","listed":9,"listed_term":2}`, fmt.Errorf("%w: member n left the cluster", api.ErrLeft), 409, api.CodeLeft, "left the cluster"},
 		{`{"id":"n","http":"h:1","raft":"h:2","peer":"h:3"}` + strings.Repeat(" ", api.MaxBodySize), nil, 413, api.CodeTooLarge, "over"},
 	}
 	for _, tt := range tests {
@@ -608,6 +613,7 @@ func TestReasonDropsTheSentinelPrefix(t *testing.T) {
 		{fmt.Errorf("%w: leader at x: %w", api.ErrUnavailable, fmt.Errorf("%w: raft did not answer", api.ErrUnavailable)), "leader at x: unavailable: raft did not answer"},
 		{fmt.Errorf("%w: no member %q", api.ErrNotFound, "n9"), `no member "n9"`},
 		{fmt.Errorf("%w: id taken", api.ErrConflict), "id taken"},
+		{fmt.Errorf("%w: member n left", api.ErrLeft), "member n left"},
 		{fmt.Errorf("%w: bad", api.ErrBadRequest), "bad"},
 		{errors.New("unavailable: looks like one, is not"), "unavailable: looks like one, is not"},
 		{fmt.Errorf("adding n9: %w", api.ErrUnavailable), "adding n9: unavailable"},

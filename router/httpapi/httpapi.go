@@ -346,6 +346,8 @@ func (h *handler) errorAt(method, path string, err error) *api.Error {
 		e.Status, e.Code = http.StatusNotFound, api.CodeNotFound
 	case errors.Is(err, api.ErrConflict):
 		e.Status, e.Code = http.StatusConflict, api.CodeConflict
+	case errors.Is(err, api.ErrLeft):
+		e.Status, e.Code = http.StatusConflict, api.CodeLeft
 	case errors.Is(err, api.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// A canceled context means the caller left; the answer is moot.
 		e.Status, e.Code = http.StatusServiceUnavailable, api.CodeUnavailable
@@ -361,7 +363,7 @@ func (h *handler) errorAt(method, path string, err error) *api.Error {
 // answer's code already says.
 func reason(err error) string {
 	msg := err.Error()
-	for _, s := range [...]error{api.ErrUnavailable, api.ErrNotFound, api.ErrBadRequest, api.ErrConflict} {
+	for _, s := range [...]error{api.ErrUnavailable, api.ErrNotFound, api.ErrBadRequest, api.ErrConflict, api.ErrLeft} {
 		if rest, ok := strings.CutPrefix(msg, s.Error()+": "); ok && errors.Is(err, s) {
 			return rest
 		}
