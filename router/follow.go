@@ -39,6 +39,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 		case <-t.C:
 		case <-r.stale:
 		}
+		r.beginFetch()
 		fctx, cancel := context.WithTimeout(ctx, every)
 		v, err := src.FetchView(fctx)
 		cancel()
@@ -132,10 +133,65 @@ func (r *Router) ViewAge() time.Duration {
 	return time.Since(time.Unix(0, t))
 }
 
+// fetchesBegun is how many fetches Follow has begun.
+func (r *Router) fetchesBegun() uint64 {
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
+	return r.fetchSeq
+}
+
+// refreshAfter waits until a fetch of Follow's other than the first
+// begun ones (fetchesBegun) is done, asking for one when none has
+// begun, or ctx ends: the callers that met an unknown rule at about the
+// same time share one fetch, and none takes a fetch that began before it
+// met the rule (which may predate the rule) for its own.
+func (r *Router) refreshAfter(ctx context.Context, begun uint64) error {
+	for {
+		r.fetchMu.Lock()
+		began := r.fetchSeq > begun
+		if began && !r.fetching {
+			r.fetchMu.Unlock()
+			return nil
+		}
+		if r.fetchDone == nil {
+			r.fetchDone = make(chan struct{})
+		}
+		done := r.fetchDone
+		if !began {
+			r.markStale() // under fetchMu: see beginFetch
+		}
+		r.fetchMu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// beginFetch marks a fetch of Follow's begun: the callers of Refresh
+// and refreshAfter from now on wait for its end.
+func (r *Router) beginFetch() {
+	r.fetchMu.Lock()
+	r.fetchSeq++
+	r.fetching = true
+	if r.fetchDone == nil {
+		r.fetchDone = make(chan struct{})
+	}
+	// This fetch serves every ask made before it began: one made between
+	// Follow's taking the last signal and now would fetch again at once.
+	select {
+	case <-r.stale:
+	default:
+	}
+	r.fetchMu.Unlock()
+}
+
 // fetched wakes the callers of Refresh waiting for this fetch.
 func (r *Router) fetched() {
 	r.lastFetch.Store(time.Now().UnixNano())
 	r.fetchMu.Lock()
+	r.fetching = false
 	if r.fetchDone != nil {
 		close(r.fetchDone)
 		r.fetchDone = nil

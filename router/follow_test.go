@@ -223,20 +223,46 @@ func TestUnknownRuleRefetchesTheView(t *testing.T) {
 			t.Fatalf("%d view reads, want 2 (start, the unknown rule)", n)
 		}
 
+		// A rule added just after a read (within refetchGap): the check
+		// waits for the gap's end and reads again. Was: unknown at once.
+		if err := rt.Refresh(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		rules["newer"] = &limiter.Rule{Name: "newer", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
+		net.owners["a:1"] = newOwner(t, "a", r1, rules)
+		src.set(view.New(r1, 7, ruleList(rules), 3), nil)
+		start := time.Now()
+		if err := check("newer"); err != nil || !out[0].Allowed {
+			t.Fatalf("a rule added within refetchGap of the last read: %v %+v, want allowed", err, out[0])
+		}
+		if took := time.Since(start); took < refetchGap {
+			t.Errorf("decided after %v, within refetchGap (%v) of the last read", took, refetchGap)
+		}
+		if n := src.count(); n != 4 {
+			t.Fatalf("%d view reads, want 4 (start, the unknown rule, Refresh, the rule added since)", n)
+		}
+
 		time.Sleep(refetchGap)
 		if err := check("typo"); !errors.Is(err, ErrUnknownRule) {
 			t.Fatalf("a rule that does not exist: %v, want ErrUnknownRule", err)
 		}
-		if err := check("typo"); !errors.Is(err, ErrUnknownRule) {
-			t.Fatalf("again: %v, want ErrUnknownRule", err)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				out := make([]Result, 1)
+				if err := rt.Check(t.Context(), []Request{{Rule: "typo", Key: "k", Cost: 1}}, out); !errors.Is(err, ErrUnknownRule) {
+					t.Errorf("again: %v, want ErrUnknownRule", err)
+				}
+			})
 		}
-		if n := src.count(); n != 3 {
-			t.Fatalf("%d view reads, want 3: one for two unknown rules within refetchGap", n)
+		wg.Wait()
+		if n := src.count(); n != 6 {
+			t.Fatalf("%d view reads, want 6: one per refetchGap for an unknown rule, three callers within one gap sharing one", n)
 		}
 
 		cancel() // no Follow: nothing would answer a refresh, so none is asked
 		synctest.Wait()
-		start := time.Now()
+		start = time.Now()
 		time.Sleep(refetchGap)
 		if err := check("typo"); !errors.Is(err, ErrUnknownRule) || time.Since(start) != refetchGap {
 			t.Fatalf("without Follow: %v after %v, want ErrUnknownRule at once", err, time.Since(start)-refetchGap)

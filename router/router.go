@@ -148,8 +148,10 @@ type Router struct {
 	routes atomic.Pointer[routes] // dispatch's tables of the last ring seen
 
 	stale      chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
-	fetchMu    sync.Mutex    // guards fetchDone
+	fetchMu    sync.Mutex    // guards fetchDone, fetchSeq and fetching
 	fetchDone  chan struct{} // closed when Follow's next fetch is done (Refresh)
+	fetchSeq   uint64        // how many fetches Follow has begun
+	fetching   bool          // a fetch of Follow's is under way
 	following  atomic.Bool   // Follow is running: Refresh is answered
 	lastFetch  atomic.Int64  // when Follow's last fetch ended (Unix ns)
 	lastViewOK atomic.Int64  // when Follow last read a view (Unix ns)
@@ -236,8 +238,12 @@ type ticket struct {
 //
 // When a router that follows the cluster (Follow) meets a rule its view
 // does not know, it fetches the view once (bounded by RefreshWait; at most once
-// per refetchGap) and decides again: the rule may be younger than its
-// view, which it otherwise reads once per Follow period.
+// per refetchGap, waiting for the gap's end when its last fetch is more
+// recent, the callers meanwhile sharing one fetch) and decides again:
+// the rule may be younger than its view, which it otherwise reads once
+// per Follow period. Was: within the gap it refused at once, so a rule
+// used right after the PUT that added it was unknown (404) when the
+// router had read the view just before.
 func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error {
 	return r.CheckBy(ctx, time.Time{}, reqs, out)
 }
@@ -253,16 +259,25 @@ func (r *Router) Check(ctx context.Context, reqs []Request, out []Result) error 
 // ctx's own end is still an error.
 func (r *Router) CheckBy(ctx context.Context, by time.Time, reqs []Request, out []Result) error {
 	err := r.check(ctx, by, reqs, out)
-	if err != nil && errors.Is(err, ErrUnknownRule) && r.following.Load() &&
-		time.Since(time.Unix(0, r.lastFetch.Load())) >= refetchGap {
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.RefreshWait)
-		ferr := r.Refresh(rctx)
-		cancel()
-		if ferr == nil {
-			err = r.check(ctx, by, reqs, out) // nothing was spent: validation comes first
+	if err == nil || !errors.Is(err, ErrUnknownRule) || !r.following.Load() {
+		return err
+	}
+	begun := r.fetchesBegun()
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.RefreshWait)
+	defer cancel()
+	if wait := refetchGap - time.Since(time.Unix(0, r.lastFetch.Load())); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-rctx.Done():
+			t.Stop()
+			return err
 		}
 	}
-	return err
+	if r.refreshAfter(rctx, begun) != nil {
+		return err
+	}
+	return r.check(ctx, by, reqs, out) // nothing was spent: validation comes first
 }
 
 // refetchGap is the least time between two fetches made for unknown
