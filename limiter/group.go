@@ -90,7 +90,7 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 	// resolve is the set and rule item it is decided with (see late).
 	resolve := func(it *Item) (*ruleSet, *Rule) {
 		set := g.lookup(it.Rule.Version)
-		if set != nil && now >= g.life[set.tag].dropAt {
+		if set != nil && now >= g.life[set.tag].writable {
 			return late(g, it.Rule)
 		}
 		return set, it.Rule

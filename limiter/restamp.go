@@ -51,7 +51,7 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 	lives := make([]tagLife, len(recs.sets)+1)
 	lives[0] = g.life[legacyTag]
 	for i, s := range recs.sets {
-		lives[i+1] = tagLife{until: math.MinInt64, dropAt: math.MaxInt64}
+		lives[i+1] = tagLife{until: math.MinInt64, dropAt: forever.dropAt}
 		if rs := g.lookup(s.version); rs != nil {
 			lives[i+1] = g.life[rs.tag]
 		}
@@ -65,17 +65,17 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 	}
 	live := make([]liveRec, 0, recs.count)
 	for _, e := range recs.tats {
-		if l := lives[e.set]; to < l.dropAt && !e.val.idle(min(to, l.until)) {
+		if l := lives[e.set]; to < l.dropAt[lifeTAT] && !e.val.idle(min(to, l.until)) {
 			live = append(live, liveRec{exportRec{kind: kindTAT, key: e.key, tat: e.val}, e.set})
 		}
 	}
 	for _, e := range recs.wins {
-		if l := lives[e.set]; to < l.dropAt && !e.val.idle(min(to, l.until)) {
+		if l := lives[e.set]; to < l.dropAt[lifeWindow] && !e.val.idle(min(to, l.until)) {
 			live = append(live, liveRec{exportRec{kind: kindWindow, key: e.key, win: e.val}, e.set})
 		}
 	}
 	for _, e := range recs.logs {
-		if l := lives[e.set]; to < l.dropAt && !e.l.Dead(min(to, l.until)) { // expires the entries dead at to
+		if l := lives[e.set]; to < l.dropAt[lifeLog] && !e.l.Dead(min(to, l.until)) { // expires the entries dead at to
 			live = append(live, liveRec{exportRec{kind: kindLog, key: e.key, log: e.l}, e.set})
 		}
 	}

@@ -194,7 +194,7 @@ func TestRestampDropsWhatDied(t *testing.T) {
 	spend(1, &v1[0], 0) // set 1: expiries 60s, 60s, 90s
 	spend(1, &v1[0], 0)
 	spend(1, &v1[0], 30*s)
-	if err := a.SetRules(2, v2, 40*s); err != nil { // set 1's states live until 40s + 1h
+	if err := a.SetRules(2, v2, 40*s); err != nil { // set 1's log lives until 40s + 1m (set 2's longest log) + lateWrites
 		t.Fatal(err)
 	}
 	spend(3, &v2[0], 50*s) // set 2: expiries 110s, 130s
@@ -209,8 +209,8 @@ func TestRestampDropsWhatDied(t *testing.T) {
 		ents int // entries of key 3's log
 	}{
 		{105 * s, 3, "[1 2]", 2},
-		{111 * s, 3, "[1 2]", 1},
-		{131 * s, 2, "[1 2]", 0},
+		{111 * s, 2, "[2]", 1}, // set 1's log past its kind's dropAt (110s), though set 2 holds a rule of an hour
+		{131 * s, 1, "[2]", 0},
 		{int64(time.Hour) + 41*s, 1, "[2]", 0},
 	} {
 		got, err := a.Restamp(nil, src, 100*s, tc.to)

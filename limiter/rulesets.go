@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"time"
 )
 
 // Rule sets, versions and tags.
@@ -39,15 +40,20 @@ import (
 // of the newest set, that is when it is dead at now. For one of an older
 // set it is when it was dead at the moment the next set came into force
 // (it then converts to a fresh key), or once every later set has been in
-// force longer than any state of it can live (tagLife.dropAt), since a
-// converted state lives no longer than that.
+// force longer than any state of its kind can live (tagLife.dropAt),
+// since a converted state lives no longer than that. The bound is per
+// kind of state (a bucket's TAT, a window's counters, a log: lifeKind),
+// as a state converts only to a rule of its own kind (another algorithm
+// starts afresh): a set holding a fixed window of a day kept the 5s logs
+// of its other rules for three days after each change.
 //
 // A check under an older set than the newest (a caller that has not seen
 // the newer one yet) is decided under it, and its state kept under its
-// tag; once that tag's dropAt has passed, such a state would be dropped
-// as soon as written, so the check is decided under the newest set's
-// rule of its name instead (late), or refused with ErrVersion when
-// that set has none of its algorithm.
+// tag, for lateWrites after the next set came into force (tagLife.
+// writable); later, the check is decided under the newest set's rule of
+// its name instead (late), or refused with ErrVersion when that set has
+// none of its algorithm. dropAt allows for those late writes: a state
+// written lateWrites after the change lives as long past it.
 //
 // There are 254 tags for versioned sets. Registering a set when all are
 // taken first frees the tags that no live state carries (a scan of the
@@ -71,13 +77,49 @@ type ruleSet struct {
 	tag     uint8            // what its states carry
 	since   int64            // when it came into force on this table
 	rules   map[string]*Rule // by name, Version cleared; nil for version 0
-	life    int64            // the longest a state of these rules lives
+	// life is, per kind of state, the longest a state of these rules
+	// lives (0: no rule of that kind).
+	life [lifeKinds]int64
 }
 
-// tagLife is what dropping a state needs to know of its tag: until, when
-// the set after the tag's came into force, and dropAt, when a state of it
-// may be dropped whatever it holds; both MaxInt64 for the newest set.
-type tagLife struct{ until, dropAt int64 }
+// The kinds of state, by what holds them: a rate algorithm's TAT, a
+// window algorithm's counters, a sliding log.
+const (
+	lifeTAT = iota
+	lifeWindow
+	lifeLog
+	lifeKinds
+)
+
+// lifeKind is the kind of the states of algorithm a.
+func lifeKind(a Algorithm) int {
+	switch {
+	case a.tat():
+		return lifeTAT
+	case a.window():
+		return lifeWindow
+	}
+	return lifeLog
+}
+
+// tagLife is what checking and dropping a state need to know of its
+// tag: until, when the set after the tag's came into force; writable,
+// until when a check under the tag's set is decided under it (late);
+// and dropAt, per kind of state, when a state of it may be dropped
+// whatever it holds. All MaxInt64 for the newest set.
+type tagLife struct {
+	until, writable int64
+	dropAt          [lifeKinds]int64
+}
+
+// forever is the tagLife of a set no later set follows.
+var forever = tagLife{math.MaxInt64, math.MaxInt64, [lifeKinds]int64{math.MaxInt64, math.MaxInt64, math.MaxInt64}}
+
+// lateWrites is how long after the next set came into force a check
+// under a set is still decided under it (see late): longer than a
+// caller's view of the rules lags (a member's, by a Raft commit; a Ring
+// client's, by its refresh period, 1s by default).
+const lateWrites = int64(10 * time.Second)
 
 // ruleSets is an immutable snapshot of a table's sets; a change publishes
 // a new one (Table.sets).
@@ -107,9 +149,10 @@ func (g *ruleSets) index() {
 	g.newestV, g.newest = g.versions[len(g.versions)-1], g.setOf[len(g.setOf)-1]
 	g.byTag = [maxTags]*ruleSet{}
 	for i := range maxTags {
-		g.life[i] = tagLife{math.MaxInt64, math.MaxInt64}
+		g.life[i] = forever
 	}
-	horizon := int64(math.MinInt64) // the latest instant a later set's state may live to
+	// The latest instant a later set's state may live to, per kind.
+	horizon := [lifeKinds]int64{math.MinInt64, math.MinInt64, math.MinInt64}
 	for i := len(g.sets) - 1; i >= 0; i-- {
 		s := g.sets[i]
 		g.byTag[s.tag], g.pos[s.tag] = s, i
@@ -120,9 +163,16 @@ func (g *ruleSets) index() {
 		// set, every inline state was dropped as soon as it was written
 		// once the newest set had been in force for its longest life.
 		if i < len(g.sets)-1 && s.tag != legacyTag {
-			g.life[s.tag] = tagLife{until: g.sets[i+1].since, dropAt: horizon}
+			until := g.sets[i+1].since
+			l := tagLife{until: until, writable: satAdd(until, lateWrites)}
+			for k := range l.dropAt {
+				l.dropAt[k] = satAdd(horizon[k], lateWrites)
+			}
+			g.life[s.tag] = l
 		}
-		horizon = max(horizon, satAdd(s.since, s.life))
+		for k := range horizon {
+			horizon[k] = max(horizon[k], satAdd(s.since, s.life[k]))
+		}
 	}
 }
 
@@ -236,7 +286,8 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
 	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
 	for _, r := range m {
-		s.life = max(s.life, lifeOf(r))
+		k := lifeKind(r.Algorithm)
+		s.life[k] = max(s.life[k], lifeOf(r))
 	}
 	n := g.clone()
 	n.versions = slices.Insert(n.versions, i, version)

@@ -54,14 +54,18 @@ func (e *slot[V]) tag() uint8 { return uint8(e.key) }
 type slotValue interface {
 	TAT | Window
 	idle(now int64) bool
+	lifeKind() int
 }
 
 // droppable reports whether a state of tag tag may be dropped at now,
 // given the rule sets g (see tagLife).
 func droppable[V slotValue](v V, tag uint8, now int64, g *ruleSets) bool {
 	l := &g.life[tag]
-	return now >= l.dropAt || v.idle(min(now, l.until))
+	return now >= l.dropAt[v.lifeKind()] || v.idle(min(now, l.until))
 }
+
+func (TAT) lifeKind() int    { return lifeTAT }
+func (Window) lifeKind() int { return lifeWindow }
 
 // idle reports whether the TAT is a full bucket at now.
 func (s TAT) idle(now int64) bool { return s.Dead(now) }

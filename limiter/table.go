@@ -182,7 +182,7 @@ func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, 
 		p.mu.Unlock()
 		return versionError(r)
 	}
-	if now >= g.life[set.tag].dropAt { // never for the newest set
+	if now >= g.life[set.tag].writable { // never for the newest set
 		if set, r = late(g, r); set == nil {
 			p.mu.Unlock()
 			return versionError(r)
@@ -235,9 +235,10 @@ func setOf(sets *atomic.Pointer[ruleSets], v uint64) (*ruleSets, *ruleSet) {
 }
 
 // late returns the set and rule a check under r decides with when r's
-// set was superseded so long ago that its states are dropped as soon as
-// they are written (now at or past the set's dropAt, see tagLife): the
-// caller is late by more than any state of the newer sets lives. Decided
+// set was superseded more than lateWrites ago (now at or past the set's
+// writable, see tagLife): the caller is later than any view lags, and
+// near the point where the set's states are dropped as soon as they are
+// written. Decided
 // under r, every such check would meet a fresh key and pass: 30 of 30
 // against a capacity of 10, in the audit that found it. It is decided
 // under the newest set's rule of r's name instead, which its states are
@@ -376,7 +377,7 @@ func adoptLog(l *Log, to *Rule, at int64) *Log         { l.Adopt(to, at); return
 // droppableLog is droppable for a log: it may write (see Log.Dead).
 func droppableLog(l *Log, now int64, g *ruleSets) bool {
 	tl := &g.life[l.tag]
-	return now >= tl.dropAt || l.Dead(min(now, tl.until))
+	return now >= tl.dropAt[lifeLog] || l.Dead(min(now, tl.until))
 }
 
 // Sweep drops every state of the partition that is dead at now and
