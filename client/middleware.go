@@ -28,12 +28,21 @@ var (
 type MiddlewareConfig struct {
 	// Rule is the rule every request is checked against (required).
 	Rule string
-	// Key tells clients apart; nil = KeyByIP. An error answers 401
-	// unauthorized with its text as the message (KeyByHeader: "missing
-	// NAME header"), and the request is not checked.
+	// Key tells clients apart; nil = KeyByIP. An error (or an empty key)
+	// answers 401 unauthorized with its text as the message (KeyByHeader:
+	// "missing NAME header"), and the request is not checked.
 	Key func(*http.Request) (string, error)
-	// Cost is what a request costs; nil = 1.
+	// Cost is what a request costs; nil = 1. A request that costs 0 is
+	// free: it goes to next unchecked, with no rate-limit headers (a
+	// cost-0 check is a query, which a spent budget would answer 429).
 	Cost func(*http.Request) int64
+	// Timeout bounds each check: a limiter that does not answer within it
+	// is one that could not decide (OnError). 0 = 1s; negative = none but
+	// the request's own context. The check sits inline on every request,
+	// and an *http.Client (New) has no timeout of its own: was none, so a
+	// limiter that accepted connections and never answered held every
+	// request until its client gave up, and OnError never ran.
+	Timeout time.Duration
 	// Window is the rule's period, for RateLimit-Policy's w; 0 = read it
 	// from a Ring's view, else 1s.
 	Window time.Duration
@@ -44,7 +53,9 @@ type MiddlewareConfig struct {
 	// open. A check the limiter refuses as bad (a cost below 0 or above
 	// what the rule can ever allow) is answered 400 with the limiter's
 	// message, never by OnError: failing open there would let any cost
-	// through. A request whose client has gone is not answered at all.
+	// through. A request whose client has gone (its context canceled) is
+	// not answered at all; one whose context's deadline passed (an outer
+	// timeout) is OnError's to answer.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// Now is the clock of X-RateLimit-Reset; nil = time.Now.
 	Now func() time.Time
@@ -62,9 +73,15 @@ func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Second
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, err := cfg.Key(r)
+			if err == nil && key == "" {
+				err = errors.New("client: the request's key is empty")
+			}
 			if err != nil {
 				WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, err.Error())
 				return
@@ -73,9 +90,22 @@ func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler
 			if cfg.Cost != nil {
 				cost = cfg.Cost(r)
 			}
-			d, err := c.Check(r.Context(), cfg.Rule, key, cost)
+			if cost == 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			ctx := r.Context()
+			if cfg.Timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+				defer cancel()
+			}
+			d, err := c.Check(ctx, cfg.Rule, key, cost)
 			if err != nil {
-				if r.Context().Err() != nil {
+				// Was: any end of the request's context counted as the
+				// client leaving, so an outer timeout's deadline answered
+				// an empty 200, neither OnError nor next.
+				if errors.Is(r.Context().Err(), context.Canceled) {
 					return // the client left: nobody to answer, nothing to let through
 				}
 				if e, ok := errors.AsType[*api.Error](err); ok && e.Status == http.StatusBadRequest {

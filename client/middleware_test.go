@@ -155,3 +155,87 @@ func TestMiddlewareKeysAsTheGateway(t *testing.T) {
 		t.Errorf("IPv4-mapped peer: %q, %v; want ip:10.0.0.1", k, err)
 	}
 }
+
+// blockingChecker answers only when the check's context ends, with its
+// error, as a limiter that accepts connections and never answers.
+type blockingChecker struct{ calls int }
+
+func (b *blockingChecker) Check(ctx context.Context, _, _ string, _ int64) (api.Decision, error) {
+	b.calls++
+	<-ctx.Done()
+	return api.Decision{}, ctx.Err()
+}
+
+// A limiter that never answers is one that could not decide: OnError
+// answers once the middleware's Timeout (1s by default) passes, and once
+// an outer deadline on the request passes first. Was: no bound of its
+// own, so the request waited for its client to give up, and an outer
+// timeout's deadline was taken for the client leaving: an empty 200,
+// neither OnError nor next.
+func TestMiddlewareBoundsAHungLimiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct {
+			name    string
+			timeout time.Duration // MiddlewareConfig.Timeout
+			outer   time.Duration // the request's own deadline (0: none)
+			want    time.Duration
+		}{
+			{"default timeout", 0, 0, time.Second},
+			{"own timeout", 300 * time.Millisecond, 0, 300 * time.Millisecond},
+			{"outer deadline first", 0, 100 * time.Millisecond, 100 * time.Millisecond},
+		} {
+			var onError []error
+			hits := 0
+			h := Middleware(&blockingChecker{}, MiddlewareConfig{Rule: "api", Timeout: c.timeout,
+				OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+					onError = append(onError, err)
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits++ }))
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			if c.outer > 0 {
+				ctx, cancel := context.WithTimeout(req.Context(), c.outer)
+				defer cancel()
+				req = req.WithContext(ctx)
+			}
+			rec := httptest.NewRecorder()
+			start := time.Now()
+			h.ServeHTTP(rec, req)
+			if took := time.Since(start); took != c.want || len(onError) != 1 || !errors.Is(onError[0], context.DeadlineExceeded) || hits != 0 || rec.Code != http.StatusServiceUnavailable {
+				t.Errorf("%s: answered %d after %v, OnError %v, next %d; want OnError once after %v", c.name, rec.Code, took, onError, hits, c.want)
+			}
+		}
+	})
+}
+
+// A request that costs 0 is free: it reaches next unchecked (a cost-0
+// check is a query, which a spent budget answers 429: was). An empty key
+// answers 401, as a key error does (was: 400 from the cluster).
+func TestMiddlewareFreeRequestsAndEmptyKeys(t *testing.T) {
+	c := &countChecker{n: 1}
+	hits := 0
+	cost := int64(1)
+	key := "k"
+	h := Middleware(c, MiddlewareConfig{Rule: "api",
+		Key:  func(*http.Request) (string, error) { return key, nil },
+		Cost: func(*http.Request) int64 { return cost }})(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits++ }))
+	serve := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec
+	}
+	if rec := serve(); rec.Code != http.StatusOK || hits != 1 {
+		t.Fatalf("first request: %d, next %d", rec.Code, hits)
+	}
+	if rec := serve(); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request, budget spent: %d, want 429", rec.Code)
+	}
+	cost = 0
+	if rec := serve(); rec.Code != http.StatusOK || hits != 2 || rec.Header().Get("RateLimit") != "" {
+		t.Errorf("a free request on a spent budget: %d, next %d, RateLimit %q; want 200 unchecked", rec.Code, hits, rec.Header().Get("RateLimit"))
+	}
+	cost, key = 1, ""
+	if rec := serve(); rec.Code != http.StatusUnauthorized || hits != 2 {
+		t.Errorf("an empty key: %d, next %d; want 401", rec.Code, hits)
+	}
+}

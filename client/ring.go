@@ -173,6 +173,7 @@ type Ring struct {
 	src     *ViewSource
 	http    []*Client
 	retry   Backoff
+	life    context.Context // ends at Close
 	cancel  context.CancelFunc
 	done    chan struct{}
 	sleep   func(ctx context.Context, d time.Duration) error
@@ -223,7 +224,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	}
 	c.fbBad = make([]time.Time, len(c.http))
 	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
+	c.life, c.cancel = ctx, cancel
 	go func() {
 		defer close(c.done)
 		_ = rt.Follow(ctx, c.src, cfg.Refresh)
@@ -386,8 +387,18 @@ func (c *Ring) Period(rule string) (time.Duration, bool) {
 // viaHTTP is the fallback: call (POST /v1/check) on the members in turn,
 // retrying transport errors, 503s and tries over Retry.PerTry with
 // back-off. It returns call's last error.
-func (c *Ring) viaHTTP(ctx context.Context, call func(ctx context.Context, hc *Client) error) error {
-	var err error
+func (c *Ring) viaHTTP(ctx context.Context, call func(ctx context.Context, hc *Client) error) (err error) {
+	// Close cuts the call short, as it does a check on the data plane.
+	// Was: a call over HTTP went on retrying with the caller's context
+	// after Close, and ended with its deadline, not ErrClosed.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(c.life, stop)()
+	defer func() {
+		if err != nil && c.life.Err() != nil {
+			err = ErrClosed
+		}
+	}()
 	order := c.fallbackOrder()
 	for attempt := 1; ; attempt++ {
 		i := order[(attempt-1)%len(order)]
@@ -475,7 +486,9 @@ var ErrWouldExceedDeadline = errors.New("client: the limit would not allow the c
 // the RetryAfter the owner answered (never less; jittered upward so that
 // many waiters do not return in lockstep). It returns the allowing
 // decision, or the last denial with ErrWouldExceedDeadline when the next
-// try would come after ctx's deadline, or ctx's error.
+// try would come after ctx's deadline, or ctx's error. An allowing
+// decision of a leaky_bucket rule may carry a delay (DelayMs): the
+// caller still waits that long before it acts, as Middleware does.
 func (c *Ring) Wait(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
 	for {
 		d, err := c.Check(ctx, rule, key, cost)

@@ -221,6 +221,7 @@ func TestRingRefusalsAreAPIErrors(t *testing.T) {
 		{"ten", "", 1, 400, api.CodeBadRequest},
 		{"ten", "k", 11, 400, api.CodeBadRequest},
 		{"nope", "k", 1, 404, api.CodeUnknownRule},
+		{"", "k", 1, 400, api.CodeBadRequest}, // was 404 unknown rule "" on the data plane (and a view read)
 	}
 	check := func(rc *client.Ring, how string) {
 		t.Helper()
@@ -507,5 +508,52 @@ func TestRingWithTheViewToken(t *testing.T) {
 	}
 	if r := m.ss[0].Node.View().Rules["two"]; r == nil || r.Limit != 2 {
 		t.Fatalf("rule two after the refused PUT: %+v", r)
+	}
+}
+
+// Close cuts short a check on its HTTP fallback, as it does one on the
+// data plane: it returns ErrClosed at once. Was: the check went on
+// retrying with its caller's context after Close, and ended with that
+// context's deadline. Real sockets: the member hangs.
+func TestRingCloseCutsTheFallbackShort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	reached := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			reached <- struct{}{}
+		}
+	}()
+	rc, err := client.NewRing(client.RingConfig{Members: []string{ln.Addr().String()}, Retry: client.Backoff{PerTry: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := rc.Check(ctx, "default", "k", 1)
+		done <- err
+	}()
+	<-reached // the view source's first read
+	<-reached // the check's fallback try
+	if err := rc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, client.ErrClosed) {
+			t.Errorf("check cut short by Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("check still running 10s after Close")
 	}
 }

@@ -321,6 +321,10 @@ func (r *Router) check(ctx context.Context, by time.Time, reqs []Request, out []
 			}
 		}
 		switch {
+		case q.Rule == "":
+			// As the HTTP API answers it; was: unknown rule "" (404), and a
+			// view read for it.
+			return &ItemError{i, fmt.Errorf("%w: rule is empty", api.ErrBadRequest)}
 		case !ok:
 			return &ItemError{i, fmt.Errorf("%w %q", ErrUnknownRule, q.Rule)}
 		case q.Key == "":
