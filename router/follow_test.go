@@ -326,7 +326,8 @@ func TestMetricsOfAnOwnerThatNeverAnswers(t *testing.T) {
 // handing its partitions off and marking itself down) fetches the view
 // at once and decides under the newer one, without degrading. An owner
 // whose partitions do not move (crashed, not yet marked dead) is
-// answered by the failure mode after half the owner timeout. Was: the
+// answered by the failure mode after half the owner timeout, and then at
+// once under that view for goneMemory. Was: the
 // failure mode at once, in both cases: a graceful stop gave 2–18
 // degraded answers through routers and Go clients (fail-open ones
 // admitted past the limit). Fake time.
@@ -365,7 +366,17 @@ func TestFollowerRetriesAnOwnerThatIsGone(t *testing.T) {
 		if res, took := check(); !res.Degraded || res.Allowed || took != 125*time.Millisecond {
 			t.Fatalf("owner gone, no newer view: %+v after %v; want the closed failure mode after 125ms", res, took)
 		}
+		// Found gone under this view: at once for goneMemory, then one
+		// check waits again. Was: every check waited 125ms.
+		if res, took := check(); !res.Degraded || took != 0 {
+			t.Fatalf("owner found gone a moment ago: %+v after %v; want the failure mode at once", res, took)
+		}
+		time.Sleep(goneMemory)
+		if res, took := check(); !res.Degraded || took != 125*time.Millisecond {
+			t.Fatalf("owner found gone %v ago: %+v after %v; want another wait of 125ms", goneMemory, res, took)
+		}
 		// Gone gracefully: the next view has moved a's partitions to b.
+		time.Sleep(goneMemory)
 		src.set(view.New(r2, 7, ruleList(rules), 0), nil)
 		res, took := check()
 		if res.Degraded || !res.Allowed || res.Remaining != 4 {
