@@ -34,7 +34,9 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"serve", "--max-keys", "-5"}, 2, "--max-keys: must be ≥ 0 (0: no cap), got -5"},
 		// Values refused again inside server.Start exited 1, as a start
 		// that failed on good flags does; they are usage errors (2).
-		{[]string{"serve", "--dead-after", "100ms"}, 2, "--dead-after: must be ≥ 1s, Raft's timeout"},
+		{[]string{"serve", "--dead-after", "100ms"}, 2, "--dead-after: must be ≥ --raft-timeout (1s)"},
+		{[]string{"serve", "--raft-timeout", "6s"}, 2, "--dead-after: must be ≥ --raft-timeout (6s)"},
+		{[]string{"serve", "--raft-timeout", "10ms"}, 2, "--raft-timeout: must be ≥ 100ms, got 10ms"},
 		{[]string{"serve", "--linger", "2s"}, 2, "router: linger 2s outside [0, 1s]"},
 		{[]string{"serve", "--max-batch", "100000"}, 2, "router: max batch 100000"},
 		{[]string{"serve", "--forward-timeout", "-1s"}, 2, "router: negative timeout"},

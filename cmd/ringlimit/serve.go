@@ -39,6 +39,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		viewToken    = fs.String("view-token", "", "bearer token that reads the cluster view alone (GET /v1/cluster/view), for routers, gateways and Go clients; the admin token reads it too")
 		drainTimeout = fs.Duration("drain-timeout", 10*time.Second, "how long SIGTERM may spend handing off partitions and draining")
 		deadAfter    = fs.Duration("dead-after", 5*time.Second, "how long a member may be unreachable before the leader marks it dead")
+		raftTimeout  = fs.Duration("raft-timeout", time.Second, "Raft's heartbeat and election timeout; raise it (with --dead-after) where members are starved of CPU or the network is slow, and give every member the same")
 		maxKeys      = fs.Int("max-keys", 20_000_000, "most bucket states this member tracks as an owner (~24 B each); at the cap, checks of new keys are answered by their rule's failure mode; 0 = no cap")
 		partitions   = fs.Int("partitions", ring.DefaultConfig().Partitions, "partition count of a new cluster (fixed once bootstrapped)")
 		linger       = fs.Duration("linger", router.DefaultConfig().Linger, "how long a forwarded batch waits to fill")
@@ -76,8 +77,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return fail("--drain-timeout: must be > 0, got %v", *drainTimeout)
 	case *deadAfter <= 0:
 		return fail("--dead-after: must be > 0, got %v", *deadAfter)
-	case *deadAfter < raftTimeout:
-		return fail("--dead-after: must be ≥ %v, Raft's timeout (the leader's lease, dead-after/4, counts Raft heartbeats), got %v", raftTimeout, *deadAfter)
+	case *raftTimeout < minRaftTimeout:
+		return fail("--raft-timeout: must be ≥ %v, got %v", minRaftTimeout, *raftTimeout)
+	case *deadAfter < *raftTimeout:
+		return fail("--dead-after: must be ≥ --raft-timeout (%v): the leader's lease, dead-after/4, counts Raft heartbeats; got %v", *raftTimeout, *deadAfter)
 	case *maxKeys < 0:
 		return fail("--max-keys: must be ≥ 0 (0: no cap), got %d", *maxKeys)
 	}
@@ -166,7 +169,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	srv, err := server.Start(server.Config{
 		ID: *id, HTTPAdvertise: advHTTP, RaftAdvertise: advRaft, PeerAdvertise: advPeer,
 		DataDir: *dataDir, Join: joins, Seed: seed, RulesFile: *rulesFile, AdminToken: *adminToken, ViewToken: *viewToken,
-		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc, RaftTimeout: raftTimeout,
+		DrainTimeout: *drainTimeout, DeadAfter: *deadAfter, MaxKeys: *maxKeys, Ring: rc, RaftTimeout: *raftTimeout,
 		Router: rcfg,
 		Logger: log, Auth: auth,
 		RLS: envoy.options(),
@@ -211,10 +214,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	return 0
 }
 
-// raftTimeout is a member's Raft heartbeat and election timeout (the
-// node's default, given here explicitly): --dead-after is checked against
-// it with the other flags.
-const raftTimeout = time.Second
+// minRaftTimeout is the least --raft-timeout: Raft's leader lease and
+// commit timeout are fractions of it (hashicorp/raft wants them ≥ 5 ms),
+// and a shorter one makes a leader step down at every scheduling hiccup.
+const minRaftTimeout = 100 * time.Millisecond
 
 // shutdownGrace is how long serve waits for a member's shutdown past
 // --drain-timeout (an abort past its own 5s) before it exits all the
