@@ -214,6 +214,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reqs[i] = router.Request{Rule: l.Rule, Key: key, Cost: l.Cost}
 		if h := l.CostHeader(); h != "" {
 			reqs[i].Cost = 1
+			vs := r.Header.Values(h)
+			if len(vs) > 1 {
+				// Was: the first value spent (r.Header.Get) while the
+				// upstream got both, so "1" then "99" paid 1 for 99;
+				// refused as "1, 99" on one line is, and as a client
+				// named twice is.
+				g.m.outcome(route.Name, "bad_request")
+				client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("%s: given %d times; want one non-negative integer cost", h, len(vs)))
+				return
+			}
 			if v := r.Header.Get(h); v != "" {
 				n, err := strconv.ParseInt(v, 10, 64)
 				if err != nil || n < 0 {

@@ -955,3 +955,33 @@ func outcomeCount(t *testing.T, reg *prometheus.Registry, route, outcome string)
 	}
 	return 0
 }
+
+// A weighted cost header given twice is refused (400) and spends
+// nothing, as one line "1, 99" is. Was: the first value spent (1) while
+// the upstream got both and could read 99.
+func TestRepeatedCostHeaderIsRefused(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "tpm", Algorithm: limiter.SlidingWindow, Limit: 100, Period: time.Minute})
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Routes: []rules.Route{
+		{Name: "chat", Path: "/*", Limits: []rules.Limit{{Rule: "tpm", CostFrom: "header:X-Token-Estimate"}}},
+	}})
+	for _, vs := range [][]string{{"1", "99"}, {"1, 99"}, {"5", "5"}} {
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/chat", nil)
+		req.Header["X-Token-Estimate"] = vs
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "X-Token-Estimate") {
+			t.Errorf("X-Token-Estimate %q: %d %s, want 400 naming the header", vs, resp.StatusCode, body)
+		}
+	}
+	if len(c.keys()) != 0 || up.hits.Load() != 0 {
+		t.Fatalf("refused requests spent %v and reached the upstream %d times", c.keys(), up.hits.Load())
+	}
+	if rem := c.remaining(t, "tpm", "ip:127.0.0.1"); rem != 100 {
+		t.Fatalf("remaining %d, want 100: nothing spent", rem)
+	}
+}
