@@ -1,6 +1,7 @@
 // Package gateway is ringlimit's reverse proxy (README.md, "Gateway"):
-// it finds who a request comes from (a verified JWT claim, an API-key
-// header or the client IP), matches the request to a route, decides the
+// it matches the request to a route, finds who the request comes from
+// when a limit will be checked (a verified JWT claim, an API-key header
+// or the client IP; a route's tier asks for the claim), decides the
 // route's limits through a Checker (the router: the owners over the data
 // plane, or an embedded member), and forwards what is allowed to the
 // upstream with httputil.ReverseProxy. Denied requests get 429 with the
@@ -176,22 +177,37 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
 }
 
-// ServeHTTP identifies, limits, shapes and forwards one request.
+// ServeHTTP matches, identifies, limits, shapes and forwards one
+// request. The client is identified (its token verified) only when that
+// decides the route (a route with a tier matches the method and path) or
+// when a limit will be checked: a request that matches no route, or an
+// unlimited one listed before any tier route it matches, is forwarded
+// unchecked whatever its Authorization or API-key headers say. Was:
+// identified first, so an expired token sent to an unlimited
+// token-refresh route got 401, and two API-key headers 400, on paths the
+// gateway does not limit; and the refusals were counted under route "".
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := g.now()
-	who, err := g.cfg.Identity.identify(r, now)
+	var who caller
+	route, err := rules.MatchRouteFunc(g.cfg.Routes, r.Method, matchPath(r.URL.Path), func() (string, error) {
+		var err error
+		who, err = g.cfg.Identity.identify(r, now)
+		return who.tier, err
+	})
+	if err == nil && route != nil && !route.Unlimited && who.key == "" {
+		who, err = g.cfg.Identity.identify(r, now)
+	}
 	if errors.Is(err, ErrAmbiguous) {
-		g.m.outcome("", "bad_request")
+		g.m.outcome(route.Name, "bad_request")
 		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, strings.TrimPrefix(err.Error(), "gateway: "))
 		return
 	}
 	if err != nil {
-		g.m.outcome("", "unauthorized")
+		g.m.outcome(route.Name, "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 		client.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
 		return
 	}
-	route := rules.MatchRoute(g.cfg.Routes, r.Method, matchPath(r.URL.Path), who.tier)
 	if route == nil || route.Unlimited {
 		name := ""
 		if route != nil {

@@ -985,3 +985,62 @@ func TestRepeatedCostHeaderIsRefused(t *testing.T) {
 		t.Fatalf("remaining %d, want 100: nothing spent", rem)
 	}
 }
+
+// A request that matches no route, or an unlimited one, is forwarded
+// whatever its token or API-key headers say: a token-refresh endpoint
+// receives expired tokens. The client is identified when a limit will be
+// checked, or when its tier decides the route (a token that fails is
+// then refused), and a refusal counts under its route. Was: identified first, so 401 and 400 on routes the
+// gateway does not limit, counted under route "".
+func TestUnlimitedAndUnmatchedRequestsAreNotIdentified(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	up := newUpstream(t)
+	reg := prometheus.NewRegistry()
+	s := front(t, up, c, Config{Registerer: reg, Identity: Identity{APIKeyHeader: "X-Api-Key", JWT: mustJWT(t, ks.hsSecret), TierClaim: "plan"},
+		Routes: []rules.Route{
+			{Name: "refresh", Path: "/v1/refresh", Unlimited: true},
+			{Name: "pro", Path: "/v1/*", Tier: "pro", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+			{Name: "api", Path: "/api/*", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+		}})
+	expired := "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "a", "plan": "pro", "exp": time.Now().Add(-time.Hour).Unix()})
+	do := func(path string, h http.Header) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
+		req.Header = h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path string
+		h    http.Header
+		want int
+	}{
+		{"/v1/refresh", http.Header{"Authorization": {expired}}, http.StatusOK},
+		{"/v1/refresh", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusOK},
+		{"/elsewhere", http.Header{"Authorization": {expired}}, http.StatusOK},
+		{"/elsewhere", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusOK},
+		{"/api/x", http.Header{"Authorization": {expired}}, http.StatusUnauthorized},
+		{"/api/x", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusBadRequest},
+		// The tier decides whether /v1/chat is "pro"'s: a token that
+		// fails is refused there.
+		{"/v1/chat", http.Header{"Authorization": {expired}}, http.StatusUnauthorized},
+	} {
+		if got := do(tc.path, tc.h); got != tc.want {
+			t.Errorf("GET %s %v: %d, want %d", tc.path, tc.h, got, tc.want)
+		}
+	}
+	if len(c.keys()) != 0 || up.hits.Load() != 4 {
+		t.Fatalf("spent %v, upstream saw %d; want nothing spent, 4 forwarded", c.keys(), up.hits.Load())
+	}
+	for _, q := range [][3]string{{"refresh", "unlimited", "2"}, {"", "unlimited", "2"}, {"api", "unauthorized", "1"}, {"api", "bad_request", "1"}, {"pro", "unauthorized", "1"}} {
+		if got := outcomeCount(t, reg, q[0], q[1]); fmt.Sprint(got) != q[2] {
+			t.Errorf("outcome %s of route %q = %v, want %s", q[1], q[0], got, q[2])
+		}
+	}
+}
