@@ -347,6 +347,9 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %s", route.Name, itemMessage(route, err)))
 	default:
 		g.m.outcome(route.Name, "error")
+		// A limiter with no cluster view yet, or unreachable: worth a
+		// retry soon. Was: 503 without Retry-After.
+		w.Header().Set("Retry-After", "1")
 		client.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -1043,4 +1044,51 @@ func TestUnlimitedAndUnmatchedRequestsAreNotIdentified(t *testing.T) {
 			t.Errorf("outcome %s of route %q = %v, want %s", q[1], q[0], got, q[2])
 		}
 	}
+}
+
+// A Bearer credential is read whatever spaces or tabs separate scheme
+// and token, and a Bearer header with no token is refused: neither is
+// "no token". Was: "Bearer<TAB>token" and "Bearer" alone fell through
+// to the API key or IP, while an upstream splitting on whitespace took
+// the token's subject: a made-up API key escaped the subject's limit.
+func TestMalformedBearerIsNotNoToken(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key", JWT: mustJWT(t, ks.hsSecret)}})
+	tok := sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "alice"})
+	for _, tc := range []struct {
+		auth    string
+		want    int
+		wantKey string
+	}{
+		{"Bearer\t" + tok, http.StatusOK, "sub:alice"},
+		{"bearer  \t " + tok + " ", http.StatusOK, "sub:alice"},
+		{"Bearer", http.StatusUnauthorized, ""},
+		{"Bearer \t", http.StatusUnauthorized, ""},
+		{"Bearerx" + tok, http.StatusOK, "key:k"}, // another scheme: the upstream's business
+	} {
+		before := len(c.keys())
+		resp := get(t, s.URL+"/x", map[string]string{"Authorization": tc.auth, "X-Api-Key": "k"})
+		keys := c.keys()[before:]
+		if resp.StatusCode != tc.want || (tc.wantKey == "") != (len(keys) == 0) || (len(keys) > 0 && keys[0] != tc.wantKey) {
+			t.Errorf("Authorization %q: %d keyed %v; want %d keyed %q", tc.auth, resp.StatusCode, keys, tc.want, tc.wantKey)
+		}
+	}
+}
+
+// A limiter with no view yet answers 503 with Retry-After.
+func TestUnavailableCarriesRetryAfter(t *testing.T) {
+	s := front(t, newUpstream(t), noView{}, Config{})
+	resp := get(t, s.URL+"/x", nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("no view: %d Retry-After %q, want 503 with Retry-After: 1", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// noView is a Checker before its first cluster view.
+type noView struct{}
+
+func (noView) View() *router.View { return nil }
+func (noView) Check(context.Context, []router.Request, []router.Result) error {
+	return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
 }

@@ -169,6 +169,9 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 	}
 	if id.JWT != nil {
 		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+			if tok == "" {
+				return caller{}, fmt.Errorf("%w: Bearer with no token", ErrUnauthorized)
+			}
 			claims, err := id.JWT.verify(tok, now)
 			if err != nil {
 				return caller{}, err
@@ -202,13 +205,24 @@ func (id *Identity) ipKey(r *http.Request) string {
 	return "ip:" + id.clientIP(r).String()
 }
 
+// bearer returns the token of an Authorization header of the Bearer
+// scheme (case-insensitive) and true; false for another scheme. RFC
+// 9110 (11.4) puts 1*SP between scheme and token; any run of spaces and
+// tabs is taken here, and a Bearer header with no token gives "" and
+// true, which identify refuses. Was: "Bearer<TAB>token" and "Bearer"
+// alone were "no token", so the client was keyed by its API key or IP
+// while an upstream that splits on whitespace took it as the token's
+// subject: a made-up API key per request escaped that subject's limit.
 func bearer(v string) (string, bool) {
-	const scheme = "bearer "
-	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+	const scheme = "bearer"
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
 		return "", false
 	}
-	tok := strings.TrimSpace(v[len(scheme):])
-	return tok, tok != ""
+	rest := v[len(scheme):]
+	if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
+		return "", false // another scheme ("Bearerx")
+	}
+	return strings.Trim(rest, " \t"), true
 }
 
 // clientIP is the peer's address, or — when the peer is a trusted proxy
