@@ -361,6 +361,16 @@ func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
 		{"chain of trusted proxies", loop, "203.0.113.7, 127.0.0.5", "ip:203.0.113.7"},
 		{"no header", loop, "", "ip:127.0.0.1"},
 		{"garbage", loop, "not-an-ip", "ip:127.0.0.1"},
+		// Was: garbage (keyed by the proxy, all clients one budget).
+		{"ipv4 with port", loop, "203.0.113.7:80", "ip:203.0.113.7"},
+		{"ipv6 with port", loop, "[2001:db8::1]:443", "ip:2001:db8::1"},
+		{"bracketed ipv6", loop, "[2001:db8::1]", "ip:2001:db8::1"},
+		{"trusted hop with port", loop, "203.0.113.7, 127.0.0.5:8080", "ip:203.0.113.7"},
+		// Was: the zone kept, one budget per zone name the client writes.
+		{"ipv6 zone", loop, "2001:db8::1%eth0", "ip:2001:db8::1"},
+		{"ipv6 zone with port", loop, "[fe80::1%25eth0]:443", "ip:fe80::1"},
+		{"mapped with port", loop, "[::ffff:203.0.113.7]:80", "ip:203.0.113.7"},
+		{"port alone", loop, ":80", "ip:127.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newChecker(t)

@@ -245,17 +245,44 @@ func (id *Identity) clientIP(r *http.Request) netip.Addr {
 	for i := len(hops) - 1; i >= 0; i-- {
 		parts := strings.Split(hops[i], ",")
 		for j := len(parts) - 1; j >= 0; j-- {
-			a, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
-			if err != nil {
+			a, ok := parseHop(parts[j])
+			if !ok {
 				return ip // garbage: the last address we could trust
 			}
-			ip = a.Unmap()
+			ip = a
 			if !id.trusted(ip) {
 				return ip
 			}
 		}
 	}
 	return ip
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, or an address
+// and port ("1.2.3.4:80", "[2001:db8::1]:443", as some proxies write
+// them), IPv4-mapped addresses as IPv4 and without an IPv6 zone
+// ("%eth0" names an interface of the proxy, not the client). Was: the
+// forms with a port were garbage, so every client behind such a proxy
+// was keyed by the proxy's address and shared one budget; and a zone
+// was kept in the key, one budget per zone the client wrote.
+func parseHop(s string) (netip.Addr, bool) {
+	s = strings.TrimSpace(s)
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		// "[v6]:port", "[v6]" or "v4:port": never a bare IPv6 address,
+		// which ParseAddr read.
+		host, _, serr := net.SplitHostPort(s)
+		if serr != nil {
+			host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+			if host == s {
+				return netip.Addr{}, false
+			}
+		}
+		if a, err = netip.ParseAddr(host); err != nil {
+			return netip.Addr{}, false
+		}
+	}
+	return a.WithZone("").Unmap(), true
 }
 
 func (id *Identity) trusted(ip netip.Addr) bool {
