@@ -22,9 +22,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -80,7 +82,15 @@ type Config struct {
 	Now func() time.Time
 	// After waits for a shaped request's delay; nil = time.After.
 	After func(time.Duration) <-chan time.Time
+	// HeldBodyLimit is how many bytes of a shaped request's body are
+	// read into memory before it is held, so that a client leaving
+	// while held is noticed (see holdBody); 0 = DefaultHeldBodyLimit,
+	// below 0 = none. It bounds the memory of each held request.
+	HeldBodyLimit int64
 }
+
+// DefaultHeldBodyLimit is Config.HeldBodyLimit's default: 64 KiB.
+const DefaultHeldBodyLimit = 64 << 10
 
 // DefaultRoutes limits every request by the rule "default".
 func DefaultRoutes() []rules.Route {
@@ -271,15 +281,69 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	client.SetHeaders(w.Header(), rl, now)
 	if delay > 0 {
 		g.m.shaped.Observe(delay.Seconds())
+		decided := g.now()
+		if err := g.holdBody(r); err != nil {
+			g.m.outcome(route.Name, "gone")
+			client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, "reading the request body: "+err.Error())
+			return // the client left mid-body, or sent a broken one
+		}
+		// The body's read counts toward the delay: released no earlier
+		// than the limiter said, and no later than needed.
+		var release <-chan time.Time
+		if wait := delay - g.now().Sub(decided); wait > 0 {
+			release = g.after(wait)
+		} else {
+			c := make(chan time.Time, 1)
+			c <- time.Time{}
+			release = c
+		}
 		select {
-		case <-g.after(delay):
+		case <-release:
 		case <-r.Context().Done():
 			g.m.outcome(route.Name, "gone")
 			return // the client left: nothing to forward
 		}
+		if r.Context().Err() != nil {
+			g.m.outcome(route.Name, "gone")
+			return
+		}
 	}
 	g.m.outcome(route.Name, "allowed")
 	g.next.ServeHTTP(w, r)
+}
+
+// holdBody reads r's body into memory, up to the held-body limit,
+// before a shaped request is held. net/http notices a client that
+// closes its connection (and cancels r's context) only once the handler
+// has read the request body to its end: a held request with an unread
+// body was forwarded after its client had gone. Was: README's "a client
+// that goes away while held is never forwarded" held for bodiless
+// requests alone. A body over the limit is left to stream as it came
+// (its first bytes read already go first): its client's departure is
+// noticed only when the upstream reads it. An error means the body
+// could not be read (the client left mid-body, a broken chunk).
+func (g *Gateway) holdBody(r *http.Request) error {
+	limit := g.cfg.HeldBodyLimit
+	if limit == 0 {
+		limit = DefaultHeldBodyLimit
+	}
+	if limit < 0 || r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	orig := r.Body
+	buf, err := io.ReadAll(io.LimitReader(orig, limit+1))
+	if err != nil {
+		return err
+	}
+	if int64(len(buf)) <= limit {
+		r.Body = io.NopCloser(bytes.NewReader(buf)) // read to its end: the server watches the connection now
+		return nil
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), orig), orig}
+	return nil
 }
 
 // decide spends reqs as one group: all or nothing. out[i].Allowed false

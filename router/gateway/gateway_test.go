@@ -1102,3 +1102,73 @@ func (noView) View() *router.View { return nil }
 func (noView) Check(context.Context, []router.Request, []router.Result) error {
 	return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
 }
+
+// A shaped request with a body whose client gives up while it is held
+// is never forwarded: over a real connection, a client with a short
+// timeout. The hold lasts until the test releases it, so the client
+// has surely gone by then. Was: forwarded, since net/http notices a
+// closed connection only after the handler read the body to its end.
+// A body over HeldBodyLimit still reaches the upstream whole.
+func TestHeldClientWithABodyThatLeavesIsNotForwarded(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "shape", Algorithm: limiter.LeakyBucket, Limit: 1, Period: time.Hour, Burst: 5})
+	var hits atomic.Int64
+	var got sync.Map // body length seen by the upstream, by path
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		got.Store(r.URL.Path, len(b))
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	release := make(chan time.Time)
+	g, err := New(Config{Upstream: u, HeldBodyLimit: 1024, After: func(time.Duration) <-chan time.Time { return release },
+		Routes: []rules.Route{{Name: "s", Path: "/*", Limits: []rules.Limit{{Rule: "shape", Cost: 1}}}}}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan string, 4)
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { returned <- r.URL.Path }()
+		g.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	post := func(hc *http.Client, path string, n int) error {
+		resp, err := hc.Post(s.URL+path, "application/json", strings.NewReader(strings.Repeat("x", n)))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := post(http.DefaultClient, "/first", 10); err != nil || <-returned != "/first" {
+		t.Fatalf("first (not held): %v", err)
+	}
+	// Held: the client gives up after 50 ms and closes its connection.
+	impatient := &http.Client{Timeout: 50 * time.Millisecond, Transport: &http.Transport{}}
+	if err := post(impatient, "/left", 100); err == nil {
+		t.Fatal("the held request answered before its release")
+	}
+	select {
+	case p := <-returned:
+		if p != "/left" {
+			t.Fatalf("%s returned", p)
+		}
+	case <-time.After(10 * time.Second): // bounds a failure only
+		close(release)
+		<-returned
+		t.Fatalf("the gateway did not notice its held client leave; upstream saw %d requests", hits.Load())
+	}
+	// A body over the limit is held whole and forwarded whole.
+	done := make(chan error, 1)
+	go func() { done <- post(http.DefaultClient, "/big", 5000) }()
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := got.Load("/big"); n != 5000 {
+		t.Fatalf("upstream got %v bytes of the big body, want 5000", n)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2 (the one that left was not forwarded)", hits.Load())
+	}
+}
