@@ -20,6 +20,7 @@ import (
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/gateway"
@@ -59,7 +60,11 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, fmt.Errorf("--config: %w", err)
 		}
-		if written, err = rules.Parse(doc); err != nil {
+		parse := rules.Parse // the cluster's rules apply: the file's are only checked
+		if o.embedded {
+			parse = gatewayFileRules // as the member's watcher will read it
+		}
+		if written, err = parse(doc); err != nil {
 			return nil, fmt.Errorf("--config %s: %w", o.config, err)
 		}
 		if routes, err = rules.ParseRoutes(doc); err != nil {
@@ -101,6 +106,24 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 	return p, nil
 }
 
+// gatewayFileRules reads the written rules of a --config file as the
+// embedded member's watcher takes them: a file that names a routes list
+// is a whole gateway config, whose rules list may be left out (no
+// written rules, as at start); one that names neither is refused as a
+// rules file is (empty, or caught in the middle of its write). Was: the
+// watcher read it as a rules file, and a valid config of routes alone
+// was logged at ERROR as refused, ringlimit_rules_file_last_load_ok 0.
+func gatewayFileRules(doc []byte) ([]limiter.Rule, error) {
+	routes, err := rules.ParseRoutes(doc)
+	if err != nil {
+		return nil, err
+	}
+	if routes != nil {
+		return rules.Parse(doc)
+	}
+	return rules.ParseFile(doc)
+}
+
 // startEmbedded starts a single-node cluster in this process, on loopback
 // ports of its own, with the rules of --config, and waits until those
 // rules are in force.
@@ -128,7 +151,8 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, l
 	s, err := server.Start(server.Config{
 		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
-		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
+		RulesFileHooks: node.RulesFileHooks{Parse: gatewayFileRules},
+		Ring:           ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
 		Logger: log, AdminToken: token, Auth: &transport.Auth{Secret: []byte(randomHex(32))},
 	}, ls)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,5 +149,59 @@ func TestGatewayAdminNamesItself(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
 		}
+	}
+}
+
+// embeddedGateway starts an embedded gateway on config in front of up,
+// serving on an httptest server; log receives its lines.
+func embeddedGateway(t *testing.T, config string, up *url.URL, log io.Writer) (*gatewayProc, string) {
+	t.Helper()
+	timeout, refresh, linger, batch, token, cluster := router.DefaultConfig().Timeout, time.Second, router.DefaultConfig().Linger, 512, "", ""
+	o := gatewayOpts{upstream: up, config: config, dataDir: t.TempDir(), embedded: true, startWait: 30 * time.Second,
+		follower: followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout, linger: &linger, maxBatch: &batch}}
+	p, err := startGateway(t.Context(), o, slog.New(slog.NewJSONHandler(log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.stopFn(context.Background()) })
+	s := httptest.NewServer(p.gw)
+	t.Cleanup(s.Close)
+	return p, s.URL
+}
+
+// gaugeValue reads an unlabelled gauge, or the sum of a counter's
+// series, from reg; -1 when it has none.
+func gaugeValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		sum := 0.0
+		for _, m := range mf.GetMetric() {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return sum
+	}
+	return -1
+}
+
+// An embedded gateway's config of routes alone (no rules: list) is
+// valid, as at start: its watcher takes it too. Was: logged at ERROR as
+// "rules file refused ... names no rules list", last_load_ok 0.
+func TestEmbeddedConfigOfRoutesAloneIsNotRefused(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: all, path: /*, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs logbuf.Buffer
+	p, _ := embeddedGateway(t, cfg, &url.URL{Scheme: "http", Host: "127.0.0.1:1"}, &logs)
+	eventually(t, "the watcher's first load", func() bool { return gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total") >= 1 })
+	if ok := gaugeValue(t, p.reg, "ringlimit_rules_file_last_load_ok"); ok != 1 || strings.Contains(logs.String(), "rules file refused") {
+		t.Fatalf("last_load_ok %v, logs:\n%s", ok, logs.String())
 	}
 }
