@@ -45,12 +45,19 @@ func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Du
 }
 
 // RulesFileHooks let a process whose file holds more than rules (an
-// embedded gateway's --config: rules and routes) read it as such.
+// embedded gateway's --config: rules and routes) take each version of
+// the file whole: refused whole, or in force whole.
 type RulesFileHooks struct {
 	// Parse reads a version of the file and returns its written rules;
 	// an error refuses it whole (logged, ringlimit_rules_file_last_load_ok
 	// 0; the rules in force stay). nil = rules.ParseFile.
 	Parse func(data []byte) ([]limiter.Rule, error)
+	// InForce is called with a version of the file, parsed by Parse
+	// without error, once its rules are in force on this member (applied
+	// now, found in force already, or replaced by a later write: see
+	// applyRulesFile); never for a refused one. It runs on the watcher's
+	// goroutine and must not block.
+	InForce func(data []byte)
 }
 
 // WatchRulesFileWith is WatchRulesFile reading the file with h.
@@ -139,7 +146,12 @@ func (n *Node) applyRulesFileWith(_ context.Context, path string, data []byte, h
 	if parse == nil {
 		parse = rules.ParseFile
 	}
-	loaded := func() { n.m.rulesFileLoaded(true) }
+	loaded := func() {
+		n.m.rulesFileLoaded(true)
+		if h.InForce != nil {
+			h.InForce(data)
+		}
+	}
 	written, err := parse(data)
 	if err != nil {
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,67 @@ type gatewayProc struct {
 	stopFn func(context.Context) error
 }
 
+// parseGatewayConfig reads an embedded gateway's --config whole: its
+// written rules (gatewayFileRules) and its routes, checked against the
+// file's rules with the built-in default. It is how the file is read at
+// start and at every change, so that a reload is all or nothing: a
+// version whose routes name a rule it does not define is refused, as a
+// start refuses it, and the rules and routes in force stay.
+func parseGatewayConfig(doc []byte) ([]limiter.Rule, []rules.Route, error) {
+	written, err := gatewayFileRules(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	routes, err := rules.ParseRoutes(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := rules.CheckRoutes(routes, rules.Effective(written)); err != nil {
+		return nil, nil, err
+	}
+	return written, routes, nil
+}
+
+// routeSink takes the routes of each version of the file the embedded
+// member puts in force (node.RulesFileHooks.InForce) to the gateway,
+// which does not exist yet when the first one comes.
+type routeSink struct {
+	log    *slog.Logger
+	mu     sync.Mutex       // guards the fields below
+	gw     *gateway.Gateway // nil until attached
+	routes []rules.Route
+	set    bool // routes came from the watcher
+}
+
+// inForce is node.RulesFileHooks.InForce: the file's rules are in force,
+// so its routes go in force with them. Was: the watcher applied the
+// rules alone, so changed rules ran with the old routes, and a route
+// whose rule was removed with it answered 500 until a restart.
+func (s *routeSink) inForce(doc []byte) {
+	_, routes, err := parseGatewayConfig(doc)
+	if err != nil {
+		return // parsed without error just before it was applied
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.routes, s.set = routes, true
+	if s.gw != nil {
+		s.gw.SetRoutes(routes)
+		s.log.Info("gateway routes in force", "routes", len(routes))
+	}
+}
+
+// attach gives the sink its gateway, with the routes of a version put
+// in force before it existed.
+func (s *routeSink) attach(gw *gateway.Gateway) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gw = gw
+	if s.set {
+		gw.SetRoutes(s.routes)
+	}
+}
+
 // startGateway builds the checker and the gateway (not yet serving).
 func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewayProc, error) {
 	var routes []rules.Route
@@ -60,21 +122,20 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, fmt.Errorf("--config: %w", err)
 		}
-		parse := rules.Parse // the cluster's rules apply: the file's are only checked
 		if o.embedded {
-			parse = gatewayFileRules // as the member's watcher will read it
+			written, routes, err = parseGatewayConfig(doc)
+		} else if _, err = rules.Parse(doc); err == nil { // the cluster's rules apply: the file's are only checked
+			routes, err = rules.ParseRoutes(doc)
 		}
-		if written, err = parse(doc); err != nil {
-			return nil, fmt.Errorf("--config %s: %w", o.config, err)
-		}
-		if routes, err = rules.ParseRoutes(doc); err != nil {
+		if err != nil {
 			return nil, fmt.Errorf("--config %s: %w", o.config, err)
 		}
 	}
 	p := &gatewayProc{}
+	sink := &routeSink{log: log}
 	var checker gateway.Checker
 	if o.embedded {
-		member, err := startEmbedded(ctx, o, written, log)
+		member, err := startEmbedded(ctx, o, written, sink, log)
 		if err != nil {
 			return nil, err
 		}
@@ -82,6 +143,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		p.ready = func() bool { return member.Node.Ready() == nil }
 		p.stopFn = member.Shutdown
 		if routes != nil {
+			// The rules in force may be a later PUT's (--admin-token).
 			if err := rules.CheckRoutes(routes, member.Router.View().List); err != nil {
 				_ = member.Shutdown(context.Background())
 				return nil, fmt.Errorf("--config %s: %w", o.config, err)
@@ -102,6 +164,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		_ = p.stopFn(context.Background())
 		return nil, err
 	}
+	sink.attach(gw)
 	p.gw = gw
 	return p, nil
 }
@@ -127,7 +190,7 @@ func gatewayFileRules(doc []byte) ([]limiter.Rule, error) {
 // startEmbedded starts a single-node cluster in this process, on loopback
 // ports of its own, with the rules of --config, and waits until those
 // rules are in force.
-func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, log *slog.Logger) (*server.Server, error) {
+func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, sink *routeSink, log *slog.Logger) (*server.Server, error) {
 	var ls server.Listeners
 	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -151,8 +214,17 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, l
 	s, err := server.Start(server.Config{
 		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
-		RulesFileHooks: node.RulesFileHooks{Parse: gatewayFileRules},
-		Ring:           ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
+		RulesFileHooks: node.RulesFileHooks{
+			Parse: func(doc []byte) ([]limiter.Rule, error) {
+				w, _, err := parseGatewayConfig(doc)
+				if err != nil {
+					return nil, fmt.Errorf("%w (the routes in force stay too)", err)
+				}
+				return w, nil
+			},
+			InForce: sink.inForce,
+		},
+		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
 		Logger: log, AdminToken: token, Auth: &transport.Auth{Secret: []byte(randomHex(32))},
 	}, ls)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -87,7 +88,7 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 	timeout, refresh, linger, batch, token, cluster := router.DefaultConfig().Timeout, time.Second, router.DefaultConfig().Linger, 512, "", ""
 	o := gatewayOpts{config: cfg, dataDir: t.TempDir(), embedded: true, startWait: 30 * time.Second,
 		follower: followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout, linger: &linger, maxBatch: &batch}}
-	s, err := startEmbedded(context.Background(), o, []limiter.Rule{{Name: "r"}}, slog.New(slog.DiscardHandler))
+	s, err := startEmbedded(context.Background(), o, []limiter.Rule{{Name: "r"}}, &routeSink{log: slog.New(slog.DiscardHandler)}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,5 +204,69 @@ func TestEmbeddedConfigOfRoutesAloneIsNotRefused(t *testing.T) {
 	eventually(t, "the watcher's first load", func() bool { return gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total") >= 1 })
 	if ok := gaugeValue(t, p.reg, "ringlimit_rules_file_last_load_ok"); ok != 1 || strings.Contains(logs.String(), "rules file refused") {
 		t.Fatalf("last_load_ok %v, logs:\n%s", ok, logs.String())
+	}
+}
+
+// An embedded gateway reloads its --config whole: the routes go in force
+// with the rules, and a version whose routes name a rule it does not
+// define is refused (logged, last_load_ok 0) with the rules and routes in
+// force kept, as a start refuses it. Was: the rules alone were reloaded,
+// so a rule added with its route went unused and a route whose rule was
+// removed with it answered 500 until a restart.
+func TestEmbeddedReloadTakesRoutesWithRules(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	upURL, _ := url.Parse(up.URL)
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - {name: a, algorithm: sliding_log, limit: 1, period: 1h}\nroutes:\n  - {name: ra, path: /a/*, limits: [{rule: a}]}\n")
+	var logs logbuf.Buffer
+	p, base := embeddedGateway(t, cfg, upURL, &logs)
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("RateLimit-Policy")
+	}
+	if code, _ := get("/a/x"); code != http.StatusOK {
+		t.Fatalf("first /a/x: %d", code)
+	}
+	if code, _ := get("/a/x"); code != http.StatusTooManyRequests {
+		t.Fatalf("second /a/x: %d, want 429", code)
+	}
+
+	// Rule a and its route go; rule b and its route come.
+	write("rules:\n  - {name: b, algorithm: sliding_log, limit: 1000, period: 1h}\nroutes:\n  - {name: rb, path: /b/*, limits: [{rule: b}]}\n")
+	eventuallyWhy(t, "route rb in force", func() string {
+		if code, policy := get("/b/x"); code != http.StatusOK || !strings.HasPrefix(policy, `"b"`) {
+			return fmt.Sprintf("/b/x: %d, RateLimit-Policy %q", code, policy)
+		}
+		return ""
+	})
+	if code, policy := get("/a/x"); code != http.StatusOK || policy != "" {
+		t.Fatalf("/a/x with its route and rule removed: %d, RateLimit-Policy %q; want 200 unlimited (no route)", code, policy)
+	}
+
+	// A route naming a rule the file does not define: refused whole.
+	okLoads := gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total")
+	write("rules:\n  - {name: c, algorithm: sliding_log, limit: 1, period: 1h}\nroutes:\n  - {name: rc, path: /c/*, limits: [{rule: nope}]}\n")
+	eventually(t, "the refusal", func() bool { return gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total") > okLoads })
+	if ok := gaugeValue(t, p.reg, "ringlimit_rules_file_last_load_ok"); ok != 0 || !strings.Contains(logs.String(), `no rule named \"nope\"`) {
+		t.Fatalf("last_load_ok %v; logs:\n%s", ok, logs.String())
+	}
+	if code, policy := get("/b/x"); code != http.StatusOK || !strings.HasPrefix(policy, `"b"`) {
+		t.Fatalf("/b/x after a refused file: %d, RateLimit-Policy %q; want rb still in force", code, policy)
+	}
+	if v := p.member.Router.View(); v.Rules["b"] == nil || v.Rules["c"] != nil {
+		t.Fatal("the refused file's rules went in force")
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,6 +107,7 @@ type Gateway struct {
 	now     func() time.Time
 	after   func(time.Duration) <-chan time.Time
 	m       *metrics
+	routes  atomic.Pointer[[]rules.Route] // the routes in force; SetRoutes swaps them whole
 
 	// Lines a client's requests can repeat at their rate (an upstream
 	// down, a route naming a rule the cluster lacks) are logged once per
@@ -144,9 +146,7 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 		p.ModifyResponse = dropUpstreamXRateLimit
 		g.next = p
 	}
-	if g.cfg.Routes == nil {
-		g.cfg.Routes = DefaultRoutes()
-	}
+	g.SetRoutes(cfg.Routes)
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
@@ -163,6 +163,17 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 	g.m = m
 	g.logRep, g.logZero = repeats.New(logWindow, 1024), g.now()
 	return g, nil
+}
+
+// SetRoutes replaces the routes in force, whole: a request is matched
+// against the old set or the new one, never a mix. Nil routes limit
+// every request by the rule "default" (DefaultRoutes). The gateway keeps
+// routes; the caller must not change them afterwards.
+func (g *Gateway) SetRoutes(routes []rules.Route) {
+	if routes == nil {
+		routes = DefaultRoutes()
+	}
+	g.routes.Store(&routes)
 }
 
 // dropUpstreamXRateLimit removes an upstream's own X-RateLimit-Limit,
@@ -199,7 +210,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := g.now()
 	var who caller
-	route, err := rules.MatchRouteFunc(g.cfg.Routes, r.Method, matchPath(r.URL.Path), func() (string, error) {
+	route, err := rules.MatchRouteFunc(*g.routes.Load(), r.Method, matchPath(r.URL.Path), func() (string, error) {
 		var err error
 		who, err = g.cfg.Identity.identify(r, now)
 		return who.tier, err
