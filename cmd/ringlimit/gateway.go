@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,41 @@ type gatewayProc struct {
 	member *server.Server // embedded mode
 	ring   *client.Ring   // cluster mode
 	stopFn func(context.Context) error
+}
+
+// upstreamURL reads --upstream: an http:// or https:// URL, or host:port
+// (http). Was: any other scheme (ftp://, unix:///) started a gateway
+// whose every forwarded request failed 502.
+func upstreamURL(s string) (*url.URL, error) {
+	s = strings.TrimSpace(s)
+	if scheme, _, ok := strings.Cut(s, "://"); ok {
+		if sc := strings.ToLower(scheme); sc != "http" && sc != "https" {
+			return nil, fmt.Errorf("--upstream %q: scheme %q not supported; want http:// or https://", s, scheme)
+		}
+	} else {
+		s = "http://" + s
+	}
+	u, err := url.Parse(strings.TrimRight(s, "/"))
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", s)
+	}
+	return u, nil
+}
+
+// checkTiers refuses routes with a tier when no client can have one: a
+// tier is the --tier-claim of a token verified with --jwt-key. Was: such
+// routes were taken and never matched, so a "pro" or "free" tier's
+// limits silently never applied.
+func checkTiers(routes []rules.Route, id gateway.Identity) error {
+	if id.JWT != nil && id.TierClaim != "" {
+		return nil
+	}
+	for _, r := range routes {
+		if r.Tier != "" {
+			return fmt.Errorf("route %q: tier %q can never match without --jwt-key and --tier-claim (a tier is a claim of a verified token)", r.Name, r.Tier)
+		}
+	}
+	return nil
 }
 
 // parseGatewayConfig reads an embedded gateway's --config whole: its
@@ -126,6 +162,9 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 			written, routes, err = parseGatewayConfig(doc)
 		} else if _, err = rules.Parse(doc); err == nil { // the cluster's rules apply: the file's are only checked
 			routes, err = rules.ParseRoutes(doc)
+		}
+		if err == nil {
+			err = checkTiers(routes, o.identity)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("--config %s: %w", o.config, err)
@@ -216,7 +255,10 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, s
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
 		RulesFileHooks: node.RulesFileHooks{
 			Parse: func(doc []byte) ([]limiter.Rule, error) {
-				w, _, err := parseGatewayConfig(doc)
+				w, routes, err := parseGatewayConfig(doc)
+				if err == nil {
+					err = checkTiers(routes, o.identity)
+				}
 				if err != nil {
 					return nil, fmt.Errorf("%w (the routes in force stay too)", err)
 				}
@@ -320,9 +362,9 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if soft := gctune.SoftLimit(getenv, ""); soft > 0 {
 		log.Debug("soft memory limit from the cgroup", "soft_memory_limit", soft)
 	}
-	up, err := url.Parse(baseURL(*upstream))
-	if *upstream == "" || err != nil || up.Host == "" {
-		return fail2(fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", *upstream))
+	up, err := upstreamURL(*upstream)
+	if err != nil {
+		return fail2(err)
 	}
 	identities = gateway.Identity{Claim: *jwtClaim, TierClaim: *tierClaim, APIKeyHeader: *apiKey}
 	if *jwtKey != "" {

@@ -20,6 +20,8 @@ import (
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/gateway"
+	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -268,5 +270,46 @@ func TestEmbeddedReloadTakesRoutesWithRules(t *testing.T) {
 	}
 	if v := p.member.Router.View(); v.Rules["b"] == nil || v.Rules["c"] != nil {
 		t.Fatal("the refused file's rules went in force")
+	}
+}
+
+// A gateway that could never work is refused at start, exit 2 with a
+// message saying why: an upstream that is not http(s) (was: started,
+// and every request answered 502), and routes with a tier when no
+// client can have one (was: taken, and their limits never applied).
+func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: pro, path: /*, tier: pro, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(t.TempDir(), "hs.key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--listen", "127.0.0.1:0", "--cluster", "127.0.0.1:1"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream", "ftp://files.example"}, `scheme "ftp" not supported`},
+		{[]string{"--upstream", "unix:///run/app.sock"}, `scheme "unix" not supported`},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--config", cfg}, `route "pro": tier "pro" can never match`},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--config", cfg, "--jwt-key", key}, `route "pro": tier "pro" can never match`},
+	} {
+		// The deadline only ends a gateway that started (the bug).
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		code, _, errs := runCmd(ctx, runGateway, nil, append(base, tc.args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("gateway %v: exit %d, stderr %q; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+	if err := checkTiers([]rules.Route{{Name: "pro", Tier: "pro"}}, gateway.Identity{JWT: &gateway.JWTKeys{}, TierClaim: "plan"}); err != nil {
+		t.Errorf("tier routes with --jwt-key and --tier-claim: %v", err)
+	}
+	for _, s := range []string{"127.0.0.1:9000", "HTTPS://app.internal/", "http://[::1]:80"} {
+		if u, err := upstreamURL(s); err != nil || u.Host == "" {
+			t.Errorf("upstreamURL(%q) = %v, %v; want a URL", s, u, err)
+		}
 	}
 }
