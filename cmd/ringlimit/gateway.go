@@ -47,7 +47,7 @@ type gatewayOpts struct {
 type gatewayProc struct {
 	gw     *gateway.Gateway
 	reg    *prometheus.Registry
-	ready  func() bool
+	ready  func() error   // nil when ready, else why not (/readyz says it)
 	member *server.Server // embedded mode
 	ring   *client.Ring   // cluster mode
 	stopFn func(context.Context) error
@@ -179,7 +179,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 			return nil, err
 		}
 		p.member, p.reg, checker = member, member.Registry, member.Router
-		p.ready = func() bool { return member.Node.Ready() == nil }
+		p.ready = member.Node.Ready
 		p.stopFn = member.Shutdown
 		if routes != nil {
 			// The rules in force may be a later PUT's (--admin-token).
@@ -194,7 +194,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, err
 		}
-		checker, p.ready, p.ring = rc.Router(), rc.Ready, rc
+		checker, p.ready, p.ring = rc.Router(), followReadiness(rc.Ready, func() bool { return rc.Router().View() != nil }, rc.Router().ViewAge), rc
 		p.stopFn = func(context.Context) error { return rc.Close() }
 	}
 	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Routes: routes, Identity: o.identity,
@@ -305,9 +305,9 @@ func (p *gatewayProc) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		if !p.ready() {
+		if err := p.ready(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, "{\"error\":\"unavailable\",\"message\":\"no cluster view yet\"}\n")
+			_ = json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnavailable, Message: strings.TrimPrefix(err.Error(), "unavailable: ")})
 			return
 		}
 		_, _ = io.WriteString(w, "{\"status\":\"ready\"}\n")
@@ -323,6 +323,24 @@ func (p *gatewayProc) adminHandler() http.Handler {
 			r.Method, r.URL.Path)})
 	})
 	return mux
+}
+
+// followReadiness is a following gateway's readiness: nil when ready,
+// else why not, from the Ring's Ready, whether it has a view and how
+// long ago it last read one. Was: "no cluster view yet" whatever the
+// cause, also for a view gone stale when every --cluster member stopped
+// answering.
+func followReadiness(ready, hasView func() bool, age func() time.Duration) func() error {
+	return func() error {
+		switch {
+		case ready():
+			return nil
+		case !hasView():
+			return errors.New("no cluster view yet")
+		default:
+			return fmt.Errorf("cluster view stale: last read %v ago (no --cluster member answers GET /v1/cluster/view)", age().Round(time.Second))
+		}
+	}
 }
 
 // proxyServer is the client-facing server: no write timeout (upstream

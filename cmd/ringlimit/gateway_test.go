@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
@@ -136,7 +137,7 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 // what that listener is, as a router does (was: "http_404 (404): 404
 // page not found"), and its health endpoints still answer.
 func TestGatewayAdminNamesItself(t *testing.T) {
-	p := &gatewayProc{reg: prometheus.NewRegistry(), ready: func() bool { return true }}
+	p := &gatewayProc{reg: prometheus.NewRegistry(), ready: func() error { return nil }}
 	srv := httptest.NewServer(p.adminHandler())
 	t.Cleanup(srv.Close)
 	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", srv.URL)
@@ -311,5 +312,36 @@ func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
 		if u, err := upstreamURL(s); err != nil || u.Host == "" {
 			t.Errorf("upstreamURL(%q) = %v, %v; want a URL", s, u, err)
 		}
+	}
+}
+
+// A gateway's /readyz says why it is not ready: no view yet, a view
+// gone stale (every --cluster member gone), or the embedded member's
+// own reason. Was: "no cluster view yet" whatever the cause.
+func TestGatewayReadyzSaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ready func() error
+		want  string
+	}{
+		{"no view", followReadiness(func() bool { return false }, func() bool { return false }, func() time.Duration { return 0 }), "no cluster view yet"},
+		{"stale", followReadiness(func() bool { return false }, func() bool { return true }, func() time.Duration { return 42 * time.Second }), "cluster view stale: last read 42s ago"},
+		{"embedded", func() error { return fmt.Errorf("%w: no raft leader", api.ErrUnavailable) }, `"message":"no raft leader"`},
+	} {
+		p := &gatewayProc{reg: prometheus.NewRegistry(), ready: tc.ready}
+		srv := httptest.NewServer(p.adminHandler())
+		resp, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), tc.want) || !strings.Contains(string(body), `"error":"unavailable"`) {
+			t.Errorf("%s: %d %s, want 503 saying %q", tc.name, resp.StatusCode, body, tc.want)
+		}
+	}
+	if err := followReadiness(func() bool { return true }, func() bool { return true }, func() time.Duration { return 0 })(); err != nil {
+		t.Errorf("ready: %v", err)
 	}
 }
