@@ -41,7 +41,30 @@ func LoadRulesFile(path string) ([]byte, error) {
 // names no rules list (rules.ParseFile), is refused whole with a log
 // line; the rules in force stay.
 func (n *Node) WatchRulesFile(ctx context.Context, path string, interval time.Duration) {
-	n.watchRulesFile(ctx, path, interval, n.applyRulesFile)
+	n.WatchRulesFileWith(ctx, path, interval, RulesFileHooks{})
+}
+
+// RulesFileHooks let a process whose file holds more than rules (an
+// embedded gateway's --config: rules and routes) take each version of
+// the file whole: refused whole, or in force whole.
+type RulesFileHooks struct {
+	// Parse reads a version of the file and returns its written rules;
+	// an error refuses it whole (logged, ringlimit_rules_file_last_load_ok
+	// 0; the rules in force stay). nil = rules.ParseFile.
+	Parse func(data []byte) ([]limiter.Rule, error)
+	// InForce is called with a version of the file, parsed by Parse
+	// without error, once its rules are in force on this member (applied
+	// now, found in force already, or replaced by a later write: see
+	// applyRulesFile); never for a refused one. It runs on the watcher's
+	// goroutine and must not block.
+	InForce func(data []byte)
+}
+
+// WatchRulesFileWith is WatchRulesFile reading the file with h.
+func (n *Node) WatchRulesFileWith(ctx context.Context, path string, interval time.Duration, h RulesFileHooks) {
+	n.watchRulesFile(ctx, path, interval, func(ctx context.Context, path string, data []byte) bool {
+		return n.applyRulesFileWith(ctx, path, data, h)
+	})
 }
 
 // watchRulesFile is WatchRulesFile applying each version with apply
@@ -113,8 +136,23 @@ func rulesFileSettle(interval time.Duration) time.Duration {
 
 // applyRulesFile applies one version of the file; it reports whether it
 // must be tried again. The watcher's ctx does not bound it (see below).
-func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retry bool) {
-	written, err := rules.ParseFile(data)
+func (n *Node) applyRulesFile(ctx context.Context, path string, data []byte) (retry bool) {
+	return n.applyRulesFileWith(ctx, path, data, RulesFileHooks{})
+}
+
+// applyRulesFileWith is applyRulesFile reading the file with h.
+func (n *Node) applyRulesFileWith(_ context.Context, path string, data []byte, h RulesFileHooks) (retry bool) {
+	parse := h.Parse
+	if parse == nil {
+		parse = rules.ParseFile
+	}
+	loaded := func() {
+		n.m.rulesFileLoaded(true)
+		if h.InForce != nil {
+			h.InForce(data)
+		}
+	}
+	written, err := parse(data)
 	if err != nil {
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
 		n.m.rulesFileLoaded(false)
@@ -134,12 +172,12 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		switch {
 		case mfp != fp:
 		case !hasIdx: // a marker of the release before
-			n.m.rulesFileLoaded(true)
+			loaded()
 			return false // unchanged since we applied it: a later PUT stays in force
 		case !n.caughtUp() || n.View() == nil:
 			return true // the log is still replaying: compare once it is in
 		case n.fsm.State().RulesIndex >= markerIdx:
-			n.m.rulesFileLoaded(true)
+			loaded()
 			return false // unchanged since we applied it: a later PUT stays in force
 		}
 		// The Raft state is older than the write that put the file's
@@ -155,7 +193,7 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		// (every member watches its own copy), or a PUT did. Writing it
 		// again would only bump the rules version once per member.
 		n.recordRulesFile(marker, fp)
-		n.m.rulesFileLoaded(true)
+		loaded()
 		return false
 	}
 	switch at, ok := n.rulesWrittenAfter(written, markerIdx); {
@@ -177,7 +215,7 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 		n.log.Info("rules file applied by the cluster already; the later rules write in force stays",
 			"path", path, "applied_at", at, "rules_version", n.fsm.State().RulesIndex)
 		n.recordRulesFile(marker, fp)
-		n.m.rulesFileLoaded(true)
+		loaded()
 		return false
 	}
 	// The watcher's stop (its ctx done) does not cut the write short: once
@@ -198,7 +236,7 @@ func (n *Node) applyRulesFile(_ context.Context, path string, data []byte) (retr
 	}
 	n.recordRulesFile(marker, fp)
 	n.log.Info("rules file applied", "path", path, "rules", len(written))
-	n.m.rulesFileLoaded(true)
+	loaded()
 	return false
 }
 

@@ -359,20 +359,41 @@ func CheckRoutes(routes []Route, set []limiter.Rule) error {
 // slash included: an exemption stays as narrow as it was written, so a
 // path it misses falls to the routes after it.
 func MatchRoute(routes []Route, method, path, tier string) *Route {
+	r, _ := MatchRouteFunc(routes, method, path, func() (string, error) { return tier, nil })
+	return r
+}
+
+// MatchRouteFunc is MatchRoute with the client's tier asked of tier only
+// when a route with a tier matches the method and path, and then once:
+// a gateway identifies its client (verifies its token) only when that
+// decides the route, or when a limit will be checked. When tier fails,
+// MatchRouteFunc returns the route that asked and tier's error.
+func MatchRouteFunc(routes []Route, method, path string, tier func() (string, error)) (*Route, error) {
+	asked, t := false, ""
 	for i := range routes {
 		r := &routes[i]
-		if r.Tier != "" && r.Tier != tier {
-			continue
-		}
 		if len(r.Methods) > 0 && !containsFold(r.Methods, method) &&
 			!(strings.EqualFold(method, http.MethodHead) && containsFold(r.Methods, http.MethodGet)) {
 			continue
 		}
-		if matchPath(r.Path, path, !r.Unlimited) {
-			return r
+		if !matchPath(r.Path, path, !r.Unlimited) {
+			continue
 		}
+		if r.Tier != "" {
+			if !asked {
+				var err error
+				if t, err = tier(); err != nil {
+					return r, err
+				}
+				asked = true
+			}
+			if r.Tier != t {
+				continue
+			}
+		}
+		return r, nil
 	}
-	return nil
+	return nil, nil
 }
 
 func containsFold(list []string, s string) bool {

@@ -50,15 +50,18 @@ type Config struct {
 	SeedGrace     time.Duration // node.DefaultSeedGrace when 0
 	RulesFile     string        // "" = none
 	RulesInterval time.Duration
-	AdminToken    string
-	ViewToken     string // reads GET /v1/cluster/view alone (httpapi.Config.ViewToken)
-	DrainTimeout  time.Duration
-	DeadAfter     time.Duration // failure detection (node default 5s)
-	MaxKeys       int           // cap on bucket states this member tracks; 0 = none
-	Ring          ring.Config
-	Router        router.Config
-	RaftTimeout   time.Duration
-	Logger        *slog.Logger // the member's lines, Raft's included
+	// RulesFileHooks read RulesFile when it holds more than rules (an
+	// embedded gateway's routes); the zero value reads rules alone.
+	RulesFileHooks node.RulesFileHooks
+	AdminToken     string
+	ViewToken      string // reads GET /v1/cluster/view alone (httpapi.Config.ViewToken)
+	DrainTimeout   time.Duration
+	DeadAfter      time.Duration // failure detection (node default 5s)
+	MaxKeys        int           // cap on bucket states this member tracks; 0 = none
+	Ring           ring.Config
+	Router         router.Config
+	RaftTimeout    time.Duration
+	Logger         *slog.Logger // the member's lines, Raft's included
 	// RLS configures the Envoy rate-limit service served on
 	// Listeners.GRPC (its Registerer and Logger are the member's).
 	RLS rls.Options
@@ -221,7 +224,10 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 
 	if cfg.RulesFile != "" {
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); n.WatchRulesFile(s.ctx, cfg.RulesFile, cfg.RulesInterval) }()
+		go func() {
+			defer s.wg.Done()
+			n.WatchRulesFileWith(s.ctx, cfg.RulesFile, cfg.RulesInterval, cfg.RulesFileHooks)
+		}()
 	}
 	return s, nil
 }

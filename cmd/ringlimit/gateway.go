@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +22,7 @@ import (
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/gctune"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/gateway"
@@ -44,10 +47,106 @@ type gatewayOpts struct {
 type gatewayProc struct {
 	gw     *gateway.Gateway
 	reg    *prometheus.Registry
-	ready  func() bool
+	ready  func() error   // nil when ready, else why not (/readyz says it)
 	member *server.Server // embedded mode
 	ring   *client.Ring   // cluster mode
 	stopFn func(context.Context) error
+}
+
+// upstreamURL reads --upstream: an http:// or https:// URL, or host:port
+// (http). Was: any other scheme (ftp://, unix:///) started a gateway
+// whose every forwarded request failed 502.
+func upstreamURL(s string) (*url.URL, error) {
+	s = strings.TrimSpace(s)
+	if scheme, _, ok := strings.Cut(s, "://"); ok {
+		if sc := strings.ToLower(scheme); sc != "http" && sc != "https" {
+			return nil, fmt.Errorf("--upstream %q: scheme %q not supported; want http:// or https://", s, scheme)
+		}
+	} else {
+		s = "http://" + s
+	}
+	u, err := url.Parse(strings.TrimRight(s, "/"))
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", s)
+	}
+	return u, nil
+}
+
+// checkTiers refuses routes with a tier when no client can have one: a
+// tier is the --tier-claim of a token verified with --jwt-key. Was: such
+// routes were taken and never matched, so a "pro" or "free" tier's
+// limits silently never applied.
+func checkTiers(routes []rules.Route, id gateway.Identity) error {
+	if id.JWT != nil && id.TierClaim != "" {
+		return nil
+	}
+	for _, r := range routes {
+		if r.Tier != "" {
+			return fmt.Errorf("route %q: tier %q can never match without --jwt-key and --tier-claim (a tier is a claim of a verified token)", r.Name, r.Tier)
+		}
+	}
+	return nil
+}
+
+// parseGatewayConfig reads an embedded gateway's --config whole: its
+// written rules (gatewayFileRules) and its routes, checked against the
+// file's rules with the built-in default. It is how the file is read at
+// start and at every change, so that a reload is all or nothing: a
+// version whose routes name a rule it does not define is refused, as a
+// start refuses it, and the rules and routes in force stay.
+func parseGatewayConfig(doc []byte) ([]limiter.Rule, []rules.Route, error) {
+	written, err := gatewayFileRules(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	routes, err := rules.ParseRoutes(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := rules.CheckRoutes(routes, rules.Effective(written)); err != nil {
+		return nil, nil, err
+	}
+	return written, routes, nil
+}
+
+// routeSink takes the routes of each version of the file the embedded
+// member puts in force (node.RulesFileHooks.InForce) to the gateway,
+// which does not exist yet when the first one comes.
+type routeSink struct {
+	log    *slog.Logger
+	mu     sync.Mutex       // guards the fields below
+	gw     *gateway.Gateway // nil until attached
+	routes []rules.Route
+	set    bool // routes came from the watcher
+}
+
+// inForce is node.RulesFileHooks.InForce: the file's rules are in force,
+// so its routes go in force with them. Was: the watcher applied the
+// rules alone, so changed rules ran with the old routes, and a route
+// whose rule was removed with it answered 500 until a restart.
+func (s *routeSink) inForce(doc []byte) {
+	_, routes, err := parseGatewayConfig(doc)
+	if err != nil {
+		return // parsed without error just before it was applied
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.routes, s.set = routes, true
+	if s.gw != nil {
+		s.gw.SetRoutes(routes)
+		s.log.Info("gateway routes in force", "routes", len(routes))
+	}
+}
+
+// attach gives the sink its gateway, with the routes of a version put
+// in force before it existed.
+func (s *routeSink) attach(gw *gateway.Gateway) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gw = gw
+	if s.set {
+		gw.SetRoutes(s.routes)
+	}
 }
 
 // startGateway builds the checker and the gateway (not yet serving).
@@ -59,24 +158,31 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, fmt.Errorf("--config: %w", err)
 		}
-		if written, err = rules.Parse(doc); err != nil {
-			return nil, fmt.Errorf("--config %s: %w", o.config, err)
+		if o.embedded {
+			written, routes, err = parseGatewayConfig(doc)
+		} else if _, err = rules.Parse(doc); err == nil { // the cluster's rules apply: the file's are only checked
+			routes, err = rules.ParseRoutes(doc)
 		}
-		if routes, err = rules.ParseRoutes(doc); err != nil {
+		if err == nil {
+			err = checkTiers(routes, o.identity)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("--config %s: %w", o.config, err)
 		}
 	}
 	p := &gatewayProc{}
+	sink := &routeSink{log: log}
 	var checker gateway.Checker
 	if o.embedded {
-		member, err := startEmbedded(ctx, o, written, log)
+		member, err := startEmbedded(ctx, o, written, sink, log)
 		if err != nil {
 			return nil, err
 		}
 		p.member, p.reg, checker = member, member.Registry, member.Router
-		p.ready = func() bool { return member.Node.Ready() == nil }
+		p.ready = member.Node.Ready
 		p.stopFn = member.Shutdown
 		if routes != nil {
+			// The rules in force may be a later PUT's (--admin-token).
 			if err := rules.CheckRoutes(routes, member.Router.View().List); err != nil {
 				_ = member.Shutdown(context.Background())
 				return nil, fmt.Errorf("--config %s: %w", o.config, err)
@@ -88,7 +194,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, err
 		}
-		checker, p.ready, p.ring = rc.Router(), rc.Ready, rc
+		checker, p.ready, p.ring = rc.Router(), followReadiness(rc.Ready, func() bool { return rc.Router().View() != nil }, rc.Router().ViewAge), rc
 		p.stopFn = func(context.Context) error { return rc.Close() }
 	}
 	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Routes: routes, Identity: o.identity,
@@ -97,14 +203,33 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		_ = p.stopFn(context.Background())
 		return nil, err
 	}
+	sink.attach(gw)
 	p.gw = gw
 	return p, nil
+}
+
+// gatewayFileRules reads the written rules of a --config file as the
+// embedded member's watcher takes them: a file that names a routes list
+// is a whole gateway config, whose rules list may be left out (no
+// written rules, as at start); one that names neither is refused as a
+// rules file is (empty, or caught in the middle of its write). Was: the
+// watcher read it as a rules file, and a valid config of routes alone
+// was logged at ERROR as refused, ringlimit_rules_file_last_load_ok 0.
+func gatewayFileRules(doc []byte) ([]limiter.Rule, error) {
+	routes, err := rules.ParseRoutes(doc)
+	if err != nil {
+		return nil, err
+	}
+	if routes != nil {
+		return rules.Parse(doc)
+	}
+	return rules.ParseFile(doc)
 }
 
 // startEmbedded starts a single-node cluster in this process, on loopback
 // ports of its own, with the rules of --config, and waits until those
 // rules are in force.
-func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, log *slog.Logger) (*server.Server, error) {
+func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, sink *routeSink, log *slog.Logger) (*server.Server, error) {
 	var ls server.Listeners
 	for _, l := range []*net.Listener{&ls.HTTP, &ls.Raft, &ls.Peer} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -128,6 +253,19 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, l
 	s, err := server.Start(server.Config{
 		ID: "gateway", HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(),
 		PeerAdvertise: ls.Peer.Addr().String(), DataDir: o.dataDir, RulesFile: o.config,
+		RulesFileHooks: node.RulesFileHooks{
+			Parse: func(doc []byte) ([]limiter.Rule, error) {
+				w, routes, err := parseGatewayConfig(doc)
+				if err == nil {
+					err = checkTiers(routes, o.identity)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("%w (the routes in force stay too)", err)
+				}
+				return w, nil
+			},
+			InForce: sink.inForce,
+		},
 		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},
 		Logger: log, AdminToken: token, Auth: &transport.Auth{Secret: []byte(randomHex(32))},
 	}, ls)
@@ -167,9 +305,9 @@ func (p *gatewayProc) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		if !p.ready() {
+		if err := p.ready(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, "{\"error\":\"unavailable\",\"message\":\"no cluster view yet\"}\n")
+			_ = json.NewEncoder(w).Encode(api.Error{Code: api.CodeUnavailable, Message: strings.TrimPrefix(err.Error(), "unavailable: ")})
 			return
 		}
 		_, _ = io.WriteString(w, "{\"status\":\"ready\"}\n")
@@ -185,6 +323,24 @@ func (p *gatewayProc) adminHandler() http.Handler {
 			r.Method, r.URL.Path)})
 	})
 	return mux
+}
+
+// followReadiness is a following gateway's readiness: nil when ready,
+// else why not, from the Ring's Ready, whether it has a view and how
+// long ago it last read one. Was: "no cluster view yet" whatever the
+// cause, also for a view gone stale when every --cluster member stopped
+// answering.
+func followReadiness(ready, hasView func() bool, age func() time.Duration) func() error {
+	return func() error {
+		switch {
+		case ready():
+			return nil
+		case !hasView():
+			return errors.New("no cluster view yet")
+		default:
+			return fmt.Errorf("cluster view stale: last read %v ago (no --cluster member answers GET /v1/cluster/view)", age().Round(time.Second))
+		}
+	}
 }
 
 // proxyServer is the client-facing server: no write timeout (upstream
@@ -224,9 +380,9 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if soft := gctune.SoftLimit(getenv, ""); soft > 0 {
 		log.Debug("soft memory limit from the cgroup", "soft_memory_limit", soft)
 	}
-	up, err := url.Parse(baseURL(*upstream))
-	if *upstream == "" || err != nil || up.Host == "" {
-		return fail2(fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", *upstream))
+	up, err := upstreamURL(*upstream)
+	if err != nil {
+		return fail2(err)
 	}
 	identities = gateway.Identity{Claim: *jwtClaim, TierClaim: *tierClaim, APIKeyHeader: *apiKey}
 	if *jwtKey != "" {

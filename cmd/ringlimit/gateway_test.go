@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,9 +17,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
+	"github.com/ringlimit/ringlimit/router/gateway"
+	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -86,7 +91,7 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 	timeout, refresh, linger, batch, token, cluster := router.DefaultConfig().Timeout, time.Second, router.DefaultConfig().Linger, 512, "", ""
 	o := gatewayOpts{config: cfg, dataDir: t.TempDir(), embedded: true, startWait: 30 * time.Second,
 		follower: followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout, linger: &linger, maxBatch: &batch}}
-	s, err := startEmbedded(context.Background(), o, []limiter.Rule{{Name: "r"}}, slog.New(slog.DiscardHandler))
+	s, err := startEmbedded(context.Background(), o, []limiter.Rule{{Name: "r"}}, &routeSink{log: slog.New(slog.DiscardHandler)}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +137,7 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 // what that listener is, as a router does (was: "http_404 (404): 404
 // page not found"), and its health endpoints still answer.
 func TestGatewayAdminNamesItself(t *testing.T) {
-	p := &gatewayProc{reg: prometheus.NewRegistry(), ready: func() bool { return true }}
+	p := &gatewayProc{reg: prometheus.NewRegistry(), ready: func() error { return nil }}
 	srv := httptest.NewServer(p.adminHandler())
 	t.Cleanup(srv.Close)
 	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", srv.URL)
@@ -148,5 +153,195 @@ func TestGatewayAdminNamesItself(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
 		}
+	}
+}
+
+// embeddedGateway starts an embedded gateway on config in front of up,
+// serving on an httptest server; log receives its lines.
+func embeddedGateway(t *testing.T, config string, up *url.URL, log io.Writer) (*gatewayProc, string) {
+	t.Helper()
+	timeout, refresh, linger, batch, token, cluster := router.DefaultConfig().Timeout, time.Second, router.DefaultConfig().Linger, 512, "", ""
+	o := gatewayOpts{upstream: up, config: config, dataDir: t.TempDir(), embedded: true, startWait: 30 * time.Second,
+		follower: followerFlags{cluster: &cluster, adminToken: &token, refresh: &refresh, fwdTimeout: &timeout, linger: &linger, maxBatch: &batch}}
+	p, err := startGateway(t.Context(), o, slog.New(slog.NewJSONHandler(log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.stopFn(context.Background()) })
+	s := httptest.NewServer(p.gw)
+	t.Cleanup(s.Close)
+	return p, s.URL
+}
+
+// gaugeValue reads an unlabelled gauge, or the sum of a counter's
+// series, from reg; -1 when it has none.
+func gaugeValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		sum := 0.0
+		for _, m := range mf.GetMetric() {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return sum
+	}
+	return -1
+}
+
+// An embedded gateway's config of routes alone (no rules: list) is
+// valid, as at start: its watcher takes it too. Was: logged at ERROR as
+// "rules file refused ... names no rules list", last_load_ok 0.
+func TestEmbeddedConfigOfRoutesAloneIsNotRefused(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: all, path: /*, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs logbuf.Buffer
+	p, _ := embeddedGateway(t, cfg, &url.URL{Scheme: "http", Host: "127.0.0.1:1"}, &logs)
+	eventually(t, "the watcher's first load", func() bool { return gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total") >= 1 })
+	if ok := gaugeValue(t, p.reg, "ringlimit_rules_file_last_load_ok"); ok != 1 || strings.Contains(logs.String(), "rules file refused") {
+		t.Fatalf("last_load_ok %v, logs:\n%s", ok, logs.String())
+	}
+}
+
+// An embedded gateway reloads its --config whole: the routes go in force
+// with the rules, and a version whose routes name a rule it does not
+// define is refused (logged, last_load_ok 0) with the rules and routes in
+// force kept, as a start refuses it. Was: the rules alone were reloaded,
+// so a rule added with its route went unused and a route whose rule was
+// removed with it answered 500 until a restart.
+func TestEmbeddedReloadTakesRoutesWithRules(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	upURL, _ := url.Parse(up.URL)
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules:\n  - {name: a, algorithm: sliding_log, limit: 1, period: 1h}\nroutes:\n  - {name: ra, path: /a/*, limits: [{rule: a}]}\n")
+	var logs logbuf.Buffer
+	p, base := embeddedGateway(t, cfg, upURL, &logs)
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("RateLimit-Policy")
+	}
+	if code, _ := get("/a/x"); code != http.StatusOK {
+		t.Fatalf("first /a/x: %d", code)
+	}
+	if code, _ := get("/a/x"); code != http.StatusTooManyRequests {
+		t.Fatalf("second /a/x: %d, want 429", code)
+	}
+
+	// Rule a and its route go; rule b and its route come.
+	write("rules:\n  - {name: b, algorithm: sliding_log, limit: 1000, period: 1h}\nroutes:\n  - {name: rb, path: /b/*, limits: [{rule: b}]}\n")
+	eventuallyWhy(t, "route rb in force", func() string {
+		if code, policy := get("/b/x"); code != http.StatusOK || !strings.HasPrefix(policy, `"b"`) {
+			return fmt.Sprintf("/b/x: %d, RateLimit-Policy %q", code, policy)
+		}
+		return ""
+	})
+	if code, policy := get("/a/x"); code != http.StatusOK || policy != "" {
+		t.Fatalf("/a/x with its route and rule removed: %d, RateLimit-Policy %q; want 200 unlimited (no route)", code, policy)
+	}
+
+	// A route naming a rule the file does not define: refused whole.
+	okLoads := gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total")
+	write("rules:\n  - {name: c, algorithm: sliding_log, limit: 1, period: 1h}\nroutes:\n  - {name: rc, path: /c/*, limits: [{rule: nope}]}\n")
+	eventually(t, "the refusal", func() bool { return gaugeValue(t, p.reg, "ringlimit_rules_file_loads_total") > okLoads })
+	if ok := gaugeValue(t, p.reg, "ringlimit_rules_file_last_load_ok"); ok != 0 || !strings.Contains(logs.String(), `no rule named \"nope\"`) {
+		t.Fatalf("last_load_ok %v; logs:\n%s", ok, logs.String())
+	}
+	if code, policy := get("/b/x"); code != http.StatusOK || !strings.HasPrefix(policy, `"b"`) {
+		t.Fatalf("/b/x after a refused file: %d, RateLimit-Policy %q; want rb still in force", code, policy)
+	}
+	if v := p.member.Router.View(); v.Rules["b"] == nil || v.Rules["c"] != nil {
+		t.Fatal("the refused file's rules went in force")
+	}
+}
+
+// A gateway that could never work is refused at start, exit 2 with a
+// message saying why: an upstream that is not http(s) (was: started,
+// and every request answered 502), and routes with a tier when no
+// client can have one (was: taken, and their limits never applied).
+func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: pro, path: /*, tier: pro, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(t.TempDir(), "hs.key")
+	if err := os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--listen", "127.0.0.1:0", "--cluster", "127.0.0.1:1"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream", "ftp://files.example"}, `scheme "ftp" not supported`},
+		{[]string{"--upstream", "unix:///run/app.sock"}, `scheme "unix" not supported`},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--config", cfg}, `route "pro": tier "pro" can never match`},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--config", cfg, "--jwt-key", key}, `route "pro": tier "pro" can never match`},
+	} {
+		// The deadline only ends a gateway that started (the bug).
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		code, _, errs := runCmd(ctx, runGateway, nil, append(base, tc.args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("gateway %v: exit %d, stderr %q; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+	if err := checkTiers([]rules.Route{{Name: "pro", Tier: "pro"}}, gateway.Identity{JWT: &gateway.JWTKeys{}, TierClaim: "plan"}); err != nil {
+		t.Errorf("tier routes with --jwt-key and --tier-claim: %v", err)
+	}
+	for _, s := range []string{"127.0.0.1:9000", "HTTPS://app.internal/", "http://[::1]:80"} {
+		if u, err := upstreamURL(s); err != nil || u.Host == "" {
+			t.Errorf("upstreamURL(%q) = %v, %v; want a URL", s, u, err)
+		}
+	}
+}
+
+// A gateway's /readyz says why it is not ready: no view yet, a view
+// gone stale (every --cluster member gone), or the embedded member's
+// own reason. Was: "no cluster view yet" whatever the cause.
+func TestGatewayReadyzSaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ready func() error
+		want  string
+	}{
+		{"no view", followReadiness(func() bool { return false }, func() bool { return false }, func() time.Duration { return 0 }), "no cluster view yet"},
+		{"stale", followReadiness(func() bool { return false }, func() bool { return true }, func() time.Duration { return 42 * time.Second }), "cluster view stale: last read 42s ago"},
+		{"embedded", func() error { return fmt.Errorf("%w: no raft leader", api.ErrUnavailable) }, `"message":"no raft leader"`},
+	} {
+		p := &gatewayProc{reg: prometheus.NewRegistry(), ready: tc.ready}
+		srv := httptest.NewServer(p.adminHandler())
+		resp, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), tc.want) || !strings.Contains(string(body), `"error":"unavailable"`) {
+			t.Errorf("%s: %d %s, want 503 saying %q", tc.name, resp.StatusCode, body, tc.want)
+		}
+	}
+	if err := followReadiness(func() bool { return true }, func() bool { return true }, func() time.Duration { return 0 })(); err != nil {
+		t.Errorf("ready: %v", err)
 	}
 }

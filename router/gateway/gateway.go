@@ -1,6 +1,7 @@
 // Package gateway is ringlimit's reverse proxy (README.md, "Gateway"):
-// it finds who a request comes from (a verified JWT claim, an API-key
-// header or the client IP), matches the request to a route, decides the
+// it matches the request to a route, finds who the request comes from
+// when a limit will be checked (a verified JWT claim, an API-key header
+// or the client IP; a route's tier asks for the claim), decides the
 // route's limits through a Checker (the router: the owners over the data
 // plane, or an embedded member), and forwards what is allowed to the
 // upstream with httputil.ReverseProxy. Denied requests get 429 with the
@@ -21,9 +22,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -32,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,7 +83,15 @@ type Config struct {
 	Now func() time.Time
 	// After waits for a shaped request's delay; nil = time.After.
 	After func(time.Duration) <-chan time.Time
+	// HeldBodyLimit is how many bytes of a shaped request's body are
+	// read into memory before it is held, so that a client leaving
+	// while held is noticed (see holdBody); 0 = DefaultHeldBodyLimit,
+	// below 0 = none. It bounds the memory of each held request.
+	HeldBodyLimit int64
 }
+
+// DefaultHeldBodyLimit is Config.HeldBodyLimit's default: 64 KiB.
+const DefaultHeldBodyLimit = 64 << 10
 
 // DefaultRoutes limits every request by the rule "default".
 func DefaultRoutes() []rules.Route {
@@ -95,6 +107,7 @@ type Gateway struct {
 	now     func() time.Time
 	after   func(time.Duration) <-chan time.Time
 	m       *metrics
+	routes  atomic.Pointer[[]rules.Route] // the routes in force; SetRoutes swaps them whole
 
 	// Lines a client's requests can repeat at their rate (an upstream
 	// down, a route naming a rule the cluster lacks) are logged once per
@@ -133,9 +146,7 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 		p.ModifyResponse = dropUpstreamXRateLimit
 		g.next = p
 	}
-	if g.cfg.Routes == nil {
-		g.cfg.Routes = DefaultRoutes()
-	}
+	g.SetRoutes(cfg.Routes)
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
@@ -152,6 +163,17 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 	g.m = m
 	g.logRep, g.logZero = repeats.New(logWindow, 1024), g.now()
 	return g, nil
+}
+
+// SetRoutes replaces the routes in force, whole: a request is matched
+// against the old set or the new one, never a mix. Nil routes limit
+// every request by the rule "default" (DefaultRoutes). The gateway keeps
+// routes; the caller must not change them afterwards.
+func (g *Gateway) SetRoutes(routes []rules.Route) {
+	if routes == nil {
+		routes = DefaultRoutes()
+	}
+	g.routes.Store(&routes)
 }
 
 // dropUpstreamXRateLimit removes an upstream's own X-RateLimit-Limit,
@@ -176,22 +198,37 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
 }
 
-// ServeHTTP identifies, limits, shapes and forwards one request.
+// ServeHTTP matches, identifies, limits, shapes and forwards one
+// request. The client is identified (its token verified) only when that
+// decides the route (a route with a tier matches the method and path) or
+// when a limit will be checked: a request that matches no route, or an
+// unlimited one listed before any tier route it matches, is forwarded
+// unchecked whatever its Authorization or API-key headers say. Was:
+// identified first, so an expired token sent to an unlimited
+// token-refresh route got 401, and two API-key headers 400, on paths the
+// gateway does not limit; and the refusals were counted under route "".
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := g.now()
-	who, err := g.cfg.Identity.identify(r, now)
+	var who caller
+	route, err := rules.MatchRouteFunc(*g.routes.Load(), r.Method, matchPath(r.URL.Path), func() (string, error) {
+		var err error
+		who, err = g.cfg.Identity.identify(r, now)
+		return who.tier, err
+	})
+	if err == nil && route != nil && !route.Unlimited && who.key == "" {
+		who, err = g.cfg.Identity.identify(r, now)
+	}
 	if errors.Is(err, ErrAmbiguous) {
-		g.m.outcome("", "bad_request")
+		g.m.outcome(route.Name, "bad_request")
 		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, strings.TrimPrefix(err.Error(), "gateway: "))
 		return
 	}
 	if err != nil {
-		g.m.outcome("", "unauthorized")
+		g.m.outcome(route.Name, "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 		client.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")
 		return
 	}
-	route := rules.MatchRoute(g.cfg.Routes, r.Method, matchPath(r.URL.Path), who.tier)
 	if route == nil || route.Unlimited {
 		name := ""
 		if route != nil {
@@ -214,6 +251,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reqs[i] = router.Request{Rule: l.Rule, Key: key, Cost: l.Cost}
 		if h := l.CostHeader(); h != "" {
 			reqs[i].Cost = 1
+			vs := r.Header.Values(h)
+			if len(vs) > 1 {
+				// Was: the first value spent (r.Header.Get) while the
+				// upstream got both, so "1" then "99" paid 1 for 99;
+				// refused as "1, 99" on one line is, and as a client
+				// named twice is.
+				g.m.outcome(route.Name, "bad_request")
+				client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("%s: given %d times; want one non-negative integer cost", h, len(vs)))
+				return
+			}
 			if v := r.Header.Get(h); v != "" {
 				n, err := strconv.ParseInt(v, 10, 64)
 				if err != nil || n < 0 {
@@ -245,15 +292,69 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	client.SetHeaders(w.Header(), rl, now)
 	if delay > 0 {
 		g.m.shaped.Observe(delay.Seconds())
+		decided := g.now()
+		if err := g.holdBody(r); err != nil {
+			g.m.outcome(route.Name, "gone")
+			client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, "reading the request body: "+err.Error())
+			return // the client left mid-body, or sent a broken one
+		}
+		// The body's read counts toward the delay: released no earlier
+		// than the limiter said, and no later than needed.
+		var release <-chan time.Time
+		if wait := delay - g.now().Sub(decided); wait > 0 {
+			release = g.after(wait)
+		} else {
+			c := make(chan time.Time, 1)
+			c <- time.Time{}
+			release = c
+		}
 		select {
-		case <-g.after(delay):
+		case <-release:
 		case <-r.Context().Done():
 			g.m.outcome(route.Name, "gone")
 			return // the client left: nothing to forward
 		}
+		if r.Context().Err() != nil {
+			g.m.outcome(route.Name, "gone")
+			return
+		}
 	}
 	g.m.outcome(route.Name, "allowed")
 	g.next.ServeHTTP(w, r)
+}
+
+// holdBody reads r's body into memory, up to the held-body limit,
+// before a shaped request is held. net/http notices a client that
+// closes its connection (and cancels r's context) only once the handler
+// has read the request body to its end: a held request with an unread
+// body was forwarded after its client had gone. Was: README's "a client
+// that goes away while held is never forwarded" held for bodiless
+// requests alone. A body over the limit is left to stream as it came
+// (its first bytes read already go first): its client's departure is
+// noticed only when the upstream reads it. An error means the body
+// could not be read (the client left mid-body, a broken chunk).
+func (g *Gateway) holdBody(r *http.Request) error {
+	limit := g.cfg.HeldBodyLimit
+	if limit == 0 {
+		limit = DefaultHeldBodyLimit
+	}
+	if limit < 0 || r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	orig := r.Body
+	buf, err := io.ReadAll(io.LimitReader(orig, limit+1))
+	if err != nil {
+		return err
+	}
+	if int64(len(buf)) <= limit {
+		r.Body = io.NopCloser(bytes.NewReader(buf)) // read to its end: the server watches the connection now
+		return nil
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), orig), orig}
+	return nil
 }
 
 // decide spends reqs as one group: all or nothing. out[i].Allowed false
@@ -321,6 +422,9 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 		client.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("route %q: %s", route.Name, itemMessage(route, err)))
 	default:
 		g.m.outcome(route.Name, "error")
+		// A limiter with no cluster view yet, or unreachable: worth a
+		// retry soon. Was: 503 without Retry-After.
+		w.Header().Set("Retry-After", "1")
 		client.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "rate limiter unavailable")
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
 	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -360,6 +361,16 @@ func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
 		{"chain of trusted proxies", loop, "203.0.113.7, 127.0.0.5", "ip:203.0.113.7"},
 		{"no header", loop, "", "ip:127.0.0.1"},
 		{"garbage", loop, "not-an-ip", "ip:127.0.0.1"},
+		// Was: garbage (keyed by the proxy, all clients one budget).
+		{"ipv4 with port", loop, "203.0.113.7:80", "ip:203.0.113.7"},
+		{"ipv6 with port", loop, "[2001:db8::1]:443", "ip:2001:db8::1"},
+		{"bracketed ipv6", loop, "[2001:db8::1]", "ip:2001:db8::1"},
+		{"trusted hop with port", loop, "203.0.113.7, 127.0.0.5:8080", "ip:203.0.113.7"},
+		// Was: the zone kept, one budget per zone name the client writes.
+		{"ipv6 zone", loop, "2001:db8::1%eth0", "ip:2001:db8::1"},
+		{"ipv6 zone with port", loop, "[fe80::1%25eth0]:443", "ip:fe80::1"},
+		{"mapped with port", loop, "[::ffff:203.0.113.7]:80", "ip:203.0.113.7"},
+		{"port alone", loop, ":80", "ip:127.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newChecker(t)
@@ -954,4 +965,210 @@ func outcomeCount(t *testing.T, reg *prometheus.Registry, route, outcome string)
 		}
 	}
 	return 0
+}
+
+// A weighted cost header given twice is refused (400) and spends
+// nothing, as one line "1, 99" is. Was: the first value spent (1) while
+// the upstream got both and could read 99.
+func TestRepeatedCostHeaderIsRefused(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "tpm", Algorithm: limiter.SlidingWindow, Limit: 100, Period: time.Minute})
+	up := newUpstream(t)
+	s := front(t, up, c, Config{Routes: []rules.Route{
+		{Name: "chat", Path: "/*", Limits: []rules.Limit{{Rule: "tpm", CostFrom: "header:X-Token-Estimate"}}},
+	}})
+	for _, vs := range [][]string{{"1", "99"}, {"1, 99"}, {"5", "5"}} {
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/chat", nil)
+		req.Header["X-Token-Estimate"] = vs
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "X-Token-Estimate") {
+			t.Errorf("X-Token-Estimate %q: %d %s, want 400 naming the header", vs, resp.StatusCode, body)
+		}
+	}
+	if len(c.keys()) != 0 || up.hits.Load() != 0 {
+		t.Fatalf("refused requests spent %v and reached the upstream %d times", c.keys(), up.hits.Load())
+	}
+	if rem := c.remaining(t, "tpm", "ip:127.0.0.1"); rem != 100 {
+		t.Fatalf("remaining %d, want 100: nothing spent", rem)
+	}
+}
+
+// A request that matches no route, or an unlimited one, is forwarded
+// whatever its token or API-key headers say: a token-refresh endpoint
+// receives expired tokens. The client is identified when a limit will be
+// checked, or when its tier decides the route (a token that fails is
+// then refused), and a refusal counts under its route. Was: identified first, so 401 and 400 on routes the
+// gateway does not limit, counted under route "".
+func TestUnlimitedAndUnmatchedRequestsAreNotIdentified(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	up := newUpstream(t)
+	reg := prometheus.NewRegistry()
+	s := front(t, up, c, Config{Registerer: reg, Identity: Identity{APIKeyHeader: "X-Api-Key", JWT: mustJWT(t, ks.hsSecret), TierClaim: "plan"},
+		Routes: []rules.Route{
+			{Name: "refresh", Path: "/v1/refresh", Unlimited: true},
+			{Name: "pro", Path: "/v1/*", Tier: "pro", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+			{Name: "api", Path: "/api/*", Limits: []rules.Limit{{Rule: "default", Cost: 1}}},
+		}})
+	expired := "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "a", "plan": "pro", "exp": time.Now().Add(-time.Hour).Unix()})
+	do := func(path string, h http.Header) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
+		req.Header = h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path string
+		h    http.Header
+		want int
+	}{
+		{"/v1/refresh", http.Header{"Authorization": {expired}}, http.StatusOK},
+		{"/v1/refresh", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusOK},
+		{"/elsewhere", http.Header{"Authorization": {expired}}, http.StatusOK},
+		{"/elsewhere", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusOK},
+		{"/api/x", http.Header{"Authorization": {expired}}, http.StatusUnauthorized},
+		{"/api/x", http.Header{"X-Api-Key": {"a", "b"}}, http.StatusBadRequest},
+		// The tier decides whether /v1/chat is "pro"'s: a token that
+		// fails is refused there.
+		{"/v1/chat", http.Header{"Authorization": {expired}}, http.StatusUnauthorized},
+	} {
+		if got := do(tc.path, tc.h); got != tc.want {
+			t.Errorf("GET %s %v: %d, want %d", tc.path, tc.h, got, tc.want)
+		}
+	}
+	if len(c.keys()) != 0 || up.hits.Load() != 4 {
+		t.Fatalf("spent %v, upstream saw %d; want nothing spent, 4 forwarded", c.keys(), up.hits.Load())
+	}
+	for _, q := range [][3]string{{"refresh", "unlimited", "2"}, {"", "unlimited", "2"}, {"api", "unauthorized", "1"}, {"api", "bad_request", "1"}, {"pro", "unauthorized", "1"}} {
+		if got := outcomeCount(t, reg, q[0], q[1]); fmt.Sprint(got) != q[2] {
+			t.Errorf("outcome %s of route %q = %v, want %s", q[1], q[0], got, q[2])
+		}
+	}
+}
+
+// A Bearer credential is read whatever spaces or tabs separate scheme
+// and token, and a Bearer header with no token is refused: neither is
+// "no token". Was: "Bearer<TAB>token" and "Bearer" alone fell through
+// to the API key or IP, while an upstream splitting on whitespace took
+// the token's subject: a made-up API key escaped the subject's limit.
+func TestMalformedBearerIsNotNoToken(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key", JWT: mustJWT(t, ks.hsSecret)}})
+	tok := sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "alice"})
+	for _, tc := range []struct {
+		auth    string
+		want    int
+		wantKey string
+	}{
+		{"Bearer\t" + tok, http.StatusOK, "sub:alice"},
+		{"bearer  \t " + tok + " ", http.StatusOK, "sub:alice"},
+		{"Bearer", http.StatusUnauthorized, ""},
+		{"Bearer \t", http.StatusUnauthorized, ""},
+		{"Bearerx" + tok, http.StatusOK, "key:k"}, // another scheme: the upstream's business
+	} {
+		before := len(c.keys())
+		resp := get(t, s.URL+"/x", map[string]string{"Authorization": tc.auth, "X-Api-Key": "k"})
+		keys := c.keys()[before:]
+		if resp.StatusCode != tc.want || (tc.wantKey == "") != (len(keys) == 0) || (len(keys) > 0 && keys[0] != tc.wantKey) {
+			t.Errorf("Authorization %q: %d keyed %v; want %d keyed %q", tc.auth, resp.StatusCode, keys, tc.want, tc.wantKey)
+		}
+	}
+}
+
+// A limiter with no view yet answers 503 with Retry-After.
+func TestUnavailableCarriesRetryAfter(t *testing.T) {
+	s := front(t, newUpstream(t), noView{}, Config{})
+	resp := get(t, s.URL+"/x", nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("no view: %d Retry-After %q, want 503 with Retry-After: 1", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// noView is a Checker before its first cluster view.
+type noView struct{}
+
+func (noView) View() *router.View { return nil }
+func (noView) Check(context.Context, []router.Request, []router.Result) error {
+	return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
+}
+
+// A shaped request with a body whose client gives up while it is held
+// is never forwarded: over a real connection, a client with a short
+// timeout. The hold lasts until the test releases it, so the client
+// has surely gone by then. Was: forwarded, since net/http notices a
+// closed connection only after the handler read the body to its end.
+// A body over HeldBodyLimit still reaches the upstream whole.
+func TestHeldClientWithABodyThatLeavesIsNotForwarded(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "shape", Algorithm: limiter.LeakyBucket, Limit: 1, Period: time.Hour, Burst: 5})
+	var hits atomic.Int64
+	var got sync.Map // body length seen by the upstream, by path
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		got.Store(r.URL.Path, len(b))
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	release := make(chan time.Time)
+	g, err := New(Config{Upstream: u, HeldBodyLimit: 1024, After: func(time.Duration) <-chan time.Time { return release },
+		Routes: []rules.Route{{Name: "s", Path: "/*", Limits: []rules.Limit{{Rule: "shape", Cost: 1}}}}}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan string, 4)
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { returned <- r.URL.Path }()
+		g.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	post := func(hc *http.Client, path string, n int) error {
+		resp, err := hc.Post(s.URL+path, "application/json", strings.NewReader(strings.Repeat("x", n)))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := post(http.DefaultClient, "/first", 10); err != nil || <-returned != "/first" {
+		t.Fatalf("first (not held): %v", err)
+	}
+	// Held: the client gives up after 50 ms and closes its connection.
+	impatient := &http.Client{Timeout: 50 * time.Millisecond, Transport: &http.Transport{}}
+	if err := post(impatient, "/left", 100); err == nil {
+		t.Fatal("the held request answered before its release")
+	}
+	select {
+	case p := <-returned:
+		if p != "/left" {
+			t.Fatalf("%s returned", p)
+		}
+	case <-time.After(10 * time.Second): // bounds a failure only
+		close(release)
+		<-returned
+		t.Fatalf("the gateway did not notice its held client leave; upstream saw %d requests", hits.Load())
+	}
+	// A body over the limit is held whole and forwarded whole.
+	done := make(chan error, 1)
+	go func() { done <- post(http.DefaultClient, "/big", 5000) }()
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := got.Load("/big"); n != 5000 {
+		t.Fatalf("upstream got %v bytes of the big body, want 5000", n)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("upstream saw %d requests, want 2 (the one that left was not forwarded)", hits.Load())
+	}
 }

@@ -169,6 +169,9 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 	}
 	if id.JWT != nil {
 		if tok, ok := bearer(r.Header.Get("Authorization")); ok {
+			if tok == "" {
+				return caller{}, fmt.Errorf("%w: Bearer with no token", ErrUnauthorized)
+			}
 			claims, err := id.JWT.verify(tok, now)
 			if err != nil {
 				return caller{}, err
@@ -202,13 +205,24 @@ func (id *Identity) ipKey(r *http.Request) string {
 	return "ip:" + id.clientIP(r).String()
 }
 
+// bearer returns the token of an Authorization header of the Bearer
+// scheme (case-insensitive) and true; false for another scheme. RFC
+// 9110 (11.4) puts 1*SP between scheme and token; any run of spaces and
+// tabs is taken here, and a Bearer header with no token gives "" and
+// true, which identify refuses. Was: "Bearer<TAB>token" and "Bearer"
+// alone were "no token", so the client was keyed by its API key or IP
+// while an upstream that splits on whitespace took it as the token's
+// subject: a made-up API key per request escaped that subject's limit.
 func bearer(v string) (string, bool) {
-	const scheme = "bearer "
-	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+	const scheme = "bearer"
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
 		return "", false
 	}
-	tok := strings.TrimSpace(v[len(scheme):])
-	return tok, tok != ""
+	rest := v[len(scheme):]
+	if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
+		return "", false // another scheme ("Bearerx")
+	}
+	return strings.Trim(rest, " \t"), true
 }
 
 // clientIP is the peer's address, or — when the peer is a trusted proxy
@@ -231,17 +245,44 @@ func (id *Identity) clientIP(r *http.Request) netip.Addr {
 	for i := len(hops) - 1; i >= 0; i-- {
 		parts := strings.Split(hops[i], ",")
 		for j := len(parts) - 1; j >= 0; j-- {
-			a, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
-			if err != nil {
+			a, ok := parseHop(parts[j])
+			if !ok {
 				return ip // garbage: the last address we could trust
 			}
-			ip = a.Unmap()
+			ip = a
 			if !id.trusted(ip) {
 				return ip
 			}
 		}
 	}
 	return ip
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, or an address
+// and port ("1.2.3.4:80", "[2001:db8::1]:443", as some proxies write
+// them), IPv4-mapped addresses as IPv4 and without an IPv6 zone
+// ("%eth0" names an interface of the proxy, not the client). Was: the
+// forms with a port were garbage, so every client behind such a proxy
+// was keyed by the proxy's address and shared one budget; and a zone
+// was kept in the key, one budget per zone the client wrote.
+func parseHop(s string) (netip.Addr, bool) {
+	s = strings.TrimSpace(s)
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		// "[v6]:port", "[v6]" or "v4:port": never a bare IPv6 address,
+		// which ParseAddr read.
+		host, _, serr := net.SplitHostPort(s)
+		if serr != nil {
+			host = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+			if host == s {
+				return netip.Addr{}, false
+			}
+		}
+		if a, err = netip.ParseAddr(host); err != nil {
+			return netip.Addr{}, false
+		}
+	}
+	return a.WithZone("").Unmap(), true
 }
 
 func (id *Identity) trusted(ip netip.Addr) bool {
