@@ -724,7 +724,6 @@ func (n *Node) detectLoop() {
 	acked := map[string]time.Time{}    // scratch for leaderLease
 	orphans := orphanWatch{}           // Raft servers that are no members, while we lead
 	lease := leaderLease(n.cfg.DeadAfter)
-	lastVoters := MaxVoters // Raft's voters at the last tick, while we lead
 	leading := false
 	prevLeader := ""    // the leader this node last followed
 	var heard time.Time // when this node last heard from prevLeader (Raft's LastContact)
@@ -758,7 +757,6 @@ func (n *Node) detectLoop() {
 				lastSeen.reset()
 				servers = nil
 				clear(orphans)
-				lastVoters = MaxVoters // a new lead promotes in leaderLoop
 			}
 			leading = false
 			if _, id := n.raft.raft.LeaderWithID(); id != "" && string(id) != n.cfg.ID {
@@ -786,15 +784,17 @@ func (n *Node) detectLoop() {
 			if len(voterFlagFixes(snap.st, servers)) > 0 {
 				n.syncVoterFlagsLater() // a flag whose write was lost after the Raft change
 			}
-			v := raftVoters(servers)
-			if v < lastVoters && v < MaxVoters {
-				// A voter left (a leave, an orphan removed): a non-voter
-				// takes its seat, or the cluster would stay with fewer
-				// voters, and tolerate fewer failures, until the next
-				// change of leader.
+			if v := raftVoters(servers); v < MaxVoters && v < len(servers) {
+				// A seat is free and a non-voter waits (a voter left: a
+				// leave, an orphan removed): it takes the seat, or the
+				// cluster would stay with fewer voters, and tolerate fewer
+				// failures, until the next change of leader. At every tick
+				// (a promotion under way is not started twice): was only
+				// when the count fell since the last tick, which missed a
+				// leave that followed the fifth promotion within one tick
+				// (a -race flake of TestNonVoterTakesTheSeatOfAVoterThatLeft).
 				n.promoteNonvoters()
 			}
-			lastVoters = v
 			n.removeOrphansLater(orphans.update(snap.st, servers, n.cfg.ID, n.removed.Load(), now, orphanVoterGrace(n.cfg.DeadAfter)))
 		}
 		lastSeen.retain(func(id string) bool {
