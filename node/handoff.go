@@ -270,7 +270,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		var retry []Outgoing
 		refused := err != nil
 		if err != nil {
-			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "err", err)
+			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
 			var settled int
@@ -304,6 +304,21 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			h.done(taken)
 			epoch = max(epoch, ack.Epoch)
 		}
+		if n.stopping.Load() {
+			// A Lost part carries no state: it only spares its receiver
+			// the wait for a hand-off that will not come (its hand-off
+			// wait ends that too). A member that stops does not wait its
+			// drain out for one its target could not take (was: the
+			// whole drain, when the target had stopped too).
+			kept := retry[:0]
+			for _, o := range retry {
+				if !o.Part.Lost {
+					kept = append(kept, o)
+				}
+			}
+			h.done(len(retry) - len(kept))
+			retry = kept
+		}
 		group = append(rest, retry...)
 		if h.track(d, group, refused) {
 			h.done(len(group))
@@ -333,6 +348,17 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			}
 		}
 	}
+}
+
+// lostParts counts the Lost parts of batch (they carry no state).
+func lostParts(batch []Outgoing) int {
+	k := 0
+	for _, o := range batch {
+		if o.Part.Lost {
+			k++
+		}
+	}
+	return k
 }
 
 // sendable returns the parts of batch as they go out now: each
