@@ -52,6 +52,14 @@ type RulesFileHooks struct {
 	// an error refuses it whole (logged, ringlimit_rules_file_last_load_ok
 	// 0; the rules in force stay). nil = rules.ParseFile.
 	Parse func(data []byte) ([]limiter.Rule, error)
+	// Before is called with a version of the file, parsed by Parse
+	// without error, before its rules are written (or found in force):
+	// what must not outlive the rules in force now, and can go first,
+	// goes (an embedded gateway's routes, restricted to the rules in
+	// force, so that a rule removed with its route is never checked
+	// through that route). It runs on the watcher's goroutine and must
+	// not block. nil = nothing.
+	Before func(data []byte)
 	// InForce is called with a version of the file, parsed by Parse
 	// without error, once its rules are in force on this member (applied
 	// now, found in force already, or replaced by a later write: see
@@ -157,6 +165,9 @@ func (n *Node) applyRulesFileWith(_ context.Context, path string, data []byte, h
 		n.log.Error("rules file refused; the rules in force stay", "path", path, "err", err)
 		n.m.rulesFileLoaded(false)
 		return false
+	}
+	if h.Before != nil {
+		h.Before(data)
 	}
 	fp := rules.Fingerprint(written)
 	marker := filepath.Join(n.cfg.DataDir, appliedFile)

@@ -118,6 +118,60 @@ type routeSink struct {
 	gw     *gateway.Gateway // nil until attached
 	routes []rules.Route
 	set    bool // routes came from the watcher
+	// inForce reports whether the embedded member has a rule of that
+	// name in force; nil until attached.
+	inForceRule func(name string) bool
+	current     []rules.Route // the routes the gateway has
+}
+
+// before is node.RulesFileHooks.Before: until the file's rules are in
+// force, the gateway takes its routes that name only rules in force now
+// (a route whose rule the file adds keeps its old version, or waits).
+// Then a rule removed with its route is never met through that route:
+// was, in the moment between the rules and the routes, answered 500
+// (up to 366 requests per reload under load).
+func (s *routeSink) before(doc []byte) {
+	_, routes, err := parseGatewayConfig(doc)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gw == nil || s.inForceRule == nil || routes == nil {
+		return
+	}
+	interim := interimRoutes(routes, s.current, s.inForceRule)
+	s.gw.SetRoutes(interim)
+	s.current = interim
+}
+
+// interimRoutes is next restricted to the rules in force (have): each of
+// its routes whose rules are all in force, else the route of the same
+// name in cur when its are, else none.
+func interimRoutes(next, cur []rules.Route, have func(string) bool) []rules.Route {
+	all := func(r rules.Route) bool {
+		for _, l := range r.Limits {
+			if !have(l.Rule) {
+				return false
+			}
+		}
+		return true
+	}
+	out := []rules.Route{}
+	for _, r := range next {
+		switch {
+		case all(r):
+			out = append(out, r)
+		default:
+			for _, c := range cur {
+				if c.Name == r.Name && all(c) {
+					out = append(out, c)
+					break
+				}
+			}
+		}
+	}
+	return out
 }
 
 // inForce is node.RulesFileHooks.InForce: the file's rules are in force,
@@ -134,18 +188,20 @@ func (s *routeSink) inForce(doc []byte) {
 	s.routes, s.set = routes, true
 	if s.gw != nil {
 		s.gw.SetRoutes(routes)
+		s.current = routes
 		s.log.Info("gateway routes in force", "routes", len(routes))
 	}
 }
 
 // attach gives the sink its gateway, with the routes of a version put
 // in force before it existed.
-func (s *routeSink) attach(gw *gateway.Gateway) {
+func (s *routeSink) attach(gw *gateway.Gateway, routes []rules.Route, inForceRule func(string) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gw = gw
+	s.gw, s.current, s.inForceRule = gw, routes, inForceRule
 	if s.set {
 		gw.SetRoutes(s.routes)
+		s.current = s.routes
 	}
 }
 
@@ -203,7 +259,16 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		_ = p.stopFn(context.Background())
 		return nil, err
 	}
-	sink.attach(gw)
+	var inForceRule func(string) bool
+	if p.member != nil {
+		rt := p.member.Router
+		inForceRule = func(name string) bool { v := rt.View(); return v != nil && v.Rules[name] != nil }
+	}
+	cur := routes
+	if cur == nil {
+		cur = gateway.DefaultRoutes()
+	}
+	sink.attach(gw, cur, inForceRule)
 	p.gw = gw
 	return p, nil
 }
@@ -264,6 +329,7 @@ func startEmbedded(ctx context.Context, o gatewayOpts, written []limiter.Rule, s
 				}
 				return w, nil
 			},
+			Before:  sink.before,
 			InForce: sink.inForce,
 		},
 		Ring: ring.DefaultConfig(), Router: router.Config{Timeout: *o.follower.fwdTimeout},

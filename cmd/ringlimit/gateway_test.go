@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -343,5 +344,32 @@ func TestGatewayReadyzSaysWhy(t *testing.T) {
 	}
 	if err := followReadiness(func() bool { return true }, func() bool { return true }, func() time.Duration { return 0 })(); err != nil {
 		t.Errorf("ready: %v", err)
+	}
+}
+
+// Until a reloaded file's rules are in force, the embedded gateway runs
+// its routes that name only rules in force: a route removed with its
+// rule is gone at once, a route that names a rule the file adds keeps
+// its old version (or is not there yet), and the others take their new
+// form. Was: the old routes ran until the new rules were in force, so a
+// removed rule was met through its route: 500s.
+func TestInterimRoutesNameOnlyRulesInForce(t *testing.T) {
+	route := func(name, path string, rs ...string) rules.Route {
+		r := rules.Route{Name: name, Path: path}
+		for _, x := range rs {
+			r.Limits = append(r.Limits, rules.Limit{Rule: x})
+		}
+		return r
+	}
+	inForce := map[string]bool{"default": true, "hot": true, "api": true}
+	cur := []rules.Route{route("hot", "/hot", "hot"), route("api", "/api", "api"), route("chat", "/chat", "api")}
+	next := []rules.Route{route("api", "/api/v2", "api"), route("chat", "/chat", "api", "tpm"), route("new", "/new", "tpm")}
+	got := interimRoutes(next, cur, func(n string) bool { return inForce[n] })
+	var names []string
+	for _, r := range got {
+		names = append(names, r.Name+" "+r.Path+" "+fmt.Sprint(len(r.Limits)))
+	}
+	if want := []string{"api /api/v2 1", "chat /chat 1"}; !slices.Equal(names, want) {
+		t.Errorf("interim routes %q, want %q (hot removed, api new, chat old until tpm is in force, new not yet)", names, want)
 	}
 }
