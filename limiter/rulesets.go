@@ -151,8 +151,6 @@ func (g *ruleSets) index() {
 	for i := range maxTags {
 		g.life[i] = forever
 	}
-	// The latest instant a later set's state may live to, per kind.
-	horizon := [lifeKinds]int64{math.MinInt64, math.MinInt64, math.MinInt64}
 	for i := len(g.sets) - 1; i >= 0; i-- {
 		s := g.sets[i]
 		g.byTag[s.tag], g.pos[s.tag] = s, i
@@ -166,14 +164,31 @@ func (g *ruleSets) index() {
 			until := g.sets[i+1].since
 			l := tagLife{until: until, writable: satAdd(until, lateWrites)}
 			for k := range l.dropAt {
-				l.dropAt[k] = satAdd(horizon[k], lateWrites)
+				l.dropAt[k] = g.deadBy(i, k, l.writable)
 			}
 			g.life[s.tag] = l
 		}
-		for k := range horizon {
-			horizon[k] = max(horizon[k], satAdd(s.since, s.life[k]))
-		}
 	}
+}
+
+// deadBy bounds when a state of kind k of set i, written at writable at
+// the latest, is dead: converted to set i+1 it lives at most that set's
+// longest life of kind k past its writing; alive when a later set came
+// into force, it is converted to it there and lives at most that set's
+// life past that; dead before, it converts to a fresh key and later
+// sets do not matter. Was: the latest of every later set's since + life,
+// so with rules written every few seconds the newest set's since kept
+// every state of every older set alive (a re-verification: 1.4M keys
+// and 160 MB with a PUT every 8 s, against 0.5M without).
+func (g *ruleSets) deadBy(i, k int, writable int64) int64 {
+	b := satAdd(writable, g.sets[i+1].life[k])
+	for _, s := range g.sets[i+2:] {
+		if b <= s.since {
+			continue // dead before it (since grows with versions, but an import may register an old one late)
+		}
+		b = max(b, satAdd(s.since, s.life[k]))
+	}
+	return b
 }
 
 // lookup returns the set of version v, or nil.
