@@ -180,6 +180,21 @@ func request(t *testing.T, method, url string, hdr map[string]string) *http.Resp
 	return resp
 }
 
+// requestHeader is request with h as the headers, repeated ones too,
+// and the answer's body.
+func requestHeader(t *testing.T, method, url string, h http.Header) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	req.Header = h
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
+}
+
 // keys of the three kinds, made at test time.
 type testKeys struct {
 	hsSecret []byte
@@ -613,15 +628,8 @@ func TestAmbiguousIdentityIsRefused(t *testing.T) {
 		{"X-Api-Key": {"made-up", "real"}},
 		{"Authorization": {"Bearer " + tok, "Bearer " + tok}},
 	} {
-		req, _ := http.NewRequest(http.MethodGet, s.URL+"/x", nil)
-		req.Header = h
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "ambiguous client identity") {
+		resp, body := requestHeader(t, http.MethodGet, s.URL+"/x", h)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "ambiguous client identity") {
 			t.Errorf("%v: %d %s, want 400 ambiguous", h, resp.StatusCode, body)
 		}
 	}
@@ -977,15 +985,8 @@ func TestRepeatedCostHeaderIsRefused(t *testing.T) {
 		{Name: "chat", Path: "/*", Limits: []rules.Limit{{Rule: "tpm", CostFrom: "header:X-Token-Estimate"}}},
 	}})
 	for _, vs := range [][]string{{"1", "99"}, {"1, 99"}, {"5", "5"}} {
-		req, _ := http.NewRequest(http.MethodPost, s.URL+"/chat", nil)
-		req.Header["X-Token-Estimate"] = vs
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "X-Token-Estimate") {
+		resp, body := requestHeader(t, http.MethodPost, s.URL+"/chat", http.Header{"X-Token-Estimate": vs})
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "X-Token-Estimate") {
 			t.Errorf("X-Token-Estimate %q: %d %s, want 400 naming the header", vs, resp.StatusCode, body)
 		}
 	}
@@ -1017,14 +1018,7 @@ func TestUnlimitedAndUnmatchedRequestsAreNotIdentified(t *testing.T) {
 	expired := "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "a", "plan": "pro", "exp": time.Now().Add(-time.Hour).Unix()})
 	do := func(path string, h http.Header) int {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, s.URL+path, nil)
-		req.Header = h
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		resp, _ := requestHeader(t, http.MethodGet, s.URL+path, h)
 		return resp.StatusCode
 	}
 	for _, tc := range []struct {
