@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -68,6 +69,13 @@ func upstreamURL(s string) (*url.URL, error) {
 	u, err := url.Parse(strings.TrimRight(s, "/"))
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("--upstream: want a URL such as http://127.0.0.1:9000, got %q", s)
+	}
+	// Was: a port out of range (":99999") started, and every request
+	// answered 502.
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("--upstream %q: port %q must be 1 to 65535", s, p)
+		}
 	}
 	return u, nil
 }

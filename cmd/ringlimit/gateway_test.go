@@ -309,9 +309,14 @@ func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
 	if err := checkTiers([]rules.Route{{Name: "pro", Tier: "pro"}}, gateway.Identity{JWT: &gateway.JWTKeys{}, TierClaim: "plan"}); err != nil {
 		t.Errorf("tier routes with --jwt-key and --tier-claim: %v", err)
 	}
-	for _, s := range []string{"127.0.0.1:9000", "HTTPS://app.internal/", "http://[::1]:80"} {
+	for _, s := range []string{"127.0.0.1:9000", "HTTPS://app.internal/", "http://[::1]:80", "app", ":9000"} {
 		if u, err := upstreamURL(s); err != nil || u.Host == "" {
 			t.Errorf("upstreamURL(%q) = %v, %v; want a URL", s, u, err)
+		}
+	}
+	for _, s := range []string{":99999", "127.0.0.1:0", "http://app:x"} {
+		if u, err := upstreamURL(s); err == nil {
+			t.Errorf("upstreamURL(%q) = %v; want an error", s, u)
 		}
 	}
 }
