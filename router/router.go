@@ -211,7 +211,6 @@ type scratch struct {
 	retry    []int
 	gone     []int    // indexes whose owner could not be reached (see run)
 	goneAt   []string // the data-plane addresses of those owners (repeats allowed)
-	epoch    uint64   // the epoch of the view dispatch decides under
 	local    transport.BatchRequest
 	resp     transport.BatchResponse
 	localIdx []int   // indexes decided in place, in s.local order
@@ -502,7 +501,7 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 // that met NOT_OWNER are left in s.retry, and the highest epoch an owner
 // reported is returned.
 func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result, now time.Time) (maxEpoch uint64) {
-	s.retry, s.gone, s.goneAt, s.epoch = s.retry[:0], s.gone[:0], s.goneAt[:0], v.Epoch()
+	s.retry, s.gone, s.goneAt = s.retry[:0], s.gone[:0], s.goneAt[:0]
 	s.local.Checks = s.local.Checks[:0]
 	s.waits = s.waits[:0]
 	s.localIdx = s.localIdx[:0]
@@ -595,13 +594,13 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 			for _, u := range s.waits[w:] {
 				select {
 				case <-u.b.done:
-					maxEpoch = max(maxEpoch, r.settleTicket(out, s, u))
+					maxEpoch = max(maxEpoch, r.settleTicket(out, s, u, v.Epoch()))
 				default:
 				}
 			}
 			return maxEpoch
 		}
-		maxEpoch = max(maxEpoch, r.settleTicket(out, s, t))
+		maxEpoch = max(maxEpoch, r.settleTicket(out, s, t, v.Epoch()))
 	}
 	for _, run := range s.split {
 		r.decideSplit(ctx, v, s, run, out)
@@ -612,13 +611,14 @@ func (r *Router) dispatch(ctx context.Context, v *View, s *scratch, out []Result
 // settleTicket settles the checks of a ticket whose batch is done, and
 // returns the epoch its owner answered with. Checks whose owner could not
 // be reached are left in s.gone instead, for run, when this router
-// follows the cluster.
-func (r *Router) settleTicket(out []Result, s *scratch, t ticket) uint64 {
+// follows the cluster (unless that owner was found gone under the view
+// of epoch, the one dispatch decides under: knownGone).
+func (r *Router) settleTicket(out []Result, s *scratch, t ticket, epoch uint64) uint64 {
 	defer t.b.release() // a caller that gave up (ctx) keeps its reference: the batch is not reused
 	if t.b.err != nil {
 		r.cfg.Logger.Debug("forward failed", "owner", t.b.b.addr, "err", t.b.err)
 		if r.following.Load() && ownerGone(t.b.err) {
-			if !r.knownGone(t.b.b.addr, s.epoch) {
+			if !r.knownGone(t.b.b.addr, epoch) {
 				s.gone = append(s.gone, t.idx...)
 				s.goneAt = append(s.goneAt, t.b.b.addr)
 				return 0
@@ -655,11 +655,12 @@ const goneMemory = time.Second
 
 // noteGone remembers the owners at addrs as gone under the view of epoch.
 func (r *Router) noteGone(addrs []string, epoch uint64) {
-	until := time.Now().Add(goneMemory)
+	now := time.Now()
+	until := now.Add(goneMemory)
 	r.goneMu.Lock()
 	defer r.goneMu.Unlock()
 	for a, g := range r.gone {
-		if g.epoch < epoch || time.Now().After(g.until) {
+		if g.epoch < epoch || now.After(g.until) {
 			delete(r.gone, a)
 		}
 	}
