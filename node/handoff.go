@@ -310,14 +310,9 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			// wait ends that too). A member that stops does not wait its
 			// drain out for one its target could not take (was: the
 			// whole drain, when the target had stopped too).
-			kept := retry[:0]
-			for _, o := range retry {
-				if !o.Part.Lost {
-					kept = append(kept, o)
-				}
-			}
-			h.done(len(retry) - len(kept))
-			retry = kept
+			k := len(retry)
+			retry = slices.DeleteFunc(retry, func(o Outgoing) bool { return o.Part.Lost })
+			h.done(k - len(retry))
 		}
 		group = append(rest, retry...)
 		if h.track(d, group, refused) {
