@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -121,15 +122,16 @@ func parseGatewayConfig(doc []byte) ([]limiter.Rule, []rules.Route, error) {
 // member puts in force (node.RulesFileHooks.InForce) to the gateway,
 // which does not exist yet when the first one comes.
 type routeSink struct {
-	log    *slog.Logger
-	mu     sync.Mutex       // guards the fields below
-	gw     *gateway.Gateway // nil until attached
-	routes []rules.Route
-	set    bool // routes came from the watcher
-	// inForce reports whether the embedded member has a rule of that
+	log *slog.Logger
+	mu  sync.Mutex       // guards the fields below
+	gw  *gateway.Gateway // nil until attached
+	// current is the routes the gateway has: until attached, those of
+	// the last version put in force, if any (set).
+	current []rules.Route
+	set     bool
+	// inForceRule reports whether the embedded member has a rule of that
 	// name in force; nil until attached.
 	inForceRule func(name string) bool
-	current     []rules.Route // the routes the gateway has
 }
 
 // before is node.RulesFileHooks.Before: until the file's rules are in
@@ -167,17 +169,14 @@ func interimRoutes(next, cur []rules.Route, have func(string) bool) []rules.Rout
 	}
 	out := []rules.Route{}
 	for _, r := range next {
-		switch {
-		case all(r):
-			out = append(out, r)
-		default:
-			for _, c := range cur {
-				if c.Name == r.Name && all(c) {
-					out = append(out, c)
-					break
-				}
+		if !all(r) {
+			i := slices.IndexFunc(cur, func(c rules.Route) bool { return c.Name == r.Name })
+			if i < 0 || !all(cur[i]) {
+				continue
 			}
+			r = cur[i]
 		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -193,23 +192,23 @@ func (s *routeSink) inForce(doc []byte) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.routes, s.set = routes, true
+	s.current, s.set = routes, true
 	if s.gw != nil {
 		s.gw.SetRoutes(routes)
-		s.current = routes
 		s.log.Info("gateway routes in force", "routes", len(routes))
 	}
 }
 
-// attach gives the sink its gateway, with the routes of a version put
-// in force before it existed.
+// attach gives the sink its gateway, made with routes, and gives it the
+// routes of a version put in force before it existed.
 func (s *routeSink) attach(gw *gateway.Gateway, routes []rules.Route, inForceRule func(string) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gw, s.current, s.inForceRule = gw, routes, inForceRule
+	s.gw, s.inForceRule = gw, inForceRule
 	if s.set {
-		gw.SetRoutes(s.routes)
-		s.current = s.routes
+		gw.SetRoutes(s.current)
+	} else {
+		s.current = routes
 	}
 }
 
