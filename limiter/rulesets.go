@@ -39,9 +39,9 @@ import (
 // A state may be dropped when it is the same as a fresh key. For a state
 // of the newest set, that is when it is dead at now. For one of an older
 // set it is when it was dead at the moment the next set came into force
-// (it then converts to a fresh key), or once every later set has been in
-// force longer than any state of its kind can live (tagLife.dropAt),
-// since a converted state lives no longer than that. The bound is per
+// (it then converts to a fresh key), or once it is dead under the sets
+// that followed, followed through its conversions (tagLife.dropAt,
+// deadBy), since a converted state lives no longer than that. The bound is per
 // kind of state (a bucket's TAT, a window's counters, a log: lifeKind),
 // as a state converts only to a rule of its own kind (another algorithm
 // starts afresh): a set holding a fixed window of a day kept the 5s logs
