@@ -37,7 +37,7 @@ func FuzzAllowRPC(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, id, addr string) {
 		req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte(id), Addr: []byte(addr)}, Term: 2,
 			Entries: []*raft.Log{{Type: raft.LogConfiguration, Data: data}}}
-		if allowRPC(req, cfg) != nil {
+		if AllowRPC(req, cfg) != nil {
 			return
 		}
 		if listed(known, raft.ServerID(id), raft.ServerAddress(addr)) {

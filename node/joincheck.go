@@ -70,7 +70,7 @@ func validateJoin(req api.JoinRequest) error {
 		return fmt.Errorf("%w: id must be 1 to %d printable characters without spaces", api.ErrBadRequest, maxIDLen)
 	}
 	for _, f := range [...]struct{ name, v string }{{"http", req.HTTP}, {"raft", req.Raft}, {"peer", req.Peer}} {
-		if err := validHostPort(f.v); err != nil {
+		if err := ValidHostPort(f.v); err != nil {
 			return fmt.Errorf("%w: %s address %q: %w", api.ErrBadRequest, f.name, truncateID(f.v), err)
 		}
 	}
@@ -84,9 +84,7 @@ func validateJoin(req api.JoinRequest) error {
 // the host a name or an IP address that can be reached (not 0.0.0.0 or
 // ::), the port 1 to 65535. serve checks --join and --advertise-host
 // with it before starting, as the leader checks a join's addresses.
-func ValidHostPort(s string) error { return validHostPort(s) }
-
-func validHostPort(s string) error {
+func ValidHostPort(s string) error {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return errors.New("want host:port")

@@ -126,7 +126,7 @@ func (g *raftGuard) filter() {
 }
 
 func (g *raftGuard) check(rpc raft.RPC) error {
-	err := allowRPC(rpc.Command, g.config)
+	err := AllowRPC(rpc.Command, g.config)
 	if err != nil {
 		n := g.refused.Add(1)
 		now := time.Now().UnixNano()
@@ -139,14 +139,10 @@ func (g *raftGuard) check(rpc raft.RPC) error {
 
 // AllowRPC is the guard's decision for an RPC's command, given the
 // receiver's latest Raft configuration (false: Raft not started): nil to
-// act on it. For in-memory transports that have no guard of their own
-// (internal/clustertest) to decide as the TCP path does.
+// act on it (pure but for the configuration read). In-memory transports
+// that have no guard of their own (internal/clustertest) use it to
+// decide as the TCP path does.
 func AllowRPC(cmd any, config func() (raft.Configuration, bool)) error {
-	return allowRPC(cmd, config)
-}
-
-// allowRPC is the guard's decision (pure but for the configuration read).
-func allowRPC(cmd any, config func() (raft.Configuration, bool)) error {
 	h, ok := cmd.(raft.WithRPCHeader)
 	if !ok {
 		return fmt.Errorf("%w: %T without a header", errRaftRefused, cmd)

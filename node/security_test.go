@@ -163,8 +163,8 @@ func TestAllowRPC(t *testing.T) {
 		{"a configuration entry that does not decode", &raft.AppendEntriesRequest{RPCHeader: hdr("n3", "10.0.0.3:8081"), Term: 4,
 			Entries: []*raft.Log{{Type: raft.LogConfiguration, Data: []byte{0xc1, 0xff}}}}, known, false},
 	} {
-		if err := allowRPC(tc.cmd, tc.config); (err == nil) != tc.ok {
-			t.Errorf("%s: allowRPC = %v, want ok %v", tc.name, err, tc.ok)
+		if err := AllowRPC(tc.cmd, tc.config); (err == nil) != tc.ok {
+			t.Errorf("%s: AllowRPC = %v, want ok %v", tc.name, err, tc.ok)
 		}
 	}
 }
