@@ -957,6 +957,10 @@ func (n *Node) transferLeadership(ctx context.Context) error {
 // leadership. The caller then closes the node. Errors are logged causes
 // of an incomplete drain; the stop goes on regardless.
 func (n *Node) StopGracefully(ctx context.Context) error {
+	if n.removed.Load() {
+		n.stopRemoved(ctx)
+		return nil
+	}
 	mctx, cancel := context.WithTimeout(ctx, markDownTimeout)
 	last, err := n.markDown(mctx)
 	cancel()
@@ -1000,6 +1004,30 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 	}
 	n.TransferLeadership()
 	return err
+}
+
+// stopRemoved is StopGracefully for a member removed from the cluster:
+// it owns nothing, and its data dir is refused at any next start (the id
+// comes back only over an empty one), so nothing is saved there. It
+// waits, bounded by ctx, for the wait for its hand-offs that its removal
+// began (noteRemoved; not again once that has ended), and logs the
+// hand-offs that did not land: their new owners serve those partitions
+// from their backup copies, as after a crash.
+func (n *Node) stopRemoved(ctx context.Context) {
+	n.stopping.Store(true)
+	select {
+	case <-n.removedWaited:
+	case <-ctx.Done():
+	}
+	held := 0
+	for _, og := range n.h.abandon() {
+		if !og.Part.Lost && len(og.Part.Data) > 0 {
+			held++
+		}
+	}
+	if held > 0 {
+		n.log.Warn("removed from the cluster with hand-offs not confirmed: their new owners serve those partitions from backup copies (nothing is saved: this data dir cannot be used again)", "partitions", held)
+	}
 }
 
 // ErrBucketsNotSaved is wrapped by StopGracefully's error when the bucket

@@ -215,6 +215,10 @@ type Node struct {
 	loopsClosed bool
 
 	removed atomic.Bool
+	// removedWaited is closed once a member removed from the cluster has
+	// waited for its hand-offs (noteRemoved): its graceful stop then does
+	// not wait for them again.
+	removedWaited chan struct{}
 	// startIndex is the index of the last command in Raft's log when the
 	// node started (0 when the snapshot covers them all): until
 	// the FSM has applied that far it still shows an old state (rules
@@ -324,7 +328,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		cfg.SeedGrace = DefaultSeedGrace
 	}
 	cfg.Join = slices.DeleteFunc(slices.Clone(cfg.Join), func(a string) bool { return a == "" })
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1), removedWaited: make(chan struct{})}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
 	n.incarnation = newIncarnation()
@@ -627,19 +631,21 @@ func (n *Node) noteRemoved(why string, inRaft bool) {
 		return
 	}
 	n.log.Info(why)
-	if n.cfg.OnRemoved != nil {
-		go func() {
-			// Hand off what we held before going: long enough for a ring
-			// that marks a dead target dead, and names the next owner.
-			ctx, cancel := context.WithTimeout(n.ctx, max(10*time.Second, n.cfg.DeadAfter+5*time.Second))
-			_ = n.h.wait(ctx)
-			cancel()
-			if inRaft {
-				n.awaitOutOfRaft()
-			}
-			n.cfg.OnRemoved()
-		}()
-	}
+	go func() {
+		// Hand off what we held before going: long enough for a ring
+		// that marks a dead target dead, and names the next owner.
+		ctx, cancel := context.WithTimeout(n.ctx, max(10*time.Second, n.cfg.DeadAfter+5*time.Second))
+		_ = n.h.wait(ctx)
+		cancel()
+		close(n.removedWaited)
+		if n.cfg.OnRemoved == nil {
+			return
+		}
+		if inRaft {
+			n.awaitOutOfRaft()
+		}
+		n.cfg.OnRemoved()
+	}()
 }
 
 // removedRaftWait bounds awaitOutOfRaft: past the next leader's removal

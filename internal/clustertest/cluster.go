@@ -325,8 +325,10 @@ func (c *Cluster) start(m *Member) {
 			}
 			c.notify()
 		},
+		// As serve does on Removed: a graceful stop bounded by the
+		// default --drain-timeout, then the process ends.
 		OnRemoved: func() {
-			go c.kill(m, false)
+			go c.stopRemoved(m)
 		},
 		OnLeft: func(err error) {
 			m.mu.Lock()
@@ -513,6 +515,28 @@ func (c *Cluster) Stop(id string, drain time.Duration) {
 	if err := m.Node().StopGracefully(ctx); err != nil {
 		c.t.Logf("clustertest: stopping %s: %v", id, err)
 	}
+	c.kill(m, false)
+}
+
+// removedDrain is serve's default --drain-timeout, which bounds the
+// graceful stop of a member removed from the cluster (stopRemoved).
+const removedDrain = 10 * time.Second
+
+// stopRemoved stops m, removed from the cluster, as serve does once
+// Removed is closed: StopGracefully bounded by removedDrain, then the
+// process ends.
+func (c *Cluster) stopRemoved(m *Member) {
+	n := m.node()
+	if n == nil || !m.running() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), removedDrain)
+	if err := n.StopGracefully(ctx); err != nil {
+		if l := c.logger(); l != nil { // not t.Logf: the test may have ended meanwhile
+			l.Info("clustertest: stopping a removed member", "member", m.ID, "err", err)
+		}
+	}
+	cancel()
 	c.kill(m, false)
 }
 

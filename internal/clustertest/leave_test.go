@@ -3,6 +3,9 @@ package clustertest
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -334,6 +337,40 @@ func TestJoinOfAMemberRemovedMeanwhileIsRefusedAsLeft(t *testing.T) {
 		time.Sleep(5 * time.Second) // past the dead-member detection of a member re-added
 		if m, ok := c.Member(leader).Node().State().Member(id); ok {
 			t.Errorf("%s listed again after its leave: %+v", id, m)
+		}
+	})
+}
+
+// A member that left the cluster, and whose hand-offs do not land (its
+// data-plane calls to the others are cut), stops as serve stops it
+// (Removed, then a graceful stop bounded by --drain-timeout) within the
+// README's 15 s, and writes no bucket file into its data dir: that dir
+// is refused at any next start (the id comes back only over an empty
+// one), so a file there is read by nobody. The new owners serve the
+// partitions from their backup copies, as after a crash.
+func TestLeftMemberWithHandoffsStuckStopsInTimeAndSavesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DataDirs: true})
+		c.PutRules("n1", tightRule)
+		leaving := otherThan(c, c.Leader().ID)
+		for i := range 8 {
+			if r := c.Check(leaving, tightRule.Name, c.KeyOwnedBy(leaving, i), tightRule.Limit); !r.Allowed {
+				t.Fatalf("spending a key of %s: %+v", leaving, r)
+			}
+		}
+		time.Sleep(time.Second) // backup rounds: the others hold copies
+		for _, m := range c.Members() {
+			if m.ID != leaving {
+				c.CutCalls(leaving, m.ID)
+			}
+		}
+		start := time.Now()
+		c.Leave(leaving)
+		if took := time.Since(start); took > 15*time.Second {
+			t.Errorf("%s, its hand-offs stuck, stopped %v after its leave; want ≤ 15s", leaving, took)
+		}
+		if _, err := os.Stat(filepath.Join(c.Member(leaving).dir, "buckets.rlsnap")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left the cluster and wrote a bucket file into a data dir no start can use (stat: %v)", leaving, err)
 		}
 	})
 }
