@@ -1166,3 +1166,52 @@ func TestHeldClientWithABodyThatLeavesIsNotForwarded(t *testing.T) {
 		t.Fatalf("upstream saw %d requests, want 2 (the one that left was not forwarded)", hits.Load())
 	}
 }
+
+// With Identity.Audience and Issuer set, a verified token must name that
+// audience in aud (a string, or a list holding it) and that issuer in
+// iss: one without, or with others, is refused 401 like a forged one and
+// spends nothing; unset, neither claim is looked at.
+func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	up := newUpstream(t)
+	checked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret), Audience: "ringlimit-api", Issuer: "https://auth.example"}})
+	unchecked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret)}})
+	const aud, iss = "ringlimit-api", "https://auth.example"
+	for _, tc := range []struct {
+		name   string
+		s      *httptest.Server
+		claims jwt.MapClaims // sub is added: the row's name
+		want   int
+	}{
+		{"right aud and iss", checked, jwt.MapClaims{"aud": aud, "iss": iss}, http.StatusOK},
+		{"aud list holding it", checked, jwt.MapClaims{"aud": []string{"other", aud}, "iss": iss}, http.StatusOK},
+		{"wrong aud", checked, jwt.MapClaims{"aud": "other", "iss": iss}, http.StatusUnauthorized},
+		{"aud list without it", checked, jwt.MapClaims{"aud": []string{"other", "more"}, "iss": iss}, http.StatusUnauthorized},
+		{"aud of another case", checked, jwt.MapClaims{"aud": "RINGLIMIT-API", "iss": iss}, http.StatusUnauthorized},
+		{"empty aud", checked, jwt.MapClaims{"aud": "", "iss": iss}, http.StatusUnauthorized},
+		{"no aud", checked, jwt.MapClaims{"iss": iss}, http.StatusUnauthorized},
+		{"wrong iss", checked, jwt.MapClaims{"aud": aud, "iss": "https://evil.example"}, http.StatusUnauthorized},
+		{"iss with a trailing slash", checked, jwt.MapClaims{"aud": aud, "iss": iss + "/"}, http.StatusUnauthorized},
+		{"no iss", checked, jwt.MapClaims{"aud": aud}, http.StatusUnauthorized},
+		{"neither", checked, jwt.MapClaims{}, http.StatusUnauthorized},
+		{"unchecked: other aud and iss", unchecked, jwt.MapClaims{"aud": "other", "iss": "https://evil.example"}, http.StatusOK},
+		{"unchecked: neither", unchecked, jwt.MapClaims{}, http.StatusOK},
+	} {
+		claims := jwt.MapClaims{"sub": tc.name, "exp": time.Now().Add(time.Hour).Unix()}
+		for k, v := range tc.claims {
+			claims[k] = v
+		}
+		hits := up.hits.Load()
+		resp := get(t, tc.s.URL+"/x", map[string]string{"Authorization": "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", claims)})
+		wantLeft, wantHits := int64(200), hits
+		if tc.want == http.StatusOK {
+			wantLeft, wantHits = 199, hits+1
+		}
+		left := c.remaining(t, "default", "sub:"+tc.name)
+		if resp.StatusCode != tc.want || left != wantLeft || up.hits.Load() != wantHits {
+			t.Errorf("%s: status %d, %d left, upstream +%d; want %d, %d left, +%d",
+				tc.name, resp.StatusCode, left, up.hits.Load()-hits, tc.want, wantLeft, wantHits-hits)
+		}
+	}
+}
