@@ -10,9 +10,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -1212,6 +1214,115 @@ func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
 		if resp.StatusCode != tc.want || left != wantLeft || up.hits.Load() != wantHits {
 			t.Errorf("%s: status %d, %d left, upstream +%d; want %d, %d left, +%d",
 				tc.name, resp.StatusCode, left, up.hits.Load()-hits, tc.want, wantLeft, wantHits-hits)
+		}
+	}
+}
+
+// An upstream that does not send its response headers within the
+// Transport's ResponseHeaderTimeout is answered 504 gateway_timeout,
+// counted and logged as an upstream failure; an unreachable one is
+// still 502 bad_gateway, and a prompt one passes. Was: 502 for both.
+// The slow upstream holds its answer until the test ends: the 50 ms
+// are the Transport's timer, not a sleep of the test.
+func TestUpstreamHeaderTimeoutIs504(t *testing.T) {
+	release := make(chan struct{})
+	slow := &upstream{}
+	slow.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slow.hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	down := newUpstream(t)
+	down.Close()
+	prompt := newUpstream(t)
+
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 50 * time.Millisecond
+	t.Cleanup(tr.CloseIdleConnections)
+	var logs logbuf.Buffer
+	reg := prometheus.NewRegistry()
+	cfg := Config{Transport: tr, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	for i, tc := range []struct {
+		name     string
+		up       *upstream
+		want     int
+		wantCode string // the JSON error; "" = the upstream's answer
+	}{
+		{"slow", slow, http.StatusGatewayTimeout, "gateway_timeout"},
+		{"down", down, http.StatusBadGateway, "bad_gateway"},
+		{"prompt", prompt, http.StatusOK, ""},
+	} {
+		cfg := cfg
+		if i > 0 {
+			cfg.Registerer = nil // one gateway counts: the slow one
+		}
+		s := front(t, tc.up, newChecker(t), cfg)
+		resp, body := requestHeader(t, http.MethodGet, s.URL+"/x", http.Header{})
+		var e api.Error
+		if tc.wantCode != "" {
+			if err := json.Unmarshal([]byte(body), &e); err != nil || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%s: body %q (%v), Content-Type %q; want a JSON error", tc.name, body, err, resp.Header.Get("Content-Type"))
+			}
+		}
+		if resp.StatusCode != tc.want || e.Code != tc.wantCode {
+			t.Errorf("%s upstream: %d %q, want %d %q", tc.name, resp.StatusCode, e.Code, tc.want, tc.wantCode)
+		}
+	}
+	if got := gathered(t, reg, "ringlimit_gateway_upstream_errors_total"); got != 1 {
+		t.Errorf("upstream errors %v after a header timeout, want 1", got)
+	}
+	if !strings.Contains(logs.String(), `msg="gateway: upstream failed"`) || !strings.Contains(logs.String(), "timeout awaiting response headers") {
+		t.Errorf("the header timeout is not logged as an upstream failure:\n%s", logs.String())
+	}
+	if slow.hits.Load() != 1 {
+		t.Errorf("slow upstream saw %d requests, want 1", slow.hits.Load())
+	}
+}
+
+// headerTimeout tells the Transport's response-header timeout from the
+// other upstream failures, timeouts of dialing included (which stay 502).
+func TestHeaderTimeoutIsTheTransportsOnly(t *testing.T) {
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 50 * time.Millisecond
+	t.Cleanup(tr.CloseIdleConnections)
+	req, _ := http.NewRequest(http.MethodGet, slow.URL, nil)
+	_, headerErr := tr.RoundTrip(req)
+
+	expired, cancel := context.WithDeadline(t.Context(), time.Unix(0, 0))
+	defer cancel()
+	_, dialErr := (&net.Dialer{}).DialContext(expired, "tcp", "127.0.0.1:1")
+	if ne, ok := dialErr.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("dial with an expired deadline: %v; want a net.Error timeout, as the case below needs", dialErr)
+	}
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"response header timeout", headerErr, true},
+		{"wrapped", fmt.Errorf("proxy: %w", headerErr), true},
+		{"dial timeout", dialErr, false},
+		{"deadline exceeded", context.DeadlineExceeded, false},
+		{"canceled", context.Canceled, false},
+		{"eof", io.ErrUnexpectedEOF, false},
+		{"text alone", errors.New("timeout awaiting response headers"), false},
+	} {
+		if got := headerTimeout(tc.err); got != tc.want {
+			t.Errorf("headerTimeout(%s: %v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
 }
