@@ -42,6 +42,9 @@ type gatewayOpts struct {
 	follower  followerFlags
 	embedded  bool
 	startWait time.Duration
+	// upstreamTimeout bounds the wait for the upstream's response
+	// headers (--upstream-timeout); 0 = no bound.
+	upstreamTimeout time.Duration
 }
 
 // gatewayProc is a running gateway: its checker (an embedded member or a
@@ -212,6 +215,21 @@ func (s *routeSink) attach(gw *gateway.Gateway, routes []rules.Route, inForceRul
 	}
 }
 
+// upstreamTransport is the gateway's transport to the upstream for
+// --upstream-timeout d: nil (http.DefaultTransport) for 0, else a clone
+// of http.DefaultTransport whose ResponseHeaderTimeout is d, so that an
+// upstream that has not sent its response headers d after the request
+// was written is answered 504. Only the headers are bounded: a body may
+// take as long as it takes (streamed and shaped answers).
+func upstreamTransport(d time.Duration) http.RoundTripper {
+	if d <= 0 {
+		return nil
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.ResponseHeaderTimeout = d
+	return t
+}
+
 // startGateway builds the checker and the gateway (not yet serving).
 func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewayProc, error) {
 	var routes []rules.Route
@@ -260,8 +278,8 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		checker, p.ready, p.ring = rc.Router(), followReadiness(rc.Ready, func() bool { return rc.Router().View() != nil }, rc.Router().ViewAge), rc
 		p.stopFn = func(context.Context) error { return rc.Close() }
 	}
-	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Routes: routes, Identity: o.identity,
-		Registerer: p.reg, Logger: log}, checker)
+	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Transport: upstreamTransport(o.upstreamTimeout),
+		Routes: routes, Identity: o.identity, Registerer: p.reg, Logger: log}, checker)
 	if err != nil {
 		_ = p.stopFn(context.Background())
 		return nil, err
@@ -433,6 +451,9 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		apiKey     = fs.String("api-key-header", "", "header whose value identifies the client")
 		jwtKey     = fs.String("jwt-key", "", "HS256 secret file, or PEM public key / JWKS file for RS256/ES256")
 		jwtClaim   = fs.String("jwt-claim", "sub", "JWT claim holding the client id")
+		jwtAud     = fs.String("jwt-audience", "", "with --jwt-key: a token's aud claim (a string or a list) must hold this audience (not checked when empty)")
+		jwtIss     = fs.String("jwt-issuer", "", "with --jwt-key: a token's iss claim must equal this issuer (not checked when empty)")
+		upTimeout  = fs.Duration("upstream-timeout", 0, "how long the upstream may take to send its response headers before the client gets 504 (0: no limit)")
 		tierClaim  = fs.String("tier-claim", "", "JWT claim holding the client's tier")
 		trusted    = fs.String("trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-For is believed")
 		admin      = fs.String("admin", "", "listen address for /metrics, /healthz, /readyz (off when empty)")
@@ -457,7 +478,18 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return fail2(err)
 	}
-	identities = gateway.Identity{Claim: *jwtClaim, TierClaim: *tierClaim, APIKeyHeader: *apiKey}
+	if *upTimeout < 0 {
+		return fail2(fmt.Errorf("--upstream-timeout: must be ≥ 0 (0: no limit), got %v", *upTimeout))
+	}
+	// Checked on verified tokens only: without --jwt-key no token is
+	// read, and a gateway an operator meant to hold to one audience or
+	// issuer would let every client through keyed by API key or IP.
+	for _, f := range []struct{ name, v string }{{"jwt-audience", *jwtAud}, {"jwt-issuer", *jwtIss}} {
+		if f.v != "" && *jwtKey == "" {
+			return fail2(fmt.Errorf("--%s needs --jwt-key: it is checked on tokens verified with that key, and without one no token is read", f.name))
+		}
+	}
+	identities = gateway.Identity{Claim: *jwtClaim, TierClaim: *tierClaim, APIKeyHeader: *apiKey, Audience: *jwtAud, Issuer: *jwtIss}
 	if *jwtKey != "" {
 		data, err := os.ReadFile(*jwtKey)
 		if err != nil {
@@ -483,7 +515,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		defer adminLn.Close()
 	}
 	p, err := startGateway(ctx, gatewayOpts{upstream: up, config: *config, dataDir: *dataDir, identity: identities,
-		follower: ff, embedded: *ff.cluster == "", startWait: *startWait}, log)
+		follower: ff, embedded: *ff.cluster == "", startWait: *startWait, upstreamTimeout: *upTimeout}, log)
 	if err != nil {
 		return fail2(err)
 	}

@@ -13,9 +13,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -376,5 +378,161 @@ func TestInterimRoutesNameOnlyRulesInForce(t *testing.T) {
 	}
 	if want := []string{"api /api/v2 1", "chat /chat 1"}; !slices.Equal(names, want) {
 		t.Errorf("interim routes %q, want %q (hot removed, api new, chat old until tpm is in force, new not yet)", names, want)
+	}
+}
+
+// --jwt-audience and --jwt-issuer are checked on tokens verified with
+// --jwt-key: given without it (on the command line or from the
+// environment) they would check nothing, and the gateway refuses to
+// start, exit 2 naming the flag. So does a negative --upstream-timeout.
+func TestGatewayRefusesJWTClaimsWithoutKeyAndNegativeTimeout(t *testing.T) {
+	base := []string{"--listen", "127.0.0.1:0", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{nil, []string{"--jwt-audience", "api"}, "--jwt-audience needs --jwt-key"},
+		{nil, []string{"--jwt-issuer", "https://auth.example"}, "--jwt-issuer needs --jwt-key"},
+		{map[string]string{"RINGLIMIT_JWT_ISSUER": "https://auth.example"}, nil, "--jwt-issuer needs --jwt-key"},
+		{nil, []string{"--upstream-timeout", "-1s"}, "--upstream-timeout: must be ≥ 0 (0: no limit), got -1s"},
+		{map[string]string{"RINGLIMIT_UPSTREAM_TIMEOUT": "-5ms"}, nil, "--upstream-timeout: must be ≥ 0"},
+	} {
+		// The deadline only ends a gateway that started (the bug).
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		code, _, errs := runCmd(ctx, runGateway, tc.env, append(base, tc.args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("gateway %v env %v: exit %d, stderr %q; want 2 and %q", tc.args, tc.env, code, errs, tc.want)
+		}
+	}
+}
+
+// upstreamTransport bounds the response headers alone, on a copy of
+// http.DefaultTransport (its proxy and dial settings kept); 0 leaves the
+// gateway on http.DefaultTransport.
+func TestUpstreamTransport(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want time.Duration // -1 = nil transport
+	}{
+		{0, -1},
+		{50 * time.Millisecond, 50 * time.Millisecond},
+		{2 * time.Minute, 2 * time.Minute},
+	} {
+		rt := upstreamTransport(tc.d)
+		if tc.want < 0 {
+			if rt != nil {
+				t.Errorf("upstreamTransport(%v) = %v, want nil", tc.d, rt)
+			}
+			continue
+		}
+		tr, ok := rt.(*http.Transport)
+		if !ok || tr == http.DefaultTransport || tr.ResponseHeaderTimeout != tc.want || tr.Proxy == nil || tr.DialContext == nil {
+			t.Errorf("upstreamTransport(%v) = %#v; want a clone of http.DefaultTransport with ResponseHeaderTimeout %v", tc.d, rt, tc.want)
+		}
+	}
+	if http.DefaultTransport.(*http.Transport).ResponseHeaderTimeout != 0 {
+		t.Error("http.DefaultTransport was changed")
+	}
+}
+
+// serveWatch is a log sink that closes ready at the gateway's
+// "serving" line: its listener is open then.
+type serveWatch struct {
+	logbuf.Buffer
+	once  sync.Once
+	ready chan struct{}
+}
+
+func (w *serveWatch) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if strings.Contains(string(p), `"msg":"ringlimit gateway serving"`) {
+		w.once.Do(func() { close(w.ready) })
+	}
+	return n, err
+}
+
+// The flags reach the running gateway: a token for another audience or
+// from another issuer is refused 401, the right one is taken (then
+// answered 503: the --cluster here never answers, so no limiter is
+// ready), and an upstream slower than --upstream-timeout to send its
+// headers is answered 504. Real loopback; the deadlines only bound a
+// hang, and the 50 ms are the gateway's timer.
+func TestGatewayJWTClaimAndUpstreamTimeoutFlags(t *testing.T) {
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	dir := t.TempDir()
+	cfg, key := filepath.Join(dir, "gateway.yaml"), filepath.Join(dir, "hs.key")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: slow, path: /slow, unlimited: true}\n  - {name: all, path: /*, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	secret := []byte(strings.Repeat("k", 32))
+	if err := os.WriteFile(key, append(secret, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen, dead := freePort(t), freePort(t) // nothing listens on dead
+	logs := &serveWatch{ready: make(chan struct{})}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	exited := make(chan int, 1)
+	go func() {
+		exited <- runGateway(ctx, []string{"--listen", listen, "--cluster", dead, "--upstream", slow.URL, "--config", cfg,
+			"--jwt-key", key, "--jwt-audience", "api", "--jwt-issuer", "https://auth.example", "--upstream-timeout", "50ms"},
+			func(string) string { return "" }, io.Discard, logs)
+	}()
+	select {
+	case <-logs.ready:
+	case rc := <-exited:
+		t.Fatalf("exit %d\n%s", rc, logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the gateway did not serve\n%s", logs.String())
+	}
+	token := func(aud, iss string) string {
+		s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "alice", "aud": aud, "iss": iss}).SignedString(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return "Bearer " + s
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for _, tc := range []struct {
+		name, path, auth string
+		want             int
+	}{
+		{"other audience", "/x", token("billing", "https://auth.example"), http.StatusUnauthorized},
+		{"other issuer", "/x", token("api", "https://evil.example"), http.StatusUnauthorized},
+		{"right token, no limiter", "/x", token("api", "https://auth.example"), http.StatusServiceUnavailable},
+		{"slow upstream", "/slow", "", http.StatusGatewayTimeout},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+listen+tc.path, nil)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s: %d %s, want %d", tc.name, resp.StatusCode, body, tc.want)
+		}
+	}
+	cancel()
+	select {
+	case rc := <-exited:
+		if rc != 0 {
+			t.Fatalf("exit %d\n%s", rc, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the gateway did not stop\n%s", logs.String())
 	}
 }

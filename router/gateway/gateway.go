@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -66,6 +67,9 @@ type Config struct {
 	// is set).
 	Upstream *url.URL
 	// Transport carries requests to Upstream; nil = http.DefaultTransport.
+	// When it is an *http.Transport with a ResponseHeaderTimeout, an
+	// upstream whose response headers do not come within it is answered
+	// 504 gateway_timeout (every other upstream failure 502).
 	Transport http.RoundTripper
 	// Next, when set, receives the allowed requests instead of a reverse
 	// proxy to Upstream (the gateway used as net/http middleware).
@@ -190,12 +194,34 @@ func dropUpstreamXRateLimit(resp *http.Response) error {
 	return nil
 }
 
+// upstreamError is the reverse proxy's ErrorHandler: a forwarded request
+// the upstream failed is answered 504 gateway_timeout when its response
+// headers did not come within the Transport's ResponseHeaderTimeout, else
+// 502 bad_gateway (unreachable, refused, cut off, a dial or TLS timeout).
+// Either is counted and logged as an upstream failure, unless the client
+// had gone.
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() == nil {
 		g.m.upstreams.Inc()
 		g.logRepeated("upstream", slog.LevelWarn, "gateway: upstream failed", "err", err)
 	}
+	if headerTimeout(err) {
+		client.WriteError(w, http.StatusGatewayTimeout, "gateway_timeout", "upstream did not answer in time")
+		return
+	}
 	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
+}
+
+// headerTimeout reports whether err is an http.Transport's
+// ResponseHeaderTimeout expiring (HTTP/1 or HTTP/2). net/http exports no
+// sentinel for it: its errors are unexported net.Errors whose Timeout()
+// is true and whose text says "timeout awaiting response headers". The
+// text is matched too, since a dial timeout is also a net.Error with
+// Timeout() true (and errors.Is context.DeadlineExceeded, as the header
+// timeout is), and stays a 502.
+func headerTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "timeout awaiting response headers")
 }
 
 // ServeHTTP matches, identifies, limits, shapes and forwards one

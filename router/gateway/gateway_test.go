@@ -10,9 +10,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -1164,5 +1166,163 @@ func TestHeldClientWithABodyThatLeavesIsNotForwarded(t *testing.T) {
 	}
 	if hits.Load() != 2 {
 		t.Fatalf("upstream saw %d requests, want 2 (the one that left was not forwarded)", hits.Load())
+	}
+}
+
+// With Identity.Audience and Issuer set, a verified token must name that
+// audience in aud (a string, or a list holding it) and that issuer in
+// iss: one without, or with others, is refused 401 like a forged one and
+// spends nothing; unset, neither claim is looked at.
+func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t)
+	up := newUpstream(t)
+	checked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret), Audience: "ringlimit-api", Issuer: "https://auth.example"}})
+	unchecked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret)}})
+	const aud, iss = "ringlimit-api", "https://auth.example"
+	for _, tc := range []struct {
+		name   string
+		s      *httptest.Server
+		claims jwt.MapClaims // sub is added: the row's name
+		want   int
+	}{
+		{"right aud and iss", checked, jwt.MapClaims{"aud": aud, "iss": iss}, http.StatusOK},
+		{"aud list holding it", checked, jwt.MapClaims{"aud": []string{"other", aud}, "iss": iss}, http.StatusOK},
+		{"wrong aud", checked, jwt.MapClaims{"aud": "other", "iss": iss}, http.StatusUnauthorized},
+		{"aud list without it", checked, jwt.MapClaims{"aud": []string{"other", "more"}, "iss": iss}, http.StatusUnauthorized},
+		{"aud of another case", checked, jwt.MapClaims{"aud": "RINGLIMIT-API", "iss": iss}, http.StatusUnauthorized},
+		{"empty aud", checked, jwt.MapClaims{"aud": "", "iss": iss}, http.StatusUnauthorized},
+		{"no aud", checked, jwt.MapClaims{"iss": iss}, http.StatusUnauthorized},
+		{"wrong iss", checked, jwt.MapClaims{"aud": aud, "iss": "https://evil.example"}, http.StatusUnauthorized},
+		{"iss with a trailing slash", checked, jwt.MapClaims{"aud": aud, "iss": iss + "/"}, http.StatusUnauthorized},
+		{"no iss", checked, jwt.MapClaims{"aud": aud}, http.StatusUnauthorized},
+		{"neither", checked, jwt.MapClaims{}, http.StatusUnauthorized},
+		{"unchecked: other aud and iss", unchecked, jwt.MapClaims{"aud": "other", "iss": "https://evil.example"}, http.StatusOK},
+		{"unchecked: neither", unchecked, jwt.MapClaims{}, http.StatusOK},
+	} {
+		claims := jwt.MapClaims{"sub": tc.name, "exp": time.Now().Add(time.Hour).Unix()}
+		for k, v := range tc.claims {
+			claims[k] = v
+		}
+		hits := up.hits.Load()
+		resp := get(t, tc.s.URL+"/x", map[string]string{"Authorization": "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", claims)})
+		wantLeft, wantHits := int64(200), hits
+		if tc.want == http.StatusOK {
+			wantLeft, wantHits = 199, hits+1
+		}
+		left := c.remaining(t, "default", "sub:"+tc.name)
+		if resp.StatusCode != tc.want || left != wantLeft || up.hits.Load() != wantHits {
+			t.Errorf("%s: status %d, %d left, upstream +%d; want %d, %d left, +%d",
+				tc.name, resp.StatusCode, left, up.hits.Load()-hits, tc.want, wantLeft, wantHits-hits)
+		}
+	}
+}
+
+// An upstream that does not send its response headers within the
+// Transport's ResponseHeaderTimeout is answered 504 gateway_timeout,
+// counted and logged as an upstream failure; an unreachable one is
+// still 502 bad_gateway, and a prompt one passes. Was: 502 for both.
+// The slow upstream holds its answer until the test ends: the 50 ms
+// are the Transport's timer, not a sleep of the test.
+func TestUpstreamHeaderTimeoutIs504(t *testing.T) {
+	release := make(chan struct{})
+	slow := &upstream{}
+	slow.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slow.hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	down := newUpstream(t)
+	down.Close()
+	prompt := newUpstream(t)
+
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 50 * time.Millisecond
+	t.Cleanup(tr.CloseIdleConnections)
+	var logs logbuf.Buffer
+	reg := prometheus.NewRegistry()
+	cfg := Config{Transport: tr, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	for i, tc := range []struct {
+		name     string
+		up       *upstream
+		want     int
+		wantCode string // the JSON error; "" = the upstream's answer
+	}{
+		{"slow", slow, http.StatusGatewayTimeout, "gateway_timeout"},
+		{"down", down, http.StatusBadGateway, "bad_gateway"},
+		{"prompt", prompt, http.StatusOK, ""},
+	} {
+		cfg := cfg
+		if i > 0 {
+			cfg.Registerer = nil // one gateway counts: the slow one
+		}
+		s := front(t, tc.up, newChecker(t), cfg)
+		resp, body := requestHeader(t, http.MethodGet, s.URL+"/x", http.Header{})
+		var e api.Error
+		if tc.wantCode != "" {
+			if err := json.Unmarshal([]byte(body), &e); err != nil || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%s: body %q (%v), Content-Type %q; want a JSON error", tc.name, body, err, resp.Header.Get("Content-Type"))
+			}
+		}
+		if resp.StatusCode != tc.want || e.Code != tc.wantCode {
+			t.Errorf("%s upstream: %d %q, want %d %q", tc.name, resp.StatusCode, e.Code, tc.want, tc.wantCode)
+		}
+	}
+	if got := gathered(t, reg, "ringlimit_gateway_upstream_errors_total"); got != 1 {
+		t.Errorf("upstream errors %v after a header timeout, want 1", got)
+	}
+	if !strings.Contains(logs.String(), `msg="gateway: upstream failed"`) || !strings.Contains(logs.String(), "timeout awaiting response headers") {
+		t.Errorf("the header timeout is not logged as an upstream failure:\n%s", logs.String())
+	}
+	if slow.hits.Load() != 1 {
+		t.Errorf("slow upstream saw %d requests, want 1", slow.hits.Load())
+	}
+}
+
+// headerTimeout tells the Transport's response-header timeout from the
+// other upstream failures, timeouts of dialing included (which stay 502).
+func TestHeaderTimeoutIsTheTransportsOnly(t *testing.T) {
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 50 * time.Millisecond
+	t.Cleanup(tr.CloseIdleConnections)
+	req, _ := http.NewRequest(http.MethodGet, slow.URL, nil)
+	_, headerErr := tr.RoundTrip(req)
+
+	expired, cancel := context.WithDeadline(t.Context(), time.Unix(0, 0))
+	defer cancel()
+	_, dialErr := (&net.Dialer{}).DialContext(expired, "tcp", "127.0.0.1:1")
+	if ne, ok := dialErr.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("dial with an expired deadline: %v; want a net.Error timeout, as the case below needs", dialErr)
+	}
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"response header timeout", headerErr, true},
+		{"wrapped", fmt.Errorf("proxy: %w", headerErr), true},
+		{"dial timeout", dialErr, false},
+		{"deadline exceeded", context.DeadlineExceeded, false},
+		{"canceled", context.Canceled, false},
+		{"eof", io.ErrUnexpectedEOF, false},
+		{"text alone", errors.New("timeout awaiting response headers"), false},
+	} {
+		if got := headerTimeout(tc.err); got != tc.want {
+			t.Errorf("headerTimeout(%s: %v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

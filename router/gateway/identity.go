@@ -101,11 +101,20 @@ func fixedKey(k any, methods ...string) *JWTKeys {
 
 // verify returns the claims of a valid token at now, or an error wrapping
 // ErrUnauthorized: bad signature, wrong key, algorithm not the key's
-// (alg none included), expired, not yet valid, malformed.
-func (k *JWTKeys) verify(token string, now time.Time) (jwt.MapClaims, error) {
+// (alg none included), expired, not yet valid, malformed; and, when
+// audience is not "", an aud claim (a string or a list) without it, or
+// none; when issuer is not "", an iss claim other than it, or none.
+func (k *JWTKeys) verify(token string, now time.Time, audience, issuer string) (jwt.MapClaims, error) {
+	opts := []jwt.ParserOption{jwt.WithValidMethods(k.methods), jwt.WithTimeFunc(func() time.Time { return now })}
+	// Only when set: jwt.WithAudience("") would require an aud of "".
+	if audience != "" {
+		opts = append(opts, jwt.WithAudience(audience))
+	}
+	if issuer != "" {
+		opts = append(opts, jwt.WithIssuer(issuer))
+	}
 	claims := jwt.MapClaims{}
-	_, err := jwt.ParseWithClaims(token, claims, k.keyfunc,
-		jwt.WithValidMethods(k.methods), jwt.WithTimeFunc(func() time.Time { return now }))
+	_, err := jwt.ParseWithClaims(token, claims, k.keyfunc, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnauthorized, err)
 	}
@@ -117,6 +126,14 @@ func (k *JWTKeys) verify(token string, now time.Time) (jwt.MapClaims, error) {
 type Identity struct {
 	// JWT verifies bearer tokens; nil = tokens are not looked at.
 	JWT *JWTKeys
+	// Audience, when not "", must be in a verified token's aud claim (a
+	// string or a list of them); a token without it fails verification
+	// (ErrUnauthorized). "" = aud is not checked. Used only with JWT.
+	Audience string
+	// Issuer, when not "", must equal a verified token's iss claim; a
+	// token with another issuer, or none, fails verification
+	// (ErrUnauthorized). "" = iss is not checked. Used only with JWT.
+	Issuer string
 	// Claim names the client id claim (default "sub"); TierClaim the
 	// claim holding the client's tier ("" = no tiers from tokens).
 	Claim, TierClaim string
@@ -172,7 +189,7 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 			if tok == "" {
 				return caller{}, fmt.Errorf("%w: Bearer with no token", ErrUnauthorized)
 			}
-			claims, err := id.JWT.verify(tok, now)
+			claims, err := id.JWT.verify(tok, now, id.Audience, id.Issuer)
 			if err != nil {
 				return caller{}, err
 			}

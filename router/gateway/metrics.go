@@ -8,7 +8,7 @@ import (
 type metrics struct {
 	requests  *prometheus.CounterVec // route, outcome
 	shaped    prometheus.Histogram
-	upstreams prometheus.Counter // requests the upstream failed (502)
+	upstreams prometheus.Counter // requests the upstream failed (502, or 504 on a response-header timeout)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route", "outcome"}),
 		upstreams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ringlimit_gateway_upstream_errors_total",
-			Help: "Requests forwarded (allowed or unlimited) that the upstream failed: unreachable, or its answer cut off (answered 502).",
+			Help: "Requests forwarded (allowed or unlimited) that the upstream failed: unreachable, or its answer cut off (answered 502), or its response headers late (504).",
 		}),
 		shaped: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ringlimit_gateway_shaped_delay_seconds", Help: "How long shaped (leaky_bucket) requests were held.",
