@@ -587,6 +587,16 @@ func (n *Node) join(ctx context.Context, req api.JoinRequest) (epoch uint64, err
 		return 0, err
 	}
 	defer n.membership.unlock()
+	// What follows decides on the FSM's state, which must hold every
+	// write before it: a leader just elected applies the log it leads
+	// with after its first commit, and its FSM can be behind a follower's
+	// (a whole cluster restarted together: the followers' joins reached
+	// a leader still replaying, which took itself, active and the last
+	// one, for a member listed active with another, from a process not
+	// seen before, and marked itself down; every budget started afresh).
+	if err := n.barrier(ctx, "adding "+req.ID); err != nil {
+		return 0, err
+	}
 	if req.ID != n.cfg.ID && len(n.fsm.State().Members) == 0 {
 		// The member that bootstrapped the cluster is listed first, so it
 		// is in the first ring. Started together, the joining members
@@ -671,7 +681,7 @@ func (n *Node) joinLocked(ctx context.Context, req api.JoinRequest) (epoch uint6
 		if err := n.apply(ctx, down); err != nil {
 			return 0, err
 		}
-		n.log.Info("a member listed active joined from a new process (its data dir lost): marked down first, so that its backups serve what it held", "id", req.ID)
+		n.log.Info("a member listed active joined from a new process (its data dir lost): marked down first, so that its backups serve what it held", "id", req.ID, "active", len(st.Active()), "epoch", st.MembershipIndex)
 	}
 	cmd, err := fsm.AddMember(fsm.Member{ID: req.ID, HTTP: req.HTTP, Raft: req.Raft, Peer: req.Peer, State: fsm.Active, Voter: suffrage == raft.Voter})
 	if err != nil {

@@ -117,15 +117,16 @@ func TestCloseReleasesAPendingWrite(t *testing.T) {
 }
 
 // A join on a leader whose disk hangs answers "unavailable" once: the
-// Raft membership change is never answered, and await's error, which
-// says so and wraps api.ErrUnavailable, is not wrapped in it again.
+// barrier a join waits for first (the log before it) is never answered,
+// and the error, which says so and wraps api.ErrUnavailable, is not
+// wrapped in it again.
 func TestStalledLeaderAnswersJoinUnavailableOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, leader, _ := stalledLeader(t)
 
 		_, err := leader.Node().Join(context.Background(), api.JoinRequest{ID: "n9", HTTP: "http-n9:1", Raft: "raft-n9:1", Peer: "peer-n9:1"})
-		if !errors.Is(err, api.ErrUnavailable) || strings.Count(err.Error(), "unavailable") != 1 || !strings.HasPrefix(err.Error(), "adding n9 to raft: unavailable: raft did not answer") {
-			t.Fatalf("Join on a leader whose disk hangs: %v; want one error wrapping api.ErrUnavailable once, reading \"adding n9 to raft: unavailable: raft did not answer …\"", err)
+		if !errors.Is(err, api.ErrUnavailable) || strings.Count(err.Error(), "unavailable") != 1 || !strings.HasPrefix(err.Error(), "unavailable: adding n9: the log before it was not confirmed (raft did not answer in time)") {
+			t.Fatalf("Join on a leader whose disk hangs: %v; want one error wrapping api.ErrUnavailable once, reading \"unavailable: adding n9: the log before it was not confirmed (raft did not answer in time) …\"", err)
 		}
 	})
 }
