@@ -249,7 +249,16 @@ var yamlTypeNames = map[string]string{
 type builder struct {
 	c            *Config
 	file, domain string
+	// paths holds the descriptor paths seen in the domain: a path names
+	// its limits' rules (ruleName), so two descriptors of one path (key
+	// "a_b", and key "a" with value "b") would share rule names.
+	paths map[string]bool
 }
+
+// overridePrefix begins the path of a descriptor limit override's rule
+// (overrideRuleName): reserved, so that no configured descriptor names
+// the same rule.
+const overridePrefix = "_override_"
 
 func (b *builder) fail(path, format string, a ...any) error {
 	return &ConfigError{File: b.file, Domain: b.domain, Descriptor: path, Msg: fmt.Sprintf(format, a...)}
@@ -271,6 +280,10 @@ func (b *builder) level(ds []yamlDescriptor, parent string, depth int) (*level, 
 		if d.Key == "" {
 			return nil, b.fail(parent, "descriptors[%d]: key: missing; every descriptor needs a key", i)
 		}
+		if parent == "" && strings.HasPrefix(path, overridePrefix) {
+			return nil, b.fail(path, "descriptor keys beginning with %q are reserved for descriptor limit overrides (their rules' names)", overridePrefix)
+		}
+
 		n := &descNode{}
 		switch {
 		case d.Value == "":
@@ -291,6 +304,15 @@ func (b *builder) level(ds []yamlDescriptor, parent string, depth int) (*level, 
 			}
 			lv.exact[e] = n
 		}
+		// Not a duplicate, yet of a path seen: two descriptors compose
+		// one ("a_b" alone and "a" with value "b", "x.y" and x's child y).
+		if b.paths[path] {
+			return nil, b.fail(path, "another descriptor of this domain has the same path (key, _value, joined by dots): their limits would share rule names; rename one key")
+		}
+		if b.paths == nil {
+			b.paths = map[string]bool{}
+		}
+		b.paths[path] = true
 		l, err := b.limit(&d, path)
 		if err != nil {
 			return nil, err

@@ -305,10 +305,10 @@ func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescri
 func overrideRuleName(domain string, period time.Duration) string {
 	for name, u := range units {
 		if u.d == period {
-			return ruleName(domain, "_override_"+name, 0)
+			return ruleName(domain, overridePrefix+name, 0)
 		}
 	}
-	return ruleName(domain, "_override_"+strconv.FormatInt(int64(period/time.Second), 10)+"s", 0)
+	return ruleName(domain, overridePrefix+strconv.FormatInt(int64(period/time.Second), 10)+"s", 0)
 }
 
 func lower(s string) string {

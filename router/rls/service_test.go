@@ -559,6 +559,11 @@ func TestConfigErrors(t *testing.T) {
 		{"no domain", "descriptors: []\n", `rls config f.yaml: domain: missing`},
 		{"no key", "domain: d\ndescriptors:\n  - value: x\n", `rls config f.yaml: domain "d": descriptors[0]: key: missing`},
 		{"duplicate", "domain: d\ndescriptors:\n  - key: a\n  - key: a\n", `rls config f.yaml: domain "d": descriptor "a": duplicate descriptor`},
+		// Rules are named by path: two descriptors of one path, or one of
+		// an override's, would share a rule name.
+		{"same path", "domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n", `descriptor "a_b": another descriptor of this domain has the same path`},
+		{"same nested path", "domain: d\ndescriptors:\n  - key: x.y\n  - key: x\n    descriptors:\n      - key: y\n", `descriptor "x.y": another descriptor of this domain has the same path`},
+		{"override's name", "domain: d\ndescriptors:\n  - key: _override_30s\n    rate_limit: {unit: second, requests_per_unit: 1}\n", `descriptor "_override_30s": descriptor keys beginning with "_override_" are reserved`},
 		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n", `descriptor "a": rate_limit: unlimited: takes no unit`},
 		{"algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n", `descriptor "a": rate_limit: algorithm: unknown algorithm "magic"`},
 		{"too fast", "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", `descriptor "a": rate_limits[1]: requests_per_unit: 2000000 per 1s is over`},
