@@ -291,7 +291,8 @@ func parseLimit(raw json.RawMessage, l *Limit, fail func(field, format string, a
 
 // unmatchablePath says why no request can match pattern p (the gateway
 // matches the request's path with its dot segments resolved, repeated
-// slashes merged and without the query), or "" when one can.
+// slashes merged and without the query), or "" when one can. A "*"
+// inside a segment is refused too: it matches only itself.
 func unmatchablePath(p string) string {
 	if strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
 		return "no request path holds '?', '#', spaces or control characters (the query is not matched)"
@@ -303,6 +304,10 @@ func unmatchablePath(p string) string {
 			return "an empty segment (//) matches no request: repeated slashes are merged before matching"
 		case seg == "." || seg == "..":
 			return "a . or .. segment matches no request: dot segments are resolved before matching"
+		case seg != "*" && strings.Contains(seg, "*"):
+			// Taken for a prefix ("/slow*" for "/slowly"), it would match
+			// only the literal path: almost surely not what was meant.
+			return `"*" stands for a whole segment ("/v1/*" matches "/v1/x" and below); inside a segment it would match only a literal "*"`
 		}
 	}
 	return ""

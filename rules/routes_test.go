@@ -156,6 +156,8 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"routes: [{name: a, path: /api//v1/*, limits: [{rule: r}]}]", `route "a": path: an empty segment (//) matches no request`},
 		{"routes: [{name: a, path: /api/./v1/*, limits: [{rule: r}]}]", `route "a": path: a . or .. segment matches no request`},
 		{"routes: [{name: a, path: /api/../v1/*, limits: [{rule: r}]}]", `route "a": path: a . or .. segment matches no request`},
+		{"routes: [{name: a, path: /slow*, limits: [{rule: r}]}]", `route "a": path: "*" stands for a whole segment`},
+		{"routes: [{name: a, path: /v1/*x/y, limits: [{rule: r}]}]", `route "a": path: "*" stands for a whole segment`},
 		{"routes: [{name: a, path: '/search?q=*', limits: [{rule: r}]}]", `route "a": path: no request path holds '?'`},
 		{"routes: [{name: a, path: '/a b', limits: [{rule: r}]}]", `route "a": path: no request path holds '?', '#', spaces`},
 		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name (also routes[0])`},
