@@ -250,6 +250,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		// Why, so an operator can tell a wrong audience from an expired
+		// token; the reason, never the token (one line per window).
+		g.logRepeated("unauthorized", slog.LevelInfo, "gateway: bearer token refused", "err", err)
 		g.m.outcome(route.Name, "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 		client.WriteError(w, http.StatusUnauthorized, api.CodeUnauthorized, "bearer token refused")

@@ -1177,7 +1177,9 @@ func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
 	ks := makeKeys(t)
 	c := newChecker(t)
 	up := newUpstream(t)
-	checked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret), Audience: "ringlimit-api", Issuer: "https://auth.example"}})
+	var logs logbuf.Buffer
+	checked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret), Audience: "ringlimit-api", Issuer: "https://auth.example"},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	unchecked := front(t, up, c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret)}})
 	const aud, iss = "ringlimit-api", "https://auth.example"
 	for _, tc := range []struct {
@@ -1215,6 +1217,11 @@ func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
 			t.Errorf("%s: status %d, %d left, upstream +%d; want %d, %d left, +%d",
 				tc.name, resp.StatusCode, left, up.hits.Load()-hits, tc.want, wantLeft, wantHits-hits)
 		}
+	}
+	// The operator is told why (the first refusal of the window: a wrong
+	// audience), never the token.
+	if l := logs.String(); !strings.Contains(l, `msg="gateway: bearer token refused"`) || !strings.Contains(l, "invalid audience") || strings.Contains(l, "eyJ") {
+		t.Errorf("a refused token's log line should say why, without the token:\n%s", l)
 	}
 }
 
