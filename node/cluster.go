@@ -439,14 +439,19 @@ func (n *Node) registerLoop() {
 // partitions' backups hold that state, so before it serves again it has
 // itself marked down (the ring moves its partitions to the backups, which
 // promote their copies) and then active (they hand the partitions back).
+//
+// A member that stopped gracefully while listed active (the last active
+// one, or with no leader to mark it down) kept its state in its bucket
+// file (savedState): it lost nothing, and nobody served its partitions
+// meanwhile, so the file is their latest state: no recovery.
 func (n *Node) needsRecovery() bool {
 	if !n.raft.hasState || n.recovered.Load() || !n.caughtUp() {
 		return false
 	}
 	st := n.fsm.State()
 	m, ok := st.Member(n.cfg.ID)
-	if !ok || m.State != fsm.Active || len(st.Active()) < 2 {
-		n.log.Debug("no recovery needed", "member", ok, "state", m.State, "active", len(st.Active()))
+	if !ok || m.State != fsm.Active || len(st.Active()) < 2 || n.savedState.Load() {
+		n.log.Debug("no recovery needed", "member", ok, "state", m.State, "active", len(st.Active()), "bucket_file", n.savedState.Load())
 		n.recovered.Store(true)
 		return false
 	}

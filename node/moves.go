@@ -117,6 +117,23 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 	return m
 }
 
+// resume is PlanMoves's first ring of a member restarted listed active
+// whose data dir held its bucket file (it stopped gracefully, nobody
+// else marked down in between: Node.needsRecovery): the partitions of
+// saved, the file's, that it owns are promoted from their loaded copies
+// rather than awaited, as after a crash, from backups that were never
+// asked to send them (the hand-off wait, an hour with --dead-after 1h).
+// The file is their latest state unless the ring gave one to another
+// member while this one was away; that member, alive, hands it back
+// now, and its hand-off is merged into what this member serves.
+func (m Moves) resume(saved []uint32) {
+	for _, p := range saved {
+		if m.Gained[p] == GainAwait {
+			m.Gained[p] = GainPromote
+		}
+	}
+}
+
 // PlanBackupForwards returns the partitions (→ their owner) whose backup
 // copy self should hand to their owner when the ring goes from prev to
 // next: those self backed up in prev, owned by the same member M in prev

@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -256,6 +258,10 @@ type Node struct {
 	// marked down once, so its backups serve what it lost (see register).
 	recovered atomic.Bool
 	conflict  atomic.Bool // OnConflict was called
+	// savedState: the data dir held a bucket file at the start (the
+	// member stopped gracefully, keeping what it held), until loading it
+	// fails. A member listed active with it lost nothing: no recovery.
+	savedState atomic.Bool
 
 	cell view.Cell // the published view, for callers that wait on it
 
@@ -336,6 +342,11 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 	if n.now == nil {
 		base := time.Now()
 		n.now = func() int64 { return base.UnixNano() + int64(time.Since(base)) }
+	}
+	if cfg.DataDir != "" {
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, bucketFile)); err == nil {
+			n.savedState.Store(true)
+		}
 	}
 	rp, err := openRaft(&n.cfg, n.fsm, raftLn)
 	if err != nil {
@@ -564,6 +575,7 @@ func (n *Node) refresh() {
 		}
 		o.SetMaxKeys(n.cfg.MaxKeys)
 		if k, err := o.loadBuckets(n.cfg.DataDir); err != nil {
+			n.savedState.Store(false) // its partitions' backups hold what they can (needsRecovery)
 			n.log.Error("bucket state of the last stop not loaded; those keys start fresh", "err", err)
 		} else if k > 0 {
 			n.log.Info("bucket state of the last stop loaded", "partitions", k)
@@ -582,6 +594,9 @@ func (n *Node) refresh() {
 		// seen only the two ends of.
 		flapped := func(id string) bool { m, ok := st.Member(id); return ok && prev != nil && m.Since > prev.Epoch() }
 		moves := PlanMoves(prevRing, next.Ring, n.cfg.ID, alive, restarted, flapped(n.cfg.ID))
+		if restarted && n.savedState.Load() {
+			moves.resume(o.loaded)
+		}
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := append(o.Apply(next, moves), forwards...)

@@ -24,7 +24,8 @@ import (
 // not survive a crash.
 //
 // The file: magic, u64 the bucket clock at export (Unix ns), uvarint n,
-// n × (uvarint partition, uvarint length, limiter export stream), and
+// n × (uvarint partition, uvarint length, limiter export stream; length 0:
+// a partition held with no state), and
 // (version 2) the CRC-32C of all that, u32. Streams hold times relative
 // to the export; they are imported at the export's instant, so the time
 // the member was down counts as time passed — an export instant later
@@ -43,8 +44,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // saveBuckets writes the partitions this member still serves under its
 // current view, and the hand-offs it could not deliver (left, as
 // exported), to dir/bucketFile (atomically: a temporary file renamed
-// over it) and returns how many partitions it wrote; none writes no
-// file. Each partition it serves stops serving as it is written (checks
+// over it) and returns how many of those partitions hold states; it
+// writes no file when it has no partition at all (a partition served
+// empty is written, as an empty stream, so that the next start knows
+// this member held nothing of it). Each partition it serves stops serving as it is written (checks
 // that come later are answered by their rule's failure mode, as at an
 // old owner after a hand-off), so no spend is made after its state was
 // saved; and the owner is sealed first, so it refuses every hand-off that
@@ -67,9 +70,16 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		g.Lock()
 		if o.getState(p) == partServing {
 			o.setState(p, partAway) // fenced first: no check is decided after its export
+			// Empty ones too, as an empty stream: the file then says this
+			// member held nothing of them, and the owners it hands them
+			// to at its next start (handOffLoaded) serve them at once,
+			// not after the hand-off wait for a hand-off nobody else can
+			// send.
+			var stream []byte
 			if o.table.PartitionLen(p) > 0 {
-				parts = append(parts, saved{p, o.table.Export(nil, p, now)})
+				stream = o.table.Export(nil, p, now)
 			}
+			parts = append(parts, saved{p, stream})
 		}
 		g.Unlock()
 	}
@@ -77,12 +87,17 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	for _, og := range left {
 		p := og.Part.Partition
 		if og.Part.Lost || len(og.Part.Data) == 0 ||
-			slices.ContainsFunc(parts, func(s saved) bool { return s.p == p }) ||
+			slices.ContainsFunc(parts, func(s saved) bool { return s.p == p && len(s.stream) > 0 }) ||
 			slices.ContainsFunc(kept, func(k transport.PushPart) bool { return k.Partition == p }) {
 			continue
 		}
 		kept = append(kept, o.sendable(og, now))
 	}
+	// A partition served empty whose undelivered hand-off holds states
+	// is saved as that hand-off.
+	parts = slices.DeleteFunc(parts, func(s saved) bool {
+		return len(s.stream) == 0 && slices.ContainsFunc(kept, func(k transport.PushPart) bool { return k.Partition == s.p })
+	})
 	if len(parts)+len(kept) == 0 {
 		return 0, nil
 	}
@@ -94,8 +109,12 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		b = binary.AppendUvarint(b, uint64(len(stream)))
 		b = append(b, stream...)
 	}
+	held := len(kept)
 	for _, s := range parts {
 		add(s.p, s.stream)
+		if len(s.stream) > 0 {
+			held++
+		}
 	}
 	for _, k := range kept {
 		add(k.Partition, k.Data)
@@ -104,7 +123,7 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	if err := writeFileAtomic(dir, bucketFile, b, 0o600); err != nil {
 		return 0, fmt.Errorf("node: saving bucket state: %w", err)
 	}
-	return len(parts) + len(kept), nil
+	return held, nil
 }
 
 // writeFileAtomic replaces dir/name with data (mode perm) so that a crash
@@ -259,8 +278,13 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 	if len(r) != 0 {
 		return 0, errors.New("bytes after the last partition")
 	}
+	held := 0
 	for k, pt := range parts {
 		o.dropBackup(pt.p)
+		if len(pt.stream) == 0 {
+			continue // held nothing: an empty copy
+		}
+		held++
 		if _, err := o.backup.Import(pt.p, pt.stream, at); err != nil {
 			for _, taken := range parts[:k] { // nothing of a damaged file is kept
 				o.dropBackup(taken.p)
@@ -271,7 +295,7 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 	for _, pt := range parts {
 		o.loaded = append(o.loaded, pt.p)
 	}
-	return len(parts), nil
+	return held, nil
 }
 
 // handOffLoaded returns, once, the hand-offs of the partitions a bucket

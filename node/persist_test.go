@@ -6,11 +6,13 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -26,9 +28,14 @@ func TestBucketFile(t *testing.T) {
 
 // spentOwner is testOwner "a" alone at epoch 1, with the budget of one
 // key spent by check c (cost 2 of the limit 2).
-func spentOwner(t *testing.T) (*Owner, transport.Check) {
+func spentOwner(t *testing.T) (*Owner, transport.Check) { return spentOwnerOf(t, "a") }
+
+// spentOwnerOf is spentOwner in a ring of members ("a" among them): the
+// more members, the fewer partitions "a" owns, and the smaller its
+// bucket file (every partition it owns is written, empty ones too).
+func spentOwnerOf(t *testing.T, members ...string) (*Owner, transport.Check) {
 	t.Helper()
-	a, v := testOwner(t, 1, "a")
+	a, v := testOwner(t, 1, members...)
 	h, p := partOf(v, "a")
 	c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2}
 	if r := handle(a, 1, c).Results[0]; !r.Allowed {
@@ -141,9 +148,9 @@ func TestLoadedBucketsGoToTheirOwners(t *testing.T) {
 	// Both start again; b's first ring names it too: it awaits its partitions.
 	a2.Apply(v2, PlanMoves(nil, v2.Ring, "a", allAlive, true, false))
 	b.Apply(v2, PlanMoves(nil, v2.Ring, "b", allAlive, false, false))
-	out := a2.handOffLoaded(v2)
+	out := holding(t, a2.handOffLoaded(v2))
 	if len(out) != 1 || out[0].To.ID != "b" || out[0].Part.Partition != pb {
-		t.Fatalf("hand-offs of the loaded buckets: %+v, want partition %d to b", out, pb)
+		t.Fatalf("hand-offs of the loaded buckets holding states: %+v, want partition %d to b", out, pb)
 	}
 	if a2.handOffLoaded(v2) != nil {
 		t.Fatal("the loaded buckets are handed off twice")
@@ -187,9 +194,31 @@ func TestLoadedBucketsWaitForARingWithMembers(t *testing.T) {
 	v3 := testView(t, 3, "b")
 	a2.Apply(v3, PlanMoves(empty.Ring, v3.Ring, "a", allAlive, false, false))
 	out := a2.handOffLoaded(v3)
-	if len(out) != 1 || out[0].To.ID != "b" || out[0].Part.Partition != p || len(out[0].Part.Data) == 0 {
-		t.Fatalf("hand-offs once b is the owner: %+v, want partition %d to b, with its state", out, p)
+	if held := holding(t, out); len(out) != 64 || len(held) != 1 || held[0].To.ID != "b" || held[0].Part.Partition != p {
+		t.Fatalf("hand-offs once b is the owner: %d, holding states %+v; want all 64 (those a held empty as empty copies), partition %d to b with its state", len(out), held, p)
 	}
+}
+
+// holding returns the hand-offs of out whose data holds states (the
+// others are whole copies of partitions held empty), failing the test
+// when one is Lost or does not decode.
+func holding(t *testing.T, out []Outgoing) []Outgoing {
+	t.Helper()
+	var held []Outgoing
+	for _, og := range out {
+		tb, err := limiter.NewTable(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := tb.Import(og.Part.Partition, og.Part.Data, 1e18)
+		if og.Part.Lost || err != nil {
+			t.Fatalf("hand-off of partition %d: lost %v, import: %v; want a whole copy", og.Part.Partition, og.Part.Lost, err)
+		}
+		if n > 0 {
+			held = append(held, og)
+		}
+	}
+	return held
 }
 
 // A loaded copy handed to another owner is kept for a while: when the
@@ -229,11 +258,11 @@ func TestLoadedBucketsHandedOnAreKeptUntilDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	a2.Apply(v2, PlanMoves(nil, v2.Ring, "a", allAlive, true, false))
-	if out := a2.handOffLoaded(v2); len(out) != 1 || out[0].To.ID != "b" {
-		t.Fatalf("hand-offs of the loaded buckets: %+v, want partition %d to b", out, p)
+	if held := holding(t, a2.handOffLoaded(v2)); len(held) != 1 || held[0].To.ID != "b" || held[0].Part.Partition != p {
+		t.Fatalf("hand-offs of the loaded buckets holding states: %+v, want partition %d to b", held, p)
 	}
 	kept := a2.takeLoadedAway()
-	if len(kept) != 1 || a2.BackupTable().PartitionLen(p) != 1 {
+	if !slices.Contains(kept, p) || a2.BackupTable().PartitionLen(p) != 1 {
 		t.Fatalf("kept %v, backup copy of %d holds %d states; want the copy kept", kept, p, a2.BackupTable().PartitionLen(p))
 	}
 	// b and c stop before the hand-off lands: a gains p, and b hands on
@@ -321,7 +350,9 @@ func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {
 func TestBucketFileDamageAndClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dir := t.TempDir()
-		a, c := spentOwner(t)
+		// Eight members: a file of about 8 partitions, whose every bit
+		// is flipped below.
+		a, c := spentOwnerOf(t, "a", "b", "c", "d", "e", "f", "g", "h")
 		if _, err := a.saveBuckets(dir, nil); err != nil {
 			t.Fatal(err)
 		}

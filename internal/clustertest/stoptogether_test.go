@@ -3,10 +3,14 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
 )
 
 // A whole cluster stopped together (one kill -TERM for every member)
@@ -160,4 +164,54 @@ func stopTogether(c *Cluster) ([]time.Duration, []error) {
 	}
 	wg.Wait()
 	return took, errs
+}
+
+// The last active member of a cluster stopped in turn keeps what it
+// holds in its bucket file, listed active. Started after the others
+// are active again, it has its state: it serves its partitions from the
+// file, without the crash recovery (marked down, so the backups serve,
+// then active again: two ring changes and a round of hand-offs, and a
+// log line saying it crashed, which a real-process audit found after a
+// clean SIGTERM). The budgets stay spent either way.
+func TestLastActiveMemberStoppedCleanlyNeedsNoRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu      sync.Mutex
+			watch   bool
+			without []uint64 // epochs after n3's restart whose ring leaves n3 out
+		)
+		// --dead-after 1h: n3 stays listed active while it is away.
+		c := New(t, 3, Options{DataDirs: true, DeadAfter: time.Hour, OnView: func(member string, v *router.View) {
+			mu.Lock()
+			defer mu.Unlock()
+			if watch && !slices.ContainsFunc(v.Ring.Members(), func(m ring.Member) bool { return m.ID == "n3" }) {
+				without = append(without, v.Epoch())
+			}
+		}})
+		spendTogether(t, c, 12)
+		c.Stop("n1", 10*time.Second)
+		c.Stop("n2", 10*time.Second)
+		c.Stop("n3", 10*time.Second) // the last active: its bucket file holds everything
+		c.Restart("n1")
+		c.Restart("n2")
+		c.WaitFor("n1 and n2 active", 30*time.Second, func() bool {
+			st := c.Member("n1").Node().View()
+			return st != nil && len(st.Ring.Members()) == 3
+		})
+		mu.Lock()
+		watch = true
+		mu.Unlock()
+		c.Restart("n3")
+		c.WaitSettled(3)
+		mu.Lock()
+		if len(without) > 0 {
+			t.Errorf("n3, stopped cleanly as the last active member, was marked down at its restart (rings without it at epochs %v)", without)
+		}
+		mu.Unlock()
+		for i := range 12 {
+			if r := c.Check(fmt.Sprintf("n%d", i%3+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
+				t.Errorf("k%d, spent before the stop, admitted after the restart: %+v", i, r)
+			}
+		}
+	})
 }
