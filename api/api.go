@@ -106,6 +106,11 @@ type Cluster struct {
 	// show the same number.
 	RulesVersion uint64   `json:"rules_version"`
 	Members      []Member `json:"members"`
+	// RaftOnly lists the servers of the answering node's latest Raft
+	// configuration that are no member: a leave whose second half (the
+	// Raft removal) is pending, a join cut short before it was listed.
+	// Omitted when there are none.
+	RaftOnly []string `json:"raft_only,omitempty"`
 }
 
 // ClusterView is what a router that is not a member needs to send checks to

@@ -1293,14 +1293,19 @@ func (n *Node) Cluster(context.Context) (view.Cluster, error) {
 	}
 	leaderID, _ := n.leader()
 	var voters map[string]bool
+	var raftOnly []string
 	if cf := n.raft.raft.GetConfiguration(); cf.Error() == nil {
 		voters = make(map[string]bool)
 		for _, s := range cf.Configuration().Servers {
 			voters[string(s.ID)] = s.Suffrage == raft.Voter
+			if _, member := snap.st.Member(string(s.ID)); !member {
+				raftOnly = append(raftOnly, string(s.ID))
+			}
 		}
+		slices.Sort(raftOnly)
 	}
 	counts := snap.v.Ring.Counts()
-	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions, RulesVersion: snap.v.RulesVersion}
+	out := view.Cluster{Leader: leaderID, Epoch: snap.v.Epoch(), Partitions: snap.st.Config.Partitions, RulesVersion: snap.v.RulesVersion, RaftOnly: raftOnly}
 	for _, m := range snap.st.Members {
 		vm := view.Member{ID: m.ID, State: string(m.State),
 			HTTP: m.HTTP, Raft: m.Raft, Peer: m.Peer, Partitions: counts[m.ID]}

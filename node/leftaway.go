@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -26,6 +27,9 @@ type RemoteCluster struct {
 	Epoch   uint64   // its membership index (ring epoch)
 	Seed    uint64   // its cluster's hash seed: the cluster's identity
 	Members []string // the ids of every member it lists, in any state
+	// RaftOnly are the servers of its latest Raft configuration that it
+	// lists as no member (api.Cluster.RaftOnly).
+	RaftOnly []string
 }
 
 // removedIn reports whether r, another member's view, shows that member
@@ -161,35 +165,14 @@ func (n *Node) leftWhileAway() {
 }
 
 // askWhetherRemoved asks every member this member's log knows (and its
-// --join) for its view, each for at most a Raft timeout, and returns the
-// error to stop with when one shows this member removed (removedIn); nil
-// otherwise. An answer of another cluster is logged once (warned).
+// --join) for its view (viewsOfOthers), and returns the error to stop with
+// when one shows this member removed (removedIn); nil otherwise. An
+// answer of another cluster is logged once (warned).
 func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
-	addrs := n.othersHTTP(n.cfg.HTTPAddr)
-	slices.Sort(addrs)
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.RaftTimeout)
-	defer cancel()
-	type answer struct {
-		addr string
-		r    RemoteCluster
-		err  error
-	}
-	answers := make(chan answer, len(addrs))
-	for _, addr := range addrs {
-		go func() {
-			r, err := reader.ClusterOf(ctx, addr)
-			answers <- answer{addr, r, err}
-		}()
-	}
-	var found error
-	for range addrs {
-		a := <-answers
+	for _, a := range n.viewsOfOthers(reader) {
 		switch {
-		case a.err != nil:
-			n.log.Debug("asking whether this member was removed", "member", a.addr, "err", a.err)
-		case found == nil && removedIn(n.raft.local, n.cfg.ID, a.r):
-			cancel() // the others need not answer
-			found = n.leftError(a.addr, a.r)
+		case removedIn(n.raft.local, n.cfg.ID, a.r):
+			return n.leftError(a.addr, a.r)
 		case a.r.Seed != n.raft.local.seed && !*warned:
 			*warned = true
 			n.log.Warn("a member this member's log knows answers for another cluster (another hash seed): not taken into account", "member", a.addr)
@@ -197,7 +180,61 @@ func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
 			n.log.Debug("asked whether this member was removed", "member", a.addr, "leader", a.r.Leader, "epoch", a.r.Epoch, "listed", slices.Contains(a.r.Members, n.cfg.ID))
 		}
 	}
-	return found
+	return nil
+}
+
+// remoteAnswer is one member's answer to viewsOfOthers.
+type remoteAnswer struct {
+	addr string
+	r    RemoteCluster
+}
+
+// viewsOfOthers asks every member this member knows of (othersHTTP) for its
+// view, all at once, each for at most a Raft timeout, and returns the
+// answers, sorted by address; a member that fails is logged at debug.
+func (n *Node) viewsOfOthers(reader ClusterReader) []remoteAnswer {
+	addrs := n.othersHTTP(n.cfg.HTTPAddr)
+	slices.Sort(addrs)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.RaftTimeout)
+	defer cancel()
+	answers := make([]remoteAnswer, len(addrs))
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Go(func() {
+			answers[i].addr = addr
+			answers[i].r, errs[i] = reader.ClusterOf(ctx, addr)
+		})
+	}
+	wg.Wait()
+	out := answers[:0]
+	for i, a := range answers {
+		if errs[i] != nil {
+			n.log.Debug("asking a member for its view", "member", a.addr, "err", errs[i])
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// outOfLeadersRaft reports whether the Raft leader, asked directly
+// (viewsOfOthers: an answer of the leader itself, of this cluster), lists
+// this member neither as a member nor in its Raft configuration
+// (RemoteCluster.RaftOnly): the removal of this member from Raft, which
+// its own log never received, is the leader's latest configuration.
+func (n *Node) outOfLeadersRaft(reader ClusterReader) bool {
+	v := n.cell.Load()
+	if v == nil {
+		return false
+	}
+	for _, a := range n.viewsOfOthers(reader) {
+		if r := a.r; r.ID != "" && r.ID == r.Leader && r.Seed == v.Seed &&
+			!slices.Contains(r.Members, n.cfg.ID) && !slices.Contains(r.RaftOnly, n.cfg.ID) {
+			return true
+		}
+	}
+	return false
 }
 
 // leftError is the error of a member that learns from the member at addr,

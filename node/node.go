@@ -676,13 +676,32 @@ func (n *Node) removedRaftWait() time.Duration {
 // (removeOrphansLater). A voter that exits first still counts toward
 // Raft's quorum and never answers: the next leader needs its vote to
 // commit that very removal when another voter is down.
+//
+// The leader sends a server it removes one last append; when that is
+// lost (a replication stream that stopped at the removal, seen in 1 of
+// ~240 leaves in the harness), this member hears from no leader again
+// and campaigns in vain until the bound. So once no leader has reached
+// it for leftWhileAwayAfter, every Raft timeout it asks the others
+// (viewsOfOthers), and stops once the leader itself answers that its
+// Raft configuration no longer lists it (outOfLeadersRaft).
 func (n *Node) awaitOutOfRaft() {
 	t := time.NewTicker(n.cfg.RaftTimeout)
 	defer t.Stop()
 	wait := n.removedRaftWait()
 	end := time.NewTimer(wait)
 	defer end.Stop()
+	reader, _ := n.cfg.Forward.(ClusterReader)
+	var leaderless time.Time // since when no leader has reached this member; zero while one does
 	for n.raftVoter() {
+		switch {
+		case n.leaderKnown():
+			leaderless = time.Time{}
+		case leaderless.IsZero():
+			leaderless = time.Now()
+		case reader != nil && time.Since(leaderless) >= n.leftWhileAwayAfter() && n.outOfLeadersRaft(reader):
+			n.log.Info("removed from the cluster: the Raft leader's configuration no longer lists this member, though the last append of its removal never reached it; stopping")
+			return
+		}
 		select {
 		case <-t.C:
 		case <-end.C:

@@ -418,7 +418,7 @@ func (f forwarder) ClusterOf(ctx context.Context, addr string) (node.RemoteClust
 	if err != nil {
 		return node.RemoteCluster{}, fmt.Errorf("%w: member %s: seed %q: %w", api.ErrUnavailable, addr, v.Seed, err)
 	}
-	r := node.RemoteCluster{Leader: cl.Leader, Epoch: cl.Epoch, Seed: seed}
+	r := node.RemoteCluster{Leader: cl.Leader, Epoch: cl.Epoch, Seed: seed, RaftOnly: cl.RaftOnly}
 	for _, m := range cl.Members {
 		r.Members = append(r.Members, m.ID)
 		if m.HTTP == addr {

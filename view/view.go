@@ -167,4 +167,8 @@ type Cluster struct {
 	Partitions   int
 	RulesVersion uint64 // the Raft index of the rules write in force here (0: the built-in rules)
 	Members      []Member
+	// RaftOnly are the servers of this node's latest Raft configuration
+	// that are no member (a leave between its two halves, a join cut
+	// short), sorted; nil when there are none or it cannot be read.
+	RaftOnly []string
 }

@@ -91,7 +91,14 @@ func writeStatus(w io.Writer, cl api.Cluster) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	return writeSilences(w, cl)
+	if err := writeSilences(w, cl); err != nil {
+		return err
+	}
+	if len(cl.RaftOnly) > 0 {
+		_, err := fmt.Fprintf(w, "\nin Raft's configuration, no member: %s (a leave or a join under way)\n", strings.Join(cl.RaftOnly, ", "))
+		return err
+	}
+	return nil
 }
 
 // silentNote is how long the leader must not have heard from a member

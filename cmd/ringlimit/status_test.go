@@ -57,6 +57,17 @@ func TestStatusCommand(t *testing.T) {
 	}
 }
 
+// Raft servers that are no member (a leave between its two halves) get
+// a line under the table.
+func TestStatusRaftOnly(t *testing.T) {
+	f := newFakeAPI(t)
+	f.cluster.RaftOnly = []string{"n3", "n4"}
+	code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
+	if code != 0 || !strings.HasSuffix(out, "\nin Raft's configuration, no member: n3, n4 (a leave or a join under way)\n") {
+		t.Fatalf("exit %d, stderr %s; output:\n%s\nwant a last line naming n3, n4", code, errs, out)
+	}
+}
+
 // A node that does not report voters (an older version) leaves the
 // VOTER column at "-", and the columns before it where they were.
 func TestStatusVoterNotReported(t *testing.T) {

@@ -966,7 +966,7 @@ func (f forwarder) ClusterOf(ctx context.Context, addr string) (node.RemoteClust
 	if err != nil {
 		return node.RemoteCluster{}, err
 	}
-	r := node.RemoteCluster{ID: n.ID(), Leader: cl.Leader, Epoch: cl.Epoch, Seed: v.Seed}
+	r := node.RemoteCluster{ID: n.ID(), Leader: cl.Leader, Epoch: cl.Epoch, Seed: v.Seed, RaftOnly: cl.RaftOnly}
 	for _, m := range cl.Members {
 		r.Members = append(r.Members, m.ID)
 	}

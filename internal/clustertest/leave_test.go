@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/router"
 )
 
 // MarkDown, the first step of a graceful stop, answers by its deadline
@@ -371,6 +374,43 @@ func TestLeftMemberWithHandoffsStuckStopsInTimeAndSavesNothing(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(c.Member(leaving).dir, "buckets.rlsnap")); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("%s left the cluster and wrote a bucket file into a data dir no start can use (stat: %v)", leaving, err)
+		}
+	})
+}
+
+// A member whose leave the leader completed, but whose log never got its
+// removal from Raft (the leader's one last append lost: here its Raft
+// links are cut as it applies its removal from the ring), stops within
+// a few Raft timeouts: no leader reaches it, so it asks the others, and
+// the leader answers that its Raft configuration no longer lists it
+// (GET /v1/cluster's raft_only). Was: it campaigned in vain until
+// removedRaftWait (15 s), as 1 leave in ~240 of
+// TestMemberBehindOnItsLeaveStillHandsOff did by chance.
+func TestLeftMemberMissingItsRaftRemovalStopsSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			c       *Cluster
+			leaving atomic.Pointer[string]
+			cut     atomic.Bool
+		)
+		c = New(t, 3, Options{OnView: func(member string, v *router.View) {
+			id := leaving.Load()
+			if id == nil || member != *id || slices.ContainsFunc(v.Ring.Members(), func(m ring.Member) bool { return m.ID == *id }) {
+				return
+			}
+			if cut.CompareAndSwap(false, true) {
+				c.CutRaft(member)
+			}
+		}})
+		id := otherThan(c, c.Leader().ID)
+		leaving.Store(&id)
+		start := time.Now()
+		c.Leave(id)
+		if took := time.Since(start); !cut.Load() || took > 3*time.Second {
+			t.Errorf("%s, its Raft links cut as it left the ring (%v), stopped %v after its leave; want within 3s", id, cut.Load(), took)
+		}
+		if inRaftOf(t, c.Leader(), id) {
+			t.Errorf("%s is still in the leader's Raft configuration", id)
 		}
 	})
 }

@@ -380,7 +380,7 @@ func decodeStrict(body io.Reader, v any) *api.Error {
 
 // ClusterOf is the wire form of a node's membership (GET /v1/cluster).
 func ClusterOf(c view.Cluster) api.Cluster {
-	out := api.Cluster{Leader: c.Leader, Epoch: c.Epoch, Partitions: c.Partitions, RulesVersion: c.RulesVersion, Members: make([]api.Member, 0, len(c.Members))}
+	out := api.Cluster{Leader: c.Leader, Epoch: c.Epoch, Partitions: c.Partitions, RulesVersion: c.RulesVersion, Members: make([]api.Member, 0, len(c.Members)), RaftOnly: c.RaftOnly}
 	for _, m := range c.Members {
 		out.Members = append(out.Members, api.Member(m))
 	}
