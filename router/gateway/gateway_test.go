@@ -136,6 +136,24 @@ type upstream struct {
 	hits atomic.Int64
 }
 
+// slowUpstream is an upstream that never sends its response headers:
+// it counts each request and holds it until the client leaves or the
+// test ends.
+func slowUpstream(t *testing.T) *upstream {
+	release := make(chan struct{})
+	slow := &upstream{}
+	slow.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slow.hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	return slow
+}
+
 func newUpstream(t *testing.T) *upstream {
 	u := &upstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -1232,17 +1250,7 @@ func TestJWTAudienceAndIssuerAreChecked(t *testing.T) {
 // The slow upstream holds its answer until the test ends: the 50 ms
 // are the Transport's timer, not a sleep of the test.
 func TestUpstreamHeaderTimeoutIs504(t *testing.T) {
-	release := make(chan struct{})
-	slow := &upstream{}
-	slow.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		slow.hits.Add(1)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(slow.Close)
-	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	slow := slowUpstream(t)
 	down := newUpstream(t)
 	down.Close()
 	prompt := newUpstream(t)
@@ -1293,15 +1301,7 @@ func TestUpstreamHeaderTimeoutIs504(t *testing.T) {
 // headerTimeout tells the Transport's response-header timeout from the
 // other upstream failures, timeouts of dialing included (which stay 502).
 func TestHeaderTimeoutIsTheTransportsOnly(t *testing.T) {
-	release := make(chan struct{})
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(slow.Close)
-	t.Cleanup(func() { close(release) })
+	slow := slowUpstream(t)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ResponseHeaderTimeout = 50 * time.Millisecond
 	t.Cleanup(tr.CloseIdleConnections)
