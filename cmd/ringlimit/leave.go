@@ -78,9 +78,10 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 var leaveRetry, leaveRetryMax = 250 * time.Millisecond, 4 * time.Second
 
 // leaveRetrying asks askers[0] for id's removal until it is done, the
-// answer is an error other than 503, or ctx ends (see runLeave). When the
-// member asked stops answering after an attempt (it is the one leaving,
-// and it left and stopped), the next of askers is asked instead.
+// answer is an error other than 503, or ctx ends (see runLeave). More
+// than one asker means askers[0] is the member leaving: after its first
+// 503 (its relay to the leader cut short as it stops, or no leader yet)
+// or once it stops answering, the next of askers is asked instead.
 func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stderr io.Writer) error {
 	wait := leaveRetry
 	var unavailable error // the last 503 or silence, once there was one
@@ -100,6 +101,12 @@ func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stde
 			continue
 		case !errors.As(err, &ae) || ae.Code != api.CodeUnavailable:
 			return err
+		case len(askers) > 1:
+			// The member leaving answers 503 as it stops (or before a
+			// leader has its leave): the others say how it ends.
+			unavailable, askers = err, askers[1:]
+			fmt.Fprintf(stderr, "ringlimit leave: the member leaving answered %v (it stops as it leaves); asking another member how the leave ends\n", err)
+			continue
 		}
 		unavailable = err
 		fmt.Fprintf(stderr, "ringlimit leave: %v; asking again in %v\n", err, wait)
