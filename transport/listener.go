@@ -435,10 +435,15 @@ func (l *Listener) authenticate(ctx context.Context, nc net.Conn, h *handshake) 
 	if l.cfg.IdleTimeout > 0 {
 		gc.idle = l.cfg.IdleTimeout
 	}
+	// Counted before the hand-over: counted after, a caller served on
+	// the connection could read Stats before the count (a CI flake of
+	// TestSilentConnectionsCannotLockPeersOut: the peer's Do answered,
+	// Accepted still 0).
+	l.accepted.Add(1)
 	select {
 	case l.ready <- gc:
-		l.accepted.Add(1)
 	case <-l.ctx.Done():
+		l.accepted.Add(-1)
 		_ = gc.Close()
 	}
 }
