@@ -47,9 +47,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // over it) and returns how many of those partitions hold states; it
 // writes no file when it has no partition at all (a partition served
 // empty is written, as an empty stream, so that the next start knows
-// this member held nothing of it). Each partition it serves stops serving as it is written (checks
-// that come later are answered by their rule's failure mode, as at an
-// old owner after a hand-off), so no spend is made after its state was
+// this member held nothing of it). Each partition it serves stops
+// serving as it is written (checks that come later are answered by
+// their rule's failure mode, as at an old owner after a hand-off), so no
+// spend is made after its state was
 // saved; and the owner is sealed first, so it refuses every hand-off that
 // comes later (a ring it learns of after the save may still give it
 // partitions: their senders keep them, see takeHandoff).

@@ -200,7 +200,7 @@ func ParseConfig(files ...File) (*Config, error) {
 			return nil, &ConfigError{File: f.Name, Domain: y.Domain, Msg: "duplicate domain (also in " + other + ")"}
 		}
 		from[y.Domain] = f.Name
-		b := builder{c: c, file: f.Name, domain: y.Domain}
+		b := builder{c: c, file: f.Name, domain: y.Domain, paths: map[string]bool{}}
 		lv, err := b.level(y.Descriptors, "", 1)
 		if err != nil {
 			return nil, err
@@ -283,7 +283,6 @@ func (b *builder) level(ds []yamlDescriptor, parent string, depth int) (*level, 
 		if parent == "" && strings.HasPrefix(path, overridePrefix) {
 			return nil, b.fail(path, "descriptor keys beginning with %q are reserved for descriptor limit overrides (their rules' names)", overridePrefix)
 		}
-
 		n := &descNode{}
 		switch {
 		case d.Value == "":
@@ -308,9 +307,6 @@ func (b *builder) level(ds []yamlDescriptor, parent string, depth int) (*level, 
 		// one ("a_b" alone and "a" with value "b", "x.y" and x's child y).
 		if b.paths[path] {
 			return nil, b.fail(path, "another descriptor of this domain has the same path (key, _value, joined by dots): their limits would share rule names; rename one key")
-		}
-		if b.paths == nil {
-			b.paths = map[string]bool{}
 		}
 		b.paths[path] = true
 		l, err := b.limit(&d, path)
