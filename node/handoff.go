@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -267,15 +269,17 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
 		cancel()
+		if n.log.Enabled(n.ctx, slog.LevelDebug) {
+			n.log.Debug("hand-off pushed", "to", to.ID, "epoch", epoch, "parts", debugParts(push.Parts, ack.Status), "ack_epoch", ack.Epoch, "err", err)
+		}
 		var retry []Outgoing
 		refused := err != nil
+		settled := 0 // parts this attempt settled (taken, or given up)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
-			var settled int
 			retry, settled = h.readdress(n.cell.Load(), batch)
-			h.done(settled)
 		} else {
 			taken := 0
 			var moved []Outgoing
@@ -296,12 +300,12 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			if taken > 0 {
 				n.m.handoffParts.Add(float64(taken))
 			}
+			settled = taken
 			if len(moved) > 0 {
-				again, settled := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved)
+				again, k := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved)
 				retry = append(retry, again...)
-				taken += settled
+				settled += k
 			}
-			h.done(taken)
 			epoch = max(epoch, ack.Epoch)
 		}
 		if n.stopping.Load() {
@@ -312,11 +316,14 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			// whole drain, when the target had stopped too).
 			k := len(retry)
 			retry = slices.DeleteFunc(retry, func(o Outgoing) bool { return o.Part.Lost })
-			h.done(k - len(retry))
+			settled += k - len(retry)
 		}
 		group = append(rest, retry...)
-		if h.track(d, group, refused) {
-			h.done(len(group))
+		// What is left is recorded before what landed is counted: the
+		// count reaching zero lets a stopping member take what is left
+		// (abandon) for its bucket file at once, and a part already
+		// taken must not be in it (see settle).
+		if h.settle(d, group, refused, settled) {
 			return
 		}
 		if len(retry) > 0 {
@@ -326,23 +333,40 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			// (up to 1 s) later, while it serves the partition from its
 			// backup copy.
 			t := time.NewTimer(backoff)
+			settled = 0
 			select {
 			case <-t.C:
 			case <-changed:
-				var settled int
 				group, settled = h.readdress(n.cell.Load(), group)
-				h.done(settled)
 			case <-n.ctx.Done():
 			case <-h.given:
 			}
 			t.Stop()
 			backoff = min(2*backoff, time.Second)
-			if h.track(d, group, refused) {
-				h.done(len(group))
+			if h.settle(d, group, refused, settled) {
 				return
 			}
 		}
 	}
+}
+
+// settle records group as what delivery d has left to push, then counts
+// settled parts done; once abandoned it gives up what is left (counted
+// done too) and reports true. In that order: a stopping member that sees
+// the count reach zero takes what is left at once (abandon) for its
+// bucket file, and a part already taken must not be in it. Was: counted
+// first, and a stop saved hand-offs its target had just taken; at the
+// next start it handed them again, and an empty copy among them (a
+// partition it awaited, passed on from its backup copy) ended the wait
+// of an owner still awaiting the real state from the member that held
+// it, which then served those keys from nothing.
+func (h *handoffs) settle(d *delivery, group []Outgoing, unanswered bool, settled int) (abandoned bool) {
+	abandoned = h.track(d, group, unanswered)
+	h.done(settled)
+	if abandoned {
+		h.done(len(group))
+	}
+	return abandoned
 }
 
 // lostParts counts the Lost parts of batch (they carry no state).
@@ -1109,3 +1133,24 @@ const leaderlessAfter = time.Second
 
 // markDownTimeout bounds the attempt to mark a stopping member down.
 const markDownTimeout = 2 * time.Second
+
+// debugParts describes the parts of a push and their answers for a
+// debug log line: "p:states/status", L for a Lost part.
+func debugParts(parts []transport.PushPart, status []transport.PushStatus) string {
+	var b strings.Builder
+	for i, pt := range parts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:", pt.Partition)
+		if pt.Lost {
+			b.WriteString("L")
+		} else {
+			fmt.Fprintf(&b, "%dB", len(pt.Data))
+		}
+		if i < len(status) {
+			fmt.Fprintf(&b, "/%d", status[i])
+		}
+	}
+	return b.String()
+}

@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
@@ -233,6 +235,11 @@ type Outgoing struct {
 	// on its way from the member before, whose push this member now
 	// refuses, so that it goes to the new owner next (see lostDelay).
 	awaited bool
+	// standIn says Part is this member's backup copy of a partition it
+	// awaited when the ring moved on: passed on as the best it holds,
+	// while the state itself is on its way from the member that served
+	// the partition. It is never kept in a bucket file (saveBuckets).
+	standIn bool
 }
 
 // sendable is og's part as it goes out at now (the owner's clock, ns):
@@ -270,7 +277,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		o.setState(p, partAway)
 		part := transport.PushPart{Partition: p}
 		var src *limiter.Table
-		awaited := false
+		awaited, standIn := false, false
 		switch {
 		case st == partServing:
 			src = o.table
@@ -293,7 +300,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			// (takeHandoff), and a crashed member's restart, whose
 			// mark-down and return a backup applies within its lostDelay,
 			// would await its idle partitions for the hand-off wait.
-			src = o.backup
+			src, standIn = o.backup, true
 		default:
 			part.Lost = true
 			awaited = st == partAwaiting
@@ -332,7 +339,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			continue
 		}
 		if mem, ok := next.Ring.Member(to); ok {
-			out = append(out, Outgoing{To: mem, Part: part, At: now, src: src, awaited: awaited})
+			out = append(out, Outgoing{To: mem, Part: part, At: now, src: src, awaited: awaited, standIn: standIn})
 		}
 	}
 	for _, p := range m.Unback {
@@ -359,6 +366,19 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		o.markWhole(p)
 	}
 	o.cell.Store(next)
+	if o.log.Enabled(context.Background(), slog.LevelDebug) {
+		// For diagnosis: each gained partition as partition:Gain/states
+		// held, each part going out as partition>owner:Lost/bytes.
+		var b strings.Builder
+		for p, how := range m.Gained {
+			fmt.Fprintf(&b, "%d:%d/%d ", p, how, o.table.PartitionLen(p))
+		}
+		var l strings.Builder
+		for _, og := range out {
+			fmt.Fprintf(&l, "%d>%s:%v/%dB ", og.Part.Partition, og.To.ID, og.Part.Lost, len(og.Part.Data))
+		}
+		o.log.Debug("moves applied", "epoch", next.Epoch(), "gained", b.String(), "out", l.String(), "restart", m.Restart)
+	}
 	return out
 }
 

@@ -419,3 +419,41 @@ func awaitingAtB(t *testing.T, rules []limiter.Rule, backed bool) *lateHandoff {
 	}
 	return s
 }
+
+// A partition that moves on while this member still awaits its hand-off
+// goes on as this member's backup copy of it, marked a stand-in: the
+// state is on its way from the member that served it, so a stopping
+// member does not keep the copy in its bucket file (TestBucketFileKeepsNoStandIn).
+// What this member served goes as itself, no stand-in.
+func TestAwaitedPartitionMovingOnGoesAsStandIn(t *testing.T) {
+	o := newOwner(t, "a")
+	v1, v2, v3 := testView(t, 1, "b"), testView(t, 2, "a", "b"), testView(t, 3, "b")
+	o.Apply(v1, PlanMoves(nil, v1.Ring, "a", allAlive, false, false))
+	o.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", allAlive, false, false))
+	_, awaited := partOf(v2, "a")
+	served := v2.Ring.PartitionsOf("a")[0]
+	if served == awaited {
+		served = v2.Ring.PartitionsOf("a")[1]
+	}
+	o.ExpireAwaiting([]uint32{served})
+	o.based[awaited].Store(true) // a whole backup copy, empty
+	out := o.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "a", allAlive, false, false))
+	seen := 0
+	for _, og := range out {
+		switch og.Part.Partition {
+		case awaited:
+			seen++
+			if og.Part.Lost || !og.standIn || og.src != o.backup {
+				t.Errorf("awaited partition %d went as Lost=%v standIn=%v (from the backup table: %v), want its backup copy as a stand-in", awaited, og.Part.Lost, og.standIn, og.src == o.backup)
+			}
+		case served:
+			seen++
+			if og.standIn {
+				t.Errorf("served partition %d went as a stand-in", served)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("%d of the 2 partitions handed off", seen)
+	}
+}

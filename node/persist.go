@@ -2,14 +2,17 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
@@ -84,10 +87,16 @@ func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 		}
 		g.Unlock()
 	}
-	var kept []transport.PushPart // the undelivered hand-offs that hold state, as of now
+	// The undelivered hand-offs that hold state, as of now. Not a stand-in
+	// (Outgoing.standIn): the member that served its partition hands the
+	// state on itself, or keeps it in its own file, and at the next start
+	// the stand-in, handed again, would end the wait of an owner that
+	// awaits that state (an empty one: its keys served from nothing until
+	// the state came).
+	var kept []transport.PushPart
 	for _, og := range left {
 		p := og.Part.Partition
-		if og.Part.Lost || len(og.Part.Data) == 0 ||
+		if og.Part.Lost || og.standIn || len(og.Part.Data) == 0 ||
 			slices.ContainsFunc(parts, func(s saved) bool { return s.p == p && len(s.stream) > 0 }) ||
 			slices.ContainsFunc(kept, func(k transport.PushPart) bool { return k.Partition == p }) {
 			continue
@@ -295,6 +304,13 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 	}
 	for _, pt := range parts {
 		o.loaded = append(o.loaded, pt.p)
+	}
+	if o.log.Enabled(context.Background(), slog.LevelDebug) {
+		var d strings.Builder
+		for _, pt := range parts {
+			fmt.Fprintf(&d, "%d:%dB/%d ", pt.p, len(pt.stream), o.backup.PartitionLen(pt.p))
+		}
+		o.log.Debug("bucket file read", "at", at, "parts", d.String())
 	}
 	return held, nil
 }

@@ -340,6 +340,29 @@ func TestBucketFileKeepsUndeliveredHandoffs(t *testing.T) {
 	}
 }
 
+// A stand-in among the undelivered hand-offs (a backup copy passed on
+// for a partition the member awaited when the ring moved on) is not
+// saved: the state it stands in for is on its way from the member that
+// served the partition, and handed again at the next start it ended the
+// wait of an owner still awaiting that state, which then served the
+// partition from the stand-in (an empty one: its spent keys admitted
+// again, TestHolderBackWithinHandoffWaitKeepsBudgets).
+func TestBucketFileKeepsNoStandIn(t *testing.T) {
+	dir := t.TempDir()
+	a, c := spentOwner(t)
+	p := c.Partition
+	now := a.now()
+	standIn := Outgoing{Part: transport.PushPart{Partition: p, Data: a.table.Export(nil, p, now)}, At: now, src: a.backup, standIn: true}
+	x, _ := testOwner(t, 1, "a")
+	if n, err := x.saveBuckets(dir, []Outgoing{standIn}); err != nil || n != 0 {
+		t.Fatalf("saved %d partitions (err %v), want none: a stand-in is not kept", n, err)
+	}
+	b, _ := testOwner(t, 1, "a")
+	if n, err := b.loadBuckets(dir); err != nil || n != 0 {
+		t.Fatalf("loaded %d partitions (err %v), want none", n, err)
+	}
+}
+
 // A bucket file with any one bit flipped is refused whole (set aside as
 // .bad), as a truncated one is; one of the release before (no checksum)
 // still loads; one exported later than the loader's clock says it is now

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 )
@@ -140,7 +142,7 @@ func restartAndCheckSpent(t *testing.T, c *Cluster, n int) {
 	c.WaitSettled(len(ms))
 	for i := range n {
 		if r := c.Check(fmt.Sprintf("n%d", i%len(ms)+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
-			t.Errorf("k%d, spent before the stop, admitted after the restart: %+v", i, r)
+			t.Errorf("k%d, spent before the stop, admitted after the restart: %+v (%s)", i, r, whereIs(c, fmt.Sprintf("k%d", i)))
 		}
 	}
 }
@@ -210,8 +212,24 @@ func TestLastActiveMemberStoppedCleanlyNeedsNoRecovery(t *testing.T) {
 		mu.Unlock()
 		for i := range 12 {
 			if r := c.Check(fmt.Sprintf("n%d", i%3+1), tightRule.Name, fmt.Sprintf("k%d", i), 1); r.Allowed {
-				t.Errorf("k%d, spent before the stop, admitted after the restart: %+v", i, r)
+				t.Errorf("k%d, spent before the stop, admitted after the restart: %+v (%s)", i, r, whereIs(c, fmt.Sprintf("k%d", i)))
 			}
 		}
 	})
+}
+
+// whereIs says, for a failure message, key's partition and its owner in
+// each running member's view.
+func whereIs(c *Cluster, key string) string {
+	var b strings.Builder
+	for _, m := range c.Members() {
+		if !m.running() {
+			continue
+		}
+		v := m.Node().View()
+		p, o, _ := v.Ring.OwnerOfKey(limiter.KeyHash(v.Seed, key))
+		ow := m.Node().Owner()
+		fmt.Fprintf(&b, "%s@%d: p%d kh %d owner %s, table %d, backup %d; ", m.ID, v.Epoch(), p, limiter.KeyHash(v.Seed, key), o.ID, ow.Table().PartitionLen(p), ow.BackupTable().PartitionLen(p))
+	}
+	return b.String()
 }
