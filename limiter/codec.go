@@ -101,7 +101,33 @@ func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := t.sets.Load() // under the lock: see freeTag
-	return appendStream(dst, part, p.liveRecords(now, g), g, now)
+	recs := t.scratch()
+	defer t.release(recs)
+	*recs = p.liveRecords(*recs, now, g)
+	return appendStream(dst, part, *recs, g, now)
+}
+
+// scratch returns an empty slice of records for one export, to give back
+// with release: under load every partition is exported every backup
+// round, and a fresh slice each time (its records hold pointers: zeroed,
+// then scanned by the GC) cost the owner a third of each export.
+func (t *Table) scratch() *[]exportRec {
+	if s, ok := t.recs.Get().(*[]exportRec); ok {
+		return s
+	}
+	return new([]exportRec)
+}
+
+// release gives back a scratch slice, cleared (it must not keep logs
+// alive); one grown past maxScratch records is dropped instead.
+func (t *Table) release(s *[]exportRec) {
+	const maxScratch = 1 << 16
+	if cap(*s) > maxScratch {
+		return
+	}
+	clear(*s)
+	*s = (*s)[:0]
+	t.recs.Put(s)
 }
 
 // exportRec is one state on its way into a stream.
@@ -114,32 +140,41 @@ type exportRec struct {
 	log  *Log
 }
 
-// liveRecords returns every state of p live at now, sorted by (kind, key).
-// The caller holds p.mu.
-func (p *partition) liveRecords(now int64, g *ruleSets) []exportRec {
-	var recs []exportRec
+// liveRecords appends to recs every state of p live at now, sorted by
+// (kind, key), and returns the extended slice. The caller holds p.mu.
+//
+// Each kind is gathered and sorted by key on its own: a slot map's
+// entries lie in key order but for probe runs (home is monotone in the
+// key), so the sort finds them nearly sorted.
+func (p *partition) liveRecords(recs []exportRec, now int64, g *ruleSets) []exportRec {
+	recs = slices.Grow(recs, p.tats.n+p.wins.n+len(p.logs))
+	n := len(recs)
 	p.tats.all(func(k uint64, tag uint8, v TAT) {
 		if !droppable(v, tag, now, g) {
 			recs = append(recs, exportRec{kind: kindTAT, key: k, tag: tag, tat: v})
 		}
 	})
+	sortByKey(recs[n:])
+	n = len(recs)
 	p.wins.all(func(k uint64, tag uint8, v Window) {
 		if !droppable(v, tag, now, g) {
 			recs = append(recs, exportRec{kind: kindWindow, key: k, tag: tag, win: v})
 		}
 	})
+	sortByKey(recs[n:])
+	n = len(recs)
 	for k, l := range p.logs {
 		if !droppableLog(l, now, g) { // drops the entries expired at now
 			recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
 		}
 	}
-	slices.SortFunc(recs, compareRecs)
+	sortByKey(recs[n:])
 	return recs
 }
 
-// compareRecs orders records as a stream holds them: by kind, then key.
-func compareRecs(a, b exportRec) int {
-	return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.key, b.key))
+// sortByKey sorts records of one kind by key, as a stream holds them.
+func sortByKey(recs []exportRec) {
+	slices.SortFunc(recs, func(a, b exportRec) int { return cmp.Compare(a.key, b.key) })
 }
 
 // appendStream appends the stream of recs (sorted by kind, then key) of
@@ -211,7 +246,11 @@ func appendSet(dst []byte, s *ruleSet, now int64) []byte {
 	}
 	dst = binary.AppendUvarint(dst, age)
 	dst = binary.AppendUvarint(dst, uint64(len(s.rules)))
-	for _, name := range slices.Sorted(maps.Keys(s.rules)) {
+	names := s.names
+	if len(names) != len(s.rules) {
+		names = slices.Sorted(maps.Keys(s.rules))
+	}
+	for _, name := range names {
 		r := s.rules[name]
 		dst = binary.AppendUvarint(dst, uint64(len(name)))
 		dst = append(dst, name...)
@@ -444,6 +483,7 @@ type decodedSet struct {
 	version uint64
 	since   int64
 	rules   map[string]*Rule
+	names   []string // rules' keys in stream order (sorted)
 }
 
 type decodedRec[V any] struct {
@@ -561,7 +601,8 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 		}
 		out.sets = append(out.sets, s)
 	}
-	used := make([]bool, nsets+1)
+	var usedBuf [maxTags + 1]bool // nsets ≤ maxTags
+	used := usedBuf[:nsets+1]
 	off = d.off
 	count, err := d.uvarint("record count", math.MaxInt32)
 	if err != nil {
@@ -573,7 +614,7 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 	}
 	out.count = int(count)
 	lastKind, lastKey := byte(0), uint64(0)
-	for range count {
+	for i := range count {
 		off := d.off
 		k, err := d.key()
 		if err != nil {
@@ -603,11 +644,17 @@ func decodeStream(src []byte, part uint32, now int64) (*decoded, error) {
 			if err != nil {
 				return nil, err
 			}
+			if out.tats == nil {
+				out.tats = make([]decodedRec[TAT], 0, count-i) // the rest, at most
+			}
 			out.tats = append(out.tats, decodedRec[TAT]{k, int(set), TAT(v), nil})
 		case kindWindow:
 			w, err := d.window(now)
 			if err != nil {
 				return nil, err
+			}
+			if out.wins == nil {
+				out.wins = make([]decodedRec[Window], 0, count-i)
 			}
 			out.wins = append(out.wins, decodedRec[Window]{k, int(set), w, nil})
 		case kindLog:
@@ -658,7 +705,7 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 		d.off = off
 		return s, d.fail("rule count %d, but only %d bytes follow", n, d.rest())
 	}
-	s.version, s.since, s.rules = v, now-int64(age), make(map[string]*Rule, n)
+	s.version, s.since, s.rules, s.names = v, now-int64(age), make(map[string]*Rule, n), make([]string, 0, n)
 	last := ""
 	for i := range n {
 		off := d.off
@@ -672,6 +719,7 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 		}
 		last = r.Name
 		s.rules[r.Name] = &r
+		s.names = append(s.names, r.Name)
 	}
 	return s, nil
 }

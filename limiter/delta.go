@@ -56,25 +56,42 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 	g := t.sets.Load() // under the lock: see freeTag
 	if all || !p.track || p.changedAll {
 		p.changedAll, p.changed = false, p.changed[:0]
-		return appendStream(dst, part, p.liveRecords(now, g), g, now), true
+		recs := t.scratch()
+		defer t.release(recs)
+		*recs = p.liveRecords(*recs, now, g)
+		return appendStream(dst, part, *recs, g, now), true
 	}
-	// Look the keys up first and sort only the live states: under churn
-	// (states that die between checks) most listed keys are dead by now.
-	var recs []exportRec
-	for _, k := range p.changed {
+	// The keys sorted once (8 bytes each, a key listed twice once), then
+	// looked up kind by kind: the records come out in stream order, and
+	// under churn (states that die between checks) a dead one costs a
+	// lookup and nothing more.
+	keys := p.changed
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	scratch := t.scratch()
+	defer t.release(scratch)
+	recs := slices.Grow(*scratch, len(keys))
+	defer func() { *scratch = recs }() // released whole, cleared
+	for _, k := range keys {
 		if e := p.tats.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
 			recs = append(recs, exportRec{kind: kindTAT, key: k, tag: e.tag(), tat: e.val})
 		}
-		if e := p.wins.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
-			recs = append(recs, exportRec{kind: kindWindow, key: k, tag: e.tag(), win: e.val})
+	}
+	if p.wins.n > 0 {
+		for _, k := range keys {
+			if e := p.wins.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
+				recs = append(recs, exportRec{kind: kindWindow, key: k, tag: e.tag(), win: e.val})
+			}
 		}
-		if l, ok := p.logs[k]; ok && !droppableLog(l, now, g) {
-			recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
+	}
+	if len(p.logs) > 0 {
+		for _, k := range keys {
+			if l, ok := p.logs[k]; ok && !droppableLog(l, now, g) {
+				recs = append(recs, exportRec{kind: kindLog, key: k, tag: l.tag, log: l})
+			}
 		}
 	}
 	p.changed = p.changed[:0]
-	slices.SortFunc(recs, compareRecs)
-	recs = slices.CompactFunc(recs, func(a, b exportRec) bool { return compareRecs(a, b) == 0 }) // a key listed twice
 	return appendStream(dst, part, recs, g, now), false
 }
 

@@ -88,7 +88,7 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 	var sets []*ruleSet
 	for i, s := range recs.sets {
 		if ref[i+1] != 0 {
-			sets = append(sets, &ruleSet{version: s.version, since: s.since, rules: s.rules})
+			sets = append(sets, &ruleSet{version: s.version, since: s.since, rules: s.rules, names: s.names})
 			ref[i+1] = uint64(len(sets))
 		}
 	}

@@ -77,6 +77,7 @@ type ruleSet struct {
 	tag     uint8            // what its states carry
 	since   int64            // when it came into force on this table
 	rules   map[string]*Rule // by name, Version cleared; nil for version 0
+	names   []string         // rules' keys, sorted (a stream lists them in this order)
 	// life is, per kind of state, the longest a state of these rules
 	// lives (0: no rule of that kind).
 	life [lifeKinds]int64
@@ -299,7 +300,7 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		return nil
 	}
 	i, _ = slices.BinarySearch(g.versions, version) // freeTag may release versions
-	s := &ruleSet{version: version, tag: tag, since: since, rules: m}
+	s := &ruleSet{version: version, tag: tag, since: since, rules: m, names: slices.Sorted(maps.Keys(m))}
 	for _, r := range m {
 		k := lifeKind(r.Algorithm)
 		s.life[k] = max(s.life[k], lifeOf(r))

@@ -64,6 +64,7 @@ type Table struct {
 	parts []partition
 	sets  atomic.Pointer[ruleSets] // replaced whole under regMu
 	regMu sync.Mutex               // serialises changes of sets
+	recs  sync.Pool                // *[]exportRec: an export's scratch (codec.go)
 }
 
 type partition struct {

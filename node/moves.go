@@ -726,6 +726,7 @@ func (o *Owner) BackupPushes() map[string]*BackupBatch {
 	}
 	now := o.now()
 	out := map[string]*BackupBatch{}
+	var buf []byte // every partition's stream, one after another: few allocations a round
 	for _, p := range v.Ring.PartitionsOf(o.self) {
 		if !o.dirty[p].Load() || o.getState(p) != partServing {
 			continue
@@ -736,7 +737,10 @@ func (o *Owner) BackupPushes() map[string]*BackupBatch {
 			continue
 		}
 		o.dirty[p].Store(false)
-		data, whole := o.table.ExportChanges(nil, p, now, o.whole[p].Swap(false))
+		start := len(buf)
+		var whole bool
+		buf, whole = o.table.ExportChanges(buf, p, now, o.whole[p].Swap(false))
+		data := buf[start:len(buf):len(buf)] // a later append never writes into it
 		bb := out[b.ID]
 		if bb == nil {
 			bb = &BackupBatch{To: b, Epoch: v.Epoch()}
