@@ -233,6 +233,7 @@ func newCluster(t testing.TB, opts Options) *Cluster {
 		opts.RouterTimeout = 250 * time.Millisecond
 	}
 	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{}), httpCut: map[[2]string]bool{}}
+	c.net.log = c.logger()
 	t.Cleanup(c.close)
 	return c
 }
@@ -303,7 +304,7 @@ func (c *Cluster) start(m *Member) {
 			return raft.Configuration{}, false
 		})
 	}
-	var local localHandler
+	local := localHandler{id: m.ID, log: c.net.log}
 	rt, err := router.New(router.Config{Self: m.ID, Timeout: c.opts.RouterTimeout, Linger: 50 * time.Microsecond}, &local, endpoint{c.net, m.ID})
 	if err != nil {
 		c.t.Fatal(err)
@@ -368,10 +369,15 @@ func (c *Cluster) start(m *Member) {
 }
 
 // localHandler lets the router be built before the node it calls.
-type localHandler struct{ n *node.Node }
+type localHandler struct {
+	n   *node.Node
+	id  string
+	log *slog.Logger // see logDecided
+}
 
 func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequest, resp *transport.BatchResponse) {
 	l.n.HandleBatch(ctx, req, resp)
+	logDecided(l.log, l.id, req, resp)
 }
 
 func (l *localHandler) Prompt(req *transport.BatchRequest) bool { return l.n.Prompt(req) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ type network struct {
 	byPeer  map[string]string  // peer address → id; guarded by mu
 	byHTTP  map[string]string  // HTTP address → id; guarded by mu
 	drops   map[[2]string]int  // calls dropped per link, for tests; guarded by mu
+	log     *slog.Logger       // set once: each decided check at debug (CLUSTERTEST_LOG), or nil
 }
 
 func newNetwork() *network {
@@ -102,6 +104,7 @@ func (e endpoint) Do(ctx context.Context, addr string, req *transport.BatchReque
 		out.Results[i] = transport.Result{Status: transport.StatusInternal}
 	}
 	m.node().HandleBatch(ctx, in, out)
+	logDecided(e.net.log, m.ID, in, out)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -128,4 +131,18 @@ func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, a
 	}
 	*ack = *out
 	return nil
+}
+
+// logDecided logs each check of req that owner answered in resp, when
+// log is set: which member decided a key, and how, is what a failure of
+// a budget test asks first.
+func logDecided(log *slog.Logger, owner string, req *transport.BatchRequest, resp *transport.BatchResponse) {
+	if log == nil {
+		return
+	}
+	for i := range req.Checks {
+		c, r := &req.Checks[i], &resp.Results[i]
+		log.Debug("clustertest: decided", "node", owner, "epoch", resp.Epoch, "req_epoch", req.Epoch,
+			"p", c.Partition, "kh", c.KeyHash, "cost", c.Cost, "status", r.Status, "allowed", r.Allowed, "remaining", r.Remaining)
+	}
 }
