@@ -279,7 +279,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
-			retry, settled = h.readdress(n.cell.Load(), batch)
+			retry, settled = h.readdress(n.cell.Load(), batch, "", 0)
 		} else {
 			taken := 0
 			var moved []Outgoing
@@ -302,7 +302,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			}
 			settled = taken
 			if len(moved) > 0 {
-				again, k := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved)
+				again, k := h.readdress(n.cell.Await(n.ctx, ack.Epoch, 0, time.Second), moved, to.ID, ack.Epoch)
 				retry = append(retry, again...)
 				settled += k
 			}
@@ -337,7 +337,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			select {
 			case <-t.C:
 			case <-changed:
-				group, settled = h.readdress(n.cell.Load(), group)
+				group, settled = h.readdress(n.cell.Load(), group, "", 0)
 			case <-n.ctx.Done():
 			case <-h.given:
 			}
@@ -415,7 +415,12 @@ func (n *Node) sendable(batch []Outgoing) []transport.PushPart {
 // refuses (its partition is moving out under a newer ring right now)
 // goes back to its old target, whose answer (NOT_OWNER at the newer
 // epoch, or an error once that ring is ours) sends it on.
-func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, settled int) {
+//
+// refusedBy, when set, is the member that refused parts as NOT_OWNER at
+// its view of epoch refusedAt: a part this member takes back whose
+// partition awaits that member's hand-off alone waits no longer than
+// handoffTimeout (Owner.AwaitedFromAlone).
+func (h *handoffs) readdress(v *view.View, parts []Outgoing, refusedBy string, refusedAt uint64) (retry []Outgoing, settled int) {
 	n := h.n
 	if v == nil {
 		return parts, 0
@@ -444,14 +449,42 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing) (retry []Outgoing, 
 	}
 	status := make([]transport.PushStatus, len(mine))
 	o.TakeBack(n.ctx, v.Epoch(), n.sendable(mine), status)
+	var taken []uint32
 	for i, st := range status {
 		if st == transport.PushOK {
 			settled++
+			taken = append(taken, mine[i].Part.Partition)
 		} else {
 			retry = append(retry, mine[i])
 		}
 	}
+	if refusedBy != "" && len(taken) > 0 {
+		h.expireSoon(o.AwaitedFromAlone(refusedBy, refusedAt, taken))
+	}
 	return retry, settled
+}
+
+// expireSoon promotes, once handoffTimeout has passed, the partitions of
+// byEpoch (by the epoch of the ring each began awaiting under) that
+// still await their hand-off (Owner.AwaitedFromAlone).
+func (h *handoffs) expireSoon(byEpoch map[uint64][]uint32) {
+	n := h.n
+	for epoch, parts := range byEpoch {
+		n.goLoop(func() {
+			t := time.NewTimer(handoffTimeout)
+			defer t.Stop()
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-t.C:
+			}
+			if o := n.owner.Load(); o != nil {
+				if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
+					n.log.Info("hand-off not coming: the member awaited refused this member's own hand-off of the partitions and never held them; serving them", "epoch", epoch, "partitions", k)
+				}
+			}
+		})
+	}
 }
 
 // handoffWait is how long a gained partition waits for its hand-off

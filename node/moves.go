@@ -31,6 +31,10 @@ type Moves struct {
 	Lost    map[uint32]string // partitions we stop owning → their new owner ("" = none)
 	Unback  []uint32          // partitions whose backup copy we no longer keep
 	Restart bool              // the first ring after a restart with state
+	// From names, for a partition awaited from its owner in the ring
+	// just before when one member changed in between (as far as this
+	// member saw: no other owner's hand-off is expected), that owner.
+	From map[uint32]string
 }
 
 // PlanMoves decides what member self does when the ring goes from prev
@@ -63,7 +67,7 @@ type Moves struct {
 // an empty budget). So it is awaited, and if nothing comes,
 // handoffTimeout promotes the backup copy all the same.
 func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, restarted, rejoined bool) Moves {
-	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}}
+	m := Moves{Gained: map[uint32]Gain{}, Lost: map[uint32]string{}, From: map[uint32]string{}}
 	gap := prev != nil && membersChanged(prev, next) > 1
 	for _, p := range next.PartitionsOf(self) {
 		var from string
@@ -96,6 +100,9 @@ func PlanMoves(prev, next *ring.Ring, self string, alive func(id string) bool, r
 			// kept
 		case from != "" && alive(from), gap:
 			m.Gained[p] = GainAwait
+			if !gap {
+				m.From[p] = from
+			}
 		default:
 			m.Gained[p] = GainPromote // nobody will hand it off
 		}
@@ -355,6 +362,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			g.Lock()
 			o.setState(p, partAwaiting)
 			o.awaitFrom[p] = next.Epoch()
+			o.awaitOwner[p] = m.From[p]
 			g.Unlock()
 		default:
 			o.promote(p, now)
@@ -651,6 +659,40 @@ func (o *Owner) TakeBack(ctx context.Context, epoch uint64, parts []transport.Pu
 		}
 	}
 	late.log(o.log, o.self)
+}
+
+// AwaitedFromAlone returns, by the epoch of the ring each began awaiting
+// under, those of parts that still await their hand-off from member by
+// alone (Moves.From) under a ring no newer than epoch: by refused this
+// member's own hand-off of them as NOT_OWNER at epoch, so it never took
+// their state, and it will not serve them (its view is past the ring
+// that gave them back); if it held them all the same, its hand-off is
+// on its way already (as is any from an owner of rings this member
+// skipped), and one later than the wait is merged as a late hand-off.
+// Their wait need not outlast a lease of by's (Node.handoffWait):
+// handoffTimeout, as with the default --dead-after, is enough
+// (handoffs.expireSoon).
+// Was: a member that joined and skipped the ring in which it owned a
+// partition refused the hand-off and never sent one back, and the
+// partition awaited it for the whole hand-off wait (an hour with
+// --dead-after 1h; a CI flake of TestCrashRestartWithABackupThatSkipsTheMarkDownIdle).
+func (o *Owner) AwaitedFromAlone(by string, epoch uint64, parts []uint32) map[uint64][]uint32 {
+	var out map[uint64][]uint32
+	for _, p := range parts {
+		if int(p) >= len(o.moving) {
+			continue
+		}
+		g := &o.moving[p]
+		g.Lock()
+		if o.getState(p) == partAwaiting && by != "" && o.awaitOwner[p] == by && o.awaitFrom[p] <= epoch {
+			if out == nil {
+				out = map[uint64][]uint32{}
+			}
+			out[o.awaitFrom[p]] = append(out[o.awaitFrom[p]], p)
+		}
+		g.Unlock()
+	}
+	return out
 }
 
 // mergeHandoff merges a hand-off into partition p, which this member

@@ -457,3 +457,62 @@ func TestAwaitedPartitionMovingOnGoesAsStandIn(t *testing.T) {
 		t.Fatalf("%d of the 2 partitions handed off", seen)
 	}
 }
+
+// A partition that went from this member to b and straight back awaits
+// b's hand-off alone (Moves.From): once b has refused this member's own
+// hand-off of it as NOT_OWNER at a view past the ring that gave it back,
+// b never took its state and will not serve it, so its wait ends after
+// handoffTimeout rather than a lease of b's (AwaitedFromAlone). Not for
+// another member's refusal, nor one at an older view, nor a partition
+// awaited across a gap of rings (someone else may have served it).
+func TestAwaitedFromAlone(t *testing.T) {
+	v1, v2, v3 := testView(t, 1, "a", "c"), testView(t, 2, "a", "b", "c"), testView(t, 3, "a", "c")
+	var p uint32
+	found := false
+	for q := range uint32(64) {
+		o1, _ := v1.Ring.Owner(q)
+		o2, _ := v2.Ring.Owner(q)
+		o3, _ := v3.Ring.Owner(q)
+		if o1.ID == "a" && o2.ID == "b" && o3.ID == "a" {
+			p, found = q, true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("no partition goes a → b → a")
+	}
+	m3 := PlanMoves(v2.Ring, v3.Ring, "a", allAlive, false, false)
+	if m3.Gained[p] != GainAwait || m3.From[p] != "b" {
+		t.Fatalf("PlanMoves: partition %d gained %v from %q, want awaited from b alone", p, m3.Gained[p], m3.From[p])
+	}
+	if gap := PlanMoves(testRing(t, 1, "a"), v3.Ring, "a", allAlive, false, false); gap.From[p] != "" {
+		t.Fatalf("PlanMoves across a gap: partition %d awaited from %q alone, want nobody named", p, gap.From[p])
+	}
+
+	o := newOwner(t, "a")
+	o.Apply(v1, PlanMoves(nil, v1.Ring, "a", allAlive, false, false))
+	o.ExpireAwaiting(o.AwaitingParts())
+	o.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", allAlive, false, false))
+	o.Apply(v3, m3)
+	for _, tc := range []struct {
+		by    string
+		epoch uint64
+		want  bool
+	}{
+		{"c", 3, false}, // not the member awaited
+		{"b", 2, false}, // b's view was older than the ring that gave p back
+		{"b", 3, true},
+		{"b", 4, true},
+	} {
+		got := o.AwaitedFromAlone(tc.by, tc.epoch, []uint32{p})
+		if (len(got[3]) == 1) != tc.want || len(got) > 1 {
+			t.Errorf("AwaitedFromAlone(%q, %d) = %v, want partition %d under epoch 3: %v", tc.by, tc.epoch, got, p, tc.want)
+		}
+	}
+	if k := o.ExpireAwaitingSince(3, []uint32{p}); k != 1 {
+		t.Fatalf("ExpireAwaitingSince promoted %d, want partition %d", k, p)
+	}
+	if got := o.AwaitedFromAlone("b", 3, []uint32{p}); len(got) != 0 {
+		t.Errorf("served partition %d still listed: %v", p, got)
+	}
+}

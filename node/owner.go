@@ -61,6 +61,10 @@ type Owner struct {
 	// under which it began awaiting (see ExpireAwaitingSince); guarded by
 	// its moving lock.
 	awaitFrom []uint64
+	// awaitOwner is, per partition in partAwaiting, the member it awaits
+	// alone: its owner in the ring just before, when one member changed
+	// in between (Moves.From); "" otherwise. Guarded by its moving lock.
+	awaitOwner []string
 
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
@@ -199,7 +203,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		awaitFrom: make([]uint64, partitions), changed: make(chan struct{}), start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), changed: make(chan struct{}), start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.
