@@ -468,20 +468,10 @@ func (h *handoffs) readdress(v *view.View, parts []Outgoing, refusedBy string, r
 // byEpoch (by the epoch of the ring each began awaiting under) that
 // still await their hand-off (Owner.AwaitedFromAlone).
 func (h *handoffs) expireSoon(byEpoch map[uint64][]uint32) {
-	n := h.n
 	for epoch, parts := range byEpoch {
-		n.goLoop(func() {
-			t := time.NewTimer(handoffTimeout)
-			defer t.Stop()
-			select {
-			case <-n.ctx.Done():
-				return
-			case <-t.C:
-			}
-			if o := n.owner.Load(); o != nil {
-				if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
-					n.log.Info("hand-off not coming: the member awaited refused this member's own hand-off of the partitions and never held them; serving them", "epoch", epoch, "partitions", k)
-				}
+		h.after(handoffTimeout, func(o *Owner) {
+			if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
+				h.n.log.Info("hand-off not coming: the member awaited refused this member's own hand-off of the partitions and never held them; serving them", "epoch", epoch, "partitions", k)
 			}
 		})
 	}
@@ -503,7 +493,7 @@ func (n *Node) handoffWait() time.Duration {
 // handoffWait has passed; one that began awaiting afresh under a newer
 // ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
-	h.afterHandoffWait(func(o *Owner) {
+	h.after(h.n.handoffWait(), func(o *Owner) {
 		if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
 			h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k)
 		}
@@ -514,15 +504,15 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 // kept, once handoffWait has passed: by then their hand-offs have landed,
 // or been kept by their owners' backup copies' promotion.
 func (h *handoffs) dropLoadedLater(parts []uint32) {
-	h.afterHandoffWait(func(o *Owner) { o.dropLoadedAway(parts) })
+	h.after(h.n.handoffWait(), func(o *Owner) { o.dropLoadedAway(parts) })
 }
 
-// afterHandoffWait calls f with the owner once handoffWait has passed,
-// unless the member closes first.
-func (h *handoffs) afterHandoffWait(f func(o *Owner)) {
+// after calls f with the owner once d has passed, unless the member
+// closes first.
+func (h *handoffs) after(d time.Duration, f func(o *Owner)) {
 	n := h.n
 	n.goLoop(func() {
-		t := time.NewTimer(n.handoffWait())
+		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-n.ctx.Done():
