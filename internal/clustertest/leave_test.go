@@ -234,7 +234,7 @@ func inRaftOf(t *testing.T, m *Member, id string) bool {
 
 // A member that asks to leave while it is behind on the Raft log (its
 // Raft links are cut for 100ms as it forwards its leave) still hands its
-// partitions off and stops within a second: the leader removes it from
+// partitions off and stops within a second or two: the leader removes it from
 // Raft only once it has applied its removal from the ring (or a bound
 // passed). Removed from Raft at once, it missed the one last append
 // hashicorp/raft sends a removed server, waited ownRemovalWait (5s), and
@@ -260,8 +260,15 @@ func TestMemberBehindOnItsLeaveStillHandsOff(t *testing.T) {
 			t.Fatalf("leave of %s through itself: %v", id, err)
 		}
 		c.WaitFor(id+" stopped", 10*time.Second, func() bool { return !c.Member(id).Running() })
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("%s stopped %v after it asked to leave, want within 1s (hand-off, not the fallbacks)", id, took)
+		// Within 2s: when hashicorp/raft's last append to the removed
+		// server is lost all the same (its replication to it was still
+		// backing off from the cut when the removal came), the member
+		// stops once the leader no longer lists it, ~1.1s after its
+		// leave (outOfLeadersRaft; 2 in ~55 full-package runs with member
+		// logs), its hand-offs long taken; the fallbacks this test is
+		// about take 3s (hand-off timeout) and 5s (ownRemovalWait).
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("%s stopped %v after it asked to leave, want within 2s (hand-off, not the fallbacks)", id, took)
 		}
 		for _, m := range c.Members() {
 			if m.Running() {
