@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/bits"
 	"slices"
@@ -100,7 +99,12 @@ func (t *Table) Export(dst []byte, part uint32, now int64) []byte {
 	p := t.part(part)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	g := t.sets.Load() // under the lock: see freeTag
+	return t.appendLive(dst, part, p, t.sets.Load(), now) // sets under the lock: see freeTag
+}
+
+// appendLive appends the stream of every state of p (partition part)
+// live at now, with the table's rule sets g. The caller holds p.mu.
+func (t *Table) appendLive(dst []byte, part uint32, p *partition, g *ruleSets, now int64) []byte {
 	recs := t.scratch()
 	defer t.release(recs)
 	*recs = p.liveRecords(*recs, now, g)
@@ -246,11 +250,7 @@ func appendSet(dst []byte, s *ruleSet, now int64) []byte {
 	}
 	dst = binary.AppendUvarint(dst, age)
 	dst = binary.AppendUvarint(dst, uint64(len(s.rules)))
-	names := s.names
-	if len(names) != len(s.rules) {
-		names = slices.Sorted(maps.Keys(s.rules))
-	}
-	for _, name := range names {
+	for _, name := range s.names {
 		r := s.rules[name]
 		dst = binary.AppendUvarint(dst, uint64(len(name)))
 		dst = append(dst, name...)
@@ -483,7 +483,6 @@ type decodedSet struct {
 	version uint64
 	since   int64
 	rules   map[string]*Rule
-	names   []string // rules' keys in stream order (sorted)
 }
 
 type decodedRec[V any] struct {
@@ -705,7 +704,7 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 		d.off = off
 		return s, d.fail("rule count %d, but only %d bytes follow", n, d.rest())
 	}
-	s.version, s.since, s.rules, s.names = v, now-int64(age), make(map[string]*Rule, n), make([]string, 0, n)
+	s.version, s.since, s.rules = v, now-int64(age), make(map[string]*Rule, n)
 	last := ""
 	for i := range n {
 		off := d.off
@@ -719,7 +718,6 @@ func (d *decoder) set(now int64) (decodedSet, error) {
 		}
 		last = r.Name
 		s.rules[r.Name] = &r
-		s.names = append(s.names, r.Name)
 	}
 	return s, nil
 }

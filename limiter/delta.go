@@ -56,10 +56,7 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 	g := t.sets.Load() // under the lock: see freeTag
 	if all || !p.track || p.changedAll {
 		p.changedAll, p.changed = false, p.changed[:0]
-		recs := t.scratch()
-		defer t.release(recs)
-		*recs = p.liveRecords(*recs, now, g)
-		return appendStream(dst, part, *recs, g, now), true
+		return t.appendLive(dst, part, p, g, now), true
 	}
 	// The keys sorted once (8 bytes each, a key listed twice once), then
 	// looked up kind by kind: the records come out in stream order, and
@@ -71,7 +68,6 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 	scratch := t.scratch()
 	defer t.release(scratch)
 	recs := slices.Grow(*scratch, len(keys))
-	defer func() { *scratch = recs }() // released whole, cleared
 	for _, k := range keys {
 		if e := p.tats.find(k); e != nil && !droppable(e.val, e.tag(), now, g) {
 			recs = append(recs, exportRec{kind: kindTAT, key: k, tag: e.tag(), tat: e.val})
@@ -92,6 +88,7 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 		}
 	}
 	p.changed = p.changed[:0]
+	*scratch = recs // released grown, and cleared
 	return appendStream(dst, part, recs, g, now), false
 }
 

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"maps"
 	"math"
 	"slices"
 )
@@ -88,7 +89,7 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 	var sets []*ruleSet
 	for i, s := range recs.sets {
 		if ref[i+1] != 0 {
-			sets = append(sets, &ruleSet{version: s.version, since: s.since, rules: s.rules, names: s.names})
+			sets = append(sets, &ruleSet{version: s.version, since: s.since, rules: s.rules, names: slices.Sorted(maps.Keys(s.rules))})
 			ref[i+1] = uint64(len(sets))
 		}
 	}

@@ -77,7 +77,7 @@ type ruleSet struct {
 	tag     uint8            // what its states carry
 	since   int64            // when it came into force on this table
 	rules   map[string]*Rule // by name, Version cleared; nil for version 0
-	names   []string         // rules' keys, sorted (a stream lists them in this order)
+	names   []string         // rules' keys, sorted: a stream lists them in this order (set wherever rules is)
 	// life is, per kind of state, the longest a state of these rules
 	// lives (0: no rule of that kind).
 	life [lifeKinds]int64

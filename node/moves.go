@@ -677,6 +677,9 @@ func (o *Owner) TakeBack(ctx context.Context, epoch uint64, parts []transport.Pu
 // partition awaited it for the whole hand-off wait (an hour with
 // --dead-after 1h; a CI flake of TestCrashRestartWithABackupThatSkipsTheMarkDownIdle).
 func (o *Owner) AwaitedFromAlone(by string, epoch uint64, parts []uint32) map[uint64][]uint32 {
+	if by == "" {
+		return nil
+	}
 	var out map[uint64][]uint32
 	for _, p := range parts {
 		if int(p) >= len(o.moving) {
@@ -684,7 +687,7 @@ func (o *Owner) AwaitedFromAlone(by string, epoch uint64, parts []uint32) map[ui
 		}
 		g := &o.moving[p]
 		g.Lock()
-		if o.getState(p) == partAwaiting && by != "" && o.awaitOwner[p] == by && o.awaitFrom[p] <= epoch {
+		if o.getState(p) == partAwaiting && o.awaitOwner[p] == by && o.awaitFrom[p] <= epoch {
 			if out == nil {
 				out = map[uint64][]uint32{}
 			}

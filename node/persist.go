@@ -53,10 +53,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // this member held nothing of it). Each partition it serves stops
 // serving as it is written (checks that come later are answered by
 // their rule's failure mode, as at an old owner after a hand-off), so no
-// spend is made after its state was
-// saved; and the owner is sealed first, so it refuses every hand-off that
-// comes later (a ring it learns of after the save may still give it
-// partitions: their senders keep them, see takeHandoff).
+// spend is made after its state was saved; and the owner is sealed
+// first, so it refuses every hand-off that comes later (a ring it learns
+// of after the save may still give it partitions: their senders keep
+// them, see takeHandoff).
 func (o *Owner) saveBuckets(dir string, left []Outgoing) (int, error) {
 	v := o.cell.Load()
 	if v == nil || dir == "" {

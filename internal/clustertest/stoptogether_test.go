@@ -218,8 +218,9 @@ func TestLastActiveMemberStoppedCleanlyNeedsNoRecovery(t *testing.T) {
 	})
 }
 
-// whereIs says, for a failure message, key's partition and its owner in
-// each running member's view.
+// whereIs says, for a failure message, key's partition, hash and owner in
+// each running member's view, and what that member's table and backup
+// table hold of the partition.
 func whereIs(c *Cluster, key string) string {
 	var b strings.Builder
 	for _, m := range c.Members() {
@@ -227,9 +228,10 @@ func whereIs(c *Cluster, key string) string {
 			continue
 		}
 		v := m.Node().View()
-		p, o, _ := v.Ring.OwnerOfKey(limiter.KeyHash(v.Seed, key))
+		kh := limiter.KeyHash(v.Seed, key)
+		p, o, _ := v.Ring.OwnerOfKey(kh)
 		ow := m.Node().Owner()
-		fmt.Fprintf(&b, "%s@%d: p%d kh %d owner %s, table %d, backup %d; ", m.ID, v.Epoch(), p, limiter.KeyHash(v.Seed, key), o.ID, ow.Table().PartitionLen(p), ow.BackupTable().PartitionLen(p))
+		fmt.Fprintf(&b, "%s@%d: p%d kh %d owner %s, table %d, backup %d; ", m.ID, v.Epoch(), p, kh, o.ID, ow.Table().PartitionLen(p), ow.BackupTable().PartitionLen(p))
 	}
 	return b.String()
 }
