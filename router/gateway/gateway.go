@@ -180,6 +180,24 @@ func (g *Gateway) SetRoutes(routes []rules.Route) {
 	g.routes.Store(&routes)
 }
 
+// parseCost reads a cost header's value as HTTP reads Content-Length:
+// one or more ASCII digits, nothing else (no sign, no spaces inside), at
+// most what an int64 holds. Was: strconv.ParseInt, which also took "+5"
+// and "-0", numbers an upstream reading the same header as digits may
+// refuse or read otherwise than the gateway charged.
+func parseCost(v string) (int64, bool) {
+	if v == "" {
+		return 0, false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, err == nil
+}
+
 // dropUpstreamXRateLimit removes an upstream's own X-RateLimit-Limit,
 // -Remaining and -Reset from its response, so that the client gets the
 // gateway's alone: they hold one number each, and the proxy would add the
@@ -201,15 +219,17 @@ func dropUpstreamXRateLimit(resp *http.Response) error {
 // Either is counted and logged as an upstream failure, unless the client
 // had gone.
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	status, code, msg := http.StatusBadGateway, "bad_gateway", "upstream unreachable"
+	if headerTimeout(err) {
+		status, code, msg = http.StatusGatewayTimeout, "gateway_timeout", "upstream did not answer in time"
+	}
 	if r.Context().Err() == nil {
-		g.m.upstreams.Inc()
+		// By status: a dead upstream (502) and a slow one (504) call for
+		// different fixes. Was: one counter for both.
+		g.m.upstreams.WithLabelValues(strconv.Itoa(status)).Inc()
 		g.logRepeated("upstream", slog.LevelWarn, "gateway: upstream failed", "err", err)
 	}
-	if headerTimeout(err) {
-		client.WriteError(w, http.StatusGatewayTimeout, "gateway_timeout", "upstream did not answer in time")
-		return
-	}
-	client.WriteError(w, http.StatusBadGateway, "bad_gateway", "upstream unreachable")
+	client.WriteError(w, status, code, msg)
 }
 
 // headerTimeout reports whether err is an http.Transport's
@@ -291,10 +311,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if v := r.Header.Get(h); v != "" {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil || n < 0 {
+				n, ok := parseCost(v)
+				if !ok {
 					g.m.outcome(route.Name, "bad_request")
-					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost")
+					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost, in decimal digits")
 					return
 				}
 				// A forwarded request spends at least 1, whatever it

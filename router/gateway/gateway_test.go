@@ -538,8 +538,15 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	if len(c.calls) != 2 || len(last) != 2 || last[0].Joined || !last[1].Joined {
 		t.Fatalf("checker calls %v, want one call a request, the route's limits joined", c.calls)
 	}
-	if r := send("abc"); r.StatusCode != http.StatusBadRequest {
-		t.Fatalf("bad cost header: %d, want 400", r.StatusCode)
+	// Decimal digits alone, as Content-Length: strconv.ParseInt took a
+	// sign, which an upstream reading the header may not.
+	for _, v := range []string{"abc", "+5", "-0", "-1", "5 5", "1e3", "0x10", "99999999999999999999"} {
+		if r := send(v); r.StatusCode != http.StatusBadRequest {
+			t.Fatalf("cost header %q: %d, want 400", v, r.StatusCode)
+		}
+	}
+	if got := c.remaining(t, "tpm", "key:t1"); got != 40 {
+		t.Fatalf("tpm has %d left after refused cost headers, want 40", got)
 	}
 	// A cost no window could ever admit is a bad request, not a 429 that
 	// tells the client to retry, and spends nothing.
@@ -868,24 +875,30 @@ func TestRepeatedFailuresLogOnceAndCount(t *testing.T) {
 	if !strings.Contains(logs.String(), `msg="gateway: upstream failed (19 more in 30s)"`) {
 		t.Fatalf("the next line after the window does not count the 19 held back:\n%s", logs.String())
 	}
-	if got := gathered(t, reg, "ringlimit_gateway_upstream_errors_total"); got != 21 {
-		t.Fatalf("upstream errors %v, want 21", got)
+	if got, slow := upstreamErrors(t, reg, "502"), upstreamErrors(t, reg, "504"); got != 21 || slow != 0 {
+		t.Fatalf("upstream errors %v (502) and %v (504), want 21 and 0", got, slow)
 	}
 }
 
-// gathered is the value of the counter name in reg.
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// upstreamErrors is the gateway's upstream error count in reg for
+// answer status.
+func upstreamErrors(t *testing.T, reg *prometheus.Registry, status string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+		if mf.GetName() != "ringlimit_gateway_upstream_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if lp := m.GetLabel(); len(lp) == 1 && lp[0].GetName() == "status" && lp[0].GetValue() == status {
+				return m.GetCounter().GetValue()
+			}
 		}
 	}
-	t.Fatalf("no counter %s", name)
+	t.Fatalf("no upstream error series for status %s", status)
 	return 0
 }
 
@@ -1287,8 +1300,8 @@ func TestUpstreamHeaderTimeoutIs504(t *testing.T) {
 			t.Errorf("%s upstream: %d %q, want %d %q", tc.name, resp.StatusCode, e.Code, tc.want, tc.wantCode)
 		}
 	}
-	if got := gathered(t, reg, "ringlimit_gateway_upstream_errors_total"); got != 1 {
-		t.Errorf("upstream errors %v after a header timeout, want 1", got)
+	if slow, down := upstreamErrors(t, reg, "504"), upstreamErrors(t, reg, "502"); slow != 1 || down != 0 {
+		t.Errorf("upstream errors after a header timeout: %v (504) and %v (502), want 1 and 0", slow, down)
 	}
 	if !strings.Contains(logs.String(), `msg="gateway: upstream failed"`) || !strings.Contains(logs.String(), "timeout awaiting response headers") {
 		t.Errorf("the header timeout is not logged as an upstream failure:\n%s", logs.String())
