@@ -101,6 +101,11 @@ func TestOwnerDownFailureMode(t *testing.T) {
 		if got := resp.Statuses[1].DurationUntilReset.AsDuration(); got != time.Second {
 			t.Errorf("closed, owner down: duration_until_reset %v, want 1s", got)
 		}
+		// The open limit's pass knows nothing of its count: a bare OK,
+		// with no current_limit for Envoy to turn into "0 remaining".
+		if st := resp.Statuses[0]; st.CurrentLimit != nil || st.LimitRemaining != 0 || st.DurationUntilReset != nil {
+			t.Errorf("open, owner down: %v; want a bare OK", st)
+		}
 		if got := testutil.ToFloat64(m.degraded); got != 2 {
 			t.Fatalf("degraded counted %v, want 2", got)
 		}
@@ -256,7 +261,7 @@ func TestDeadlineDegradesOnlyTheSlowOwnersDescriptors(t *testing.T) {
 			case st.Code == ok && st.LimitRemaining == 5:
 				answered++ // near's answer
 			case closed && st.Code == over && st.DurationUntilReset.AsDuration() == time.Second,
-				!closed && st.Code == ok && st.LimitRemaining == 0:
+				!closed && st.Code == ok && st.CurrentLimit == nil && st.DurationUntilReset == nil:
 				degraded++ // far's keys: the failure mode
 			default:
 				t.Errorf("descriptor %d (closed %v): %v; want near's answer (OK, 5 remaining) or the failure mode", i, closed, st)

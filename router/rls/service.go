@@ -201,13 +201,20 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 				}
 			}
 			resp.Statuses[i] = s.status(l, best, sc.out[at+best], d)
-			// The headers describe what owners decided. A failure
-			// mode's answer knows nothing of the limit's state: one
-			// that let the hit through is not described (it said 0
-			// remaining, reset now); one that denied decides the
-			// answer, and is, with its retry.
-			if !sc.out[at+best].Degraded || resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
+			// The status and headers describe what owners decided. A
+			// failure mode's answer knows nothing of the limit's state:
+			// one that let the hit through is a bare OK, as an
+			// unmatched descriptor's (was: its current_limit with 0
+			// remaining, which Envoy's own x-ratelimit headers would
+			// pass on to the client as "none left"); one that denied
+			// decides the answer, and is described, with its retry.
+			switch {
+			case !sc.out[at+best].Degraded:
 				pick.offer(resp.Statuses[i], l.period(best))
+			case resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT:
+				pick.offer(resp.Statuses[i], l.period(best))
+			default:
+				resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 			}
 		}
 		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
