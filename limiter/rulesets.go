@@ -57,14 +57,18 @@ import (
 //
 // There are 254 tags for versioned sets. Registering a set when all are
 // taken first frees the tags that no live state carries (a scan of the
-// table, which drops the states of the tags it frees); if none is free, the states of the oldest set are adopted
-// instead of converted (they are retagged as unversioned).
+// table, which drops the states of the tags it frees); if none is free, the states of the oldest
+// quarter of the sets are adopted instead of converted (they are
+// retagged as unversioned), so that the next writes find tags free.
 
 // ErrVersion: a check under a rule whose Version was never registered
 // with SetRules (or whose set was released: see SetRules).
 var ErrVersion = errors.New("limiter: rule set version not registered")
 
 const (
+	// adoptShare: when every tag is live, registering a set adopts
+	// the oldest 1/adoptShare of the versioned sets (see freeTag).
+	adoptShare = 4
 	// legacyTag names the unversioned set, version 0.
 	legacyTag = 1
 	// maxTags bounds the tags; 0 is never a tag (it marks empty slots).
@@ -338,13 +342,17 @@ func (g *ruleSets) clone() *ruleSets {
 // freeTag returns a tag no set holds, and the sets then current: it
 // releases the sets no live state refers to (dropping those states,
 // which are all the same as fresh keys at now), and if that frees
-// nothing, adopts the oldest versioned set's states as unversioned. Sets
+// nothing, adopts the states of the oldest versioned sets (a quarter of
+// them, adoptShare) as unversioned. Sets
 // whose tag is in pinned are kept, and never adopted; ok is false when
 // no tag could be freed. t.regMu must be held.
 //
-// It holds every partition's lock from its scan until the new sets are
-// published, and Check reads the sets under its partition's lock: so no
-// check can store the tag of a set released under it.
+// When some sets can be freed that no check writes any more (settled:
+// see freeSettled), it visits the partitions one at a time, each under
+// its own lock, so checks wait for one partition's scan at most.
+// Otherwise it holds every partition's lock from its scan until the new
+// sets are published, and Check reads the sets under its partition's
+// lock: so no check can store the tag of a set released under it.
 func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint8, _ *ruleSets, ok bool) {
 	if tag, ok := g.unusedTag(); ok {
 		return tag, g, true
@@ -352,6 +360,10 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 	var pins [maxTags]bool
 	if pinned != nil {
 		pins = *pinned
+	}
+	if n := t.freeSettled(g, now, &pins); n != nil {
+		tag, _ = n.unusedTag()
+		return tag, n, true
 	}
 	for i := range t.parts {
 		t.parts[i].mu.Lock()
@@ -361,24 +373,39 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 			t.parts[i].mu.Unlock()
 		}
 	}()
-	used := t.usedTags(g, now)
-	n := g.clone()
-	keep := n.sets[:0]
+	var used [maxTags]bool
+	for i := range t.parts {
+		t.parts[i].usedTags(g, now, &used)
+	}
+	keep := slices.Clone(g.sets)[:0]
 	for i, s := range g.sets {
 		if s.version == 0 || i == len(g.sets)-1 || used[s.tag] || pins[s.tag] {
 			keep = append(keep, s)
 		}
 	}
 	if len(keep) == len(g.sets) {
-		// Every tag is live: the oldest versioned set's states (of a set
+		// Every tag is live: the oldest versioned sets' states (of sets
 		// not pinned, not the newest) lose their rule and are adopted
-		// from now on.
-		k := slices.IndexFunc(keep[1:len(keep)-1], func(s *ruleSet) bool { return !pins[s.tag] })
-		if k < 0 {
+		// from now on. A share of the sets at once, not one: this scan
+		// holds every partition's lock, so checks wait for it, and
+		// with one set adopted a write it came at every rules write
+		// once the tags ran out (39 ms a write at 1M states,
+		// BenchmarkSetRulesAllTagsTaken); now once in adoptShare's
+		// worth of writes.
+		var adopt [maxTags]bool
+		want, n := max(1, (len(keep)-2)/adoptShare), 0
+		for _, s := range keep[1 : len(keep)-1] {
+			if n < want && !pins[s.tag] {
+				adopt[s.tag], n = true, n+1
+			}
+		}
+		if n == 0 {
 			return 0, g, false
 		}
-		t.retag(keep[1+k].tag, legacyTag)
-		keep = slices.Delete(keep, 1+k, 2+k)
+		for i := range t.parts {
+			t.parts[i].retag(&adopt, legacyTag)
+		}
+		keep = slices.DeleteFunc(keep, func(s *ruleSet) bool { return adopt[s.tag] })
 	} else {
 		// A released tag's states are droppable at now, but left in
 		// place they would carry the tag into the set it is given to
@@ -386,18 +413,20 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 		// old hour-long rule denied for an hour under the new rules.
 		// Was: left in place.
 		for i := range t.parts {
-			p := &t.parts[i]
-			p.tats.sweep(now, g)
-			p.wins.sweep(now, g)
-			for h, l := range p.logs {
-				if droppableLog(l, now, g) {
-					delete(p.logs, h)
-				}
-			}
+			t.parts[i].sweepLocked(now, g)
 		}
 	}
+	n := g.without(keep)
+	t.sets.Store(n)
+	tag, _ = n.unusedTag()
+	return tag, n, true
+}
+
+// without returns g holding the sets keep alone (a subsequence of
+// g.sets), and the versions of those sets.
+func (g *ruleSets) without(keep []*ruleSet) *ruleSets {
+	n := g.clone()
 	n.sets = keep
-	// Versions whose set is gone are released.
 	vs, ss := n.versions[:0], n.setOf[:0]
 	for k, s := range g.setOf {
 		if slices.Contains(keep, s) {
@@ -406,9 +435,86 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 	}
 	n.versions, n.setOf = vs, ss
 	n.index()
+	return n
+}
+
+// freeSettled frees tags as freeTag does, but only among settled sets —
+// versioned, not the newest, not pinned, and superseded lateWrites or
+// more before now, so that a check under one is decided under the
+// newest set (late) and never writes its tag again — and without holding
+// more than one partition's lock at a time. It publishes and returns
+// the new sets, or returns nil when no set is settled.
+//
+// Why one partition at a time is enough: after freeTag the tags of the
+// sets it releases or adopts must be carried by no state. Checks write
+// only the tag of their rule's set while it is writable, else the
+// newest's; each partition's clock is moved to now as it is visited, so
+// its later checks find every settled set past its writable. Imports,
+// the only other writers of tags, hold t.regMu, as freeTag's caller
+// does. A settled set's live states stay live and its dead ones dead
+// (its life's bounds are fixed times), so a scan of each partition in
+// turn sees what one scan of all would.
+func (t *Table) freeSettled(g *ruleSets, now int64, pins *[maxTags]bool) *ruleSets {
+	var settled [maxTags]bool
+	any := false
+	for i, s := range g.sets {
+		if s.version != 0 && i < len(g.sets)-1 && !pins[s.tag] && g.life[s.tag].writable <= now {
+			settled[s.tag], any = true, true
+		}
+	}
+	if !any {
+		return nil
+	}
+	var used [maxTags]bool
+	for i := range t.parts {
+		p := &t.parts[i]
+		p.mu.Lock()
+		p.last = max(p.last, now)
+		p.usedTags(g, now, &used)
+		p.mu.Unlock()
+	}
+	var gone [maxTags]bool
+	released := false
+	for tag := range settled {
+		if settled[tag] && !used[tag] {
+			gone[tag], released = true, true
+		}
+	}
+	if released {
+		// As freeTag: a released tag's states are dropped before the
+		// tag can be given to another set.
+		for i := range t.parts {
+			p := &t.parts[i]
+			p.mu.Lock()
+			p.sweepLocked(now, g)
+			p.mu.Unlock()
+		}
+	} else {
+		// Every settled set is live: the oldest share of them adopted,
+		// as freeTag does with every partition locked.
+		want, n := 0, 0
+		for tag := range settled {
+			if settled[tag] {
+				want++
+			}
+		}
+		want = max(1, want/adoptShare)
+		for _, s := range g.sets {
+			if n < want && settled[s.tag] {
+				gone[s.tag], n = true, n+1
+			}
+		}
+		for i := range t.parts {
+			p := &t.parts[i]
+			p.mu.Lock()
+			p.retag(&gone, legacyTag)
+			p.mu.Unlock()
+		}
+	}
+	keep := slices.DeleteFunc(slices.Clone(g.sets), func(s *ruleSet) bool { return gone[s.tag] })
+	n := g.without(keep)
 	t.sets.Store(n)
-	tag, _ = n.unusedTag()
-	return tag, n, true
+	return n
 }
 
 func (g *ruleSets) unusedTag() (uint8, bool) {
@@ -420,45 +526,51 @@ func (g *ruleSets) unusedTag() (uint8, bool) {
 	return 0, false
 }
 
-// usedTags scans the table for the tags of the states it may not drop
-// at now. Every partition's lock must be held.
-func (t *Table) usedTags(g *ruleSets, now int64) (used [maxTags]bool) {
-	for i := range t.parts {
-		p := &t.parts[i]
-		p.tats.all(func(_ uint64, tag uint8, v TAT) {
-			if !droppable(v, tag, now, g) {
-				used[tag] = true
-			}
-		})
-		p.wins.all(func(_ uint64, tag uint8, v Window) {
-			if !droppable(v, tag, now, g) {
-				used[tag] = true
-			}
-		})
-		for _, l := range p.logs {
-			used[l.tag] = true
+// usedTags marks in used the tags of the partition's states it may not
+// drop at now. p.mu must be held.
+func (p *partition) usedTags(g *ruleSets, now int64, used *[maxTags]bool) {
+	p.tats.all(func(_ uint64, tag uint8, v TAT) {
+		if !droppable(v, tag, now, g) {
+			used[tag] = true
 		}
+	})
+	p.wins.all(func(_ uint64, tag uint8, v Window) {
+		if !droppable(v, tag, now, g) {
+			used[tag] = true
+		}
+	})
+	for _, l := range p.logs {
+		used[l.tag] = true
 	}
-	return used
 }
 
-// retag gives every state of tag from the tag to. Every partition's lock
-// must be held.
-func (t *Table) retag(from, to uint8) {
+// retag gives every state of the partition whose tag is in from the tag
+// to. p.mu must be held.
+func (p *partition) retag(from *[maxTags]bool, to uint8) {
 	f := func(tag uint8) uint8 {
-		if tag == from {
+		if from[tag] {
 			return to
 		}
 		return tag
 	}
-	for i := range t.parts {
-		p := &t.parts[i]
-		p.tats.retag(f)
-		p.wins.retag(f)
-		for _, l := range p.logs {
-			l.tag = f(l.tag)
+	p.tats.retag(f)
+	p.wins.retag(f)
+	for _, l := range p.logs {
+		l.tag = f(l.tag)
+	}
+}
+
+// sweepLocked drops every state of the partition that g allows to drop
+// at now and returns how many it dropped. p.mu must be held.
+func (p *partition) sweepLocked(now int64, g *ruleSets) (dropped int) {
+	dropped = p.tats.sweep(now, g) + p.wins.sweep(now, g)
+	for h, l := range p.logs {
+		if droppableLog(l, now, g) {
+			delete(p.logs, h)
+			dropped++
 		}
 	}
+	return dropped
 }
 
 // RuleVersions returns the rule set versions the table holds, ascending,

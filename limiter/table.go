@@ -390,13 +390,7 @@ func (t *Table) Sweep(part uint32, now int64) (dropped int) {
 	defer p.mu.Unlock()
 	now = p.clock(now)
 	g := t.sets.Load() // under the lock: see freeTag
-	dropped = p.tats.sweep(now, g) + p.wins.sweep(now, g)
-	for h, l := range p.logs {
-		if droppableLog(l, now, g) {
-			delete(p.logs, h)
-			dropped++
-		}
-	}
+	dropped = p.sweepLocked(now, g)
 	if len(p.logs) == 0 {
 		p.logs = nil // a map never shrinks; let it go
 	}

@@ -1,6 +1,9 @@
 package limiter
 
 import (
+	"errors"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -96,7 +99,16 @@ func TestImportedStatesNameTheirSet(t *testing.T) {
 // to the new set, and the old state read as the new set's: the key
 // denied for 59 minutes under rules of 1000 per second.
 func TestReleasedTagsStatesAreDropped(t *testing.T) {
-	for _, exhaust := range []bool{false, true} {
+	sec := int64(time.Second)
+	for _, tc := range []struct {
+		exhaust bool
+		at      int64 // when the last set comes and the key is checked
+	}{
+		{false, 10 * sec},
+		{true, 10 * sec}, // set 1 superseded 9s before: every partition locked (freeTag)
+		{true, 30 * sec}, // 29s before: settled, one partition at a time (freeSettled)
+	} {
+		exhaust := tc.exhaust
 		tb, _ := NewTable(1)
 		r1 := Rule{Name: "r", Algorithm: TokenBucket, Limit: 1, Period: time.Hour}
 		if err := tb.SetRules(1, []Rule{r1}, 0); err != nil {
@@ -106,7 +118,6 @@ func TestReleasedTagsStatesAreDropped(t *testing.T) {
 		if d, err := tb.Check(0, 42, &r1, 0, 1); err != nil || !d.Allowed {
 			t.Fatalf("first check: %+v %v", d, err)
 		}
-		sec := int64(time.Second)
 		last := uint64(254)
 		if exhaust {
 			last = 255
@@ -116,7 +127,7 @@ func TestReleasedTagsStatesAreDropped(t *testing.T) {
 			rl = Rule{Name: "r", Algorithm: TokenBucket, Limit: 1000 + int64(v), Period: time.Second}
 			at := sec
 			if v == 255 {
-				at = 10 * sec
+				at = tc.at
 			}
 			if err := tb.SetRules(v, []Rule{rl}, at); err != nil {
 				t.Fatal(err)
@@ -125,12 +136,12 @@ func TestReleasedTagsStatesAreDropped(t *testing.T) {
 		rl.Version = last
 		// At 10s, every rule since 1s refills in about a second: the key
 		// is as good as fresh, its hour-long debt gone with rule 1.
-		d, err := tb.Check(0, 42, &rl, 10*sec, 1)
+		d, err := tb.Check(0, 42, &rl, tc.at, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !d.Allowed {
-			t.Errorf("exhausted tags=%v: check of a key idle under the current rules denied, retry after %v (the stale state of rule set 1 was read under the set that reused its tag)", exhaust, d.RetryAfter)
+			t.Errorf("exhausted tags=%v at %v: check of a key idle under the current rules denied, retry after %v (the stale state of rule set 1 was read under the set that reused its tag)", exhaust, time.Duration(tc.at), d.RetryAfter)
 		}
 	}
 }
@@ -248,4 +259,152 @@ func TestStatesOfOldSetsDieWhileRulesKeepChanging(t *testing.T) {
 			t.Errorf("the log of set %d held at 48s: %v, want %v (sets 1-4 dead by their change + lateWrites + 5s)", v, !want, want)
 		}
 	}
+}
+
+// Once every tag is taken, a rules write frees tags of settled sets (no
+// check writes their tags any more) one partition at a time: checks of
+// the partitions it has visited go on while it waits for another. Was:
+// every partition locked for the whole scan, 39 ms of stalled checks a
+// write at 1M states (BenchmarkSetRulesAllTagsTaken). The states of the
+// sets it adopts keep their spends.
+func TestSettledTagsAreFreedOnePartitionAtATime(t *testing.T) {
+	const parts = 8
+	tb, err := NewTable(parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := int64(time.Second)
+	rule := func(v uint64) Rule {
+		return Rule{Name: "r", Algorithm: TokenBucket, Limit: 10 + int64(v%2), Period: 24 * time.Hour, Version: v}
+	}
+	// 254 sets 11 s apart, each with a live state in every partition:
+	// every tag taken, every set but the newest settled.
+	const spent = 7 << 8 // partition 0's key, spent whole under set 1
+	var at int64
+	for v := uint64(1); v < maxTags-1; v++ {
+		at = int64(v) * 11 * sec
+		r := rule(v)
+		if err := tb.SetRules(v, []Rule{r}, at); err != nil {
+			t.Fatal(err)
+		}
+		for p := range uint64(parts) {
+			if _, err := tb.Check(uint32(p), (v<<16|p)<<8, &r, at, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v == 1 {
+			if d, _ := tb.Check(0, spent, &r, at, 11); !d.Allowed {
+				t.Fatalf("spending key 7 whole: %+v", d)
+			}
+		}
+	}
+	next := at + 11*sec
+	tb.parts[5].mu.Lock() // the write waits here
+	done := make(chan error, 1)
+	go func() { done <- tb.SetRules(maxTags-1, []Rule{rule(maxTags - 1)}, next) }()
+	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+		p0 := &tb.parts[0]
+		if p0.mu.TryLock() {
+			visited := p0.last == next
+			p0.mu.Unlock()
+			if visited {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.parts[5].mu.Unlock()
+			t.Fatal("partition 0 stayed locked or unvisited while the rules write waited for partition 5: every partition held")
+		}
+	}
+	tb.parts[5].mu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A quarter of the 253 settled sets adopted (63), the new one added.
+	if got, want := len(tb.RuleVersions()), 1+(maxTags-2)-(maxTags-3)/adoptShare+1; got != want {
+		t.Fatalf("%d versions held after the write, want %d", got, want)
+	}
+	r := rule(maxTags - 1)
+	d, err := tb.Check(0, spent, &r, next, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed {
+		t.Fatalf("key 7, spent under set 1 and adopted: %+v, want denied (47 minutes refill well under 1 of 11 a day)", d)
+	}
+	checkInvariants(t, tb)
+}
+
+// Rules written past the tags while checks run on every partition,
+// late ones among them (behind by a set or two, and by up to 12 s of
+// clock): after each write every stored state's tag names a set the
+// table holds (a state left with a freed tag would be read as the next
+// set's). Run with -race: freeSettled lets checks run between its
+// visits.
+func TestTagsFreedUnderChecksNameHeldSets(t *testing.T) {
+	const parts, writes, checkers, perWrite = 16, maxTags + 96, 2, 64
+	tb, err := NewTable(parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := int64(time.Second)
+	rule := func(v uint64) Rule {
+		algs := []Algorithm{TokenBucket, FixedWindow, SlidingLog}
+		return Rule{Name: "r", Algorithm: algs[(v/64)%3], Limit: 5 + int64(v%3), Period: time.Hour, Version: v}
+	}
+	if err := tb.SetRules(1, []Rule{rule(1)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64 // checks so far, for keys and lags
+	for v := uint64(2); v <= writes; v++ {
+		at := int64(v) * 3 * sec // a set settles four writes later
+		var wg sync.WaitGroup
+		for c := range uint64(checkers) {
+			first := n + c*perWrite
+			wg.Go(func() {
+				for i := first; i < first+perWrite; i++ {
+					w := v - 1 - i%3 // the newest before this write, or behind it
+					if w == 0 {
+						w = 1
+					}
+					r := rule(w)
+					k := (i*7919 + c) % 4096
+					now := at - int64(i%4)*4*sec
+					if _, err := tb.Check(uint32(k%parts), (k+1)<<8, &r, now, 1); err != nil && !errors.Is(err, ErrVersion) {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		if err := tb.SetRules(v, []Rule{rule(v)}, at); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		n += checkers * perWrite
+		g := tb.sets.Load()
+		for i := range tb.parts {
+			p := &tb.parts[i]
+			bad := -1
+			p.tats.all(func(_ uint64, tag uint8, _ TAT) {
+				if g.byTag[tag] == nil {
+					bad = int(tag)
+				}
+			})
+			p.wins.all(func(_ uint64, tag uint8, _ Window) {
+				if g.byTag[tag] == nil {
+					bad = int(tag)
+				}
+			})
+			for _, l := range p.logs {
+				if g.byTag[l.tag] == nil {
+					bad = int(l.tag)
+				}
+			}
+			if bad >= 0 {
+				t.Fatalf("after write %d: partition %d holds a state of tag %d, which names no set", v, i, bad)
+			}
+		}
+	}
+	checkInvariants(t, tb)
 }
