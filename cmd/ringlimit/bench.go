@@ -39,7 +39,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many HTTP requests (0 = no cap)")
 	fs.Int64Var(&cfg.Cost, "cost", 1, "cost of each check")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from the first --addr)")
+	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from --addr every second, and when an owner answers NOT_OWNER)")
 	adminToken := fs.String("admin-token", "", "bearer token for GET /v1/cluster/view (--protocol peer)")
 	sec := addDialerSecurityFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
@@ -84,12 +84,28 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	switch *protocol {
 	case "http":
 	case "peer":
-		rt, pool, err := peerRouter(ctx, client.New(baseURL(targets[0]), client.WithHTTPClient(hc), client.WithAdminToken(*adminToken)), auth)
+		bases := make([]string, len(targets))
+		for i, a := range targets {
+			bases[i] = baseURL(a)
+		}
+		src := client.NewViewSource(bases, client.WithHTTPClient(hc), client.WithAdminToken(*adminToken))
+		rt, pool, err := peerRouter(ctx, src, auth)
 		if err != nil {
 			return fail(stderr, "bench", err)
 		}
 		defer pool.Close()
 		defer rt.Close()
+		// Followed as `ringlimit router` follows it: every second, and at
+		// once when an owner answers NOT_OWNER. Was: read once, so a
+		// member marked dead (or gone by a leave) kept its share of the
+		// checks answered by the failure mode to the end of the run.
+		fctx, stopFollow := context.WithCancel(ctx)
+		followed := make(chan struct{})
+		go func() {
+			defer close(followed)
+			_ = rt.Follow(fctx, src, time.Second)
+		}()
+		defer func() { stopFollow(); <-followed }()
 		funcs, urls = []loadgen.CheckFunc{peerChecks(rt)}, []string{"peer:" + urls[0]}
 	default:
 		return fail(stderr, "bench", fmt.Errorf("--protocol %q: want http or peer", *protocol))
@@ -136,19 +152,16 @@ func httpChecks(c *client.Client) loadgen.CheckFunc {
 	}
 }
 
-// peerRouter builds a stateless router from a member's view of the cluster.
-func peerRouter(ctx context.Context, c *client.Client, auth *transport.Auth) (*router.Router, *transport.Pool, error) {
+// peerRouter builds a stateless router from the members' view of the
+// cluster, read from src (the first member that answers).
+func peerRouter(ctx context.Context, src *client.ViewSource, auth *transport.Auth) (*router.Router, *transport.Pool, error) {
 	// Bounded: a member that hangs (stopped, not refusing) held the run
 	// for as long as it hung, whatever --duration said.
 	vctx, cancel := context.WithTimeout(ctx, viewReadTimeout)
 	defer cancel()
-	av, err := c.RouterView(vctx)
+	v, err := src.FetchView(vctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the cluster view from %s (within %v): %w", c.Addr(), viewReadTimeout, err)
-	}
-	v, err := router.ViewFromAPI(av)
-	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("reading the cluster view (within %v): %w", viewReadTimeout, err)
 	}
 	pcfg := transport.DefaultClientConfig()
 	pcfg.Dial = auth.Dial // the owners' data plane authenticates every connection

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/internal/loadgen"
+	"github.com/ringlimit/ringlimit/limiter"
 )
 
 // alternate allows every other check the server sees and marks every
@@ -153,7 +154,7 @@ func TestBenchPeerViewReadIsBounded(t *testing.T) {
 	viewReadTimeout = 200 * time.Millisecond
 	defer func() { viewReadTimeout = old }()
 	code, _, errs := runCmd(context.Background(), runBench, nil, "--addr", ln.Addr().String(), "--protocol", "peer", "--duration", "3s")
-	if code != 2 || !strings.Contains(errs, "reading the cluster view from") {
+	if code != 2 || !strings.Contains(errs, "reading the cluster view") || !strings.Contains(errs, ln.Addr().String()) {
 		t.Fatalf("exit %d, stderr %q; want 2 and the view read named", code, errs)
 	}
 }
@@ -218,4 +219,62 @@ func TestBenchTextNamesTheUnit(t *testing.T) {
 			t.Errorf("target %s: report\n%s\nwant a %q row and %q", tc.target, out, tc.rows, tc.unit)
 		}
 	}
+}
+
+// --protocol peer follows the cluster's view as a router does: a member
+// that leaves mid-run stops being asked once the ring moves on. Was: the
+// view was read once, and the member's share of the checks was answered
+// by the failure mode (degraded) or failed to the end of the run (26%
+// of a 10 s run with one of three members killed, in an audit).
+func TestBenchPeerFollowsTheView(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	n1 := startTestMember(t, "n1", "")
+	n2 := startTestMember(t, "n2", n1.http)
+	eventuallyWhy(t, "2 members", func() string { return unsettled([]*testMember{n1, n2}) })
+	if _, err := n1.s.Node.PutRules(context.Background(), []limiter.Rule{
+		{Name: "wide", Algorithm: limiter.TokenBucket, Limit: 1_000_000, Period: time.Second},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the rule on both members", func() bool {
+		for _, m := range []*testMember{n1, n2} {
+			if v := m.s.Node.View(); v == nil || v.Rules["wide"] == nil {
+				return false
+			}
+		}
+		return true
+	})
+	type result struct {
+		code int
+		rep  benchReport
+		errs string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, rep, errs := benchJSON(t, context.Background(), nil, "--addr", n1.http+","+n2.http, "--protocol", "peer",
+			"--rule", "wide", "--keys", "500", "--concurrency", "4", "--duration", "6s")
+		done <- result{code, rep, errs}
+	}()
+	// n2 leaves once it has decided some of the run's checks.
+	eventually(t, "n2 deciding the run's checks", func() bool {
+		o := n2.s.Node.Owner()
+		return o != nil && o.Decided() > 200
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n2.s.Shutdown(ctx); err != nil {
+		t.Fatalf("n2's stop: %v", err)
+	}
+	r := <-done
+	if r.code != 0 {
+		t.Fatalf("bench exit %d: %s", r.code, r.errs)
+	}
+	// n2 owned about half the keys for most of the run: unfollowed, that
+	// half failed or was degraded from its stop to the end.
+	if bad := r.rep.Degraded + r.rep.Errors; bad*5 > r.rep.Checks {
+		t.Fatalf("%d degraded and %d failed of %d checks after a member left mid-run; want under a fifth (the view followed)", r.rep.Degraded, r.rep.Errors, r.rep.Checks)
+	}
+	t.Logf("%d checks, %d degraded, %d errors", r.rep.Checks, r.rep.Degraded, r.rep.Errors)
 }
