@@ -118,6 +118,16 @@ var alertCases = []alertCase{
 		`ringlimit_rules_file_last_load_ok{` + pod("2") + `}`: "1x10",
 	}, "2m", nil},
 
+	{"RinglimitBudgetsReset", map[string]string{
+		`ringlimit_partitions_served_from_nothing_total{` + pod("1") + `}`: "0x20 3x60",
+	}, "7m", []map[string]string{{"namespace": "rl", "pod": "ringlimit-1"}}},
+	{"RinglimitBudgetsReset", map[string]string{ // nothing served bare
+		`ringlimit_partitions_served_from_nothing_total{` + pod("1") + `}`: "0x60",
+	}, "7m", nil},
+	{"RinglimitBudgetsReset", map[string]string{ // long ago
+		`ringlimit_partitions_served_from_nothing_total{` + pod("1") + `}`: "0x4 3x100",
+	}, "25m", nil},
+
 	{"RinglimitHandoffStuck", map[string]string{
 		`ringlimit_awaiting_partitions{` + pod("0") + `}`: "2x40", `ringlimit_handoff_pending_partitions{` + pod("0") + `}`: "0x40",
 	}, "6m", []map[string]string{{"namespace": "rl", "pod": "ringlimit-0"}}},

@@ -134,3 +134,42 @@ func TestBackupDeltas(t *testing.T) {
 		}
 	}
 }
+
+// An owner and its backup lost together: the survivor serves the
+// partitions it held copies of from those copies (even empty ones) and
+// the others from nothing, and counts only those as served from nothing
+// (ringlimit_partitions_served_from_nothing_total; logged apart). Was:
+// both counted as "serving the backup copies".
+func TestServedFromNothingCountsPartitionsWithoutACopy(t *testing.T) {
+	a, b, c := newOwner(t, "a"), newOwner(t, "b"), newOwner(t, "c")
+	v1 := testView(t, 1, "a", "b", "c")
+	alive := func(string) bool { return true }
+	owners := map[string]*Owner{"a": a, "b": b, "c": c}
+	for id, o := range owners {
+		o.Apply(v1, PlanMoves(nil, v1.Ring, id, alive, false, false))
+		o.ExpireAwaiting(o.AwaitingParts())
+	}
+	before := b.ServedFromNothing()
+	deliver(t, a, owners)
+	deliver(t, c, owners)
+	want := 0 // b's gains whose backup was not b: their copies died with a and c
+	for p := range uint32(v1.Ring.Config().Partitions) {
+		o, _ := v1.Ring.Owner(p)
+		bk, _ := v1.Ring.Backup(p)
+		if o.ID != "b" && bk.ID != "b" {
+			want++
+		}
+	}
+	if want == 0 {
+		t.Fatal("every partition of a and c backed up by b: nothing to test")
+	}
+	v2 := testView(t, 2, "b")
+	b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", func(id string) bool { return id == "b" }, false, false))
+	promoted, bare := b.expireAwaitingSince(2, b.AwaitingParts())
+	if bare != want || promoted <= bare {
+		t.Fatalf("promoted %d, of which %d from nothing; want %d from nothing and the rest from copies", promoted, bare, want)
+	}
+	if got := b.ServedFromNothing() - before; got != uint64(want) {
+		t.Fatalf("ServedFromNothing counted %d, want %d", got, want)
+	}
+}

@@ -494,8 +494,15 @@ func (n *Node) handoffWait() time.Duration {
 // ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	h.after(h.n.handoffWait(), func(o *Owner) {
-		if k := o.ExpireAwaitingSince(epoch, parts); k > 0 {
-			h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k)
+		k, bare := o.expireAwaitingSince(epoch, parts)
+		if k > bare {
+			h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k-bare)
+		}
+		if bare > 0 {
+			// Was: counted in the line above, so an owner and its
+			// backup lost together read as a failover that kept the
+			// budgets.
+			h.n.log.Warn("hand-off did not arrive in time and this member holds no backup copy: serving the partitions from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
 		}
 	})
 }

@@ -433,17 +433,29 @@ func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
 // The state is read under the partition's moving lock: a hand-off taken
 // just before is served as it came, not replaced by the copy.
 func (o *Owner) ExpireAwaitingSince(epoch uint64, parts []uint32) (promoted int) {
+	promoted, _ = o.expireAwaitingSince(epoch, parts)
+	return promoted
+}
+
+// expireAwaitingSince is ExpireAwaitingSince, also reporting how many of
+// the promoted partitions held nothing to serve from (bare: no copy, no
+// state of their own), counted in ServedFromNothing.
+func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32) (promoted, bare int) {
 	now := o.now()
 	for _, p := range parts {
 		g := &o.moving[p]
 		g.Lock()
 		if o.getState(p) == partAwaiting && o.awaitFrom[p] <= epoch {
+			if !o.holdsAny(p) {
+				bare++
+			}
 			o.promoteLocked(p, now)
 			promoted++
 		}
 		g.Unlock()
 	}
-	return promoted
+	o.servedBare.Add(uint64(bare))
+	return promoted, bare
 }
 
 // AwaitingParts lists the partitions waiting for their state.

@@ -84,6 +84,10 @@ type Owner struct {
 
 	decided    atomic.Uint64 // checks decided (StatusOK), for ringlimit_owner_checks_total
 	handoffsIn atomic.Uint64 // hand-off parts taken, for ringlimit_handoff_received_partitions_total
+	// servedBare: partitions served after their hand-off wait with
+	// nothing to serve them from (no copy), for
+	// ringlimit_partitions_served_from_nothing_total.
+	servedBare atomic.Uint64
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 
@@ -469,6 +473,12 @@ func (o *Owner) Decided() uint64 { return o.decided.Load() }
 // HandoffsReceived returns how many hand-off parts (partitions) this
 // owner took from their previous owners.
 func (o *Owner) HandoffsReceived() uint64 { return o.handoffsIn.Load() }
+
+// ServedFromNothing returns how many partitions this owner began to
+// serve, their hand-off wait over, with no backup copy and no state of
+// their own: their keys started full (an owner and its backup both
+// lost, or a hand-off lost with no copy).
+func (o *Owner) ServedFromNothing() uint64 { return o.servedBare.Load() }
 
 // Prompt reports whether HandleBatch would decide req without waiting:
 // our ring and rules are as new as the sender's, we hold the lease, and no
