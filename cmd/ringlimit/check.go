@@ -19,6 +19,8 @@ const (
 	exitOK     = 0
 	exitDenied = 1
 	exitError  = 2
+	// exitNoLeader: status printed the cluster, which has no leader.
+	exitNoLeader = 1
 )
 
 // defaultAddr is the HTTP address of `ringlimit serve` with no flags.

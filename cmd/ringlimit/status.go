@@ -46,6 +46,14 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return fail(stderr, "status", err)
 	}
+	if cl.Leader == "" {
+		// Printed, but not a healthy answer: without a leader no member
+		// renews its lease, so checks end degraded, and no membership
+		// or rules change can be made. Was: exit 0, which a script or
+		// a health check could not tell from a healthy cluster.
+		fmt.Fprintln(stderr, "ringlimit status: no leader (an election, or too few voters reach each other): members may not answer, and no membership or rules change can be made")
+		return exitNoLeader
+	}
 	return exitOK
 }
 

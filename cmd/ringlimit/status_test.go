@@ -86,13 +86,23 @@ func TestStatusVoterNotReported(t *testing.T) {
 }
 
 // A node that knows the members but no leader (an election) is a
-// status worth printing.
+// status worth printing, and not a healthy one: exit 1, saying why.
+// Was: exit 0, as for a healthy cluster.
 func TestStatusNoLeader(t *testing.T) {
 	f := newFakeAPI(t)
 	f.cluster.Leader = ""
-	code, out, _ := runCmd(context.Background(), runStatus, nil, "--addr", f.addr)
-	if code != 0 || !strings.Contains(out, "leader         (none)") || !strings.Contains(out, "members        2") {
-		t.Errorf("exit %d, output:\n%s", code, out)
+	for _, json := range []string{"--json=false", "--json"} {
+		code, out, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr, json)
+		if code != 1 || !strings.Contains(errs, "no leader") {
+			t.Errorf("%s: exit %d, stderr %q; want 1 and no leader named", json, code, errs)
+		}
+		if json == "--json" {
+			if !strings.Contains(out, `"leader":""`) {
+				t.Errorf("--json printed %s, want the cluster object", out)
+			}
+		} else if !strings.Contains(out, "leader         (none)") || !strings.Contains(out, "members        2") {
+			t.Errorf("output:\n%s", out)
+		}
 	}
 }
 
