@@ -1359,6 +1359,11 @@ func (n *Node) Ready() error {
 	switch {
 	case n.removed.Load():
 		return fmt.Errorf("%w: removed from the cluster", api.ErrUnavailable)
+	case n.stopping.Load():
+		// From the stop's first step, as README says: was ready until
+		// the mark-down was applied, and the HTTP listener closed a
+		// moment later, so a probe saw 200 and then nothing.
+		return fmt.Errorf("%w: stopping (marked down, handing its partitions off)", api.ErrUnavailable)
 	case n.raft.raft.Leader() == "":
 		return fmt.Errorf("%w: no raft leader", api.ErrUnavailable)
 	case !n.leaderInConfig():

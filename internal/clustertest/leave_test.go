@@ -421,3 +421,26 @@ func TestLeftMemberMissingItsRaftRemovalStopsSoon(t *testing.T) {
 		}
 	})
 }
+
+// A member is not ready from the first step of its graceful stop: its
+// mark-down. Was: ready until the mark-down was applied (then "not an
+// active member"), so a probe polling a stopping member saw 200 and then
+// a closed port.
+func TestStoppingMemberIsNotReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		c.WaitSettled(3)
+		m := c.Member("n2")
+		if err := m.Node().Ready(); err != nil {
+			t.Fatalf("n2 before its stop: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := m.Node().MarkDown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Node().Ready(); !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "stopping") {
+			t.Fatalf("n2 marked down for its stop: Ready() = %v, want unavailable, stopping", err)
+		}
+	})
+}
