@@ -230,22 +230,7 @@ func TestBenchPeerFollowsTheView(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
-	n1 := startTestMember(t, "n1", "")
-	n2 := startTestMember(t, "n2", n1.http)
-	eventuallyWhy(t, "2 members", func() string { return unsettled([]*testMember{n1, n2}) })
-	if _, err := n1.s.Node.PutRules(context.Background(), []limiter.Rule{
-		{Name: "wide", Algorithm: limiter.TokenBucket, Limit: 1_000_000, Period: time.Second},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the rule on both members", func() bool {
-		for _, m := range []*testMember{n1, n2} {
-			if v := m.s.Node.View(); v == nil || v.Rules["wide"] == nil {
-				return false
-			}
-		}
-		return true
-	})
+	n1, n2 := twoMembersWith(t, limiter.Rule{Name: "wide", Algorithm: limiter.TokenBucket, Limit: 1_000_000, Period: time.Second})
 	type result struct {
 		code int
 		rep  benchReport

@@ -117,6 +117,33 @@ func startTestMember(t testing.TB, id, join string) *testMember {
 	return &testMember{s: s, http: ls.HTTP.Addr().String(), peer: px}
 }
 
+// twoMembersWith starts members n1 and n2, writes rules and waits until
+// both hold every one of them.
+func twoMembersWith(t *testing.T, rules ...limiter.Rule) (n1, n2 *testMember) {
+	t.Helper()
+	n1 = startTestMember(t, "n1", "")
+	n2 = startTestMember(t, "n2", n1.http)
+	eventuallyWhy(t, "2 members", func() string { return unsettled([]*testMember{n1, n2}) })
+	if _, err := n1.s.Node.PutRules(context.Background(), rules); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the rules on both members", func() bool {
+		for _, m := range []*testMember{n1, n2} {
+			v := m.s.Node.View()
+			if v == nil {
+				return false
+			}
+			for _, r := range rules {
+				if v.Rules[r.Name] == nil {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return n1, n2
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	eventuallyWhy(t, what, func() string {
@@ -216,23 +243,10 @@ func TestRouterFollowsTheCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
-	n1 := startTestMember(t, "n1", "")
-	n2 := startTestMember(t, "n2", n1.http)
-	eventuallyWhy(t, "2 members", func() string { return unsettled([]*testMember{n1, n2}) })
-	if _, err := n1.s.Node.PutRules(context.Background(), []limiter.Rule{
-		{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour},
-		{Name: "shut", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "rules on every member", func() bool {
-		for _, m := range []*testMember{n1, n2} {
-			if v := m.s.Node.View(); v == nil || v.Rules["shut"] == nil {
-				return false
-			}
-		}
-		return true
-	})
+	n1, n2 := twoMembersWith(t,
+		limiter.Rule{Name: "five", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour},
+		limiter.Rule{Name: "shut", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
+	)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
