@@ -392,13 +392,7 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 		// once the tags ran out (39 ms a write at 1M states,
 		// BenchmarkSetRulesAllTagsTaken); now once in adoptShare's
 		// worth of writes.
-		var adopt [maxTags]bool
-		want, n := max(1, (len(keep)-2)/adoptShare), 0
-		for _, s := range keep[1 : len(keep)-1] {
-			if n < want && !pins[s.tag] {
-				adopt[s.tag], n = true, n+1
-			}
-		}
+		adopt, n := oldestShare(keep[1:len(keep)-1], func(s *ruleSet) bool { return !pins[s.tag] })
 		if n == 0 {
 			return 0, g, false
 		}
@@ -456,13 +450,13 @@ func (g *ruleSets) without(keep []*ruleSet) *ruleSets {
 // turn sees what one scan of all would.
 func (t *Table) freeSettled(g *ruleSets, now int64, pins *[maxTags]bool) *ruleSets {
 	var settled [maxTags]bool
-	any := false
+	found := false
 	for i, s := range g.sets {
 		if s.version != 0 && i < len(g.sets)-1 && !pins[s.tag] && g.life[s.tag].writable <= now {
-			settled[s.tag], any = true, true
+			settled[s.tag], found = true, true
 		}
 	}
-	if !any {
+	if !found {
 		return nil
 	}
 	var used [maxTags]bool
@@ -492,18 +486,7 @@ func (t *Table) freeSettled(g *ruleSets, now int64, pins *[maxTags]bool) *ruleSe
 	} else {
 		// Every settled set is live: the oldest share of them adopted,
 		// as freeTag does with every partition locked.
-		want, n := 0, 0
-		for tag := range settled {
-			if settled[tag] {
-				want++
-			}
-		}
-		want = max(1, want/adoptShare)
-		for _, s := range g.sets {
-			if n < want && settled[s.tag] {
-				gone[s.tag], n = true, n+1
-			}
-		}
+		gone, _ = oldestShare(g.sets, func(s *ruleSet) bool { return settled[s.tag] })
 		for i := range t.parts {
 			p := &t.parts[i]
 			p.mu.Lock()
@@ -515,6 +498,25 @@ func (t *Table) freeSettled(g *ruleSets, now int64, pins *[maxTags]bool) *ruleSe
 	n := g.without(keep)
 	t.sets.Store(n)
 	return n
+}
+
+// oldestShare marks the tags of the oldest 1/adoptShare (at least one)
+// of the sets (in version order) that eligible accepts, and returns how
+// many it marked.
+func oldestShare(sets []*ruleSet, eligible func(*ruleSet) bool) (tags [maxTags]bool, n int) {
+	want := 0
+	for _, s := range sets {
+		if eligible(s) {
+			want++
+		}
+	}
+	want = max(1, want/adoptShare)
+	for _, s := range sets {
+		if n < want && eligible(s) {
+			tags[s.tag], n = true, n+1
+		}
+	}
+	return tags, n
 }
 
 func (g *ruleSets) unusedTag() (uint8, bool) {
