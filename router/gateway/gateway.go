@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -184,18 +185,20 @@ func (g *Gateway) SetRoutes(routes []rules.Route) {
 // one or more ASCII digits, nothing else (no sign, no spaces inside), at
 // most what an int64 holds. Was: strconv.ParseInt, which also took "+5"
 // and "-0", numbers an upstream reading the same header as digits may
-// refuse or read otherwise than the gateway charged.
-func parseCost(v string) (int64, bool) {
-	if v == "" {
-		return 0, false
+// refuse or read otherwise than the gateway charged. The error says
+// what is wrong with v, for the client's 400.
+func parseCost(v string) (int64, error) {
+	if strings.Contains(v, ",") {
+		return 0, errors.New("given as a list; want one non-negative integer cost")
 	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, false
-		}
+	if v == "" || strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
+		return 0, errors.New("want a non-negative integer cost, in decimal digits")
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
-	return n, err == nil
+	if err != nil {
+		return 0, fmt.Errorf("%s is over the largest cost, %d", v, int64(math.MaxInt64))
+	}
+	return n, nil
 }
 
 // dropUpstreamXRateLimit removes an upstream's own X-RateLimit-Limit,
@@ -311,10 +314,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if v := r.Header.Get(h); v != "" {
-				n, ok := parseCost(v)
-				if !ok {
+				n, err := parseCost(v)
+				if err != nil {
 					g.m.outcome(route.Name, "bad_request")
-					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": want a non-negative integer cost, in decimal digits")
+					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, h+": "+err.Error())
 					return
 				}
 				// A forwarded request spends at least 1, whatever it

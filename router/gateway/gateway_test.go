@@ -540,9 +540,15 @@ func TestSeveralLimitsAllMustAllowAndADenialSpendsNothing(t *testing.T) {
 	}
 	// Decimal digits alone, as Content-Length: strconv.ParseInt took a
 	// sign, which an upstream reading the header may not.
-	for _, v := range []string{"abc", "+5", "-0", "-1", "5 5", "1e3", "0x10", "99999999999999999999"} {
+	for _, v := range []string{"abc", "+5", "-0", "-1", "5 5", "1e3", "0x10", "99999999999999999999", "1, 99"} {
 		if r := send(v); r.StatusCode != http.StatusBadRequest {
 			t.Fatalf("cost header %q: %d, want 400", v, r.StatusCode)
+		}
+	}
+	// The message says what is wrong: too large is not "not digits".
+	for v, says := range map[string]string{"99999999999999999999": "over the largest cost", "1, 99": "given as a list", "+5": "decimal digits"} {
+		if _, err := parseCost(v); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("parseCost(%q) = %v, want an error saying %q", v, err, says)
 		}
 	}
 	if got := c.remaining(t, "tpm", "key:t1"); got != 40 {
