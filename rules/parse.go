@@ -99,6 +99,18 @@ func yamlToJSON(data []byte) (js []byte, err error) {
 // non-empty YAML document, or anything that does not parse after the
 // first.
 func singleDocument(data []byte) error {
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+		// Two JSON objects back to back: YAML's decoder fails on the
+		// second with "did not find expected <document start>", which
+		// says nothing of the cause.
+		jd := json.NewDecoder(bytes.NewReader(t))
+		var v json.RawMessage
+		if jd.Decode(&v) == nil {
+			if rest := bytes.TrimSpace(t[jd.InputOffset():]); len(rest) > 0 && (rest[0] == '{' || rest[0] == '[') {
+				return errMultiDoc
+			}
+		}
+	}
 	dec := yamlv2.NewDecoder(bytes.NewReader(data))
 	for n := 0; ; {
 		var v any
@@ -110,11 +122,13 @@ func singleDocument(data []byte) error {
 			return err
 		case v != nil:
 			if n++; n > 1 {
-				return errors.New(`more than one document (a "---" between two, or two JSON values one after the other): write the rules as one`)
+				return errMultiDoc
 			}
 		}
 	}
 }
+
+var errMultiDoc = errors.New(`more than one document (a "---" between two, or two JSON values one after the other): write the rules as one`)
 
 // ParseFile is Parse for a rules file (serve --rules) or a PUT's body,
 // which must name its rules list: a document that is empty, holds only comments, or has no
@@ -149,6 +163,8 @@ func ruleList(js []byte, routes bool) (items []json.RawMessage, named bool, err 
 		switch {
 		case k == "routes" && !routes:
 			return nil, false, &Error{Index: -1, Field: "routes", Msg: "not written through the rules API: routes are a gateway's (its --config); send the rules list alone"}
+		case k != "rules" && k != "routes" && !routes:
+			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules)"}
 		case k != "rules" && k != "routes": // routes: read by ParseRoutes
 			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
 		}
@@ -178,6 +194,14 @@ func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
 	fail := func(field, format string, args ...any) error {
 		e.Field, e.Msg = field, fmt.Sprintf(format, args...)
 		return e
+	}
+	if _, ok := fields["name"]; !ok {
+		// No name, but "Name" or "NAME": say that, not "name: missing".
+		for _, k := range sortedKeys(fields) {
+			if k != "name" && strings.EqualFold(k, "name") {
+				return fail(truncate(k), "unknown field: field names are lower case (want name)")
+			}
+		}
 	}
 	if v, ok := present(fields, "name"); ok {
 		if json.Unmarshal(v, &r.Name) != nil {

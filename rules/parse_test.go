@@ -140,6 +140,8 @@ func TestParseErrors(t *testing.T) {
 		{"name yaml bool", "rules:\n- {name: yes, algorithm: gcra, limit: 1, period: 1s}\n", 0, "", "name",
 			`rules[0]: name: must be a string, got true (YAML reads an unquoted yes, no, on, off, y, n or number as such: quote it, "…")`},
 		{"name first", "rules:\n- {algorithm: gcra, limit: x, bogus: 1}\n", 0, "", "name", `rules[0]: name: missing; every rule needs a name`},
+		// A name in the wrong case is named, not taken for a missing one.
+		{"name in capitals", `{"rules":[{"Name":"a","algorithm":"gcra","limit":5,"period":"1s"}]}`, 0, "", "Name", `rules[0]: Name: unknown field: field names are lower case (want name)`},
 		{"rule not a mapping", "rules: [1]\n", 0, "", "", `rules[0]: must be a mapping of name, algorithm, limit, period, burst, failure_mode, got 1`},
 		// Limits from limiter.Rule.Validate.
 		{"window burst", "rules: [{name: w, algorithm: sliding_window, limit: 10, period: 1s, burst: 5}]", 0, "w", "burst",
@@ -329,6 +331,10 @@ func TestParseBodyRefusesRoutes(t *testing.T) {
 	if rs, err := ParseBody(doc[:len(doc)-len("routes: []\n")]); err != nil || len(rs) != 1 {
 		t.Fatalf("ParseBody without routes = %v, %v", rs, err)
 	}
+	// An unknown top-level field of a body is told the one it may hold.
+	if _, err := ParseBody([]byte(`{"Rules": []}`)); err == nil || !strings.HasSuffix(err.Error(), "unknown field (want rules)") {
+		t.Errorf(`ParseBody({"Rules": []}) = %v; want "unknown field (want rules)"`, err)
+	}
 }
 
 // A document is one: rules below a "---", or a second JSON value, are
@@ -355,9 +361,16 @@ func TestParseRefusesSeveralDocuments(t *testing.T) {
 			t.Errorf("ParseRoutes(%q) = %+v, %v; want ErrInvalid", doc, rs, err)
 		}
 	}
-	_, err := Parse([]byte(one + "---\nrules: []\n"))
-	if err == nil || !strings.Contains(err.Error(), "more than one document") {
-		t.Errorf("two documents: %v; want a message saying more than one document", err)
+	// Said so for two JSON objects too, with or without space between.
+	// Was: "yaml: did not find expected <document start>".
+	for _, doc := range []string{one + "---\nrules: []\n", `{"rules":[]}{"rules":[]}`, "{\"rules\":[]}\n {\"rules\":[]}\n"} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "more than one document") {
+			t.Errorf("two documents %q: %v; want a message saying more than one document", doc, err)
+		}
+	}
+	// A JSON-looking mapping followed by a YAML comment is one document.
+	if rs, err := Parse([]byte(`{"rules": [{"name": "a", "algorithm": "gcra", "limit": 1, "period": "1s"}]} # one`)); err != nil || len(rs) != 1 {
+		t.Errorf("a flow mapping and a comment: %v, %v; want rule a", rs, err)
 	}
 	for _, doc := range []string{"---\n" + one, one + "---\n", "# head\n---\n" + one + "---\n# tail\n"} {
 		if rs, err := ParseFile([]byte(doc)); err != nil || len(rs) != 1 {
