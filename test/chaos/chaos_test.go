@@ -146,20 +146,47 @@ func newCluster(t *testing.T, deadAfter time.Duration) *cluster {
 func (c *cluster) add(id string) *member {
 	t := c.t
 	t.Helper()
-	m := &member{id: id, http: freeAddr(t), logPath: filepath.Join(c.dir, id+".log")}
-	m.args = []string{"serve", "--id", id, "--http", m.http, "--raft", freeAddr(t), "--peer", freeAddr(t),
-		"--data-dir", filepath.Join(t.TempDir(), id), "--admin-token", adminToken}
-	if c.deadAfter > 0 {
-		m.args = append(m.args, "--dead-after", c.deadAfter.String())
-	}
-	if len(c.members) > 0 {
-		m.args = append(m.args, "--join", c.members[0].http)
-	}
+	m := &member{id: id, logPath: filepath.Join(c.dir, id+".log")}
 	c.members = append(c.members, m)
-	m.start(t)
 	t.Cleanup(func() { m.kill() })
-	waitFor(t, id+" ready", 60*time.Second, func() bool { return status(m.http, "/readyz") == 200 })
-	return m
+	// A port freeAddr found free may be taken before the member binds
+	// it (an outgoing connection's local port: loopback ports come from
+	// the same ephemeral range): such a start exits at once saying so,
+	// and is tried again on other ports and a fresh data dir. Was: a
+	// 60 s wait for a member that had exited (CI, 2026-12-06).
+	for attempt := 1; ; attempt++ {
+		m.http = freeAddr(t)
+		m.args = []string{"serve", "--id", id, "--http", m.http, "--raft", freeAddr(t), "--peer", freeAddr(t),
+			"--data-dir", filepath.Join(t.TempDir(), id), "--admin-token", adminToken}
+		if c.deadAfter > 0 {
+			m.args = append(m.args, "--dead-after", c.deadAfter.String())
+		}
+		if len(c.members) > 1 {
+			m.args = append(m.args, "--join", c.members[0].http)
+		}
+		m.start(t)
+		_, done := m.proc()
+		ready, exited := false, false
+		waitFor(t, id+" ready", 60*time.Second, func() bool {
+			select {
+			case <-done:
+				exited = true
+				return true
+			default:
+			}
+			ready = status(m.http, "/readyz") == 200
+			return ready
+		})
+		if ready {
+			return m
+		}
+		log, _ := os.ReadFile(m.logPath)
+		if exited && attempt < 3 && strings.Contains(string(log), "address already in use") {
+			t.Logf("%s: a port was taken before it bound it; starting it again on others", id)
+			continue
+		}
+		t.Fatalf("%s exited before it was ready; its log:\n%s", id, log)
+	}
 }
 
 func (m *member) start(t *testing.T) {
