@@ -347,12 +347,15 @@ func (g *ruleSets) clone() *ruleSets {
 // whose tag is in pinned are kept, and never adopted; ok is false when
 // no tag could be freed. t.regMu must be held.
 //
-// When some sets can be freed that no check writes any more (settled:
-// see freeSettled), it visits the partitions one at a time, each under
-// its own lock, so checks wait for one partition's scan at most.
-// Otherwise it holds every partition's lock from its scan until the new
-// sets are published, and Check reads the sets under its partition's
-// lock: so no check can store the tag of a set released under it.
+// It first frees among the settled sets — superseded lateWrites or more
+// before now, so that a check under one is decided under the newest set
+// (late) and never writes its tag again — visiting the partitions one
+// at a time, each under its own lock, so checks wait for one
+// partition's scan at most. Only when no set is settled (sets written
+// faster than that) does it hold every partition's lock from its scan
+// until the new sets are published; Check reads the sets under its
+// partition's lock, so no check can then store the tag of a set
+// released under it.
 func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint8, _ *ruleSets, ok bool) {
 	if tag, ok := g.unusedTag(); ok {
 		return tag, g, true
@@ -361,59 +364,101 @@ func (t *Table) freeTag(g *ruleSets, now int64, pinned *[maxTags]bool) (tag uint
 	if pinned != nil {
 		pins = *pinned
 	}
-	if n := t.freeSettled(g, now, &pins); n != nil {
-		tag, _ = n.unusedTag()
-		return tag, n, true
-	}
-	for i := range t.parts {
-		t.parts[i].mu.Lock()
-	}
-	defer func() {
+	// Versioned, not the newest, not pinned: what may be freed.
+	freeable := func(i int, s *ruleSet) bool { return s.version != 0 && i < len(g.sets)-1 && !pins[s.tag] }
+	n := t.free(g, now, func(i int, s *ruleSet) bool { return freeable(i, s) && g.life[s.tag].writable <= now }, false)
+	if n == nil {
 		for i := range t.parts {
-			t.parts[i].mu.Unlock()
+			t.parts[i].mu.Lock()
 		}
-	}()
-	var used [maxTags]bool
-	for i := range t.parts {
-		t.parts[i].usedTags(g, now, &used)
-	}
-	keep := slices.Clone(g.sets)[:0]
-	for i, s := range g.sets {
-		if s.version == 0 || i == len(g.sets)-1 || used[s.tag] || pins[s.tag] {
-			keep = append(keep, s)
-		}
-	}
-	if len(keep) == len(g.sets) {
-		// Every tag is live: the oldest versioned sets' states (of sets
-		// not pinned, not the newest) lose their rule and are adopted
-		// from now on. A share of the sets at once, not one: this scan
-		// holds every partition's lock, so checks wait for it, and
-		// with one set adopted a write it came at every rules write
-		// once the tags ran out (39 ms a write at 1M states,
-		// BenchmarkSetRulesAllTagsTaken); now once in adoptShare's
-		// worth of writes.
-		adopt, n := oldestShare(keep[1:len(keep)-1], func(s *ruleSet) bool { return !pins[s.tag] })
-		if n == 0 {
+		defer func() {
+			for i := range t.parts {
+				t.parts[i].mu.Unlock()
+			}
+		}()
+		if n = t.free(g, now, freeable, true); n == nil {
 			return 0, g, false
 		}
-		for i := range t.parts {
-			t.parts[i].retag(&adopt, legacyTag)
+	}
+	tag, _ = n.unusedTag()
+	return tag, n, true
+}
+
+// free releases the sets that candidate accepts (by their place in
+// g.sets) and no live state refers to, dropping those states; if there
+// are none, it adopts the states of the oldest share of the candidates
+// as unversioned (oldestShare). It publishes and returns the new sets,
+// or returns nil when candidate accepts no set. With held, the caller
+// holds every partition's lock; without, free takes each in turn and
+// moves its clock to now.
+//
+// Why one partition at a time is enough for settled candidates: after
+// free, the tags of the sets it releases or adopts must be carried by
+// no state. Checks write only the tag of their rule's set while it is
+// writable, else the newest's; each partition's clock is moved to now
+// as it is visited, so its later checks find every settled set past its
+// writable. Imports, the only other writers of tags, hold t.regMu, as
+// free's caller does. A settled set's live states stay live and its
+// dead ones dead (its life's bounds are fixed times), so a scan of each
+// partition in turn sees what one scan of all would.
+func (t *Table) free(g *ruleSets, now int64, candidate func(i int, s *ruleSet) bool, held bool) *ruleSets {
+	var cand [maxTags]bool
+	found := false
+	for i, s := range g.sets {
+		if candidate(i, s) {
+			cand[s.tag], found = true, true
 		}
-		keep = slices.DeleteFunc(keep, func(s *ruleSet) bool { return adopt[s.tag] })
-	} else {
+	}
+	if !found {
+		return nil
+	}
+	visit := func(f func(p *partition)) {
+		for i := range t.parts {
+			p := &t.parts[i]
+			if !held {
+				p.mu.Lock()
+			}
+			f(p)
+			if !held {
+				p.mu.Unlock()
+			}
+		}
+	}
+	var used [maxTags]bool
+	visit(func(p *partition) {
+		if !held {
+			p.last = max(p.last, now)
+		}
+		p.usedTags(g, now, &used)
+	})
+	var gone [maxTags]bool
+	released := false
+	for tag := range cand {
+		if cand[tag] && !used[tag] {
+			gone[tag], released = true, true
+		}
+	}
+	if released {
 		// A released tag's states are droppable at now, but left in
 		// place they would carry the tag into the set it is given to
 		// next and be read as that set's states: a key spent under an
 		// old hour-long rule denied for an hour under the new rules.
 		// Was: left in place.
-		for i := range t.parts {
-			t.parts[i].sweepLocked(now, g)
-		}
+		visit(func(p *partition) { p.sweepLocked(now, g) })
+	} else {
+		// Every candidate is live: the oldest of them lose their rule
+		// and are adopted from now on. A share of the sets at once, not
+		// one: with one set adopted a write, a scan of the whole table
+		// came at every rules write once the tags ran out (with every
+		// partition locked, before settled sets were freed apart: 39 ms
+		// a write at 1M states, BenchmarkSetRulesAllTagsTaken); now once
+		// in adoptShare's worth of writes.
+		gone, _ = oldestShare(g.sets, func(s *ruleSet) bool { return cand[s.tag] })
+		visit(func(p *partition) { p.retag(&gone, legacyTag) })
 	}
-	n := g.without(keep)
+	n := g.without(slices.DeleteFunc(slices.Clone(g.sets), func(s *ruleSet) bool { return gone[s.tag] }))
 	t.sets.Store(n)
-	tag, _ = n.unusedTag()
-	return tag, n, true
+	return n
 }
 
 // without returns g holding the sets keep alone (a subsequence of
@@ -429,74 +474,6 @@ func (g *ruleSets) without(keep []*ruleSet) *ruleSets {
 	}
 	n.versions, n.setOf = vs, ss
 	n.index()
-	return n
-}
-
-// freeSettled frees tags as freeTag does, but only among settled sets —
-// versioned, not the newest, not pinned, and superseded lateWrites or
-// more before now, so that a check under one is decided under the
-// newest set (late) and never writes its tag again — and without holding
-// more than one partition's lock at a time. It publishes and returns
-// the new sets, or returns nil when no set is settled.
-//
-// Why one partition at a time is enough: after freeTag the tags of the
-// sets it releases or adopts must be carried by no state. Checks write
-// only the tag of their rule's set while it is writable, else the
-// newest's; each partition's clock is moved to now as it is visited, so
-// its later checks find every settled set past its writable. Imports,
-// the only other writers of tags, hold t.regMu, as freeTag's caller
-// does. A settled set's live states stay live and its dead ones dead
-// (its life's bounds are fixed times), so a scan of each partition in
-// turn sees what one scan of all would.
-func (t *Table) freeSettled(g *ruleSets, now int64, pins *[maxTags]bool) *ruleSets {
-	var settled [maxTags]bool
-	found := false
-	for i, s := range g.sets {
-		if s.version != 0 && i < len(g.sets)-1 && !pins[s.tag] && g.life[s.tag].writable <= now {
-			settled[s.tag], found = true, true
-		}
-	}
-	if !found {
-		return nil
-	}
-	var used [maxTags]bool
-	for i := range t.parts {
-		p := &t.parts[i]
-		p.mu.Lock()
-		p.last = max(p.last, now)
-		p.usedTags(g, now, &used)
-		p.mu.Unlock()
-	}
-	var gone [maxTags]bool
-	released := false
-	for tag := range settled {
-		if settled[tag] && !used[tag] {
-			gone[tag], released = true, true
-		}
-	}
-	if released {
-		// As freeTag: a released tag's states are dropped before the
-		// tag can be given to another set.
-		for i := range t.parts {
-			p := &t.parts[i]
-			p.mu.Lock()
-			p.sweepLocked(now, g)
-			p.mu.Unlock()
-		}
-	} else {
-		// Every settled set is live: the oldest share of them adopted,
-		// as freeTag does with every partition locked.
-		gone, _ = oldestShare(g.sets, func(s *ruleSet) bool { return settled[s.tag] })
-		for i := range t.parts {
-			p := &t.parts[i]
-			p.mu.Lock()
-			p.retag(&gone, legacyTag)
-			p.mu.Unlock()
-		}
-	}
-	keep := slices.DeleteFunc(slices.Clone(g.sets), func(s *ruleSet) bool { return gone[s.tag] })
-	n := g.without(keep)
-	t.sets.Store(n)
 	return n
 }
 

@@ -106,7 +106,7 @@ func TestReleasedTagsStatesAreDropped(t *testing.T) {
 	}{
 		{false, 10 * sec},
 		{true, 10 * sec}, // set 1 superseded 9s before: every partition locked (freeTag)
-		{true, 30 * sec}, // 29s before: settled, one partition at a time (freeSettled)
+		{true, 30 * sec}, // 29s before: settled, one partition at a time (free, not held)
 	} {
 		exhaust := tc.exhaust
 		tb, _ := NewTable(1)
@@ -339,7 +339,7 @@ func TestSettledTagsAreFreedOnePartitionAtATime(t *testing.T) {
 // late ones among them (behind by a set or two, and by up to 12 s of
 // clock): after each write every stored state's tag names a set the
 // table holds (a state left with a freed tag would be read as the next
-// set's). Run with -race: freeSettled lets checks run between its
+// set's). Run with -race: free lets checks run between its
 // visits.
 func TestTagsFreedUnderChecksNameHeldSets(t *testing.T) {
 	const parts, writes, checkers, perWrite = 16, maxTags + 96, 2, 64
