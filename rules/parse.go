@@ -99,18 +99,6 @@ func yamlToJSON(data []byte) (js []byte, err error) {
 // non-empty YAML document, or anything that does not parse after the
 // first.
 func singleDocument(data []byte) error {
-	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
-		// Two JSON objects back to back: YAML's decoder fails on the
-		// second with "did not find expected <document start>", which
-		// says nothing of the cause.
-		jd := json.NewDecoder(bytes.NewReader(t))
-		var v json.RawMessage
-		if jd.Decode(&v) == nil {
-			if rest := bytes.TrimSpace(t[jd.InputOffset():]); len(rest) > 0 && (rest[0] == '{' || rest[0] == '[') {
-				return errMultiDoc
-			}
-		}
-	}
 	dec := yamlv2.NewDecoder(bytes.NewReader(data))
 	for n := 0; ; {
 		var v any
@@ -118,6 +106,11 @@ func singleDocument(data []byte) error {
 		switch {
 		case err == io.EOF:
 			return nil
+		case err != nil && jsonValues(data):
+			// Two JSON objects back to back: YAML's decoder fails on the
+			// second with "did not find expected <document start>",
+			// which says nothing of the cause.
+			return errMultiDoc
 		case err != nil:
 			return err
 		case v != nil:
@@ -126,6 +119,22 @@ func singleDocument(data []byte) error {
 			}
 		}
 	}
+}
+
+// jsonValues reports whether data begins with a JSON object followed by
+// another JSON value.
+func jsonValues(data []byte) bool {
+	t := bytes.TrimSpace(data)
+	if len(t) == 0 || t[0] != '{' {
+		return false
+	}
+	jd := json.NewDecoder(bytes.NewReader(t))
+	var v json.RawMessage
+	if jd.Decode(&v) != nil {
+		return false
+	}
+	rest := bytes.TrimSpace(t[jd.InputOffset():])
+	return len(rest) > 0 && (rest[0] == '{' || rest[0] == '[')
 }
 
 var errMultiDoc = errors.New(`more than one document (a "---" between two, or two JSON values one after the other): write the rules as one`)
@@ -163,10 +172,12 @@ func ruleList(js []byte, routes bool) (items []json.RawMessage, named bool, err 
 		switch {
 		case k == "routes" && !routes:
 			return nil, false, &Error{Index: -1, Field: "routes", Msg: "not written through the rules API: routes are a gateway's (its --config); send the rules list alone"}
-		case k != "rules" && k != "routes" && !routes:
-			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules)"}
 		case k != "rules" && k != "routes": // routes: read by ParseRoutes
-			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want rules, routes)"}
+			want := "rules, routes"
+			if !routes {
+				want = "rules" // a body may not hold routes
+			}
+			return nil, false, &Error{Index: -1, Field: truncate(k), Msg: "unknown field (want " + want + ")"}
 		}
 	}
 	raw := bytes.TrimSpace(top["rules"])
@@ -198,7 +209,7 @@ func parseRule(i int, raw json.RawMessage, r *limiter.Rule) error {
 	if _, ok := fields["name"]; !ok {
 		// No name, but "Name" or "NAME": say that, not "name: missing".
 		for _, k := range sortedKeys(fields) {
-			if k != "name" && strings.EqualFold(k, "name") {
+			if strings.EqualFold(k, "name") {
 				return fail(truncate(k), "unknown field: field names are lower case (want name)")
 			}
 		}

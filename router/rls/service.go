@@ -208,13 +208,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			// remaining, which Envoy's own x-ratelimit headers would
 			// pass on to the client as "none left"); one that denied
 			// decides the answer, and is described, with its retry.
-			switch {
-			case !sc.out[at+best].Degraded:
-				pick.offer(resp.Statuses[i], l.period(best))
-			case resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT:
-				pick.offer(resp.Statuses[i], l.period(best))
-			default:
+			if sc.out[at+best].Degraded && resp.Statuses[i].Code != rlspb.RateLimitResponse_OVER_LIMIT {
 				resp.Statuses[i] = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+			} else {
+				pick.offer(resp.Statuses[i], l.period(best))
 			}
 		}
 		if resp.Statuses[i].Code == rlspb.RateLimitResponse_OVER_LIMIT {
