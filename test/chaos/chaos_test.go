@@ -164,13 +164,13 @@ func (c *cluster) add(id string) *member {
 		if len(c.members) > 1 {
 			m.args = append(m.args, "--join", c.members[0].http)
 		}
+		before, _ := os.Stat(m.logPath) // this attempt's lines come after
 		m.start(t)
 		_, done := m.proc()
-		ready, exited := false, false
+		ready := false
 		waitFor(t, id+" ready", 60*time.Second, func() bool {
 			select {
-			case <-done:
-				exited = true
+			case <-done: // exited
 				return true
 			default:
 			}
@@ -181,7 +181,10 @@ func (c *cluster) add(id string) *member {
 			return m
 		}
 		log, _ := os.ReadFile(m.logPath)
-		if exited && attempt < 3 && strings.Contains(string(log), "address already in use") {
+		if before != nil {
+			log = log[min(before.Size(), int64(len(log))):]
+		}
+		if attempt < 3 && strings.Contains(string(log), "address already in use") {
 			t.Logf("%s: a port was taken before it bound it; starting it again on others", id)
 			continue
 		}
