@@ -258,7 +258,9 @@ var (
 	// ErrBadRequest: a request that can never succeed as written (400).
 	ErrBadRequest = errors.New("bad request")
 	// ErrConflict: a join for an id a live member holds at other
-	// addresses (409).
+	// addresses, marking the last active member down, or a leave after
+	// which too few answering Raft voters would be left for a quorum
+	// (409).
 	ErrConflict = errors.New("conflict")
 	// ErrLeft: a join of a member that left the cluster, from a process
 	// whose data dir predates its removal (409, code "left"; see

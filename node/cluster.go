@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -750,6 +751,10 @@ func (n *Node) Leave(ctx context.Context, id string) error {
 		return n.forwardLeave(ctx, addr, id)
 	}
 	if id == n.cfg.ID && len(n.fsm.State().Members) > 1 {
+		// Refused here too, or the lead would be handed on for nothing.
+		if err := n.leaveKeepsQuorum(n.fsm.State(), id, time.Now()); err != nil {
+			return err
+		}
 		if handed, err := n.leaveAsLeader(ctx); handed {
 			return err
 		}
@@ -784,6 +789,9 @@ func (n *Node) startLeave(ctx context.Context, id string) (f raft.ApplyFuture, p
 	if len(st.Members) == 1 {
 		return nil, "", fmt.Errorf("%w: %q is the last member; stop it instead", api.ErrBadRequest, id)
 	}
+	if err := n.leaveKeepsQuorum(st, id, time.Now()); err != nil {
+		return nil, "", err
+	}
 	cmd, err := fsm.RemoveMember(id)
 	if err != nil {
 		return nil, "", err
@@ -793,6 +801,71 @@ func (n *Node) startLeave(ctx context.Context, id string) (f raft.ApplyFuture, p
 	}
 	f, err = n.propose(ctx, cmd)
 	return f, peer, err
+}
+
+// leaveKeepsQuorum refuses (api.ErrConflict), before anything is
+// written, the leave of a Raft voter after which the voters this leader
+// hears from would be too few for a quorum of those left. Was: with
+// three voters, one of them dead, the leave of a second removed it, and
+// the two voters left — the leader and the dead one — could never again
+// commit: no leader after the next election, no rules or membership
+// change, and no leave of the dead member to mend it (seen with real
+// processes; recovery needed Raft's peers.json by hand).
+//
+// A voter is heard from when it is this leader, or a member neither dead
+// nor down whose last answer to the failure detector's pings was sent
+// within half of DeadAfter (contacts) before now: one that has just
+// crashed counts as gone before the detector marks it dead. As for the
+// detector and the leases it grants, silence counts from first sight: a
+// leader elected a moment ago, which has had no answer from anyone yet
+// (the leave of a leader is forwarded to the next at its first
+// heartbeat), takes every member for heard until half of DeadAfter has
+// passed without an answer. The
+// non-voter that the leader promotes into a freed seat (promoteNonvoters)
+// does not count: its promotion is a Raft change that needs the quorum
+// first.
+func (n *Node) leaveKeepsQuorum(st *fsm.State, id string, now time.Time) error {
+	cf := n.raft.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return fmt.Errorf("%w: reading raft's configuration: %w", api.ErrUnavailable, err)
+	}
+	servers := cf.Configuration().Servers
+	if !slices.ContainsFunc(servers, func(s raft.Server) bool { return s.ID == raft.ServerID(id) && s.Suffrage == raft.Voter }) {
+		return nil // not a voter: the quorum stays as it is
+	}
+	var left, heard int
+	var silent []string
+	for _, s := range servers {
+		if s.Suffrage != raft.Voter || s.ID == raft.ServerID(id) {
+			continue
+		}
+		left++
+		if n.heardFrom(st, string(s.ID), now) {
+			heard++
+		} else {
+			silent = append(silent, string(s.ID))
+		}
+	}
+	if heard >= left/2+1 {
+		return nil
+	}
+	return fmt.Errorf("%w: removing %q would leave %d Raft voters, of which %d answer (not answering: %s): the cluster would lose its quorum and could make no membership or rules change again; remove the members that are gone first (ringlimit leave --id ID), or start them again",
+		api.ErrConflict, id, left, heard, strings.Join(silent, ", "))
+}
+
+// heardFrom reports whether voter id counts as answering for
+// leaveKeepsQuorum: this leader itself, or a member that is neither dead
+// nor down and answered a ping sent within DeadAfter/2 of now (or was
+// first seen within it).
+func (n *Node) heardFrom(st *fsm.State, id string, now time.Time) bool {
+	if id == n.cfg.ID {
+		return true
+	}
+	m, ok := st.Member(id)
+	if !ok || !pinged(m) {
+		return false
+	}
+	return now.Sub(n.contacts.seen(id, now)) < n.cfg.DeadAfter/2
 }
 
 // finishLeave is the rest of id's leave once Raft has taken its removal

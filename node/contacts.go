@@ -10,8 +10,9 @@ import (
 // contacts is, while this member leads, when it last heard from each
 // member it expects to answer (detectLoop's record of contact, from the
 // sending time of the last answered ping, or from when it began counting).
-// detectLoop alone writes it; grantsLease reads it as members ask for
-// their leases.
+// detectLoop writes it; grantsLease reads it as members ask for their
+// leases, and leaveKeepsQuorum as a leave is asked (both record first
+// sight, as seen says).
 type contacts struct {
 	mu sync.Mutex
 	at map[string]time.Time // guarded by mu

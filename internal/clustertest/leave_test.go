@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/fsm"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 )
@@ -443,4 +444,77 @@ func TestStoppingMemberIsNotReady(t *testing.T) {
 			t.Fatalf("n2 marked down for its stop: Ready() = %v, want unavailable, stopping", err)
 		}
 	})
+}
+
+// A leave that would leave too few answering voters for a quorum is
+// refused, and writes nothing: three voters, one of them crashed (marked
+// dead) or stopped gracefully (down); the leave of a second, whether
+// asked of the leader or of the member itself, and whether the second is
+// the leader, would leave the leader with a voter that never answers,
+// and no quorum again. Removing the silent voter first is allowed, and
+// then the other leave is too.
+func TestLeaveThatWouldCostTheQuorumIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		graceful    bool // the silent voter was stopped (down), not crashed (dead)
+		leaveLeader bool // the member asked to leave is the leader
+	}{
+		{name: "crashed voter, a follower leaves"},
+		{name: "crashed voter, the leader leaves", leaveLeader: true},
+		{name: "stopped voter, a follower leaves", graceful: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+				leader := c.Leader()
+				var others []string
+				for _, m := range c.Members() {
+					if m.ID != leader.ID {
+						others = append(others, m.ID)
+					}
+				}
+				silent, leaving := others[0], others[1]
+				if tc.leaveLeader {
+					leaving = leader.ID
+				}
+				want := fsm.Dead
+				if tc.graceful {
+					want = fsm.Down
+					c.Stop(silent, 5*time.Second)
+				} else {
+					c.Crash(silent)
+				}
+				c.WaitFor(silent+" marked "+string(want), 10*time.Second, func() bool {
+					l := c.Leader()
+					m, _ := l.Node().State().Member(silent)
+					return l.ID == leader.ID && m.State == want
+				})
+				epoch := leader.Node().State().MembershipIndex
+				for _, via := range []string{leader.ID, leaving} {
+					err := c.Member(via).Node().Leave(context.Background(), leaving)
+					if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), silent) {
+						t.Fatalf("leave %s asked of %s while %s is %s: %v, want a conflict naming %s", leaving, via, silent, want, err, silent)
+					}
+				}
+				if l := c.Leader(); l == nil || l.ID != leader.ID {
+					t.Fatalf("leader %v after the refused leaves, want %s still", l, leader.ID)
+				}
+				if st := leader.Node().State(); st.MembershipIndex != epoch || !raftVoter(c, leaving) {
+					t.Fatalf("a refused leave wrote: membership index %d → %d, %s a voter: %v", epoch, st.MembershipIndex, leaving, raftVoter(c, leaving))
+				}
+				// The silent voter's leave goes through, and then the other's.
+				if err := leader.Node().Leave(context.Background(), silent); err != nil {
+					t.Fatalf("leave of the silent %s: %v", silent, err)
+				}
+				c.WaitFor(silent+" out of raft", 10*time.Second, func() bool { _, in := raftServer(c, silent); return !in })
+				if tc.leaveLeader {
+					return // two members left: the leader's own leave hands the lead to the other, tested elsewhere
+				}
+				c.Leave(leaving)
+				if l := c.Leader(); l == nil || l.ID != leader.ID {
+					t.Fatalf("leader %v after %s left, want %s", l, leaving, leader.ID)
+				}
+			})
+		})
+	}
 }
