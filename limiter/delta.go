@@ -48,15 +48,16 @@ func (p *partition) noteChanged(k uint64) {
 // and reports whole, when all is set, when the table does not track
 // changes, or when too many changed to be listed. A state written and
 // then dropped as idle is not in the stream: the importer's older copy of
-// it is idle too.
-func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (stream []byte, whole bool) {
+// it is idle too. The sets refs knows are named by reference (nil: none,
+// every set in full).
+func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool, refs SetRefs) (stream []byte, whole bool) {
 	p := t.part(part)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := t.sets.Load() // under the lock: see freeTag
 	if all || !p.track || p.changedAll {
 		p.changedAll, p.changed = false, p.changed[:0]
-		return t.appendLive(dst, part, p, g, now), true
+		return t.appendLive(dst, part, p, g, now, refs), true
 	}
 	// The keys sorted once (8 bytes each, a key listed twice once), then
 	// looked up kind by kind: the records come out in stream order, and
@@ -89,7 +90,7 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool) (str
 	}
 	p.changed = p.changed[:0]
 	*scratch = recs // released grown, and cleared
-	return appendStream(dst, part, recs, g, now), false
+	return appendStream(dst, part, recs, g, now, refs), false
 }
 
 // ImportChanges takes a stream made by ExportChanges (or Export) into

@@ -2,6 +2,9 @@ package limiter
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -28,7 +31,7 @@ func TestExportChangesKeepsBackupEqual(t *testing.T) {
 			case 1, 2: // a backup round
 				all := rapid.IntRange(0, 9).Draw(t, "all?") == 0
 				for p := range uint32(parts) {
-					stream, whole := owner.ExportChanges(nil, p, now, all)
+					stream, whole := owner.ExportChanges(nil, p, now, all, nil)
 					var err error
 					if whole {
 						backup.Drop(p)
@@ -64,7 +67,7 @@ func TestExportChangesSize(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	full, whole := tb.ExportChanges(nil, 0, now, false)
+	full, whole := tb.ExportChanges(nil, 0, now, false, nil)
 	if !whole {
 		t.Fatal("1000 new states in an empty partition: want a whole export")
 	}
@@ -73,7 +76,7 @@ func TestExportChangesSize(t *testing.T) {
 		tb.Check(0, mix64(i+1), r, now, 1) // listed twice, exported once
 	}
 	tb.Check(0, mix64(5000), r, now, 0) // a query on a fresh key writes nothing
-	delta, whole := tb.ExportChanges(nil, 0, now, false)
+	delta, whole := tb.ExportChanges(nil, 0, now, false, nil)
 	if whole {
 		t.Fatal("10 changed states of 1000: want a delta")
 	}
@@ -84,13 +87,13 @@ func TestExportChangesSize(t *testing.T) {
 	if n, err := probe.ImportChanges(0, delta, now); err != nil || n != 10 {
 		t.Fatalf("delta holds %d states (err %v), want 10", n, err)
 	}
-	if again, whole := tb.ExportChanges(nil, 0, now, false); whole || !bytes.Equal(again, mustTable(t, 1).Export(nil, 0, now)) {
+	if again, whole := tb.ExportChanges(nil, 0, now, false, nil); whole || !bytes.Equal(again, mustTable(t, 1).Export(nil, 0, now)) {
 		t.Errorf("a second export with nothing changed: whole %v, %d bytes", whole, len(again))
 	}
 	for i := range uint64(300) { // over a quarter of the states
 		tb.Check(0, mix64(i+1), r, now, 1)
 	}
-	if _, whole := tb.ExportChanges(nil, 0, now, false); !whole {
+	if _, whole := tb.ExportChanges(nil, 0, now, false, nil); !whole {
 		t.Error("300 changed states of 1000: want a whole export")
 	}
 }
@@ -113,5 +116,94 @@ func sameDecisions(t *rapid.T, op int, a, b *Table, keys []tableKey, now int64) 
 		if da != db {
 			t.Fatalf("op %d: %v key %#x at %d: backup decides %+v, owner %+v", op, k.r.Algorithm, k.h, now, db, da)
 		}
+	}
+}
+
+// refsFor is a SetRefs that knows the versions in known and records the
+// ones sent in full.
+type refsFor struct {
+	known map[uint64]bool
+	sent  []uint64
+}
+
+func (r *refsFor) Known(v uint64) bool { return r.known[v] }
+func (r *refsFor) Sent(v uint64)       { r.sent = append(r.sent, v) }
+
+// A set the importer holds is named by its version alone: a backup
+// stream then costs the same whatever the number of rules (it carried
+// every rule, per partition). A table that does not hold the set refuses
+// the stream whole; a stream of format 3 must name a set by reference;
+// Restamp keeps the reference.
+func TestExportChangesNamesKnownSetsByReference(t *testing.T) {
+	const version = 5
+	rules := make([]Rule, 1000)
+	for i := range rules {
+		rules[i] = Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: TokenBucket, Limit: 10, Period: time.Hour}
+	}
+	now := int64(1 << 40)
+	owner := mustTable(t, 1)
+	owner.TrackChanges()
+	if err := owner.SetRules(version, rules, now); err != nil {
+		t.Fatal(err)
+	}
+	r := rules[len(rules)-1]
+	r.Version = version
+	spend := func() {
+		for i := range uint64(10) {
+			if _, err := owner.Check(0, mix64(i+1), &r, now, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	spend()
+	refs := &refsFor{known: map[uint64]bool{}}
+	full, _ := owner.ExportChanges(nil, 0, now, true, refs)
+	if !slices.Equal(refs.sent, []uint64{version}) || full[len(streamMagic)] != streamVersion {
+		t.Fatalf("first export: sent %v in full, format %d; want [%d], %d", refs.sent, full[len(streamMagic)], version, streamVersion)
+	}
+	backup := mustTable(t, 1)
+	if _, err := backup.Import(0, full, now); err != nil {
+		t.Fatal(err)
+	}
+
+	refs.known[version], refs.sent = true, nil
+	spend()
+	delta, whole := owner.ExportChanges(nil, 0, now, false, refs)
+	if whole || len(refs.sent) != 0 || delta[len(streamMagic)] != streamRefVersion {
+		t.Fatalf("second export: whole %v, sent %v in full, format %d; want a delta naming version %d by reference", whole, refs.sent, delta[len(streamMagic)], version)
+	}
+	if len(delta)*20 > len(full) {
+		t.Errorf("the delta naming its set by reference is %d bytes, the export with 1000 rules %d", len(delta), len(full))
+	}
+	if _, err := backup.ImportChanges(0, delta, now); err != nil {
+		t.Fatalf("import by a table that holds the set: %v", err)
+	}
+	if got, want := backup.Export(nil, 0, now), owner.Export(nil, 0, now); !bytes.Equal(got, want) {
+		t.Errorf("the backup exports\n% x\nthe owner\n% x", got, want)
+	}
+
+	fresh := mustTable(t, 1)
+	if n, err := fresh.ImportChanges(0, delta, now); !errors.Is(err, ErrUnknownSet) || n != 0 || fresh.Len() != 0 {
+		t.Errorf("import by a table without the set: %d states, %v, %d held; want ErrUnknownSet and nothing", n, err, fresh.Len())
+	}
+
+	// Format 3 with every set in full is not canonical: the same stream
+	// in format 2.
+	head := len(streamMagic) + 1 + 1 + 1 // magic, format, partition 0, one set
+	v3 := slices.Concat(full[:head], []byte{version, setInFull}, full[head+1:])
+	v3[len(streamMagic)] = streamRefVersion
+	if _, err := mustTable(t, 1).Import(0, v3, now); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("format 3 without a set by reference: %v, want ErrCorrupt", err)
+	}
+
+	re, err := owner.Restamp(nil, delta, now, now+int64(time.Second))
+	if err != nil {
+		t.Fatalf("Restamp: %v", err)
+	}
+	if re[len(streamMagic)] != streamRefVersion {
+		t.Fatalf("restamped to format %d; want the reference kept", re[len(streamMagic)])
+	}
+	if _, err := backup.ImportChanges(0, re, now+int64(time.Second)); err != nil {
+		t.Errorf("import of the restamped stream: %v", err)
 	}
 }

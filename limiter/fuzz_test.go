@@ -110,12 +110,13 @@ func FuzzImport(f *testing.F) {
 		f.Add(s, int64(1<<60))
 	}
 	f.Add([]byte("RLP1\x02\x01\x00\x00"), int64(-1))
+	f.Add([]byte("RLP1\x03\x01\x01\x05\x01\x01\x01\x00\x00\x00\x00\x00\x00\x01\x01\x01"), int64(1<<40)) // a set by reference
 	f.Fuzz(func(t *testing.T, src []byte, now int64) {
 		tb := mustTable(t, 2)
 		n, err := tb.Import(fuzzPart, src, now)
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrPartition) {
-				t.Fatalf("error %v is neither ErrCorrupt nor ErrPartition", err)
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrPartition) && !errors.Is(err, ErrUnknownSet) {
+				t.Fatalf("error %v is neither ErrCorrupt, ErrPartition nor ErrUnknownSet", err)
 			}
 			if n != 0 || tb.Len() != 0 {
 				t.Fatalf("failed import returned %d and stored %d states", n, tb.Len())

@@ -87,16 +87,18 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 		ref[r.set] = 1
 	}
 	var sets []*ruleSet
+	var byRef []bool // a set named by reference stays so
 	for i, s := range recs.sets {
 		if ref[i+1] != 0 {
 			sets = append(sets, &ruleSet{version: s.version, since: s.since, rules: s.rules, names: slices.Sorted(maps.Keys(s.rules))})
+			byRef = append(byRef, s.ref)
 			ref[i+1] = uint64(len(sets))
 		}
 	}
 	ref[0] = 0
 
 	dst = slices.Grow(dst, len(src))
-	dst = appendStreamHead(dst, part, sets, len(live), to)
+	dst = appendStreamHead(dst, part, sets, byRef, len(live), to)
 	for i := range live {
 		dst = appendRecord(dst, &live[i].exportRec, ref[live[i].set], to)
 	}
@@ -106,17 +108,8 @@ func (t *Table) Restamp(dst, src []byte, from, to int64) ([]byte, error) {
 // streamPartition reads the partition number of a stream's header.
 func streamPartition(src []byte) (uint32, error) {
 	d := &decoder{b: src}
-	if len(src) < len(streamMagic) || string(src[:len(streamMagic)]) != streamMagic {
-		return 0, d.fail("no %q magic", streamMagic)
-	}
-	d.off = len(streamMagic)
-	v, err := d.byte1("version")
-	if err != nil {
+	if _, err := d.format(); err != nil {
 		return 0, err
-	}
-	if v != streamVersion {
-		d.off--
-		return 0, d.fail("format version %d, want %d", v, streamVersion)
 	}
 	p, err := d.uvarint("partition", math.MaxUint32)
 	return uint32(p), err

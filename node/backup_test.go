@@ -2,8 +2,11 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -18,11 +21,7 @@ func deliver(t *testing.T, a *Owner, to map[string]*Owner) ([]transport.PushPart
 		push := &transport.Push{Kind: transport.PushBackup, Epoch: bb.Epoch, From: a.self, Parts: bb.Parts}
 		ack := transport.PushAck{Status: make([]transport.PushStatus, len(bb.Parts))}
 		to[id].HandlePush(context.Background(), push, &ack)
-		for i, st := range ack.Status {
-			if st == transport.PushRejected {
-				a.MarkDirty(bb.Parts[i : i+1])
-			}
-		}
+		a.BackupAnswered(bb, &ack, nil)
 		parts, sts = append(parts, bb.Parts...), append(sts, ack.Status...)
 	}
 	return parts, sts
@@ -171,5 +170,62 @@ func TestServedFromNothingCountsPartitionsWithoutACopy(t *testing.T) {
 	}
 	if got := b.ServedFromNothing() - before; got != uint64(want) {
 		t.Fatalf("ServedFromNothing counted %d, want %d", got, want)
+	}
+}
+
+// Once a backup member has taken a rule set in full, pushes to it name
+// the set by its version alone: a delta's size does not grow with the
+// rules (it carried every rule, per partition, every round). A backup
+// member that lost the set (restarted at the same address) refuses the
+// next delta, and the push after that carries the set in full again.
+func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
+	rules := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 100, Period: time.Minute}}
+	for i := range 1000 {
+		rules = append(rules, limiter.Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Hour})
+	}
+	v := view.New(testRing(t, 1, "a", "b"), 9, rules, 1)
+	alive := func(string) bool { return true }
+	a, b := newOwner(t, "a"), newOwner(t, "b")
+	for _, o := range []*Owner{a, b} {
+		o.Apply(v, PlanMoves(nil, v.Ring, o.self, alive, false, false))
+		o.ExpireAwaiting(o.AwaitingParts())
+	}
+	h, p := partBackedBy(t, v, "a", "b")
+	spend := func() { handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }
+	push := func(to *Owner) (transport.PushPart, transport.PushStatus) {
+		t.Helper()
+		parts, sts := deliver(t, a, map[string]*Owner{"b": to})
+		for i, pt := range parts {
+			if pt.Partition == p {
+				return pt, sts[i]
+			}
+		}
+		t.Fatalf("partition %d not pushed", p)
+		return transport.PushPart{}, 0
+	}
+	spend()
+	first, st := push(b)
+	if st != transport.PushOK || len(first.Data) < 10_000 {
+		t.Fatalf("first push: %v, %d bytes; want taken, with the 1001 rules", st, len(first.Data))
+	}
+	spend()
+	delta, st := push(b)
+	if st != transport.PushOK || !delta.Delta || len(delta.Data) > 100 {
+		t.Fatalf("second push: %v, delta %v, %d bytes; want a taken delta naming the set by reference", st, delta.Delta, len(delta.Data))
+	}
+
+	b2 := newOwner(t, "b") // b again, at the same address, holding nothing
+	b2.Apply(v, PlanMoves(nil, v.Ring, "b", alive, false, false))
+	b2.ExpireAwaiting(b2.AwaitingParts())
+	spend()
+	if _, st := push(b2); st != transport.PushRejected {
+		t.Fatalf("a delta to a member holding nothing: %v, want rejected", st)
+	}
+	again, st := push(b2)
+	if st != transport.PushOK || again.Delta || len(again.Data) < 10_000 {
+		t.Fatalf("after the refusal: %v, delta %v, %d bytes; want the whole partition with its rules, taken", st, again.Delta, len(again.Data))
+	}
+	if n := b2.BackupTable().PartitionLen(p); n != 1 {
+		t.Fatalf("b's new copy of %d holds %d states, want 1", p, n)
 	}
 }

@@ -551,16 +551,11 @@ func (n *Node) backupLoop() {
 				defer cancel()
 				push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
 				var ack transport.PushAck
-				if err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack); err != nil {
-					o.MarkDirty(b.Parts)
+				err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
+				if err != nil {
 					n.m.backupErrors.Inc()
-					return
 				}
-				for i, st := range ack.Status {
-					if st == transport.PushRejected {
-						o.MarkDirty(b.Parts[i : i+1])
-					}
-				}
+				o.BackupAnswered(b, &ack, err)
 			}()
 		}
 		wg.Wait()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
@@ -794,15 +795,15 @@ func (o *Owner) BackupPushes() map[string]*BackupBatch {
 			continue
 		}
 		o.dirty[p].Store(false)
-		start := len(buf)
-		var whole bool
-		buf, whole = o.table.ExportChanges(buf, p, now, o.whole[p].Swap(false))
-		data := buf[start:len(buf):len(buf)] // a later append never writes into it
 		bb := out[b.ID]
 		if bb == nil {
-			bb = &BackupBatch{To: b, Epoch: v.Epoch()}
+			bb = &BackupBatch{To: b, Epoch: v.Epoch(), refs: o.refsOf(b).round()}
 			out[b.ID] = bb
 		}
+		start := len(buf)
+		var whole bool
+		buf, whole = o.table.ExportChanges(buf, p, now, o.whole[p].Swap(false), bb.refs)
+		data := buf[start:len(buf):len(buf)] // a later append never writes into it
 		bb.Parts = append(bb.Parts, transport.PushPart{Partition: p, Delta: !whole, Data: data})
 	}
 	return out
@@ -813,6 +814,96 @@ type BackupBatch struct {
 	To    ring.Member
 	Epoch uint64
 	Parts []transport.PushPart
+
+	refs *roundRefs // the rule sets its streams name by reference, and those they carry in full
+}
+
+// BackupAnswered takes the answer to the push of b: err when it failed,
+// else ack. The parts not taken go again, whole, at the next round
+// (MarkDirty; all of them when the push failed). When its backup member
+// took every part, the rule sets b carried in full are held there and
+// later pushes name them by reference; otherwise later pushes carry
+// every set in full until they are taken (a member that restarted,
+// released a set, or could not read a stream holds what it holds, not
+// what was sent).
+func (o *Owner) BackupAnswered(b *BackupBatch, ack *transport.PushAck, err error) {
+	taken := err == nil && len(ack.Status) == len(b.Parts)
+	if err != nil {
+		o.MarkDirty(b.Parts)
+	} else {
+		for i, st := range ack.Status {
+			if st == transport.PushRejected {
+				o.MarkDirty(b.Parts[i : i+1])
+			}
+			taken = taken && st == transport.PushOK
+		}
+	}
+	if b.refs != nil {
+		b.refs.settle(taken)
+	}
+}
+
+// setRefs is what this member knows of one backup member's rule sets:
+// the versions pushes to it carried in full and it took (see
+// BackupBatch.Settle). A backup member's table holds only the sets its
+// imports brought (members apply rules to their own table alone), so
+// without this every push carried every rule of every set it named, per
+// partition: O(rules) bytes, encoding and decoding for each changed
+// partition every backup interval.
+type setRefs struct {
+	mu    sync.Mutex
+	peer  string          // the data-plane address it was known at
+	known map[uint64]bool // guarded by mu
+}
+
+// refsOf returns what this member knows of backup member m's sets,
+// forgotten when m is at another address (another process).
+func (o *Owner) refsOf(m ring.Member) *setRefs {
+	o.refsMu.Lock()
+	defer o.refsMu.Unlock()
+	r := o.refs[m.ID]
+	if r == nil || r.peer != m.Peer {
+		if o.refs == nil {
+			o.refs = map[string]*setRefs{}
+		}
+		r = &setRefs{peer: m.Peer, known: map[uint64]bool{}}
+		o.refs[m.ID] = r
+	}
+	return r
+}
+
+// round begins a push round's use of r: a copy of what is known now
+// (limiter.SetRefs reads it under partition locks, without r's).
+func (r *setRefs) round() *roundRefs {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	known := make(map[uint64]bool, len(r.known))
+	for v := range r.known {
+		known[v] = true
+	}
+	return &roundRefs{of: r, known: known}
+}
+
+// roundRefs is one push round's limiter.SetRefs for one backup member.
+type roundRefs struct {
+	of    *setRefs
+	known map[uint64]bool
+	full  []uint64 // the versions sent in full this round
+}
+
+func (r *roundRefs) Known(version uint64) bool { return r.known[version] }
+func (r *roundRefs) Sent(version uint64)       { r.full = append(r.full, version) }
+
+func (r *roundRefs) settle(ok bool) {
+	r.of.mu.Lock()
+	defer r.of.mu.Unlock()
+	if !ok {
+		clear(r.of.known)
+		return
+	}
+	for _, v := range r.full {
+		r.of.known[v] = true
+	}
 }
 
 // MarkDirty marks partitions to be pushed to their backup again, whole:

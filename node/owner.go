@@ -69,6 +69,9 @@ type Owner struct {
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
 
+	refsMu sync.Mutex          // guards refs
+	refs   map[string]*setRefs // per backup member id: the rule sets it holds (BackupPushes)
+
 	// leaseUntil is the monotonic instant (ns since start) until which this
 	// member may answer: refreshed while Raft hears from a quorum. 0 = no
 	// lease needed (a single member, or tests).
