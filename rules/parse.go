@@ -73,6 +73,9 @@ func parse(data []byte, needList, routes bool) ([]limiter.Rule, error) {
 	if err := checkDuplicates(rs); err != nil {
 		return nil, err
 	}
+	if n := len(rs) - countDefault(rs); n > MaxRules {
+		return nil, tooMany(n)
+	}
 	return rs, nil
 }
 
@@ -187,8 +190,8 @@ func ruleList(js []byte, routes bool) (items []json.RawMessage, named bool, err 
 	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
 		return nil, true, &Error{Index: -1, Field: "rules", Msg: "must be a list of rules, got " + rawText(raw)}
 	}
-	if len(items) > MaxRules {
-		return nil, true, &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules, over the limit of %d", len(items), MaxRules)}
+	if len(items) > MaxRules+1 { // one may be default; Validate counts exactly
+		return nil, true, tooMany(len(items))
 	}
 	return items, true, nil
 }

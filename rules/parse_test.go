@@ -219,7 +219,14 @@ func TestParseTooManyRules(t *testing.T) {
 		t.Fatalf("Parse(%d rules) = %d rules, %v", MaxRules, len(rs), err)
 	}
 	_, err = Parse(doc(MaxRules + 1))
-	checkError(t, err, -1, "", "rules", "rules document: rules: 10001 rules, over the limit of 10000")
+	checkError(t, err, -1, "", "rules", "rules document: rules: 10001 rules besides default, over the limit of 10000")
+	_, err = Parse(doc(MaxRules + 2))
+	checkError(t, err, -1, "", "rules", "rules document: rules: 10002 rules besides default, over the limit of 10000")
+	// What GET lists for a full set, default included, is taken back.
+	withDefault := append(doc(MaxRules)[:len(doc(MaxRules))-2], []byte(`,{"name":"default","algorithm":"gcra","limit":1,"period":"1s"}]}`)...)
+	if rs, err := Parse(withDefault); err != nil || len(rs) != MaxRules+1 {
+		t.Fatalf("Parse(%d rules and default) = %d rules, %v", MaxRules, len(rs), err)
+	}
 }
 
 func TestValidate(t *testing.T) {
@@ -242,7 +249,7 @@ func TestValidate(t *testing.T) {
 			`rules[1]: name: missing; every rule needs a name`},
 		{"reserved prefix", []limiter.Rule{ok, {Name: "rls:d.k#0", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}}, 1, "rls:d.k#0", "name",
 			`rule "rls:d.k#0": name: names starting with "rls:" are reserved for Envoy RLS descriptor limits`},
-		{"too many", make([]limiter.Rule, MaxRules+1), -1, "", "rules", `rules document: rules: 10001 rules, over the limit of 10000`},
+		{"too many", make([]limiter.Rule, MaxRules+1), -1, "", "rules", `rules document: rules: 10001 rules besides default, over the limit of 10000`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,7 +37,10 @@ const (
 	// MaxDocumentSize is the largest document Parse reads, in bytes (1 MiB,
 	// the API's body limit).
 	MaxDocumentSize = 1 << 20
-	// MaxRules is the most rules one document or rule set may hold.
+	// MaxRules is the most rules one document or rule set may hold
+	// besides the one named default, which every rule set has (GET
+	// /v1/rules and the cluster view list it): a set of MaxRules written
+	// rules is listed with MaxRules+1, and that list is accepted back.
 	MaxRules = 10_000
 )
 
@@ -139,13 +142,14 @@ func Effective(written []limiter.Rule) []limiter.Rule {
 	return out
 }
 
-// Validate checks a written rule set as a whole: at most MaxRules rules,
+// Validate checks a written rule set as a whole: at most MaxRules rules
+// besides default,
 // each passing limiter's Rule.Validate, no two with the same name. It
 // returns the first problem in order as an *Error, or nil. It does not
 // modify rs.
 func Validate(rs []limiter.Rule) error {
-	if len(rs) > MaxRules {
-		return &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules, over the limit of %d", len(rs), MaxRules)}
+	if n := len(rs) - countDefault(rs); n > MaxRules {
+		return tooMany(n)
 	}
 	for i := range rs {
 		if err := validateRule(i, &rs[i]); err != nil {
@@ -153,6 +157,23 @@ func Validate(rs []limiter.Rule) error {
 		}
 	}
 	return checkDuplicates(rs)
+}
+
+// countDefault counts the rules of rs named default.
+func countDefault(rs []limiter.Rule) int {
+	n := 0
+	for i := range rs {
+		if rs[i].Name == DefaultName {
+			n++
+		}
+	}
+	return n
+}
+
+// tooMany is the error for a set of n rules besides default, over
+// MaxRules.
+func tooMany(n int) *Error {
+	return &Error{Index: -1, Field: "rules", Msg: fmt.Sprintf("%d rules besides %s, over the limit of %d", n, DefaultName, MaxRules)}
 }
 
 // validateRule runs r.Validate and names the rule in its error.

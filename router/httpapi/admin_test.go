@@ -15,8 +15,10 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // adminCalls are one valid call of each admin endpoint.
@@ -658,5 +660,27 @@ func TestViewToken(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A view of the most rules a cluster takes (MaxRules written), which
+// lists default too, builds a router's view: it was refused as a rule
+// over the cap, so routers, the gateway in the routing tier and the Go
+// client's ring could not follow such a cluster at all.
+func TestViewOfTheMostRulesBuildsARouterView(t *testing.T) {
+	written := make([]limiter.Rule, rules.MaxRules)
+	for i := range written {
+		written[i] = limiter.Rule{Name: fmt.Sprintf("tenant-%05d", i), Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
+	}
+	r, err := ring.New(ring.Config{Partitions: 8, ReplicationFactor: 4, Load: 1.25}, 1, []ring.Member{{ID: "a", Peer: "a:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := router.ViewFromAPI(ViewOf(view.New(r, 9, rules.Effective(written), 7)))
+	if err != nil {
+		t.Fatalf("a view of %d written rules: %v", rules.MaxRules, err)
+	}
+	if len(rv.List) != rules.MaxRules+1 {
+		t.Fatalf("router view holds %d rules, want %d and default", len(rv.List), rules.MaxRules)
 	}
 }
