@@ -77,6 +77,41 @@ func marshal(rs []limiter.Rule) []byte {
 	return b
 }
 
+// MarshalCompact is Marshal without what a rules document may leave out:
+// a burst equal to the limit, and failure_mode open. Parse reads it back
+// to the same rules. A member forwards rules writes to the leader in it:
+// in Marshal's form, a document that came in near MaxDocumentSize
+// without those fields grew past it, and the leader refused a valid
+// write (413) that it takes when sent to it directly.
+func MarshalCompact(rs []limiter.Rule) ([]byte, error) {
+	if err := Validate(rs); err != nil {
+		return nil, err
+	}
+	type compact struct {
+		Name        string `json:"name"`
+		Algorithm   string `json:"algorithm"`
+		Limit       int64  `json:"limit"`
+		Period      string `json:"period"`
+		Burst       int64  `json:"burst,omitempty"`
+		FailureMode string `json:"failure_mode,omitempty"`
+	}
+	doc := struct {
+		Rules []compact `json:"rules"`
+	}{Rules: make([]compact, len(rs))}
+	for i, r := range rs {
+		v := ViewOf(r)
+		c := compact{Name: v.Name, Algorithm: v.Algorithm, Limit: v.Limit, Period: v.Period}
+		if v.Burst != v.Limit {
+			c.Burst = v.Burst
+		}
+		if r.FailureMode != limiter.FailOpen {
+			c.FailureMode = v.FailureMode
+		}
+		doc.Rules[i] = c
+	}
+	return json.Marshal(doc)
+}
+
 // Fingerprint returns a stable hash of a written rule set: the hex SHA-256
 // of its Marshal form. Two sets with the same views in the same order have
 // the same fingerprint (an omitted burst and a burst equal to the limit

@@ -229,3 +229,38 @@ func TestFingerprint(t *testing.T) {
 		t.Errorf("Fingerprint(nil) = %q, want %q", got, want)
 	}
 }
+
+// MarshalCompact leaves out a burst equal to the limit and failure_mode
+// open, and Parse reads it back to the rules Marshal writes.
+func TestMarshalCompactParsesBack(t *testing.T) {
+	rs := []limiter.Rule{
+		{Name: "plain", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second},
+		{Name: "bursty", Algorithm: limiter.GCRA, Limit: 10, Period: time.Minute, Burst: 50},
+		{Name: "closed", Algorithm: limiter.SlidingLog, Limit: 5, Period: time.Hour, FailureMode: limiter.FailClosed},
+		{Name: "window", Algorithm: limiter.FixedWindow, Limit: 7, Period: 90 * time.Minute, Burst: 7},
+		{Name: "leaky", Algorithm: limiter.LeakyBucket, Limit: 3, Period: time.Second, Burst: 1},
+	}
+	doc, err := MarshalCompact(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"rules":[{"name":"plain","algorithm":"token_bucket","limit":10,"period":"1s"},` +
+		`{"name":"bursty","algorithm":"gcra","limit":10,"period":"1m","burst":50},` +
+		`{"name":"closed","algorithm":"sliding_log","limit":5,"period":"1h","failure_mode":"closed"},` +
+		`{"name":"window","algorithm":"fixed_window","limit":7,"period":"1h30m"},` +
+		`{"name":"leaky","algorithm":"leaky_bucket","limit":3,"period":"1s","burst":1}]}`
+	if string(doc) != want {
+		t.Errorf("MarshalCompact =\n%s\nwant\n%s", doc, want)
+	}
+	back, err := Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, _ := Marshal(rs)
+	if again, _ := Marshal(back); string(again) != string(full) {
+		t.Errorf("parsed back, Marshal gives\n%s\nwant\n%s", again, full)
+	}
+	if _, err := MarshalCompact([]limiter.Rule{{Name: "bad"}}); err == nil {
+		t.Error("MarshalCompact of an invalid rule: no error")
+	}
+}

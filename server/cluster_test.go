@@ -1,13 +1,17 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +25,7 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/httpapi"
+	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -594,5 +599,52 @@ func TestViewLongPoll(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("after=x: %d, want 400", resp.StatusCode)
+	}
+}
+
+// A rules document near the body limit, PUT to a follower, is written:
+// the follower forwards it in the compact form. Was: forwarded with every
+// burst and failure_mode written out, it grew past the limit, and the
+// leader's 413 came back as a 503 that no retry could mend (and a
+// follower's --rules file of that size was never applied).
+func TestFollowerForwardsARulesDocumentNearTheBodyLimit(t *testing.T) {
+	ss := startCluster(t, 2)
+	follower := ss[0]
+	if follower.Node.Raft().State() == raft.Leader {
+		follower = ss[1]
+	}
+	var doc []byte
+	var written []limiter.Rule
+	for i := 0; ; i++ {
+		r := limiter.Rule{Name: fmt.Sprintf("tenant-%05d-%s", i, strings.Repeat("x", 40)), Algorithm: limiter.GCRA, Limit: 100, Period: time.Second}
+		line := fmt.Sprintf(`{"name":%q,"algorithm":"gcra","limit":100,"period":"1s"}`, r.Name)
+		if len(doc)+len(line)+16 > api.MaxBodySize || len(written) == rules.MaxRules {
+			break
+		}
+		if len(doc) > 0 {
+			doc = append(doc, ',')
+		}
+		doc, written = append(doc, line...), append(written, r)
+	}
+	doc = slices.Concat([]byte(`{"rules":[`), doc, []byte(`]}`))
+	if full, _ := rules.Marshal(written); len(full) <= api.MaxBodySize {
+		t.Fatalf("the test's document, %d bytes, is %d in full form: want it over the %d limit", len(doc), len(full), api.MaxBodySize)
+	}
+	req, err := http.NewRequest(http.MethodPut, "http://"+follower.cfg.HTTPAdvertise+"/v1/rules", bytes.NewReader(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT of %d rules, %d bytes, to a follower: %d %.300s", len(written), len(doc), resp.StatusCode, body)
+	}
+	if v := follower.Router.View(); v == nil || v.Rules[written[len(written)-1].Name] == nil {
+		t.Fatal("the follower answered 200 without the rules in force")
 	}
 }

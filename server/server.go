@@ -9,7 +9,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -386,7 +385,7 @@ func (f forwarder) SetState(ctx context.Context, leader, id, state string) error
 }
 
 func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
-	doc, err := rules.Marshal(written)
+	doc, err := rules.MarshalCompact(written) // as short as JSON can say it: see MarshalCompact
 	if err != nil {
 		return nil, err
 	}
@@ -394,11 +393,21 @@ func (f forwarder) PutRules(ctx context.Context, leader string, written []limite
 	if err != nil {
 		return nil, wrapRemote("leader", err)
 	}
-	back, err := json.Marshal(api.Rules{Rules: got})
-	if err != nil {
-		return nil, err
+	// Rule by rule, as a router reads a view: as a document, the answer
+	// (every burst and failure_mode written out) may be over the size a
+	// document may have, for the set of a document that was not.
+	set := make([]limiter.Rule, 0, len(got))
+	for _, av := range got {
+		r, err := rules.FromView(rules.RuleView(av))
+		if err != nil {
+			return nil, fmt.Errorf("the leader's answer: %w", err)
+		}
+		set = append(set, r)
 	}
-	return rules.Parse(back)
+	if err := rules.Validate(set); err != nil {
+		return nil, fmt.Errorf("the leader's answer: %w", err)
+	}
+	return set, nil
 }
 
 // ClusterOf reads the view of the member at addr (node.ClusterReader):
