@@ -825,6 +825,7 @@ func (n *Node) detectLoop() {
 		if !n.isLeader() {
 			if leading {
 				lastSeen.reset()
+				n.current.reset()
 				servers = nil
 				clear(orphans)
 			}
@@ -837,6 +838,7 @@ func (n *Node) detectLoop() {
 		now := time.Now()
 		if !leading {
 			lastSeen.reset() // contact is measured afresh from our leadership
+			n.current.reset()
 			clear(answered)
 			leading = true
 			if prevLeader != "" {
@@ -872,6 +874,7 @@ func (n *Node) detectLoop() {
 				// Left the cluster: if it joins again, under the same id,
 				// its silence counts from then, not from before it left.
 				delete(answered, id)
+				n.current.remove(id)
 				return false
 			}
 			return true
@@ -881,9 +884,14 @@ func (n *Node) detectLoop() {
 				// Not expected to answer: its silence counts afresh from
 				// when it is active again, not from before it stopped.
 				lastSeen.remove(m.ID)
+				n.current.remove(m.ID)
 				continue
 			}
 			seen := lastSeen.seen(m.ID, now)
+			behind := false // it answers, but its ring does not follow the log
+			if cur := n.current.seen(m.ID, now); cur.Before(seen) {
+				seen, behind = cur, true
+			}
 			if since := now.Sub(seen); since >= n.cfg.DeadAfter {
 				if err := n.markDead(m.ID); err != nil {
 					if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
@@ -897,8 +905,14 @@ func (n *Node) detectLoop() {
 					continue
 				}
 				n.m.markedDead.Inc()
-				n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())
+				if behind {
+					n.log.Warn("member marked dead: it answers, but its ring has not followed the log (its Raft log cannot grow: a full or failing disk?), so it could not answer for its partitions",
+						"id", m.ID, "behind_for", since.Round(time.Millisecond).String())
+				} else {
+					n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())
+				}
 				lastSeen.remove(m.ID)
+				n.current.remove(m.ID)
 				continue
 			}
 			if inflight[m.ID] {

@@ -294,6 +294,13 @@ type Node struct {
 	// contacts is the failure detector's record of when, while this node
 	// leads, it last heard from each member (detectLoop, grantsLease).
 	contacts contacts
+	// current is, while this node leads, when each member last asked for
+	// its lease with a ring at least as new as this node's then
+	// (HandlePush): a member that answers pings but whose ring cannot
+	// follow the log (its Raft log cannot grow: a full or failing disk)
+	// never takes its lease, and its partitions were answered degraded
+	// for as long as that lasted. detectLoop counts it silent from then.
+	current contacts
 	// leaderLeaseAt is the lease this node holds as leader, from a quorum
 	// at its term (leaderLease), apart from the owner's lease, which a
 	// leader just elected still holds from its leader before: grantsLease
@@ -765,11 +772,26 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 	if o != nil {
 		o.HandlePush(ctx, push, ack)
 	}
+	if push.Kind == transport.PushPing && n.isLeader() {
+		n.noteCurrent(push.From, push.Epoch, time.Now())
+	}
 	if push.Kind == transport.PushPing && !n.grantsLease(push.From, time.Now()) {
 		// The sender may be asking for its lease: a probe's answer is
 		// only heard, never read (detectLoop).
 		ack.Epoch = transport.NoLease
 	}
+}
+
+// noteCurrent records, on this leader, a lease request from member id
+// whose ring was at epoch: current when it is at least this node's ring
+// (a member behind takes no lease from the answer: askLease); else its
+// silence counts from first sight, as for contacts.
+func (n *Node) noteCurrent(id string, epoch uint64, now time.Time) {
+	if snap := n.snap.Load(); snap != nil && epoch >= snap.v.Epoch() {
+		n.current.set(id, now)
+		return
+	}
+	n.current.seen(id, now)
 }
 
 // sweepLoop drops dead bucket states, a slice of partitions per tick, so

@@ -518,3 +518,40 @@ func TestLeaveThatWouldCostTheQuorumIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// A member whose Raft log cannot grow (its disk stalls) answers pings
+// but cannot follow the ring: after a change it takes no lease, and its
+// partitions were answered degraded for as long as the disk stayed so
+// (an audit: over a minute, with a full disk). The leader now marks it
+// dead once it has asked for its lease with an old ring for DeadAfter,
+// and the others answer its keys; once its disk is back it is active
+// again.
+func TestMemberWhoseRingCannotFollowIsMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		leader := c.Leader()
+		stuck := otherThan(c, leader.ID)
+		key := c.KeyOwnedBy(stuck, 0)
+		resume := c.StallDisk(stuck)
+		defer resume()
+		c.add("n4", true) // a ring change the stuck member cannot apply
+		start := time.Now()
+		c.WaitFor(stuck+" marked dead", 20*time.Second, func() bool {
+			m, _ := c.Leader().Node().State().Member(stuck)
+			return m.State == fsm.Dead
+		})
+		took := time.Since(start)
+		c.WaitFor("the others answering its keys", 10*time.Second, func() bool {
+			return !c.Check(leader.ID, "default", key, 1).Degraded
+		})
+		if took > 2*time.Second+3*time.Second {
+			t.Errorf("%s marked dead %v after the ring change, want within DeadAfter and a join's time", stuck, took)
+		}
+		// Its disk back, it catches up and registers again.
+		resume()
+		c.WaitFor(stuck+" active again", 20*time.Second, func() bool {
+			m, _ := c.Leader().Node().State().Member(stuck)
+			return m.State == fsm.Active
+		})
+	})
+}
