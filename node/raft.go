@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -99,8 +101,16 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		if err := checkRaftDB(cfg.DataDir); err != nil {
 			return nil, err
 		}
-		store, err := raftboltdb.NewBoltStore(filepath.Join(cfg.DataDir, "raft.db"))
+		dbPath := filepath.Join(cfg.DataDir, "raft.db")
+		_, statErr := os.Lstat(dbPath)
+		store, err := raftboltdb.NewBoltStore(dbPath)
 		if err != nil {
+			if errors.Is(statErr, fs.ErrNotExist) {
+				// Created by this failed start (a full disk leaves it
+				// empty or short): left in place, every later start
+				// refused it as damaged, the disk freed or not.
+				_ = os.Remove(dbPath)
+			}
 			return nil, fmt.Errorf("node: raft store: %w", err)
 		}
 		fsnaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog.Named("snapshot"))

@@ -3,11 +3,15 @@ package node
 import (
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,4 +225,36 @@ func TestRaftGuardHeartbeatAfterClose(t *testing.T) {
 	if err := send(); !errors.Is(err, raft.ErrTransportShutdown) || calls != 1 {
 		t.Fatalf("closed guard: err %v, %d calls; want ErrTransportShutdown and still 1", err, calls)
 	}
+}
+
+// A first start whose raft.db cannot be written (a full disk; here a
+// file size limit) leaves no raft.db behind: the empty or short file it
+// left was refused as damaged at every later start, the disk freed or
+// not. The start runs in a child process, which alone has the limit.
+func TestFailedFirstStartLeavesNoRaftDB(t *testing.T) {
+	dir := os.Getenv("RINGLIMIT_TEST_FSIZE_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFailedFirstStartLeavesNoRaftDB$")
+		cmd.Env = append(os.Environ(), "RINGLIMIT_TEST_FSIZE_DIR="+dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, "raft.db")); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("after a start that could not write raft.db: %v, want no raft.db\n%s", err, out)
+		}
+		return
+	}
+	signal.Ignore(syscall.SIGXFSZ) // a write past the limit fails with EFBIG instead
+	must(t, syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 4096, Max: 4096}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	_, err = Open(Config{ID: "n1", HTTPAddr: "127.0.0.1:1", RaftAdvertise: ln.Addr().String(), PeerAddr: "127.0.0.1:2",
+		DataDir: dir, Forward: nopForwarder{}, DataPlane: nopDataPlane{}}, ln)
+	if err == nil || !strings.Contains(err.Error(), "raft store") {
+		t.Fatalf("Open with raft.db limited to 4 KiB = %v, want a raft store error", err)
+	}
+	t.Log(err)
 }
