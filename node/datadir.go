@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/hashicorp/raft"
 	"go.etcd.io/bbolt"
 )
 
@@ -242,10 +244,82 @@ func walkBoltUnsafe(path string) error {
 	defer db.Close()
 	var touched byte // every value's last byte, so that its pages are read
 	err = db.View(func(tx *bbolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bbolt.Bucket) error { return walkBucket(b, &touched) })
+		if err := tx.ForEach(func(name []byte, b *bbolt.Bucket) error { return walkBucket(b, &touched) }); err != nil {
+			return err
+		}
+		return checkRaftBuckets(tx)
 	})
 	_ = touched
 	return err
+}
+
+// checkLogFollowsSnapshot refuses a data dir whose Raft log begins after
+// the entry just past its newest snapshot (none: entry 1), which raft
+// needs at start: entries were lost between them (a snapshot removed or
+// damaged, so that raft skips it, after the log was compacted past it).
+// raft panicked with "log not found" instead.
+func checkLogFollowsSnapshot(logs raft.LogStore, snaps raft.SnapshotStore, dir string) error {
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrDataDir, filepath.Join(dir, "raft.db"), err)
+	}
+	if first == 0 {
+		return nil // no log
+	}
+	var newest uint64
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		newest = metas[0].Index
+	}
+	if first > newest+1 {
+		return fmt.Errorf("%w: %s: the Raft log begins at entry %d, and the newest snapshot in %s ends at entry %d (0: none readable): the entries between are lost; restore the data dir from a backup, or remove it to join the cluster again as a new member",
+			ErrDataDir, filepath.Join(dir, "raft.db"), first, filepath.Join(dir, "snapshots"), newest)
+	}
+	return nil
+}
+
+// checkRaftBuckets checks what hashicorp/raft reads of raft.db and
+// trusts (raft-boltdb's buckets): the log's entries follow each other
+// from its first index to its last (raft panicked at start on a gap:
+// "log not found"; a damaged last key made the replay at start count up
+// to it, 10^16 entries, silently), each decodes as a raft.Log of its own
+// index (raft panicked on one that did not), and the stable store's terms
+// are 8 bytes (raft-boltdb indexed past a short one). Seen in an audit of
+// damaged data dirs.
+func checkRaftBuckets(tx *bbolt.Tx) error {
+	if b := tx.Bucket([]byte("logs")); b != nil {
+		var prev uint64
+		seen := false
+		h := &codec.MsgpackHandle{}
+		err := b.ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return fmt.Errorf("corrupt: a Raft log key of %d bytes, want 8", len(k))
+			}
+			i := binary.BigEndian.Uint64(k)
+			if seen && i != prev+1 {
+				return fmt.Errorf("corrupt: the Raft log skips from entry %d to %d", prev, i)
+			}
+			var l raft.Log
+			if err := codec.NewDecoderBytes(v, h).Decode(&l); err != nil {
+				return fmt.Errorf("corrupt: Raft log entry %d does not decode: %v", i, err)
+			}
+			if l.Index != i {
+				return fmt.Errorf("corrupt: the Raft log entry stored as %d says it is %d", i, l.Index)
+			}
+			prev, seen = i, true
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if b := tx.Bucket([]byte("conf")); b != nil {
+		for _, k := range []string{"CurrentTerm", "LastVoteTerm"} {
+			if v := b.Get([]byte(k)); v != nil && len(v) != 8 {
+				return fmt.Errorf("corrupt: Raft's %s is %d bytes, want 8", k, len(v))
+			}
+		}
+	}
+	return nil
 }
 
 func walkBucket(b *bbolt.Bucket, touched *byte) error {

@@ -118,6 +118,10 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 			store.Close()
 			return nil, fmt.Errorf("node: snapshot store: %w", err)
 		}
+		if err := checkLogFollowsSnapshot(store, fsnaps, cfg.DataDir); err != nil {
+			store.Close()
+			return nil, err
+		}
 		nt := newRaftGuard(raft.NewNetworkTransportWithLogger(&streamLayer{Listener: ln, advertise: advertiseAddr(cfg.RaftAdvertise), dial: cfg.raftDial()}, 3, 10*time.Second, hlog.Named("raft-net")),
 			func() (raft.Configuration, bool) {
 				if r := started.Load(); r != nil {

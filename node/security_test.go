@@ -1,6 +1,7 @@
 package node
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"io/fs"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 
 	"github.com/ringlimit/ringlimit/api"
 )
@@ -80,6 +83,30 @@ func TestCheckRaftDB(t *testing.T) {
 				overwrite(t, p, off, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x10, 0, 0xff, 0xff})
 			}
 		}, "corrupt"},
+		// What raft itself trusts (it panicked, or hung, on these).
+		{"a log entry missing", func(t *testing.T, p string) {
+			inBolt(t, p, func(tx *bbolt.Tx) error { return tx.Bucket([]byte("logs")).Delete(logKey(100)) })
+		}, "skips from entry 99 to 101"},
+		{"the last key damaged", func(t *testing.T, p string) {
+			inBolt(t, p, func(tx *bbolt.Tx) error {
+				b := tx.Bucket([]byte("logs"))
+				v := slices.Clone(b.Get(logKey(200)))
+				must(t, b.Delete(logKey(200)))
+				return b.Put(logKey(1<<56+200), v)
+			})
+		}, "skips from entry 199 to"},
+		{"an entry that does not decode", func(t *testing.T, p string) {
+			inBolt(t, p, func(tx *bbolt.Tx) error { return tx.Bucket([]byte("logs")).Put(logKey(50), []byte{0xc1, 0xde, 0xad}) })
+		}, "entry 50 does not decode"},
+		{"an entry under another index", func(t *testing.T, p string) {
+			inBolt(t, p, func(tx *bbolt.Tx) error {
+				b := tx.Bucket([]byte("logs"))
+				return b.Put(logKey(50), slices.Clone(b.Get(logKey(51))))
+			})
+		}, "stored as 50 says it is 51"},
+		{"a short term", func(t *testing.T, p string) {
+			inBolt(t, p, func(tx *bbolt.Tx) error { return tx.Bucket([]byte("conf")).Put([]byte("CurrentTerm"), []byte{0, 1}) })
+		}, "CurrentTerm is 2 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := goodRaftDB(t)
@@ -95,6 +122,41 @@ func TestCheckRaftDB(t *testing.T) {
 				t.Fatalf("err = %v; want ErrDataDir naming %s and saying %q", err, path, tc.want)
 			}
 		})
+	}
+}
+
+// inBolt runs f in a write transaction of the bolt file at path.
+func inBolt(t *testing.T, path string, f func(tx *bbolt.Tx) error) {
+	t.Helper()
+	db, err := bbolt.Open(path, 0o600, nil)
+	must(t, err)
+	defer db.Close()
+	must(t, db.Update(f))
+}
+
+// logKey is raft-boltdb's key of log entry i.
+func logKey(i uint64) []byte { return binary.BigEndian.AppendUint64(nil, i) }
+
+// A log that begins after the entry just past the newest snapshot (here:
+// no snapshot, entries 1 to 10 gone) is refused at Open, naming what is
+// lost; raft panicked ("log not found").
+func TestOpenRefusesALogThatDoesNotFollowItsSnapshot(t *testing.T) {
+	path := goodRaftDB(t)
+	inBolt(t, path, func(tx *bbolt.Tx) error {
+		for i := uint64(1); i <= 10; i++ {
+			if err := tx.Bucket([]byte("logs")).Delete(logKey(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	_, err = Open(Config{ID: "n1", HTTPAddr: "127.0.0.1:1", RaftAdvertise: ln.Addr().String(), PeerAddr: "127.0.0.1:2",
+		DataDir: filepath.Dir(path), Forward: nopForwarder{}, DataPlane: nopDataPlane{}}, ln)
+	if !errors.Is(err, ErrDataDir) || !strings.Contains(err.Error(), "begins at entry 11") {
+		t.Fatalf("Open = %v, want ErrDataDir saying the log begins at entry 11", err)
 	}
 }
 
