@@ -93,11 +93,13 @@ func TestRaftUnavailableWrapsOnce(t *testing.T) {
 // unavailable, which callers retry and the HTTP API answers 503; it
 // answered "raft apply: leadership transfer in progress", a 500 logged as
 // an ERROR, to members marking themselves down while a stopping leader
-// handed its leadership over (five members stopped together).
+// handed its leadership over (five members stopped together). So does a
+// write the leader could not store (its disk full): it was a 500.
 func TestOutcomeOfAWriteRaftCannotTakeIsUnavailable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := &Node{ctx: context.Background(), cfg: Config{RaftTimeout: time.Second}, raft: &raftParts{}}
-		for _, err := range []error{raft.ErrNotLeader, raft.ErrLeadershipLost, raft.ErrEnqueueTimeout, raft.ErrRaftShutdown, raft.ErrLeadershipTransferInProgress} {
+		diskFull := errors.New("write raft.db: no space left on device") // what raft answers when the leader cannot store the write
+		for _, err := range []error{raft.ErrNotLeader, raft.ErrLeadershipLost, raft.ErrEnqueueTimeout, raft.ErrRaftShutdown, raft.ErrLeadershipTransferInProgress, diskFull} {
 			if got := n.outcome(n.ctx, refusedApply{answeredFuture{err}}); !errors.Is(got, api.ErrUnavailable) || !errors.Is(got, err) {
 				t.Errorf("outcome of a write refused with %q = %v, want it wrapped in api.ErrUnavailable", err, got)
 			}

@@ -168,7 +168,10 @@ func (n *Node) outcome(ctx context.Context, f raft.ApplyFuture) error {
 			errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return fmt.Errorf("%w: %w", api.ErrUnavailable, err)
 		}
-		return fmt.Errorf("node: raft apply: %w", err)
+		// Raft could not store it: the leader's log on disk (a full or
+		// failing disk; the leader steps down). Nothing the caller sent
+		// is wrong: unavailable, not an internal error (was a 500).
+		return fmt.Errorf("%w: raft could not write it (the leader's Raft log on disk?): %w", api.ErrUnavailable, err)
 	}
 	if err, _ := f.Response().(error); err != nil {
 		return err
