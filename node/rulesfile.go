@@ -89,7 +89,12 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	retry := time.NewTicker(50 * time.Millisecond) // while pending at start
+	// While pending at start: soon, then less often. Each try parses the
+	// file again and may forward it to the leader; at a fixed 50 ms a
+	// 10,000-rule file took most of a core while a start waited (audit).
+	const firstRetry = 50 * time.Millisecond
+	retryEvery := firstRetry
+	retry := time.NewTimer(retryEvery)
 	defer retry.Stop()
 	var settling [32]byte // changed content read once, to be read again
 	settle := time.NewTimer(time.Hour)
@@ -124,8 +129,13 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 			n.rulesFilePending.Store(false)
 		}
 		wait := tick.C
-		if pending && n.rulesFilePending.Load() {
-			wait = retry.C // not ready until it is in force: try again soon
+		retrying := pending && n.rulesFilePending.Load()
+		if retrying {
+			retry.Reset(retryEvery) // Go 1.23+: no stale fire follows a Reset
+			wait = retry.C          // not ready until it is in force: try again soon
+			retryEvery = min(2*retryEvery, max(interval, firstRetry))
+		} else {
+			retryEvery = firstRetry
 		}
 		select {
 		case <-ctx.Done():

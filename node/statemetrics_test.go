@@ -191,3 +191,40 @@ func TestRulesFileAppliedOnceSettled(t *testing.T) {
 		<-done
 	})
 }
+
+// A rules file that cannot be put in force at start (no leader yet, say)
+// is tried again soon, then less often, up to once an interval: each try
+// parses it again and may forward it to the leader, and at a fixed 50 ms
+// a 10,000-rule file took most of a core while a start waited (audit).
+func TestRulesFileRetriesAtStartBackOff(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  - {name: a, algorithm: gcra, limit: 10, period: 1s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		n := &Node{log: slog.New(slog.DiscardHandler), m: newNodeMetrics(), cfg: Config{Registerer: prometheus.NewRegistry()}}
+		var tries []time.Duration
+		start := time.Now()
+		apply := func(context.Context, string, []byte) bool {
+			tries = append(tries, time.Since(start))
+			return true // not in force yet
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); n.watchRulesFile(ctx, path, time.Second, apply) }()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		cancel()
+		<-done
+		// The first try after the settle read (100 ms), then 50, 100,
+		// 200, 400, 800 ms, then once a second.
+		if len(tries) < 10 || len(tries) > 16 {
+			t.Fatalf("%d tries in 10 s: %v; want about 14 (backing off to once a second)", len(tries), tries)
+		}
+		for i := 6; i < len(tries); i++ {
+			if gap := tries[i] - tries[i-1]; gap != time.Second {
+				t.Fatalf("tries %v: gap %v after the sixth, want 1s", tries, gap)
+			}
+		}
+	})
+}
