@@ -27,16 +27,29 @@ func ViewFromAPI(v api.ClusterView) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: view ring: %w", err)
 	}
-	written := make([]limiter.Rule, 0, len(v.Rules))
-	for _, av := range v.Rules {
-		rule, err := rules.FromView(rules.RuleView(av))
-		if err != nil {
-			return nil, fmt.Errorf("router: view rules: %w", err)
-		}
-		written = append(written, rule)
-	}
-	if err := rules.Validate(written); err != nil {
+	written, err := RulesFromAPI(v.Rules)
+	if err != nil {
 		return nil, fmt.Errorf("router: view rules: %w", err)
 	}
 	return view.New(r, seed, rules.Effective(written), v.RulesVersion), nil
+}
+
+// RulesFromAPI reads a rule set as the HTTP API lists it (GET
+// /v1/rules, the view) rule by rule and validates it as a whole. Unlike
+// rules.Parse of the same list as a document, it takes a list longer
+// than MaxDocumentSize: the API writes every field of every rule, so the
+// list of a set written in a document under that size may be over it.
+func RulesFromAPI(rs []api.Rule) ([]limiter.Rule, error) {
+	out := make([]limiter.Rule, 0, len(rs))
+	for _, av := range rs {
+		r, err := rules.FromView(rules.RuleView(av))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if err := rules.Validate(out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

@@ -393,18 +393,8 @@ func (f forwarder) PutRules(ctx context.Context, leader string, written []limite
 	if err != nil {
 		return nil, wrapRemote("leader", err)
 	}
-	// Rule by rule, as a router reads a view: as a document, the answer
-	// (every burst and failure_mode written out) may be over the size a
-	// document may have, for the set of a document that was not.
-	set := make([]limiter.Rule, 0, len(got))
-	for _, av := range got {
-		r, err := rules.FromView(rules.RuleView(av))
-		if err != nil {
-			return nil, fmt.Errorf("the leader's answer: %w", err)
-		}
-		set = append(set, r)
-	}
-	if err := rules.Validate(set); err != nil {
+	set, err := router.RulesFromAPI(got) // not as a document: see RulesFromAPI
+	if err != nil {
 		return nil, fmt.Errorf("the leader's answer: %w", err)
 	}
 	return set, nil
