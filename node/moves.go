@@ -845,7 +845,7 @@ func (o *Owner) BackupAnswered(b *BackupBatch, ack *transport.PushAck, err error
 
 // setRefs is what this member knows of one backup member's rule sets:
 // the versions pushes to it carried in full and it took (see
-// BackupBatch.Settle). A backup member's table holds only the sets its
+// Owner.BackupAnswered). A backup member's table holds only the sets its
 // imports brought (members apply rules to their own table alone), so
 // without this every push carried every rule of every set it named, per
 // partition: O(rules) bytes, encoding and decoding for each changed
