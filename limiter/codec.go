@@ -392,15 +392,7 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 		}
 		tags[i+1], pinned[rs.tag] = rs.tag, true
 	}
-	for i, s := range recs.sets {
-		if s.ref {
-			continue
-		}
-		tags[i+1] = legacyTag
-		if rs := t.register(s.version, s.rules, s.since, false, &pinned); rs != nil {
-			tags[i+1], pinned[rs.tag] = rs.tag, true
-		}
-	}
+	t.registerInFull(recs, tags, &pinned)
 	g := t.sets.Load()
 	newer := func(a, b uint8) bool { return g.byTag[a].version > g.byTag[b].version }
 	p := &t.parts[part]
@@ -452,6 +444,44 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 		}
 	}
 	return recs.count, nil
+}
+
+// registerInFull registers the sets of recs written in full, pinning
+// each (see importStream), and sets tags[i+1] to set i's tag: legacyTag
+// when no tag could be freed for it. Sets by reference are left as they
+// are. t.regMu must be held.
+func (t *Table) registerInFull(recs *decoded, tags []uint8, pinned *[maxTags]bool) {
+	for i, s := range recs.sets {
+		if s.ref {
+			continue
+		}
+		tags[i+1] = legacyTag
+		if rs := t.register(s.version, s.rules, s.since, false, pinned); rs != nil {
+			tags[i+1], pinned[rs.tag] = rs.tag, true
+		}
+	}
+}
+
+// RegisterSets registers the rule sets that stream src (of any
+// partition) carries in full, as Import would, and takes none of its
+// states: what a backup member does with a part of a push it does not
+// take (not its partition to back up, or a delta without a whole copy),
+// so that later parts of the same push, which name those sets by
+// reference, find them. Errors are Import's ErrCorrupt.
+func (t *Table) RegisterSets(src []byte, now int64) error {
+	part, err := streamPartition(src)
+	if err != nil {
+		return err
+	}
+	recs, err := decodeStream(src, part, now)
+	if err != nil {
+		return err
+	}
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	var pinned [maxTags]bool
+	t.registerInFull(recs, make([]uint8, len(recs.sets)+1), &pinned)
+	return nil
 }
 
 // mergeWindow keeps the window state that admits less: the later DeadAt,

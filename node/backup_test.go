@@ -229,3 +229,83 @@ func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
 		t.Fatalf("b's new copy of %d holds %d states, want 1", p, n)
 	}
 }
+
+// Within one push, a rule set goes in full in the first stream that
+// needs it and by reference in the others; the backup member registers
+// the sets of a part it does not take (here one it does not back up), so
+// the later parts find them.
+func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
+	rules := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 100, Period: time.Minute}}
+	for i := range 1000 {
+		rules = append(rules, limiter.Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Hour})
+	}
+	v := view.New(testRing(t, 1, "a", "b"), 9, rules, 1)
+	alive := func(string) bool { return true }
+	a, b := newOwner(t, "a"), newOwner(t, "b")
+	for _, o := range []*Owner{a, b} {
+		o.Apply(v, PlanMoves(nil, v.Ring, o.self, alive, false, false))
+		o.ExpireAwaiting(o.AwaitingParts())
+	}
+	// Two partitions a owns and b backs up, a key spent in each.
+	h1, p1 := partBackedBy(t, v, "a", "b")
+	h2 := h1 + 1
+	var p2 uint32
+	for ; ; h2++ {
+		p2 = v.Ring.Partition(h2)
+		if o, _ := v.Ring.Owner(p2); p2 != p1 && o.ID == "a" {
+			break
+		}
+	}
+	handle(a, 1, transport.Check{Rule: "r", KeyHash: h1, Partition: p1, Cost: 1}, transport.Check{Rule: "r", KeyHash: h2, Partition: p2, Cost: 1})
+	parts, sts := deliver(t, a, map[string]*Owner{"b": b})
+	full := 0
+	for i, pt := range parts {
+		if sts[i] != transport.PushOK {
+			t.Fatalf("partition %d: %v, want taken", pt.Partition, sts[i])
+		}
+		if len(pt.Data) > 10_000 {
+			full++
+		}
+	}
+	if full != 1 || b.BackupTable().PartitionLen(p1) != 1 || b.BackupTable().PartitionLen(p2) != 1 {
+		t.Fatalf("%d streams carried the 1001 rules, want 1; b holds %d and %d states, want 1 and 1",
+			full, b.BackupTable().PartitionLen(p1), b.BackupTable().PartitionLen(p2))
+	}
+
+	// The stream carrying the set in full is of a part the member does
+	// not take: the next part, naming the set by reference, is taken.
+	c := newOwner(t, "b") // b again, holding nothing
+	c.Apply(v, PlanMoves(nil, v.Ring, "b", alive, false, false))
+	c.ExpireAwaiting(c.AwaitingParts())
+	_, notMine := partOf(v, "b") // b owns it: b is not its backup
+	src, _ := limiter.NewTable(64)
+	now := int64(1e18)
+	if err := src.SetRules(1, rules, now); err != nil {
+		t.Fatal(err)
+	}
+	r := rules[0]
+	r.Version = 1
+	for _, pc := range []struct {
+		p uint32
+		h uint64
+	}{{notMine, 1}, {p1, h1}} {
+		for h := pc.h; ; h++ {
+			if v.Ring.Partition(h) == pc.p {
+				if _, err := src.Check(pc.p, h, &r, now, 1); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	refs := &roundRefs{of: &setRefs{known: map[uint64]bool{}}, known: map[uint64]bool{}}
+	first, _ := src.ExportChanges(nil, notMine, now, true, refs)
+	second, _ := src.ExportChanges(nil, p1, now, true, refs)
+	push := &transport.Push{Kind: transport.PushBackup, Epoch: 1, From: "a", Parts: []transport.PushPart{
+		{Partition: notMine, Data: first}, {Partition: p1, Data: second}}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 2)}
+	c.HandlePush(context.Background(), push, &ack)
+	if ack.Status[0] != transport.PushNotOwner || ack.Status[1] != transport.PushOK || len(second) > 100 {
+		t.Fatalf("statuses %v (want not owner, taken), the second stream %d bytes (want its set by reference)", ack.Status, len(second))
+	}
+}

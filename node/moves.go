@@ -731,6 +731,7 @@ func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64, late *
 
 func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, now int64) transport.PushStatus {
 	if b, ok := v.Ring.Backup(pt.Partition); !ok || b.ID != o.self {
+		o.registerSets(pt, now)
 		return transport.PushNotOwner
 	}
 	if pt.Lost {
@@ -741,6 +742,7 @@ func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, now int64) tran
 		// The states changed since the owner's previous push replace
 		// ours; without a whole copy to apply them to, ask for one.
 		if !o.based[p].Load() {
+			o.registerSets(pt, now)
 			return transport.PushRejected
 		}
 		if _, err := o.backup.ImportChanges(p, pt.Data, now); err != nil {
@@ -756,6 +758,14 @@ func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, now int64) tran
 	}
 	o.based[p].Store(true)
 	return transport.PushOK
+}
+
+// registerSets registers the rule sets a backup part not taken carries
+// in full: the push's later parts may name them by reference (Sent).
+func (o *Owner) registerSets(pt *transport.PushPart, now int64) {
+	if !pt.Lost {
+		_ = o.backup.RegisterSets(pt.Data, now) // a stream that does not decode registers nothing
+	}
 }
 
 // dropBackup forgets our backup copy of partition p.
@@ -892,7 +902,17 @@ type roundRefs struct {
 }
 
 func (r *roundRefs) Known(version uint64) bool { return r.known[version] }
-func (r *roundRefs) Sent(version uint64)       { r.full = append(r.full, version) }
+
+// Sent notes a set written in full: the round's later streams to the
+// same member name it by reference (its parts are taken in order, and
+// the sets of one it does not take are registered all the same: see
+// takeBackup). Was: every changed partition's stream of the round
+// carried it, ~80 MB a round with 10,000 rules, and a push that took
+// over its 1 s to send failed, so the next round carried them all again.
+func (r *roundRefs) Sent(version uint64) {
+	r.full = append(r.full, version)
+	r.known[version] = true
+}
 
 func (r *roundRefs) settle(ok bool) {
 	r.of.mu.Lock()
