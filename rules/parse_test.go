@@ -107,7 +107,7 @@ func TestParseErrors(t *testing.T) {
 		{"burst negative", base("login", "burst", "burst: -1"), 0, "login", "burst", `rule "login": burst: must be >= 0, got -1`},
 		{"duplicate name", rule("name: a", "algorithm: gcra", "limit: 1", "period: 1s") +
 			"  - {name: b, algorithm: gcra, limit: 1, period: 1s}\n  - {name: a, algorithm: gcra, limit: 2, period: 1s}\n",
-			2, "a", "name", `rule "a": name: duplicate name (also rules[0])`},
+			2, "a", "name", `rule "a": name: duplicate name: rules[0] and rules[2]`},
 		{"unknown field", base("login", "", "limt: 5"), 0, "login", "limt",
 			`rule "login": limt: unknown field (want name, algorithm, limit, period, burst, failure_mode)`},
 		{"unknown field wrong case", base("login", "", "Limit: 5"), 0, "login", "Limit",
@@ -244,7 +244,7 @@ func TestValidate(t *testing.T) {
 		{"invalid rule", []limiter.Rule{ok, bad}, 1, "b", "period", `rule "b": period: must be > 0, got 0s`},
 		{"unknown algorithm", []limiter.Rule{{Name: "c", Limit: 1, Period: time.Second}}, 0, "c", "algorithm",
 			`rule "c": algorithm: unknown algorithm (want one of token_bucket, gcra, leaky_bucket, fixed_window, sliding_window, sliding_log)`},
-		{"duplicate", []limiter.Rule{ok, ok}, 1, "a", "name", `rule "a": name: duplicate name (also rules[0])`},
+		{"duplicate", []limiter.Rule{ok, ok}, 1, "a", "name", `rule "a": name: duplicate name: rules[0] and rules[1]`},
 		{"no name", []limiter.Rule{ok, {Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}}, 1, "", "name",
 			`rules[1]: name: missing; every rule needs a name`},
 		{"reserved prefix", []limiter.Rule{ok, {Name: "rls:d.k#0", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}}, 1, "rls:d.k#0", "name",

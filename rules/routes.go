@@ -156,7 +156,7 @@ func ParseRoutes(data []byte) ([]Route, error) {
 			return nil, err
 		}
 		if j, dup := seen[out[i].Name]; dup {
-			return nil, &RouteError{Index: i, Route: out[i].Name, Field: "name", Msg: fmt.Sprintf("duplicate name (also routes[%d])", j)}
+			return nil, &RouteError{Index: i, Route: out[i].Name, Field: "name", Msg: fmt.Sprintf("duplicate name: routes[%d] and routes[%d]", j, i)}
 		}
 		seen[out[i].Name] = i
 	}

@@ -160,7 +160,7 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"routes: [{name: a, path: /v1/*x/y, limits: [{rule: r}]}]", `route "a": path: "*" stands for a whole segment`},
 		{"routes: [{name: a, path: '/search?q=*', limits: [{rule: r}]}]", `route "a": path: no request path holds '?'`},
 		{"routes: [{name: a, path: '/a b', limits: [{rule: r}]}]", `route "a": path: no request path holds '?', '#', spaces`},
-		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name (also routes[0])`},
+		{"routes: [{name: a, path: /, limits: [{rule: r}]}, {name: a, path: /, limits: [{rule: r}]}]", `route "a": name: duplicate name: routes[0] and routes[1]`},
 		{"routes: 3", `routes: must be a list of routes, got 3`},
 	}
 	for _, tt := range tests {

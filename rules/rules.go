@@ -207,7 +207,7 @@ func checkDuplicates(rs []limiter.Rule) error {
 	for i, r := range rs {
 		if j, dup := seen[r.Name]; dup {
 			return &Error{Index: i, Rule: ruleName(r.Name), Field: "name",
-				Msg: fmt.Sprintf("duplicate name (also rules[%d])", j)}
+				Msg: fmt.Sprintf("duplicate name: rules[%d] and rules[%d]", j, i)}
 		}
 		seen[r.Name] = i
 	}
