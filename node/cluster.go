@@ -823,10 +823,9 @@ func (n *Node) startLeave(ctx context.Context, id string) (f raft.ApplyFuture, p
 // leader elected a moment ago, which has had no answer from anyone yet
 // (the leave of a leader is forwarded to the next at its first
 // heartbeat), takes every member for heard until half of DeadAfter has
-// passed without an answer. The
-// non-voter that the leader promotes into a freed seat (promoteNonvoters)
-// does not count: its promotion is a Raft change that needs the quorum
-// first.
+// passed without an answer. The non-voter that the leader promotes into
+// a freed seat (promoteNonvoters) does not count: its promotion is a
+// Raft change that needs the quorum first.
 func (n *Node) leaveKeepsQuorum(st *fsm.State, id string, now time.Time) error {
 	cf := n.raft.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
