@@ -103,24 +103,29 @@ func (n *Node) leftInLog(st *fsm.State) error {
 // leader that has the member in its configuration sends it a heartbeat.
 func (n *Node) leftWhileAwayAfter() time.Duration { return 2 * n.cfg.RaftTimeout }
 
-// leftWhileAway watches a member restarted over its data dir for a
-// removal that its log never received: a member crashed (marked dead,
-// say) and removed by `ringlimit leave` while it was away. The leader
-// sends a server it removes one last append, which a member that is
-// down misses; started again, it waits for a leader that sends it
+// leftWhileAway watches a member for a removal that its log never
+// received. At a restart over its data dir: a member crashed (marked
+// dead, say) and removed by `ringlimit leave` while it was away. The
+// leader sends a server it removes one last append, which a member that
+// is down misses; started again, it waits for a leader that sends it
 // nothing more, campaigns, and the others refuse its votes (Raft and the
 // Raft guard turn away a server they no longer list), forever. Its log
-// cannot tell it; the others can.
+// cannot tell it; the others can. While it runs: a member removed while
+// its Raft log could not grow (a full disk) or its Raft links were cut
+// stayed in that state for good, its process running (an audit: after a
+// `leave` that answered "left").
 //
-// So until a Raft leader reaches it, every Raft timeout after the first
-// leftWhileAwayAfter it asks the members its log knows for their view of
-// the cluster (ClusterReader), all at once, each for at most a Raft
-// timeout, and stops with the error its start over a log holding its
-// removal gets (Config.OnLeft) once one of them shows it removed
-// (removedIn). A member that is merely cut off hears no answer, or
-// answers that list it; another cluster answers with another seed; a
+// So whenever no Raft leader has reached it for leftWhileAwayAfter (from
+// its start, or since it last knew one), every Raft timeout it asks the
+// members it knows for their view of the cluster (ClusterReader), all at
+// once, each for at most a Raft timeout, and stops with the error its
+// start over a log holding its removal gets (Config.OnLeft) once one of
+// them shows it removed (removedIn) after the last change to its own
+// record that it knows: its log's at the restart (raft.local), or its
+// state's, when newer. A member that is merely cut off hears no answer,
+// or answers that list it; another cluster answers with another seed; a
 // cluster amid an election answers with no leader: none of these stop
-// it. Once a leader reaches it, Raft takes it from there.
+// it. While a leader reaches it, Raft takes it from there.
 //
 // Why not the Raft guard's refusal: it reaches the member only as the
 // text of a failed vote, inside Raft, which logs it and retries; it
@@ -130,50 +135,75 @@ func (n *Node) leftWhileAwayAfter() time.Duration { return 2 * n.cfg.RaftTimeout
 // and Raft's in-memory transport (tests) has no guard at all.
 func (n *Node) leftWhileAway() {
 	reader, ok := n.cfg.Forward.(ClusterReader)
-	if !ok || !n.raft.hasState || n.raft.local.seed == 0 || n.raft.local.since == 0 {
-		return // nothing to ask with, a new member, or a log that never listed it
-	}
-	first := time.NewTimer(n.leftWhileAwayAfter())
-	defer first.Stop()
-	select {
-	case <-n.ctx.Done():
-		return
-	case <-first.C:
+	if !ok {
+		return // nothing to ask with
 	}
 	tick := time.NewTicker(n.cfg.RaftTimeout)
 	defer tick.Stop()
+	leaderless := time.Now() // since when no leader has reached it; zero while one does
+	first := time.NewTimer(n.leftWhileAwayAfter())
+	defer first.Stop()
 	said, other := false, false
 	for {
-		if n.leaderKnown() || n.removed.Load() || n.stopping.Load() {
-			return
-		}
-		if !said {
-			n.log.Info("no raft leader has reached this member since it restarted: asking the members its log knows whether it is still one of them",
-				"waited", n.leftWhileAwayAfter().String())
-			said = true
-		}
-		if err := n.askWhetherRemoved(reader, &other); err != nil {
-			n.noteLeft(err)
-			return
-		}
 		select {
 		case <-n.ctx.Done():
 			return
+		case <-first.C:
 		case <-tick.C:
 		}
+		if n.removed.Load() || n.stopping.Load() {
+			return
+		}
+		if n.leaderKnown() {
+			leaderless, said = time.Time{}, false
+			continue
+		}
+		if leaderless.IsZero() {
+			leaderless = time.Now()
+		}
+		h, ok := n.ownHistory()
+		if !ok || time.Since(leaderless) < n.leftWhileAwayAfter() {
+			continue // a new member, or a log that never listed it; or not long enough
+		}
+		if !said {
+			n.log.Info("no raft leader has reached this member for a while: asking the members it knows whether it is still one of them",
+				"waited", time.Since(leaderless).Round(time.Millisecond).String())
+			said = true
+		}
+		if err := n.askWhetherRemoved(reader, h, &other); err != nil {
+			n.noteLeft(err)
+			return
+		}
 	}
+}
+
+// ownHistory is what this member knows of its own record to ask with
+// (leftWhileAway): its log's at the restart, or its state's when that
+// lists it since later; false when neither lists it (a new member, or
+// one never listed) or knows the cluster's seed.
+func (n *Node) ownHistory() (localHistory, bool) {
+	h := n.raft.local
+	if !n.raft.hasState {
+		h = localHistory{}
+	}
+	if st := n.fsm.State(); st != nil {
+		if m, ok := st.Member(n.cfg.ID); ok && m.Since > h.since && st.Config.Seed != 0 {
+			h.since, h.sinceTerm, h.seed = m.Since, 0, st.Config.Seed
+		}
+	}
+	return h, h.seed != 0 && h.since != 0
 }
 
 // askWhetherRemoved asks every member this member's log knows (and its
 // --join) for its view (viewsOfOthers), and returns the error to stop with
 // when one shows this member removed (removedIn); nil otherwise. An
 // answer of another cluster is logged once (warned).
-func (n *Node) askWhetherRemoved(reader ClusterReader, warned *bool) error {
+func (n *Node) askWhetherRemoved(reader ClusterReader, h localHistory, warned *bool) error {
 	for _, a := range n.viewsOfOthers(reader) {
 		switch {
-		case removedIn(n.raft.local, n.cfg.ID, a.r):
-			return n.leftError(a.addr, a.r)
-		case a.r.Seed != n.raft.local.seed && !*warned:
+		case removedIn(h, n.cfg.ID, a.r):
+			return n.leftError(a.addr, a.r, h.since)
+		case a.r.Seed != h.seed && !*warned:
 			*warned = true
 			n.log.Warn("a member this member's log knows answers for another cluster (another hash seed): not taken into account", "member", a.addr)
 		default:
@@ -240,13 +270,13 @@ func (n *Node) outOfLeadersRaft(reader ClusterReader) bool {
 // leftError is the error of a member that learns from the member at addr,
 // whose view is r, that it left the cluster while it was away: it says
 // what openRaft's refusal of a log that holds the removal says.
-func (n *Node) leftError(addr string, r RemoteCluster) error {
+func (n *Node) leftError(addr string, r RemoteCluster, since uint64) error {
 	who := addr
 	if r.ID != "" {
 		who = fmt.Sprintf("%s (%s)", r.ID, addr)
 	}
 	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: member %s, whose raft leader is %s, no longer lists it (epoch %d; this data dir's log, which lists it as of epoch %d, never received the removal); start it over an empty --data-dir (or another --id) to join again as a new member",
-		ErrDataDir, n.cfg.ID, who, r.Leader, r.Epoch, n.raft.local.since)
+		ErrDataDir, n.cfg.ID, who, r.Leader, r.Epoch, since)
 }
 
 // noteLeft stops this member, which learnt that it left the cluster while

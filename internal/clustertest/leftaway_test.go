@@ -120,3 +120,27 @@ func TestMemberRestartedAsItsLeaveEndsStaysOut(t *testing.T) {
 		c.WaitSettled(2)
 	})
 }
+
+// A running member that the others removed while its Raft links were cut
+// (as while its disk was full: its log could not take the removal) never
+// received its removal, and ran on for good, campaigning, neither ready
+// nor stopped, after a `leave` that answered "left" (an audit). With no
+// Raft leader reaching it, it asks the members it knows, learns that it
+// left, and stops with the error a start over a log holding the removal
+// gets; the others go on as three.
+func TestRunningMemberRemovedWhileCutOffStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 4, Options{DeadAfter: 2 * time.Second})
+		victim := otherThan(c, c.Leader().ID)
+		c.CutRaft(victim)
+		if err := c.Leader().Node().Leave(context.Background(), victim); err != nil {
+			t.Fatalf("leave %s (cut off from Raft): %v", victim, err)
+		}
+		c.WaitFor(victim+" stopped after its removal", 20*time.Second, func() bool { return !c.Member(victim).Running() })
+		err := c.Member(victim).Left()
+		if !errors.Is(err, node.ErrDataDir) || !strings.Contains(err.Error(), `member "`+victim+`" left the cluster`) {
+			t.Fatalf("%s stopped with %v; want ErrDataDir, saying it left the cluster", victim, err)
+		}
+		c.WaitSettled(3)
+	})
+}
