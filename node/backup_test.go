@@ -179,17 +179,9 @@ func TestServedFromNothingCountsPartitionsWithoutACopy(t *testing.T) {
 // member that lost the set (restarted at the same address) refuses the
 // next delta, and the push after that carries the set in full again.
 func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
-	rules := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 100, Period: time.Minute}}
-	for i := range 1000 {
-		rules = append(rules, limiter.Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Hour})
-	}
+	rules := tenantRules()
 	v := view.New(testRing(t, 1, "a", "b"), 9, rules, 1)
-	alive := func(string) bool { return true }
-	a, b := newOwner(t, "a"), newOwner(t, "b")
-	for _, o := range []*Owner{a, b} {
-		o.Apply(v, PlanMoves(nil, v.Ring, o.self, alive, false, false))
-		o.ExpireAwaiting(o.AwaitingParts())
-	}
+	a, b := servingOwner(t, "a", v), servingOwner(t, "b", v)
 	h, p := partBackedBy(t, v, "a", "b")
 	spend := func() { handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}) }
 	push := func(to *Owner) (transport.PushPart, transport.PushStatus) {
@@ -214,9 +206,7 @@ func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
 		t.Fatalf("second push: %v, delta %v, %d bytes; want a taken delta naming the set by reference", st, delta.Delta, len(delta.Data))
 	}
 
-	b2 := newOwner(t, "b") // b again, at the same address, holding nothing
-	b2.Apply(v, PlanMoves(nil, v.Ring, "b", alive, false, false))
-	b2.ExpireAwaiting(b2.AwaitingParts())
+	b2 := servingOwner(t, "b", v) // b again, at the same address, holding nothing
 	spend()
 	if _, st := push(b2); st != transport.PushRejected {
 		t.Fatalf("a delta to a member holding nothing: %v, want rejected", st)
@@ -235,17 +225,9 @@ func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
 // the sets of a part it does not take (here one it does not back up), so
 // the later parts find them.
 func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
-	rules := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 100, Period: time.Minute}}
-	for i := range 1000 {
-		rules = append(rules, limiter.Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Hour})
-	}
+	rules := tenantRules()
 	v := view.New(testRing(t, 1, "a", "b"), 9, rules, 1)
-	alive := func(string) bool { return true }
-	a, b := newOwner(t, "a"), newOwner(t, "b")
-	for _, o := range []*Owner{a, b} {
-		o.Apply(v, PlanMoves(nil, v.Ring, o.self, alive, false, false))
-		o.ExpireAwaiting(o.AwaitingParts())
-	}
+	a, b := servingOwner(t, "a", v), servingOwner(t, "b", v)
 	// Two partitions a owns and b backs up, a key spent in each.
 	h1, p1 := partBackedBy(t, v, "a", "b")
 	h2 := h1 + 1
@@ -274,9 +256,7 @@ func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
 
 	// The stream carrying the set in full is of a part the member does
 	// not take: the next part, naming the set by reference, is taken.
-	c := newOwner(t, "b") // b again, holding nothing
-	c.Apply(v, PlanMoves(nil, v.Ring, "b", alive, false, false))
-	c.ExpireAwaiting(c.AwaitingParts())
+	c := servingOwner(t, "b", v) // b again, holding nothing
 	_, notMine := partOf(v, "b") // b owns it: b is not its backup
 	src, _ := limiter.NewTable(64)
 	now := int64(1e18)
@@ -308,4 +288,24 @@ func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
 	if ack.Status[0] != transport.PushNotOwner || ack.Status[1] != transport.PushOK || len(second) > 100 {
 		t.Fatalf("statuses %v (want not owner, taken), the second stream %d bytes (want its set by reference)", ack.Status, len(second))
 	}
+}
+
+// tenantRules is rule "r" (a fixed window of 100 a minute) and 1,000
+// token-bucket rules beside it: a set whose stream is some 20 KB.
+func tenantRules() []limiter.Rule {
+	rules := []limiter.Rule{{Name: "r", Algorithm: limiter.FixedWindow, Limit: 100, Period: time.Minute}}
+	for i := range 1000 {
+		rules = append(rules, limiter.Rule{Name: fmt.Sprintf("tenant-%04d", i), Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Hour})
+	}
+	return rules
+}
+
+// servingOwner returns a new owner id that has applied v as the first
+// view it knows and serves every partition v gives it, from empty.
+func servingOwner(t *testing.T, id string, v *view.View) *Owner {
+	t.Helper()
+	o := newOwner(t, id)
+	o.Apply(v, PlanMoves(nil, v.Ring, id, func(string) bool { return true }, false, false))
+	o.ExpireAwaiting(o.AwaitingParts())
+	return o
 }
