@@ -1531,7 +1531,7 @@ func (n *Node) registerMetrics() error {
 			n.ofOwner(func(o *Owner) float64 { return float64(o.Awaiting()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_handoff_received_partitions_total", Help: "Partitions this member took over by hand-off from their previous owner (counted where they arrive: the sender of a stop counts its own as it exits)."},
 			n.ofOwner(func(o *Owner) float64 { return float64(o.HandoffsReceived()) })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_partitions_served_from_nothing_total", Help: "Partitions this member began to serve, their hand-off wait over, with no backup copy to serve them from: their keys' budgets started full (an owner and its backup lost together, or a hand-off lost with no copy)."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_partitions_served_from_nothing_total", Help: "Partitions this member began to serve, their hand-off wait over, with no backup copy to serve them from: their keys' budgets started full (an owner and its backup lost together, a hand-off lost with no copy, or a lone member's bucket file that could not be loaded)."},
 			n.ofOwner(func(o *Owner) float64 { return float64(o.ServedFromNothing()) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringlimit_owner_checks_total", Help: "Checks this member decided as their key's owner, whatever front door they came through (its own HTTP API or RLS, another member or router, a Go client on the data plane)."},
 			n.ofOwner(func(o *Owner) float64 { return float64(o.Decided()) })),

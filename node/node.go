@@ -575,6 +575,7 @@ func (n *Node) refresh() {
 		return
 	}
 	o := n.owner.Load()
+	bucketsLost := false // this start found a bucket file it could not load
 	if o == nil {
 		if o, err = NewOwner(n.cfg.ID, st.Config.Partitions, n.now, n.log); err != nil {
 			n.log.Error("cannot build the bucket table", "err", err)
@@ -583,6 +584,7 @@ func (n *Node) refresh() {
 		o.SetMaxKeys(n.cfg.MaxKeys)
 		if k, err := o.loadBuckets(n.cfg.DataDir); err != nil {
 			n.savedState.Store(false) // its partitions' backups hold what they can (needsRecovery)
+			bucketsLost = true
 			n.log.Error("bucket state of the last stop not loaded; those keys start fresh", "err", err)
 		} else if k > 0 {
 			n.log.Info("bucket state of the last stop loaded", "partitions", k)
@@ -607,6 +609,14 @@ func (n *Node) refresh() {
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := append(o.Apply(next, moves), forwards...)
+		if bucketsLost && len(next.Ring.Members()) == 1 {
+			// Alone in its ring, nobody holds a copy of what the file
+			// held: every partition it serves starts from nothing, and
+			// says so where an alert looks (RinglimitBudgetsReset; it
+			// counted none here). In a ring of several, hand-offs and
+			// backups decide, and count what they cannot serve.
+			o.servedBare.Add(uint64(len(next.Ring.PartitionsOf(n.cfg.ID))))
+		}
 		out = append(out, o.handOffLoaded(next)...)
 		if away := o.takeLoadedAway(); len(away) > 0 {
 			n.h.dropLoadedLater(away)

@@ -170,3 +170,28 @@ func TestStopThatCannotSaveBucketsFails(t *testing.T) {
 		t.Fatalf("Shutdown = %v, want an error wrapping node.ErrBucketsNotSaved", err)
 	}
 }
+
+// A single member whose bucket file is damaged at its start serves every
+// partition from nothing, and counts them where the budgets-reset alert
+// looks (ringlimit_partitions_served_from_nothing_total): it logged an
+// ERROR and counted none.
+func TestSingleMemberWithADamagedBucketFileCountsItsResets(t *testing.T) {
+	dir := t.TempDir()
+	s := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s}, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "buckets.rlsnap")
+	if err := os.WriteFile(path, []byte("not a bucket file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s2 := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s2}, 1)
+	o := s2.Node.Owner()
+	if got, want := o.ServedFromNothing(), uint64(o.Partitions()); got != want {
+		t.Fatalf("served from nothing: %d, want every partition (%d)", got, want)
+	}
+}
