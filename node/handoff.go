@@ -825,7 +825,7 @@ func (n *Node) detectLoop() {
 		if !n.isLeader() {
 			if leading {
 				lastSeen.reset()
-				n.current.reset()
+				n.behind.reset()
 				servers = nil
 				clear(orphans)
 			}
@@ -838,7 +838,7 @@ func (n *Node) detectLoop() {
 		now := time.Now()
 		if !leading {
 			lastSeen.reset() // contact is measured afresh from our leadership
-			n.current.reset()
+			n.behind.reset()
 			clear(answered)
 			leading = true
 			if prevLeader != "" {
@@ -874,7 +874,7 @@ func (n *Node) detectLoop() {
 				// Left the cluster: if it joins again, under the same id,
 				// its silence counts from then, not from before it left.
 				delete(answered, id)
-				n.current.remove(id)
+				n.behind.remove(id)
 				return false
 			}
 			return true
@@ -884,13 +884,13 @@ func (n *Node) detectLoop() {
 				// Not expected to answer: its silence counts afresh from
 				// when it is active again, not from before it stopped.
 				lastSeen.remove(m.ID)
-				n.current.remove(m.ID)
+				n.behind.remove(m.ID)
 				continue
 			}
 			seen := lastSeen.seen(m.ID, now)
 			behind := false // it answers, but its ring does not follow the log
-			if cur := n.current.seen(m.ID, now); cur.Before(seen) {
-				seen, behind = cur, true
+			if from, ok := n.behind.since(m.ID, now, lease); ok && from.Before(seen) {
+				seen, behind = from, true
 			}
 			if since := now.Sub(seen); since >= n.cfg.DeadAfter {
 				if err := n.markDead(m.ID); err != nil {
@@ -912,7 +912,7 @@ func (n *Node) detectLoop() {
 					n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())
 				}
 				lastSeen.remove(m.ID)
-				n.current.remove(m.ID)
+				n.behind.remove(m.ID)
 				continue
 			}
 			if inflight[m.ID] {

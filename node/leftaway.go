@@ -97,6 +97,14 @@ func (n *Node) leftInLog(st *fsm.State) error {
 		ErrDataDir, n.cfg.ID, st.MembershipIndex, n.raft.local.since)
 }
 
+// removedWhileRunningAfter is how long a running member that knew a
+// leader waits with none before it asks whether it was removed
+// (leftWhileAway): past an election and the next leader's first
+// replication to it, DeadAfter and two Raft timeouts.
+func (n *Node) removedWhileRunningAfter() time.Duration {
+	return n.cfg.DeadAfter + 2*n.cfg.RaftTimeout
+}
+
 // leftWhileAwayAfter is how long a member restarted over its data dir
 // waits for a Raft leader to reach it before it asks the others whether
 // it is still a member (leftWhileAway): two Raft timeouts, in which a
@@ -115,8 +123,9 @@ func (n *Node) leftWhileAwayAfter() time.Duration { return 2 * n.cfg.RaftTimeout
 // stayed in that state for good, its process running (an audit: after a
 // `leave` that answered "left").
 //
-// So whenever no Raft leader has reached it for leftWhileAwayAfter (from
-// its start, or since it last knew one), every Raft timeout it asks the
+// So whenever no Raft leader has reached it for leftWhileAwayAfter since
+// its start, or removedWhileRunningAfter since it last knew one, every
+// Raft timeout it asks the
 // members it knows for their view of the cluster (ClusterReader), all at
 // once, each for at most a Raft timeout, and stops with the error its
 // start over a log holding its removal gets (Config.OnLeft) once one of
@@ -144,6 +153,7 @@ func (n *Node) leftWhileAway() {
 	first := time.NewTimer(n.leftWhileAwayAfter())
 	defer first.Stop()
 	said, other := false, false
+	knewLeader := false // a leader has reached it since it started
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -155,14 +165,23 @@ func (n *Node) leftWhileAway() {
 			return
 		}
 		if n.leaderKnown() {
-			leaderless, said = time.Time{}, false
+			leaderless, said, knewLeader = time.Time{}, false, true
 			continue
 		}
 		if leaderless.IsZero() {
 			leaderless = time.Now()
 		}
+		wait := n.leftWhileAwayAfter()
+		if knewLeader {
+			// Running: an election (its leader crashed as it was being
+			// removed, say) is no reason; the next leader brings the
+			// removal, and the member hands its partitions off as it
+			// leaves. Asked during one, it stopped with nothing handed
+			// off, and the keys it held came back full.
+			wait = n.removedWhileRunningAfter()
+		}
 		h, ok := n.ownHistory()
-		if !ok || time.Since(leaderless) < n.leftWhileAwayAfter() {
+		if !ok || time.Since(leaderless) < wait {
 			continue // a new member, or a log that never listed it; or not long enough
 		}
 		if !said {

@@ -294,13 +294,14 @@ type Node struct {
 	// contacts is the failure detector's record of when, while this node
 	// leads, it last heard from each member (detectLoop, grantsLease).
 	contacts contacts
-	// current is, while this node leads, when each member last asked for
-	// its lease with a ring at least as new as this node's then
+	// behind is, while this node leads, which members ask for their
+	// lease with a ring older than this node's, since when and lately
 	// (HandlePush): a member that answers pings but whose ring cannot
 	// follow the log (its Raft log cannot grow: a full or failing disk)
 	// never takes its lease, and its partitions were answered degraded
-	// for as long as that lasted. detectLoop counts it silent from then.
-	current contacts
+	// for as long as that lasted. detectLoop counts it silent from the
+	// first such request while they keep coming.
+	behind behindReports
 	// leaderLeaseAt is the lease this node holds as leader, from a quorum
 	// at its term (leaderLease), apart from the owner's lease, which a
 	// leader just elected still holds from its leader before: grantsLease
@@ -793,15 +794,67 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 }
 
 // noteCurrent records, on this leader, a lease request from member id
-// whose ring was at epoch: current when it is at least this node's ring
-// (a member behind takes no lease from the answer: askLease); else its
-// silence counts from first sight, as for contacts.
+// whose ring was at epoch: behind when older than this node's ring (a
+// member behind takes no lease from the answer: askLease), else current,
+// which clears it. Only members the detector pings count.
 func (n *Node) noteCurrent(id string, epoch uint64, now time.Time) {
-	if snap := n.snap.Load(); snap != nil && epoch >= snap.v.Epoch() {
-		n.current.set(id, now)
+	snap := n.snap.Load()
+	if snap == nil {
 		return
 	}
-	n.current.seen(id, now)
+	if m, ok := snap.st.Member(id); ok && pinged(m) {
+		n.behind.note(id, epoch < snap.v.Epoch(), now)
+	}
+}
+
+// behindReports is, per member, the first and the last of its lease
+// requests with an old ring since its last with a current one.
+type behindReports struct {
+	mu sync.Mutex
+	at map[string][2]time.Time // guarded by mu
+}
+
+func (b *behindReports) note(id string, behind bool, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !behind {
+		delete(b.at, id)
+		return
+	}
+	if b.at == nil {
+		b.at = map[string][2]time.Time{}
+	}
+	r, ok := b.at[id]
+	if !ok {
+		r[0] = now
+	}
+	r[1] = now
+	b.at[id] = r
+}
+
+// since returns since when member id has asked with an old ring, while
+// its last such request came within recent of now: a member that stops
+// asking (it knows no leader for a while, say: an election it does not
+// hear the end of) is judged by its pings alone. It was marked dead too,
+// with another member, and partitions whose owner and backup both were
+// came back full.
+func (b *behindReports) since(id string, now time.Time, recent time.Duration) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.at[id]
+	return r[0], ok && now.Sub(r[1]) < recent
+}
+
+func (b *behindReports) remove(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.at, id)
+}
+
+func (b *behindReports) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	clear(b.at)
 }
 
 // sweepLoop drops dead bucket states, a slice of partitions per tick, so
