@@ -7,9 +7,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,6 +159,16 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		// forever (seen by a new user restarting a member after leave).
 		closeAll()
 		return nil, fmt.Errorf("%w: member %q left the cluster (ringlimit leave): this data dir's log holds its removal; start it over an empty --data-dir (or another --id) to join again as a new member", ErrDataDir, cfg.ID)
+	}
+	if hasState && local.stranger {
+		// Raft would wait for a leader that never sends it anything, and
+		// the member would say it waits for its log to be confirmed,
+		// forever (an audit: another member's data dir copied for a
+		// new one).
+		closeAll()
+		members := slices.Sorted(maps.Keys(local.known))
+		return nil, fmt.Errorf("%w: %s holds the Raft state of a cluster that never had a member %q (its members: %s): it is another member's data dir; start %q over an empty --data-dir to join as a new member, or start it with the id it had",
+			ErrDataDir, cfg.DataDir, cfg.ID, strings.Join(members, ", "), cfg.ID)
 	}
 	parts.fsm = &restoreWatch{FSM: fsm}
 	r, err := raft.NewRaft(rc, parts.fsm, logs, stable, indexedSnapshots{snaps}, trans)
@@ -359,6 +372,9 @@ type localHistory struct {
 	// sinceTerm is the term of that entry in the log; 0 when the
 	// snapshot holds it (committed, then).
 	since, sinceTerm uint64
+	// stranger: neither the history's members nor any Raft configuration
+	// in it ever named the member (the data dir is another member's).
+	stranger bool
 }
 
 // replayLocal replays the local snapshot and log into a scratch FSM and
@@ -367,7 +383,12 @@ type localHistory struct {
 func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) localHistory {
 	f := fsm.New()
 	var floor uint64
+	var inRaft bool // a Raft configuration of the snapshot or the log names self
+	names := func(c raft.Configuration) bool {
+		return slices.ContainsFunc(c.Servers, func(s raft.Server) bool { return s.ID == raft.ServerID(self) })
+	}
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		inRaft = names(metas[0].Configuration)
 		if _, rc, err := snaps.Open(metas[0].ID); err == nil {
 			if f.Restore(rc) == nil {
 				floor = metas[0].Index
@@ -382,9 +403,15 @@ func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) loca
 	if err1 == nil && err2 == nil {
 		for i := max(first, floor+1); i <= last && i > 0; i++ {
 			var l raft.Log
-			if logs.GetLog(i, &l) == nil && l.Type == raft.LogCommand {
+			if logs.GetLog(i, &l) != nil {
+				continue
+			}
+			switch l.Type {
+			case raft.LogCommand:
 				f.Apply(&l)
 				was = was || listed()
+			case raft.LogConfiguration:
+				inRaft = inRaft || names(raft.DecodeConfiguration(l.Data))
 			}
 		}
 	}
@@ -395,6 +422,7 @@ func replayLocal(logs raft.LogStore, snaps raft.SnapshotStore, self string) loca
 	}
 	m, ok := st.Member(self)
 	h.left, h.since = was && !ok, m.Since
+	h.stranger = !was && !inRaft
 	var l raft.Log
 	if h.since > floor && logs.GetLog(h.since, &l) == nil {
 		h.sinceTerm = l.Term

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +86,58 @@ func TestRestartAfterLeaveIsRefused(t *testing.T) {
 		t.Fatalf("openRaft over a log holding the member's removal: %v, want an error wrapping ErrDataDir", err)
 	}
 	t.Log(err)
+}
+
+// openRaft refuses a data dir whose log never named the member, in the
+// cluster's state nor in a Raft configuration: another member's, copied
+// for a new one, which waited for a leader for ever. One whose Raft
+// configuration names it (a join cut short before the cluster listed it)
+// opens.
+func TestAnotherMembersDataDirIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		servers []string // the Raft configuration in the log
+		refused bool
+	}{
+		{"never named", []string{"a", "b"}, true},
+		{"named in raft only", []string{"a", "b", "c"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := raft.NewInmemStore()
+			var conf raft.Configuration
+			for _, id := range tc.servers {
+				conf.Servers = append(conf.Servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(id + ":2"), Suffrage: raft.Voter})
+			}
+			init, _ := fsm.Init(fsm.Config{Partitions: 16, ReplicationFactor: 2, Load: 1.25, Seed: 1})
+			addA, _ := fsm.AddMember(fsm.Member{ID: "a", HTTP: "a:1", Raft: "a:2", Peer: "a:3", State: fsm.Active})
+			addB, _ := fsm.AddMember(fsm.Member{ID: "b", HTTP: "b:1", Raft: "b:2", Peer: "b:3", State: fsm.Active})
+			entries := []*raft.Log{
+				{Type: raft.LogConfiguration, Data: raft.EncodeConfiguration(conf)},
+				{Type: raft.LogCommand, Data: init}, {Type: raft.LogCommand, Data: addA}, {Type: raft.LogCommand, Data: addB},
+			}
+			for i, l := range entries {
+				l.Index, l.Term = uint64(i+1), 1
+			}
+			if err := logs.StoreLogs(entries); err != nil {
+				t.Fatal(err)
+			}
+			if err := logs.SetUint64([]byte("CurrentTerm"), 1); err != nil {
+				t.Fatal(err)
+			}
+			_, trans := raft.NewInmemTransport("c:2")
+			cfg := Config{ID: "c", RaftAdvertise: "c:2", DataDir: "/data/c", LogStore: logs, StableStore: logs, SnapshotStore: raft.NewInmemSnapshotStore(), RaftTransport: trans,
+				Logger: slog.New(slog.DiscardHandler), RaftTimeout: time.Second}
+			parts, err := openRaft(&cfg, fsm.New(), nil)
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("openRaft: %v", err)
+				}
+				parts.close()
+				return
+			}
+			if !errors.Is(err, ErrDataDir) || !strings.Contains(err.Error(), `never had a member "c" (its members: a, b)`) {
+				t.Fatalf("openRaft over another member's log: %v, want ErrDataDir naming its members", err)
+			}
+		})
+	}
 }
