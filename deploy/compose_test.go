@@ -82,6 +82,13 @@ func TestComposeCluster(t *testing.T) {
 	// checks spread round-robin over the three members admit exactly 100.
 	key := "exact-" + id
 	all := []string{url["n1"], url["n2"], url["n3"]}
+	// Ready as a load balancer sees it: active, a leader, and the rules
+	// file in force (until then its rules answer 404 unknown_rule).
+	for _, u := range all {
+		if err := waitHTTP(u+"/readyz", 60*time.Second); err != nil {
+			t.Fatalf("%s not ready: %v", u, err)
+		}
+	}
 	if got := spend(t, all, key, 150); got != 100 {
 		t.Fatalf("key %s: %d of 150 checks over 3 members allowed, want exactly the limit 100", key, got)
 	}

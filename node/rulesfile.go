@@ -89,10 +89,14 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	// While pending at start: soon, then less often. Each try parses the
-	// file again and may forward it to the leader; at a fixed 50 ms a
-	// 10,000-rule file took most of a core while a start waited (audit).
-	const firstRetry = 50 * time.Millisecond
+	// While pending at start: soon, then less often, up to maxRetry. Each
+	// try parses the file again and may forward it to the leader; at a
+	// fixed 50 ms a 10,000-rule file took most of a core while a start
+	// waited (audit). Not longer: the file's rules must be in force soon
+	// after a leader appears (a cap at the watch interval, 1 s, left a
+	// new cluster answering its rules 404 for up to a second after its
+	// members were active: the Compose test).
+	const firstRetry, maxRetry = 50 * time.Millisecond, 200 * time.Millisecond
 	retryEvery := firstRetry
 	retry := time.NewTimer(retryEvery)
 	defer retry.Stop()
@@ -133,7 +137,7 @@ func (n *Node) watchRulesFile(ctx context.Context, path string, interval time.Du
 		if retrying {
 			retry.Reset(retryEvery) // Go 1.23+: no stale fire follows a Reset
 			wait = retry.C          // not ready until it is in force: try again soon
-			retryEvery = min(2*retryEvery, max(interval, firstRetry))
+			retryEvery = min(2*retryEvery, maxRetry)
 		} else {
 			retryEvery = firstRetry
 		}
