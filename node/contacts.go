@@ -172,3 +172,53 @@ func (c *contacts) last(id string) (time.Time, bool) {
 	t, ok := c.at[id]
 	return t, ok
 }
+
+// behindReports is, per member, the first and the last of its lease
+// requests with an old ring since its last with a current one.
+type behindReports struct {
+	mu sync.Mutex
+	at map[string][2]time.Time // guarded by mu
+}
+
+func (b *behindReports) note(id string, behind bool, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !behind {
+		delete(b.at, id)
+		return
+	}
+	if b.at == nil {
+		b.at = map[string][2]time.Time{}
+	}
+	r, ok := b.at[id]
+	if !ok {
+		r[0] = now
+	}
+	r[1] = now
+	b.at[id] = r
+}
+
+// since returns since when member id has asked with an old ring, while
+// its last such request came within recent of now: a member that stops
+// asking (it knows no leader for a while, say: an election it does not
+// hear the end of) is judged by its pings alone. It was marked dead too,
+// with another member, and partitions whose owner and backup both were
+// came back full.
+func (b *behindReports) since(id string, now time.Time, recent time.Duration) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.at[id]
+	return r[0], ok && now.Sub(r[1]) < recent
+}
+
+func (b *behindReports) remove(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.at, id)
+}
+
+func (b *behindReports) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	clear(b.at)
+}

@@ -784,7 +784,7 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 		o.HandlePush(ctx, push, ack)
 	}
 	if push.Kind == transport.PushPing && n.isLeader() {
-		n.noteCurrent(push.From, push.Epoch, time.Now())
+		n.noteLeaseRequest(push.From, push.Epoch, time.Now())
 	}
 	if push.Kind == transport.PushPing && !n.grantsLease(push.From, time.Now()) {
 		// The sender may be asking for its lease: a probe's answer is
@@ -793,11 +793,11 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 	}
 }
 
-// noteCurrent records, on this leader, a lease request from member id
+// noteLeaseRequest records, on this leader, a lease request from member id
 // whose ring was at epoch: behind when older than this node's ring (a
 // member behind takes no lease from the answer: askLease), else current,
 // which clears it. Only members the detector pings count.
-func (n *Node) noteCurrent(id string, epoch uint64, now time.Time) {
+func (n *Node) noteLeaseRequest(id string, epoch uint64, now time.Time) {
 	snap := n.snap.Load()
 	if snap == nil {
 		return
@@ -805,56 +805,6 @@ func (n *Node) noteCurrent(id string, epoch uint64, now time.Time) {
 	if m, ok := snap.st.Member(id); ok && pinged(m) {
 		n.behind.note(id, epoch < snap.v.Epoch(), now)
 	}
-}
-
-// behindReports is, per member, the first and the last of its lease
-// requests with an old ring since its last with a current one.
-type behindReports struct {
-	mu sync.Mutex
-	at map[string][2]time.Time // guarded by mu
-}
-
-func (b *behindReports) note(id string, behind bool, now time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !behind {
-		delete(b.at, id)
-		return
-	}
-	if b.at == nil {
-		b.at = map[string][2]time.Time{}
-	}
-	r, ok := b.at[id]
-	if !ok {
-		r[0] = now
-	}
-	r[1] = now
-	b.at[id] = r
-}
-
-// since returns since when member id has asked with an old ring, while
-// its last such request came within recent of now: a member that stops
-// asking (it knows no leader for a while, say: an election it does not
-// hear the end of) is judged by its pings alone. It was marked dead too,
-// with another member, and partitions whose owner and backup both were
-// came back full.
-func (b *behindReports) since(id string, now time.Time, recent time.Duration) (time.Time, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	r, ok := b.at[id]
-	return r[0], ok && now.Sub(r[1]) < recent
-}
-
-func (b *behindReports) remove(id string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.at, id)
-}
-
-func (b *behindReports) reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	clear(b.at)
 }
 
 // sweepLoop drops dead bucket states, a slice of partitions per tick, so
