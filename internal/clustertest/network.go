@@ -117,9 +117,15 @@ func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, a
 	if err != nil {
 		return err
 	}
-	in := &transport.Push{Kind: push.Kind, Epoch: push.Epoch, From: push.From}
+	// Every field as the wire carries it (a copy named fields once, and
+	// lost Delta and the rules version as they came), the data copied as
+	// the server's decoder does.
+	in := new(transport.Push)
+	*in = *push
+	in.Parts = nil
 	for _, p := range push.Parts {
-		in.Parts = append(in.Parts, transport.PushPart{Partition: p.Partition, Lost: p.Lost, Data: slices.Clone(p.Data)})
+		p.Data = slices.Clone(p.Data)
+		in.Parts = append(in.Parts, p)
 	}
 	out := &transport.PushAck{Status: make([]transport.PushStatus, len(in.Parts))}
 	for i := range out.Status {
