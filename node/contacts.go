@@ -174,10 +174,44 @@ func (c *contacts) last(id string) (time.Time, bool) {
 }
 
 // behindReports is, per member, the first and the last of its lease
-// requests with an old ring since its last with a current one.
+// requests with an old ring or old rules since its last with current
+// ones; and the rules versions this leader has applied lately, each with
+// when it first saw it (settledRules).
 type behindReports struct {
-	mu sync.Mutex
-	at map[string][2]time.Time // guarded by mu
+	mu    sync.Mutex
+	at    map[string][2]time.Time // guarded by mu
+	rules []seenRules             // guarded by mu; oldest first
+}
+
+// seenRules is a rules version and when the leader first saw it applied.
+type seenRules struct {
+	version uint64
+	at      time.Time
+}
+
+// settledRules records cur as this leader's rules version at now and
+// returns the newest version it has had for at least grace (0 when it
+// has had none so long): a member whose lease request says an older one
+// is behind. Rules written more often than grace keep the newest version
+// unsettled; a member that follows them a little late is not behind.
+// Only versions seen within grace are kept, and one before them.
+func (b *behindReports) settledRules(cur uint64, now time.Time, grace time.Duration) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.rules) == 0 || b.rules[len(b.rules)-1].version != cur {
+		b.rules = append(b.rules, seenRules{version: cur, at: now})
+	}
+	settled := -1
+	for i, r := range b.rules {
+		if now.Sub(r.at) >= grace {
+			settled = i
+		}
+	}
+	if settled < 0 {
+		return 0
+	}
+	b.rules = b.rules[settled:]
+	return b.rules[0].version
 }
 
 func (b *behindReports) note(id string, behind bool, now time.Time) {
@@ -198,7 +232,8 @@ func (b *behindReports) note(id string, behind bool, now time.Time) {
 	b.at[id] = r
 }
 
-// since returns since when member id has asked with an old ring, while
+// since returns since when member id has asked with an old ring or old
+// rules, while
 // its last such request came within recent of now: a member that stops
 // asking (it knows no leader for a while, say: an election it does not
 // hear the end of) is judged by its pings alone. It was marked dead too,
@@ -221,4 +256,5 @@ func (b *behindReports) reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	clear(b.at)
+	b.rules = b.rules[:0]
 }

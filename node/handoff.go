@@ -755,7 +755,7 @@ func (n *Node) askLease(timeout, lease time.Duration) bool {
 	asked := time.Now()
 	ctx, cancel := context.WithTimeout(n.ctx, timeout)
 	var ack transport.PushAck
-	err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: snap.v.Epoch(), From: n.cfg.ID}, &ack)
+	err := n.cfg.DataPlane.Push(ctx, m.Peer, transport.LeaseRequest(n.cfg.ID, snap.v.Epoch(), snap.v.RulesVersion), &ack)
 	cancel()
 	if err == nil && ack.Epoch != transport.NoLease && n.viewCurrent() && n.cell.Load().Epoch() >= ack.Epoch {
 		o.SetLeaseUntil(asked.Add(lease))
@@ -888,7 +888,7 @@ func (n *Node) detectLoop() {
 				continue
 			}
 			seen := lastSeen.seen(m.ID, now)
-			behind := false // it answers, but its ring does not follow the log
+			behind := false // it answers, but its ring or rules do not follow the log
 			if from, ok := n.behind.since(m.ID, now, lease); ok && from.Before(seen) {
 				seen, behind = from, true
 			}
@@ -906,7 +906,7 @@ func (n *Node) detectLoop() {
 				}
 				n.m.markedDead.Inc()
 				if behind {
-					n.log.Warn("member marked dead: it answers, but its ring has not followed the log (its Raft log cannot grow: a full or failing disk?), so it could not answer for its partitions",
+					n.log.Warn("member marked dead: it answers, but its ring or rules have not followed the log (its Raft log cannot grow: a full or failing disk?), so it could not answer for its partitions",
 						"id", m.ID, "behind_for", since.Round(time.Millisecond).String())
 				} else {
 					n.log.Warn("member marked dead", "id", m.ID, "silent_for", since.Round(time.Millisecond).String())

@@ -784,7 +784,8 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 		o.HandlePush(ctx, push, ack)
 	}
 	if push.Kind == transport.PushPing && n.isLeader() {
-		n.noteLeaseRequest(push.From, push.Epoch, time.Now())
+		rules, says := push.SaidRulesVersion()
+		n.noteLeaseRequest(push.From, push.Epoch, says, rules, time.Now())
 	}
 	if push.Kind == transport.PushPing && !n.grantsLease(push.From, time.Now()) {
 		// The sender may be asking for its lease: a probe's answer is
@@ -794,18 +795,29 @@ func (n *Node) HandlePush(ctx context.Context, push *transport.Push, ack *transp
 }
 
 // noteLeaseRequest records, on this leader, a lease request from member id
-// whose ring was at epoch: behind when older than this node's ring (a
-// member behind takes no lease from the answer: askLease), else current,
-// which clears it. Only members the detector pings count.
-func (n *Node) noteLeaseRequest(id string, epoch uint64, now time.Time) {
+// whose ring was at epoch and, when it says them, whose rules were at
+// rulesVersion: behind when its ring is older than this node's (a member
+// behind takes no lease from the answer: askLease), or its rules older
+// than the newest version this node has had for rulesGrace (it decides
+// checks of newer rules degraded: its Raft log cannot grow), else
+// current, which clears it. Only members the detector pings count.
+func (n *Node) noteLeaseRequest(id string, epoch uint64, saysRules bool, rulesVersion uint64, now time.Time) {
 	snap := n.snap.Load()
 	if snap == nil {
 		return
 	}
+	settled := n.behind.settledRules(snap.v.RulesVersion, now, rulesGrace(n.cfg.DeadAfter))
 	if m, ok := snap.st.Member(id); ok && pinged(m) {
-		n.behind.note(id, epoch < snap.v.Epoch(), now)
+		n.behind.note(id, epoch < snap.v.Epoch() || saysRules && rulesVersion < settled, now)
 	}
 }
+
+// rulesGrace is how long after this leader applied a rules version a
+// member's lease request may still say an older one without counting as
+// behind: DeadAfter/4. A member applies a write within milliseconds, but
+// rules written more often than this would otherwise keep a member on a
+// slow link behind at every request.
+func rulesGrace(deadAfter time.Duration) time.Duration { return deadAfter / 4 }
 
 // sweepLoop drops dead bucket states, a slice of partitions per tick, so
 // memory tracks active keys.

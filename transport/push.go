@@ -39,13 +39,34 @@ type PushKind uint8
 const (
 	PushHandoff PushKind = 1 // old owner → new owner: the partitions it gives up
 	PushBackup  PushKind = 2 // owner → backup: the latest state of changed partitions
-	// PushPing (no parts) is the leader's liveness probe of a member, and
-	// a member's lease request to the leader: the answer's epoch is the
-	// receiver's ring epoch, and a member whose ring has reached it may
-	// answer for its partitions for a while longer. An answer of NoLease
-	// grants no lease.
+	// PushPing is the leader's liveness probe of a member (no parts),
+	// and a member's lease request to the leader (LeaseRequest): the
+	// answer's epoch is the receiver's ring epoch, and a member whose
+	// ring has reached it may answer for its partitions for a while
+	// longer. An answer of NoLease grants no lease.
 	PushPing PushKind = 3
 )
+
+// LeaseRequest returns a member's lease request to the leader: a
+// PushPing at the member's ring epoch that also says its rules version,
+// in the push's one part (Data: the version as a uvarint; partition 0).
+// A ping's parts are read by nobody else, so a leader of an earlier
+// release, which knows no such part, grants the lease as before.
+func LeaseRequest(from string, epoch, rulesVersion uint64) *Push {
+	return &Push{Kind: PushPing, Epoch: epoch, From: from,
+		Parts: []PushPart{{Data: binary.AppendUvarint(nil, rulesVersion)}}}
+}
+
+// SaidRulesVersion returns the rules version a lease request says
+// (LeaseRequest), and false for a push that says none: any other push, a
+// leader's probe, or the request of a member of an earlier release.
+func (p *Push) SaidRulesVersion() (uint64, bool) {
+	if p.Kind != PushPing || len(p.Parts) != 1 || p.Parts[0].Partition != 0 || p.Parts[0].Lost || p.Parts[0].Delta {
+		return 0, false
+	}
+	v, n := binary.Uvarint(p.Parts[0].Data)
+	return v, n > 0 && n == len(p.Parts[0].Data)
+}
 
 // NoLease is the epoch of an answer to a PushPing that grants no lease:
 // the receiver does not lead, or has not heard from the sender lately. No

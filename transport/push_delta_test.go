@@ -26,3 +26,33 @@ func TestPushDeltaFlag(t *testing.T) {
 		t.Fatalf("lost and delta: err %v, want a malformed frame", err)
 	}
 }
+
+// A lease request says its member's rules version (0 too: no rules
+// written yet) through the wire, in a part that a leader of an earlier
+// release, which reads no part of a ping, ignores; a probe and every
+// other push say none, nor does a ping whose part is not a whole uvarint.
+func TestLeaseRequestSaysRulesVersion(t *testing.T) {
+	for _, v := range []uint64{0, 40, 1 << 60} {
+		var out Push
+		if _, err := (Limits{}).DecodePush(AppendPush(nil, 5, LeaseRequest("n2", 12, v)), &out); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := out.SaidRulesVersion(); !ok || got != v || out.Kind != PushPing || out.Epoch != 12 || out.From != "n2" {
+			t.Fatalf("lease request of rules version %d decoded as %+v, saying %d %v", v, out, got, ok)
+		}
+	}
+	for name, p := range map[string]*Push{
+		"probe":       {Kind: PushPing, Epoch: 3, From: "n1"},
+		"backup":      {Kind: PushBackup, Parts: []PushPart{{Data: []byte{7}}}},
+		"two parts":   {Kind: PushPing, Parts: []PushPart{{Data: []byte{7}}, {Data: []byte{8}}}},
+		"other part":  {Kind: PushPing, Parts: []PushPart{{Partition: 2, Data: []byte{7}}}},
+		"no uvarint":  {Kind: PushPing, Parts: []PushPart{{Data: []byte{0x80}}}},
+		"extra bytes": {Kind: PushPing, Parts: []PushPart{{Data: []byte{7, 7}}}},
+		"empty part":  {Kind: PushPing, Parts: []PushPart{{}}},
+		"lost part":   {Kind: PushPing, Parts: []PushPart{{Lost: true}}},
+	} {
+		if v, ok := p.SaidRulesVersion(); ok {
+			t.Errorf("%s says rules version %d, want none", name, v)
+		}
+	}
+}

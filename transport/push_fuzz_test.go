@@ -12,6 +12,7 @@ func FuzzDecodePush(f *testing.F) {
 	f.Add(AppendPush(nil, 1, &Push{Kind: PushHandoff, Epoch: 7, From: "n1",
 		Parts: []PushPart{{Partition: 3, Data: []byte("abc")}, {Partition: 9, Lost: true}, {Partition: 4, Delta: true, Data: []byte("d")}}}))
 	f.Add(AppendPush(nil, 2, &Push{Kind: PushBackup, From: ""}))
+	f.Add(AppendPush(nil, 4, LeaseRequest("n3", 9, 31)))
 	f.Add(AppendPushAck(nil, 3, &PushAck{Status: []PushStatus{1, 2}}))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, frame []byte) {

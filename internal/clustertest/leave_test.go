@@ -17,6 +17,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 )
@@ -553,5 +554,73 @@ func TestMemberWhoseRingCannotFollowIsMarkedDead(t *testing.T) {
 			m, _ := c.Leader().Node().State().Member(stuck)
 			return m.State == fsm.Active
 		})
+	})
+}
+
+// The same member, when only the rules change: its ring stays current,
+// so its lease requests said nothing wrong, and it decided every check of
+// the new rules degraded (behind on the rules version) for as long as its
+// disk stayed stalled. Its requests now say its rules version, and the
+// leader marks it dead once it has said one older than the leader's
+// settled one (rulesGrace) for DeadAfter.
+func TestMemberWhoseRulesCannotFollowIsMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		leader := c.Leader()
+		stuck := otherThan(c, leader.ID)
+		key := c.KeyOwnedBy(stuck, 0)
+		resume := c.StallDisk(stuck)
+		defer resume()
+		fresh := limiter.Rule{Name: "fresh", Algorithm: limiter.TokenBucket, Limit: 5, Period: time.Second}
+		if _, err := leader.Node().PutRules(context.Background(), []limiter.Rule{fresh}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		c.WaitFor(stuck+" marked dead", 20*time.Second, func() bool {
+			m, _ := c.Leader().Node().State().Member(stuck)
+			return m.State == fsm.Dead
+		})
+		if took := time.Since(start); took > 2*time.Second+rulesGraceOf2s+time.Second {
+			t.Errorf("%s marked dead %v after the rules write, want within DeadAfter, the grace and a ping round", stuck, took)
+		}
+		c.WaitFor("the others answering its keys under the new rules", 10*time.Second, func() bool {
+			r := c.Check(leader.ID, "fresh", key, 1)
+			return !r.Degraded && r.Allowed
+		})
+		resume()
+		c.WaitFor(stuck+" active again", 20*time.Second, func() bool {
+			m, _ := c.Leader().Node().State().Member(stuck)
+			return m.State == fsm.Active
+		})
+	})
+}
+
+// rulesGraceOf2s is node's rulesGrace at a DeadAfter of 2s.
+const rulesGraceOf2s = 500 * time.Millisecond
+
+// A member whose lease requests reach the leader late (a slow link:
+// 150ms on the way to the leader) says, at every request, a rules version
+// older than the leader's while rules are written every 100ms, for ten
+// seconds; but never one older than the leader has had for rulesGrace,
+// and nobody is marked dead (compared with the leader's newest version,
+// it was marked dead within DeadAfter).
+func TestMemberFollowingFrequentRulesLateIsNotMarkedDead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second})
+		leader := c.Leader()
+		late := otherThan(c, leader.ID)
+		c.SetLink(late, leader.ID, false, 150*time.Millisecond)
+		for i := range 100 {
+			r := limiter.Rule{Name: "churn", Algorithm: limiter.TokenBucket, Limit: int64(10 + i), Period: time.Second}
+			if _, err := leader.Node().PutRules(context.Background(), []limiter.Rule{r}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			for _, m := range c.Leader().Node().State().Members {
+				if m.State != fsm.Active {
+					t.Fatalf("after %d rules writes, %s is %s, want every member active", i+1, m.ID, m.State)
+				}
+			}
+		}
 	})
 }
