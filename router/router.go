@@ -46,6 +46,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
@@ -158,7 +159,13 @@ type Router struct {
 	following  atomic.Bool   // Follow is running: Refresh is answered
 	lastFetch  atomic.Int64  // when Follow's last fetch ended (Unix ns)
 	lastViewOK atomic.Int64  // when Follow last read a view (Unix ns)
+
+	authWarn rate.Sometimes // an owner refused this router's connection: at most one WARN per authWarnEvery
 }
+
+// authWarnEvery spaces the WARN lines of owners refusing this router's
+// connections (authentication): the metric counts every failed batch.
+const authWarnEvery = 10 * time.Second
 
 // New returns a router. local decides the partitions this node owns (may
 // be nil when View.Self is ""); remote reaches the other owners.
@@ -167,7 +174,8 @@ func New(cfg Config, local transport.Handler, remote Remote) (*Router, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	r := &Router{cfg: cfg, local: local, remote: remote, batchers: map[string]*batcher{}, stale: make(chan struct{}, 1), gone: map[string]goneOwner{}}
+	r := &Router{cfg: cfg, local: local, remote: remote, batchers: map[string]*batcher{}, stale: make(chan struct{}, 1), gone: map[string]goneOwner{},
+		authWarn: rate.Sometimes{Interval: authWarnEvery}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.scratch.New = func() any { return new(scratch) }
 	m, err := newMetrics(cfg.Registerer)
@@ -1105,6 +1113,15 @@ func ownerGone(err error) bool {
 func (b *batcher) finish(bt *batch, err error) {
 	if err != nil && b.r.ctx.Err() == nil {
 		b.r.m.forwardErrors.Inc() // once per batch, whatever its callers
+		if errors.Is(err, transport.ErrAuth) {
+			// A configuration error, not an outage: every check of this
+			// owner's keys is answered by its rule's failure mode (a
+			// fail-open rule admits them all) until it is mended.
+			b.r.authWarn.Do(func() {
+				b.r.cfg.Logger.Warn("an owner refused this router's connection: give this process the cluster's secret or certificate (--cluster-secret, --tls-*); until then its checks are answered by their rules' failure_mode",
+					"owner", b.addr, "err", err)
+			})
+		}
 	}
 	bt.err = err
 	close(bt.done)

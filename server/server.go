@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/time/rate"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
@@ -136,15 +137,7 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	if err := cfg.Auth.Validate(); err != nil {
 		return nil, err
 	}
-	lerr := func(err error) {
-		if errors.Is(err, transport.ErrCapReached) {
-			// At most one a second: a flood, or caps too low, is seen
-			// at the default level, not only in the metric.
-			cfg.Logger.Warn("inter-node connections closed at a cap", "err", err)
-			return
-		}
-		cfg.Logger.Debug("inter-node connection refused", "err", err)
-	}
+	lerr := listenerErrorLog(cfg.Logger)
 	// Each listener answers to its advertised address (what the others
 	// dial) and the address it is bound to.
 	raftLn, err := transport.NewListener(ls.Raft, transport.ListenerConfig{
@@ -502,5 +495,35 @@ func registerListenerMetrics(reg *prometheus.Registry, ls map[string]*transport.
 				Help: refusedHelp},
 				func() float64 { return float64(l.Stats().Idle) }),
 		)
+	}
+}
+
+// refusedWarnEvery spaces the WARN lines of inter-node connections
+// refused for want of authentication.
+const refusedWarnEvery = 10 * time.Second
+
+// listenerErrorLog logs what the inter-node listeners refuse: closings at
+// a cap (at most one a second, the listener's own pace) and connections
+// that did not authenticate, at WARN, at most one per refusedWarnEvery;
+// other refusals (a peer silent past the handshake timeout) at DEBUG.
+// Every refusal is counted in ringlimit_listener_refused_total.
+func listenerErrorLog(log *slog.Logger) func(error) {
+	authWarn := &rate.Sometimes{Interval: refusedWarnEvery}
+	return func(err error) {
+		switch {
+		case errors.Is(err, transport.ErrCapReached):
+			// A flood, or caps too low, is seen at the default level,
+			// not only in the metric.
+			log.Warn("inter-node connections closed at a cap", "err", err)
+		case errors.Is(err, transport.ErrAuth):
+			// A router, gateway or member given no cluster secret or
+			// certificate (or another one) answers its checks by their
+			// failure mode: say so where its operator looks.
+			authWarn.Do(func() {
+				log.Warn("refused an inter-node connection that did not authenticate (a router, gateway or member without this cluster's secret or certificate, or a stranger); each refusal counts in ringlimit_listener_refused_total{reason=\"auth\"}", "err", err)
+			})
+		default:
+			log.Debug("inter-node connection refused", "err", err)
+		}
 	}
 }

@@ -204,6 +204,12 @@ func (a *Auth) handshakeConn(ctx context.Context, nc net.Conn, dialer bool, addr
 			tc = tls.Server(nc, a.ServerTLS)
 		}
 		if err := tc.HandshakeContext(ctx); err != nil {
+			var rh tls.RecordHeaderError
+			if !dialer && errors.As(err, &rh) && rh.Conn != nil {
+				// Not TLS at all: a ringlimit peer given no certificate
+				// (see authRequired) is told why, in plain text.
+				_, _ = rh.Conn.Write(tlsRequired)
+			}
 			return nil, fmt.Errorf("%w: tls: %w", ErrAuth, err)
 		}
 		c = tc
@@ -247,6 +253,23 @@ func readHandshake(rw io.Reader, buf []byte) error {
 		return err
 	}
 	return nil
+}
+
+// authRequired and tlsRequired are the error frames (request id 0: the
+// connection's) that answer a peer that sent a request without the
+// secret's handshake, or bytes that are not TLS to a port that requires
+// it.
+var (
+	authRequired = AppendError(nil, 0, CodeAuth, "this port requires the cluster secret: give the dialing side --cluster-secret")
+	tlsRequired  = AppendError(nil, 0, CodeAuth, "this port requires TLS with a certificate of the cluster's CA: give the dialing side --tls-cert, --tls-key and --tls-ca")
+)
+
+// isRequestHeader reports whether b, a connection's first 8 bytes, begin
+// a ringlimit request frame: a version this package writes and a request
+// frame type.
+func isRequestHeader(b []byte) bool {
+	v, t := b[4], FrameType(b[5])
+	return v >= ProtocolVersion && v <= JoinedVersion && (t == FrameBatchRequest || t == FramePushRequest)
 }
 
 // errOldHandshake: the peer speaks version 1 of the handshake (a member
@@ -306,6 +329,14 @@ func secretAcceptor(rw io.ReadWriter, secret []byte, names []string) error {
 		return err
 	}
 	if err := checkMagic(in[:len(handshakeMagic)]); err != nil {
+		if isRequestHeader(in[:len(handshakeMagic)]) {
+			// A ringlimit peer given no secret (a router or gateway
+			// started without --cluster-secret): say why it is refused,
+			// or it sees only a closed connection and answers every
+			// check by its failure mode without knowing why.
+			_, _ = rw.Write(authRequired)
+			err = fmt.Errorf("%w: the peer sent a request without the handshake (it has no cluster secret)", ErrAuth)
+		}
 		return err
 	}
 	if err := readHandshake(rw, in[len(handshakeMagic):]); err != nil {

@@ -206,44 +206,69 @@ func startGuarded(t *testing.T, lcfg ListenerConfig, scfg ServerConfig) (*Listen
 }
 
 func TestGuardedServerAuth(t *testing.T) {
-	auth := &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Second}
-	lcfg := DefaultListenerConfig()
-	lcfg.Auth = auth
-	gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-
-	cfg := DefaultClientConfig()
-	cfg.Dial = auth.Dial
-	c, err := Dial(ctx, addr, cfg)
-	if err != nil {
-		t.Fatal(err)
+	s1, c1 := testTLS(t)
+	type refusal struct {
+		dial func(context.Context, string) (net.Conn, error)
+		says string // in the caller's error
 	}
-	defer c.Close()
-	req, resp := batchOf(3, "r"), &BatchResponse{}
-	if err := c.Do(ctx, req, resp); err != nil {
-		t.Fatalf("authenticated Do: %v", err)
-	}
-	checkEcho(t, req, resp)
-
-	// Without the secret: a raw frame is never answered.
-	for _, dial := range []func(context.Context, string) (net.Conn, error){
-		nil, (&Auth{Secret: testSecret('b')}).Dial,
+	for _, tc := range []struct {
+		name     string
+		auth     *Auth
+		refusals []refusal
+	}{
+		{name: "secret", auth: &Auth{Secret: testSecret('a'), HandshakeTimeout: time.Second}, refusals: []refusal{
+			{nil, "requires the cluster secret"},
+			{(&Auth{Secret: testSecret('b')}).Dial, "does not know the cluster secret"},
+		}},
+		{name: "tls", auth: &Auth{ServerTLS: s1, ClientTLS: c1, HandshakeTimeout: time.Second}, refusals: []refusal{
+			{nil, "requires TLS"},
+			{(&Auth{Secret: testSecret('a')}).Dial, "does not speak the ringlimit handshake"},
+		}},
 	} {
-		cfg := DefaultClientConfig()
-		cfg.Dial = dial
-		cfg.RedialBackoff = 0
-		c, err := Dial(ctx, addr, cfg)
-		if err != nil {
-			continue // refused at dial: fine
-		}
-		err = c.Do(ctx, batchOf(1, "r"), &BatchResponse{})
-		c.Close()
-		if err == nil {
-			t.Fatal("a check without the secret was answered")
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			lcfg := DefaultListenerConfig()
+			lcfg.Auth = tc.auth
+			gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+
+			cfg := DefaultClientConfig()
+			cfg.Dial = tc.auth.Dial
+			c, err := Dial(ctx, addr, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			req, resp := batchOf(3, "r"), &BatchResponse{}
+			if err := c.Do(ctx, req, resp); err != nil {
+				t.Fatalf("authenticated Do: %v", err)
+			}
+			checkEcho(t, req, resp)
+
+			// Without the secret or certificate: a raw frame is never
+			// answered, and the caller learns why (ErrAuth): one given
+			// none at all is told so by the listener (it saw only a
+			// closed connection, and a router answered every check by
+			// its failure mode without a word).
+			for _, r := range tc.refusals {
+				cfg := DefaultClientConfig()
+				cfg.Dial = r.dial
+				cfg.RedialBackoff = 0
+				c, err := Dial(ctx, addr, cfg)
+				if err == nil {
+					err = c.Do(ctx, batchOf(1, "r"), &BatchResponse{})
+					c.Close()
+				}
+				if err == nil {
+					t.Fatal("a check without authentication was answered")
+				}
+				if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), r.says) {
+					t.Fatalf("a check without authentication failed with %v, want ErrAuth saying %q", err, r.says)
+				}
+			}
+			eventually(t, func() bool { return gl.Stats().AuthFailed == 2 })
+		})
 	}
-	eventually(t, func() bool { return gl.Stats().AuthFailed == 2 })
 }
 
 // The cap closes connections beyond it at once, and a closed connection

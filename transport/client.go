@@ -648,6 +648,15 @@ func (cc *clientConn) dispatch(lim Limits, frame []byte) error {
 	if h.Type != FrameBatchResponse && h.Type != FrameError && h.Type != FramePushResponse {
 		return &UnknownFrameTypeError{Type: h.Type}
 	}
+	if h.ID == 0 && h.Type == FrameError {
+		// No request has id 0: the peer speaks of the connection (it
+		// requires authentication, CodeAuth), which ends with that cause.
+		_, rerr, err := lim.DecodeError(frame)
+		if err == nil {
+			err = rerr
+		}
+		return err
+	}
 	cl := cc.take(h.ID)
 	if cl == nil {
 		return nil // its caller gave up: drop the late answer

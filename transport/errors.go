@@ -100,6 +100,11 @@ const (
 	CodeTooLarge ErrorCode = 2
 	// CodeInternal: anything else.
 	CodeInternal ErrorCode = 3
+	// CodeAuth: the peer requires authentication the connection did not
+	// give (its first bytes were a request, not the handshake of the
+	// cluster secret). Sent with request id 0, it ends the connection;
+	// the RemoteError unwraps to ErrAuth.
+	CodeAuth ErrorCode = 4
 )
 
 func (c ErrorCode) String() string {
@@ -110,6 +115,8 @@ func (c ErrorCode) String() string {
 		return "too large"
 	case CodeInternal:
 		return "internal"
+	case CodeAuth:
+		return "unauthenticated"
 	}
 	return fmt.Sprintf("code(%d)", uint8(c))
 }
@@ -123,6 +130,14 @@ type RemoteError struct {
 
 func (e *RemoteError) Error() string {
 	return fmt.Sprintf("transport: peer answered %v: %s", e.Code, e.Message)
+}
+
+// Unwrap returns ErrAuth for CodeAuth, nil otherwise.
+func (e *RemoteError) Unwrap() error {
+	if e.Code == CodeAuth {
+		return ErrAuth
+	}
+	return nil
 }
 
 func malformed(what string) error {

@@ -205,7 +205,7 @@ func TestServeClusterSecret(t *testing.T) {
 	// Checks through either member, and through a stateless router with
 	// the cluster's flags, reach the owner over the authenticated data
 	// plane; a router without them only gets degraded answers.
-	router := func(forwardTimeout string, extra ...string) string {
+	router := func(forwardTimeout string, extra ...string) (string, *logbuf.Buffer) {
 		addr := freePort(t)
 		cmd := exec.Command(bin, append([]string{"router", "--http", addr, "--cluster", n1.http, "--forward-timeout", forwardTimeout}, extra...)...)
 		log := &logbuf.Buffer{}
@@ -221,10 +221,11 @@ func TestServeClusterSecret(t *testing.T) {
 			}
 		})
 		waitFor(t, "router ready", func() bool { return get(addr, "/readyz", nil) == 200 })
-		return addr
+		return addr, log
 	}
-	good := router("5s", tlsFlags("n2")...)
-	bad := router("300ms", "--cluster-secret", other) // refused at once, then degraded
+	good, _ := router("5s", tlsFlags("n2")...)
+	bad, _ := router("300ms", "--cluster-secret", other) // refused at once, then degraded
+	none, noneLog := router("300ms")                     // no secret, no certificate
 	for i := range 20 {
 		body := fmt.Sprintf(`{"rule":"default","key":"k%d"}`, i)
 		for _, via := range []string{n2.http, good} {
@@ -232,9 +233,25 @@ func TestServeClusterSecret(t *testing.T) {
 				t.Fatalf("check %d via %s: %d %s", i, via, code, resp)
 			}
 		}
-		if code, resp := send(t, "POST", bad, "/v1/check", "application/json", body); code != 200 || !bytes.Contains(resp, []byte(`"degraded":true`)) {
-			t.Fatalf("check %d via a router with another secret: %d %s; want a degraded answer", i, code, resp)
+		for _, via := range []string{bad, none} {
+			if code, resp := send(t, "POST", via, "/v1/check", "application/json", body); code != 200 || !bytes.Contains(resp, []byte(`"degraded":true`)) {
+				t.Fatalf("check %d via a router with another secret or none: %d %s; want a degraded answer", i, code, resp)
+			}
 		}
+	}
+	// Neither side keeps quiet about it (they said nothing above DEBUG):
+	// the router names the flags it lacks, the member the refusal.
+	waitFor(t, "the router without a certificate saying why", func() bool {
+		return strings.Contains(noneLog.String(), `"level":"WARN"`) && strings.Contains(noneLog.String(), "--tls-cert")
+	})
+	waitFor(t, "n1 saying it refused a connection", func() bool {
+		return strings.Contains(n1.log.String(), "refused an inter-node connection that did not authenticate")
+	})
+	// So does bench over the data plane: its run ends as before (exit 0),
+	// but stderr says how many checks were degraded, and why.
+	code, errs := runToExit(t, bin, "bench", "--protocol", "peer", "--addr", n1.http, "--requests", "20", "--concurrency", "2")
+	if code != 0 || !strings.Contains(errs, "20 of 20 checks (100.0%) were answered degraded") || !strings.Contains(errs, "--tls-cert") {
+		t.Fatalf("bench without a certificate: exit %d, stderr:\n%s\nwant exit 0 and lines saying every check was degraded, and why", code, errs)
 	}
 }
 
