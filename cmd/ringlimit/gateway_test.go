@@ -121,7 +121,9 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 			t.Errorf("%s %s from another local process: %d, want 401", q.method, q.path, resp.StatusCode)
 		}
 	}
-	// The data plane: a plain connection's frame is never answered.
+	// The data plane: a plain connection's frame is never answered; the
+	// connection is told it needs authentication (an error frame of
+	// request id 0, CodeAuth), and closed.
 	nc, err := net.Dial("tcp", self.Peer)
 	if err != nil {
 		t.Fatal(err)
@@ -130,8 +132,15 @@ func TestEmbeddedMemberRefusesLocalStrangers(t *testing.T) {
 	_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
 	req := &transport.BatchRequest{Checks: []transport.Check{{Rule: "r", KeyHash: 1, Cost: 1}}}
 	if _, err := nc.Write(transport.AppendBatchRequest(nil, 1, 0, req)); err == nil {
-		if _, err := transport.ReadFrame(nc, nil); err == nil {
-			t.Error("the embedded member's data plane answered a stranger's frame")
+		frame, err := transport.ReadFrame(nc, nil)
+		if err == nil {
+			id, rerr, derr := transport.DecodeError(frame)
+			if derr != nil || id != 0 || rerr.Code != transport.CodeAuth {
+				t.Errorf("the embedded member's data plane answered a stranger's frame: % x", frame)
+			}
+			if _, err := transport.ReadFrame(nc, nil); err == nil {
+				t.Error("the connection of a stranger's frame stayed open after the refusal")
+			}
 		}
 	}
 }
