@@ -155,6 +155,10 @@ func (s *routeSink) before(doc []byte) {
 	}
 	interim := interimRoutes(routes, s.current, s.inForceRule)
 	s.gw.SetRoutes(interim)
+	// Once the rules are written, a route the interim kept at its old
+	// version names a rule removed with it until inForce: the file's
+	// routes stand in for those (Gateway.SetNextRoutes).
+	s.gw.SetNextRoutes(routes)
 	s.current = interim
 }
 
