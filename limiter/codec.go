@@ -393,6 +393,7 @@ func (t *Table) importStream(part uint32, src []byte, now int64, replace bool) (
 		tags[i+1], pinned[rs.tag] = rs.tag, true
 	}
 	t.registerInFull(recs, tags, &pinned)
+	t.pass.note(tags) // a partition swept already may now carry them
 	g := t.sets.Load()
 	newer := func(a, b uint8) bool { return g.byTag[a].version > g.byTag[b].version }
 	p := &t.parts[part]

@@ -300,6 +300,15 @@ func (s *slots[V]) all(f func(k uint64, tag uint8, v V)) {
 	}
 }
 
+// tags marks in used the tag of every entry.
+func (s *slots[V]) tags(used *[maxTags]bool) {
+	for i := range s.ents {
+		if e := &s.ents[i]; e.key != 0 {
+			used[e.tag()] = true
+		}
+	}
+}
+
 // retag calls f for every entry's tag and stores what it returns.
 func (s *slots[V]) retag(f func(tag uint8) uint8) {
 	for i := range s.ents {

@@ -64,6 +64,7 @@ type Table struct {
 	parts []partition
 	sets  atomic.Pointer[ruleSets] // replaced whole under regMu
 	regMu sync.Mutex               // serialises changes of sets
+	pass  sweepPass                // guarded by regMu: the sweeps' search for sets to release (rulesets.go)
 	recs  sync.Pool                // *[]exportRec: an export's scratch (codec.go)
 }
 
@@ -384,17 +385,36 @@ func droppableLog(l *Log, now int64, g *ruleSets) bool {
 // Sweep drops every state of the partition that is dead at now and
 // returns how many it dropped. Decisions do not change: a dead state
 // decides like a fresh key.
+//
+// Sweeping every partition also releases the rule sets that no state
+// carries any more (see releaseSwept in rulesets.go): a set's rules are
+// held only as long as states made under them may matter.
 func (t *Table) Sweep(part uint32, now int64) (dropped int) {
 	p := t.part(part)
+	t.regMu.Lock() // before p.mu, as SetRules and Import take them
+	defer t.regMu.Unlock()
+	g := t.sets.Load()
+	visit := t.pass.visit(g, part, now, len(t.parts))
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	if visit {
+		now = max(now, t.pass.at) // see sweepPass
+	}
 	now = p.clock(now)
-	g := t.sets.Load() // under the lock: see freeTag
 	dropped = p.sweepLocked(now, g)
 	if len(p.logs) == 0 {
 		p.logs = nil // a map never shrinks; let it go
 	}
 	p.spare = nil
+	if visit {
+		p.tags(&t.pass.used) // what the sweep left is live
+	}
+	p.mu.Unlock()
+	if visit {
+		t.pass.left--
+		if t.pass.left == 0 {
+			t.releaseSwept(g)
+		}
+	}
 	return dropped
 }
 
