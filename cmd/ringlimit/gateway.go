@@ -60,9 +60,14 @@ type gatewayProc struct {
 
 // upstreamURL reads --upstream: an http:// or https:// URL, or host:port
 // (http). Was: any other scheme (ftp://, unix:///) started a gateway
-// whose every forwarded request failed 502.
+// whose every forwarded request failed 502; and none at all was refused
+// as `want a URL such as http://127.0.0.1:9000, got "http://"`, which
+// did not say that the flag is required.
 func upstreamURL(s string) (*url.URL, error) {
 	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, errors.New("--upstream is required: the service behind the gateway, an http:// or https:// URL or host:port (e.g. http://127.0.0.1:9000)")
+	}
 	if scheme, _, ok := strings.Cut(s, "://"); ok {
 		if sc := strings.ToLower(scheme); sc != "http" && sc != "https" {
 			return nil, fmt.Errorf("--upstream %q: scheme %q not supported; want http:// or https://", s, scheme)

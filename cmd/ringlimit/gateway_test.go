@@ -287,9 +287,11 @@ func TestEmbeddedReloadTakesRoutesWithRules(t *testing.T) {
 }
 
 // A gateway that could never work is refused at start, exit 2 with a
-// message saying why: an upstream that is not http(s) (was: started,
-// and every request answered 502), and routes with a tier when no
-// client can have one (was: taken, and their limits never applied).
+// message saying why: no upstream (was: `want a URL such as
+// http://127.0.0.1:9000, got "http://"`, which did not say the flag is
+// required), an upstream that is not http(s) (was: started, and every
+// request answered 502), and routes with a tier when no client can have
+// one (was: taken, and their limits never applied).
 func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
 	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: pro, path: /*, tier: pro, limits: [{rule: default}]}\n"), 0o644); err != nil {
@@ -304,6 +306,8 @@ func TestGatewayRefusesWhatCanNeverWork(t *testing.T) {
 		args []string
 		want string
 	}{
+		{nil, "--upstream is required"},
+		{[]string{"--upstream", " "}, "--upstream is required"},
 		{[]string{"--upstream", "ftp://files.example"}, `scheme "ftp" not supported`},
 		{[]string{"--upstream", "unix:///run/app.sock"}, `scheme "unix" not supported`},
 		{[]string{"--upstream", "http://127.0.0.1:1", "--config", cfg}, `route "pro": tier "pro" can never match`},
