@@ -22,9 +22,10 @@ import (
 )
 
 // runBench is `ringlimit bench`: a bounded load generator against the HTTP
-// API. It runs until --duration, --requests or ctx ends, whichever comes
-// first, then prints throughput, latency per HTTP request and the split of
-// decisions. It exits 0, or 2 on a flag error or when no request succeeded.
+// API, or (--protocol peer) the owners' data plane through a router of
+// its own. It runs until --duration, --requests or ctx ends, whichever
+// comes first, then prints throughput, latency per request (HTTP request
+// or router call) and the split of decisions. It exits 0, or 2 on a flag error or when no request succeeded.
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bench", stderr)
 	addrs := fs.String("addr", defaultAddr, "comma-separated HTTP addresses of members; each worker goes round-robin over them")
@@ -36,7 +37,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, fmt.Sprintf("concurrent workers, each one request at a time (max %d)", loadgen.MaxConcurrency))
 	fs.IntVar(&cfg.Batch, "batch", 1, fmt.Sprintf("checks per request: 1 = single form, more = batch form (max %d)", api.MaxBatch))
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, fmt.Sprintf("how long to run (max %v)", loadgen.MaxDuration))
-	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many HTTP requests (0 = no cap)")
+	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many requests, each of --batch checks: HTTP requests, or router calls with --protocol peer (0 = no cap)")
 	fs.Int64Var(&cfg.Cost, "cost", 1, "cost of each check")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	protocol := fs.String("protocol", "http", "http: POST /v1/check to the members; peer: act as a stateless router, hashing keys itself and sending batches to their owners over the binary data plane (reads GET /v1/cluster/view from --addr every second, and when an owner answers NOT_OWNER)")

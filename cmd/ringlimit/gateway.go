@@ -454,7 +454,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	fs := newFlagSet("gateway", stderr)
 	var (
 		listen     = fs.String("listen", "127.0.0.1:8000", "where clients connect")
-		upstream   = fs.String("upstream", "", "the service behind the gateway, as a URL (required)")
+		upstream   = fs.String("upstream", "", "the service behind the gateway (required): an http:// or https:// URL, or host:port for http")
 		config     = fs.String("config", "", "YAML with rules: and routes: (no file: every request is limited by default)")
 		dataDir    = fs.String("data-dir", "./ringlimit-gateway-data", "embedded mode (no --cluster): the single node's data")
 		apiKey     = fs.String("api-key-header", "", "header whose value identifies the client")

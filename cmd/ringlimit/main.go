@@ -23,11 +23,13 @@ usage:
   ringlimit serve   [flags]   run a cluster member (bootstraps a single-node cluster by default)
   ringlimit router  --cluster HOST:PORT,...   a stateless router: follows the ring, forwards each check to its owner
   ringlimit gateway --upstream URL [flags]    reverse proxy that limits before forwarding
-  ringlimit check   --addr HOST:PORT --rule NAME --key KEY [--cost N] [--json]
-  ringlimit status  --addr HOST:PORT [--json]
-  ringlimit leave   --addr HOST:PORT [--id ID] [--admin-token T]
+  ringlimit check   [--addr HOST:PORT] --rule NAME --key KEY [--cost N] [--json] [--timeout D]
+  ringlimit status  [--addr HOST:PORT] [--json] [--timeout D]
+  ringlimit leave   [--addr HOST:PORT] [--id ID] [--admin-token T] [--timeout D]
   ringlimit bench   [flags]   load generator: checks/s, latency
-  ringlimit certs   --dir DIR --nodes n1,n2,... [--hosts H,...]   a test CA, member certificates and a cluster secret
+  ringlimit certs   [--dir DIR] [--nodes n1,n2,...] [--hosts H,...] [--valid-for D]   a test CA, member certificates and a cluster secret
+
+--addr is 127.0.0.1:8080 by default (serve's with no flags): a host:port or a URL.
 
 Every flag may also come from the environment as RINGLIMIT_<FLAG>, except
 leave --id (RINGLIMIT_ID is a member's own id in its container).
