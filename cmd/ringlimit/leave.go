@@ -103,9 +103,13 @@ func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stde
 			return err
 		case len(askers) > 1:
 			// The member leaving answers 503 as it stops (or before a
-			// leader has its leave): the others say how it ends.
+			// leader has its leave): the others say how it ends. Said
+			// as the progress it is, the 503 last: was "the member
+			// leaving answered unavailable (503): leader unreachable:
+			// …" first, which read as a failure of a leave that went
+			// on to succeed.
 			unavailable, askers = err, askers[1:]
-			fmt.Fprintf(stderr, "ringlimit leave: the member leaving answered %v (it stops as it leaves); asking another member how the leave ends\n", err)
+			fmt.Fprintf(stderr, "ringlimit leave: asking another member how the leave of %s ends (a member stops as it leaves; %s answered %v)\n", id, id, err)
 			continue
 		}
 		unavailable = err
