@@ -71,6 +71,11 @@ type Rule struct {
 // Rules is the body of GET and PUT /v1/rules.
 type Rules struct {
 	Rules []Rule `json:"rules"`
+	// RulesVersion, in PUT's answer only, is the rules version in force
+	// on the answering member once the write is (the write's Raft index,
+	// or a later write's): a member that forwarded the write waits for
+	// it. 0 (absent) from a member of an earlier release.
+	RulesVersion uint64 `json:"rules_version,omitempty"`
 }
 
 // Member is one cluster member as GET /v1/cluster shows it.

@@ -182,14 +182,22 @@ func (c *Client) Rules(ctx context.Context) ([]api.Rule, error) {
 // contentType ("application/json" or "application/yaml"; empty means
 // JSON), and returns the new set. It is an admin call.
 func (c *Client) PutRules(ctx context.Context, doc []byte, contentType string) ([]api.Rule, error) {
+	rs, err := c.PutRulesAnswer(ctx, doc, contentType)
+	return rs.Rules, err
+}
+
+// PutRulesAnswer is PutRules returning the whole answer: the rules in
+// force and the rules version (api.Rules.RulesVersion; 0 from a member
+// of an earlier release).
+func (c *Client) PutRulesAnswer(ctx context.Context, doc []byte, contentType string) (api.Rules, error) {
 	if contentType == "" {
 		contentType = "application/json"
 	}
 	var rs api.Rules
 	if err := c.send(ctx, http.MethodPut, "/v1/rules", true, bytes.NewReader(doc), contentType, jsonInto(&rs)); err != nil {
-		return nil, err
+		return api.Rules{}, err
 	}
-	return rs.Rules, nil
+	return rs, nil
 }
 
 // Cluster returns the membership: leader, epoch, partitions and members.

@@ -56,7 +56,9 @@ type Forwarder interface {
 	JoinVia(ctx context.Context, memberHTTP string, req api.JoinRequest) (epoch uint64, err error)
 	Leave(ctx context.Context, leaderHTTP, id string) error
 	SetState(ctx context.Context, leaderHTTP, id, state string) error
-	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, error)
+	// PutRules has the leader write the rules, and returns the set in
+	// force and the leader's rules version once it is (0: not said).
+	PutRules(ctx context.Context, leaderHTTP string, written []limiter.Rule) ([]limiter.Rule, uint64, error)
 	// InCluster asks the member at memberHTTP whether it holds a
 	// cluster's Raft state (api.SeedStatus): what a seed with no Raft
 	// state asks before it bootstraps (Config.Seed). An error is no

@@ -647,7 +647,14 @@ func TestFollowerForwardsARulesDocumentNearTheBodyLimit(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("PUT of %d rules, %d bytes, to a follower: %d %.300s", len(written), len(doc), resp.StatusCode, body)
 	}
-	if v := follower.Router.View(); v == nil || v.Rules[written[len(written)-1].Name] == nil {
+	v := follower.Router.View()
+	if v == nil || v.Rules[written[len(written)-1].Name] == nil {
 		t.Fatal("the follower answered 200 without the rules in force")
+	}
+	// The answer says the rules version in force once the write is (what
+	// a forwarding member waits for).
+	var got api.Rules
+	if err := json.Unmarshal(body, &got); err != nil || got.RulesVersion == 0 || got.RulesVersion != v.RulesVersion || len(got.Rules) != len(written)+1 {
+		t.Fatalf("the answer: %d rules, rules_version %d (view's %d), %v; want every rule and the view's version", len(got.Rules), got.RulesVersion, v.RulesVersion, err)
 	}
 }

@@ -377,20 +377,20 @@ func (f forwarder) SetState(ctx context.Context, leader, id, state string) error
 	return wrapRemote("leader", f.client(leader).SetState(ctx, id, state))
 }
 
-func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
+func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, uint64, error) {
 	doc, err := rules.MarshalCompact(written) // as short as JSON can say it: see MarshalCompact
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	got, err := f.client(leader).PutRules(ctx, doc, "application/json")
+	got, err := f.client(leader).PutRulesAnswer(ctx, doc, "application/json")
 	if err != nil {
-		return nil, wrapRemote("leader", err)
+		return nil, 0, wrapRemote("leader", err)
 	}
-	set, err := router.RulesFromAPI(got) // not as a document: see RulesFromAPI
+	set, err := router.RulesFromAPI(got.Rules) // not as a document: see RulesFromAPI
 	if err != nil {
-		return nil, fmt.Errorf("the leader's answer: %w", err)
+		return nil, 0, fmt.Errorf("the leader's answer: %w", err)
 	}
-	return set, nil
+	return set, got.RulesVersion, nil
 }
 
 // ClusterOf reads the view of the member at addr (node.ClusterReader):

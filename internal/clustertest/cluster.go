@@ -1016,10 +1016,14 @@ func (f forwarder) SetState(ctx context.Context, leader, id, state string) error
 	return n.SetState(ctx, id, state)
 }
 
-func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, error) {
+func (f forwarder) PutRules(ctx context.Context, leader string, written []limiter.Rule) ([]limiter.Rule, uint64, error) {
 	n, ctx, err := f.target(ctx, leader)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return n.PutRules(ctx, written)
+	set, err := n.PutRules(ctx, written)
+	if err != nil {
+		return nil, 0, err
+	}
+	return set, n.RulesVersion(), nil // as the HTTP answer says it
 }

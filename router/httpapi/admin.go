@@ -226,7 +226,11 @@ func (h *handler) servePutRules(w http.ResponseWriter, r *http.Request) {
 		writeError(w, h.errorOf(r, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, rulesBody(set))
+	body := rulesBody(set)
+	if rv, ok := h.admin.(interface{ RulesVersion() uint64 }); ok {
+		body.RulesVersion = rv.RulesVersion() // the write is in force here: this is it, or later
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (h *handler) serveCluster(w http.ResponseWriter, r *http.Request) {
