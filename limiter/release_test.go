@@ -1,10 +1,8 @@
 package limiter
 
 import (
-	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
@@ -162,55 +160,13 @@ func TestSweepsKeepSetsImportedDuringTheRound(t *testing.T) {
 // write every stored state's tag names a set the table holds, and the
 // sets held stay few. Run with -race.
 func TestSweepsReleaseUnderChecks(t *testing.T) {
-	const parts, writes, checkers, perWrite = 16, 80, 2, 64
-	tb, err := NewTable(parts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec := int64(time.Second)
-	rule := func(v uint64) Rule {
+	const writes = 80
+	tb := rulesWrittenUnderChecks(t, 16, writes, true, func(v uint64) Rule {
 		algs := []Algorithm{TokenBucket, FixedWindow, SlidingLog}
 		return Rule{Name: "r", Algorithm: algs[(v/16)%3], Limit: 5 + int64(v%3), Period: time.Second, Version: v}
-	}
-	if err := tb.SetRules(1, []Rule{rule(1)}, 0); err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for v := uint64(2); v <= writes; v++ {
-		at := int64(v) * 3 * sec
-		var wg sync.WaitGroup
-		for c := range uint64(checkers) {
-			first := n + c*perWrite
-			wg.Go(func() {
-				for i := first; i < first+perWrite; i++ {
-					w := max(v-1-i%3, 1)
-					r := rule(w)
-					k := (i*7919 + c) % 4096
-					now := at - int64(i%4)*4*sec
-					if _, err := tb.Check(uint32(k%parts), (k+1)<<8, &r, now, 1); err != nil && !errors.Is(err, ErrVersion) {
-						t.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Go(func() {
-			for p := range parts {
-				tb.Sweep(uint32((int(v)*5+p)%parts), at)
-			}
-		})
-		if err := tb.SetRules(v, []Rule{rule(v)}, at); err != nil {
-			t.Fatal(err)
-		}
-		wg.Wait()
-		n += checkers * perWrite
-		if p, tag := orphanTag(tb); p >= 0 {
-			t.Fatalf("after write %d: partition %d holds a state of tag %d, which names no set", v, p, tag)
-		}
-	}
+	})
 	// Second-long rules: the sets of the last few writes at most.
 	if got := len(tb.RuleVersions()); got > 8 {
 		t.Errorf("%d versions held after %d writes: %v", got, writes, tb.RuleVersions())
 	}
-	checkInvariants(t, tb)
 }

@@ -342,38 +342,53 @@ func TestSettledTagsAreFreedOnePartitionAtATime(t *testing.T) {
 // set's). Run with -race: free lets checks run between its
 // visits.
 func TestTagsFreedUnderChecksNameHeldSets(t *testing.T) {
-	const parts, writes, checkers, perWrite = 16, maxTags + 96, 2, 64
+	rulesWrittenUnderChecks(t, 16, maxTags+96, false, func(v uint64) Rule {
+		algs := []Algorithm{TokenBucket, FixedWindow, SlidingLog}
+		return Rule{Name: "r", Algorithm: algs[(v/64)%3], Limit: 5 + int64(v%3), Period: time.Hour, Version: v}
+	})
+}
+
+// rulesWrittenUnderChecks writes rule(v) for v = 1 to writes into a table
+// of parts partitions, 3 s of clock apart (a set settles four writes
+// later), while two checkers check under the newest set before each
+// write or one or two behind it, up to 12 s of clock late, and, when
+// sweep is set, every partition is swept at the write's time. After each
+// write every stored state's tag must name a set the table holds; it
+// returns the table.
+func rulesWrittenUnderChecks(t *testing.T, parts int, writes uint64, sweep bool, rule func(v uint64) Rule) *Table {
+	t.Helper()
+	const checkers, perWrite = 2, 64
 	tb, err := NewTable(parts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sec := int64(time.Second)
-	rule := func(v uint64) Rule {
-		algs := []Algorithm{TokenBucket, FixedWindow, SlidingLog}
-		return Rule{Name: "r", Algorithm: algs[(v/64)%3], Limit: 5 + int64(v%3), Period: time.Hour, Version: v}
-	}
-	if err := tb.SetRules(1, []Rule{rule(1)}, 0); err != nil {
+	r1 := rule(1)
+	if err := tb.SetRules(1, []Rule{r1}, 0); err != nil {
 		t.Fatal(err)
 	}
 	var n uint64 // checks so far, for keys and lags
 	for v := uint64(2); v <= writes; v++ {
-		at := int64(v) * 3 * sec // a set settles four writes later
+		at := int64(v) * 3 * sec
 		var wg sync.WaitGroup
 		for c := range uint64(checkers) {
 			first := n + c*perWrite
 			wg.Go(func() {
 				for i := first; i < first+perWrite; i++ {
-					w := v - 1 - i%3 // the newest before this write, or behind it
-					if w == 0 {
-						w = 1
-					}
-					r := rule(w)
+					r := rule(max(v-1-i%3, 1)) // the newest before this write, or behind it
 					k := (i*7919 + c) % 4096
 					now := at - int64(i%4)*4*sec
-					if _, err := tb.Check(uint32(k%parts), (k+1)<<8, &r, now, 1); err != nil && !errors.Is(err, ErrVersion) {
+					if _, err := tb.Check(uint32(k%uint64(parts)), (k+1)<<8, &r, now, 1); err != nil && !errors.Is(err, ErrVersion) {
 						t.Error(err)
 						return
 					}
+				}
+			})
+		}
+		if sweep {
+			wg.Go(func() {
+				for p := range parts {
+					tb.Sweep(uint32((int(v)*5+p)%parts), at)
 				}
 			})
 		}
@@ -382,29 +397,10 @@ func TestTagsFreedUnderChecksNameHeldSets(t *testing.T) {
 		}
 		wg.Wait()
 		n += checkers * perWrite
-		g := tb.sets.Load()
-		for i := range tb.parts {
-			p := &tb.parts[i]
-			bad := -1
-			p.tats.all(func(_ uint64, tag uint8, _ TAT) {
-				if g.byTag[tag] == nil {
-					bad = int(tag)
-				}
-			})
-			p.wins.all(func(_ uint64, tag uint8, _ Window) {
-				if g.byTag[tag] == nil {
-					bad = int(tag)
-				}
-			})
-			for _, l := range p.logs {
-				if g.byTag[l.tag] == nil {
-					bad = int(l.tag)
-				}
-			}
-			if bad >= 0 {
-				t.Fatalf("after write %d: partition %d holds a state of tag %d, which names no set", v, i, bad)
-			}
+		if p, tag := orphanTag(tb); p >= 0 {
+			t.Fatalf("after write %d: partition %d holds a state of tag %d, which names no set", v, p, tag)
 		}
 	}
 	checkInvariants(t, tb)
+	return tb
 }

@@ -1,16 +1,15 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -23,24 +22,6 @@ func (refusingNet) Do(ctx context.Context, addr string, req *transport.BatchRequ
 	return fmt.Errorf("%w: %s: %w", transport.ErrConnClosed, addr, &transport.RemoteError{Code: transport.CodeAuth, Message: "this port requires the cluster secret"})
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A router whose owners refuse its connections answers every check by
 // its rule's failure mode, as for an owner that is down; it also says
 // why at WARN, once per authWarnEvery, not once per batch. It said
@@ -48,7 +29,7 @@ func (s *syncBuffer) String() string {
 // admitted everything (fail-open rules) while /readyz said ready.
 func TestRouterWarnsWhenOwnersRefuseItsConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		rt, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil, refusingNet{})
 		if err != nil {
 			t.Fatal(err)
