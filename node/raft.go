@@ -73,6 +73,12 @@ type raftParts struct {
 	log        *slog.Logger
 }
 
+// snapshotThreshold and snapshotInterval are Raft's: see openRaft.
+const (
+	snapshotThreshold = 1024
+	snapshotInterval  = 30 * time.Second
+)
+
 // openRaft wires hashicorp/raft. With cfg.RaftTransport nil it is the
 // shortest correct wiring: one bolt store for the log and the stable
 // store, file snapshots, TCP transport on ln. Otherwise it uses the
@@ -88,6 +94,15 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 	rc.ElectionTimeout = cfg.RaftTimeout
 	rc.LeaderLeaseTimeout = cfg.RaftTimeout / 2
 	rc.CommitTimeout = 20 * time.Millisecond
+	// A snapshot every snapshotThreshold entries, looked for every
+	// snapshotInterval to 2× that: a restart replays the entries after
+	// the last snapshot, each rules write two of them with its whole set.
+	// hashicorp/raft's defaults (8,192; 120 s) left a member that had
+	// taken 10,000 entries of 100-rule writes 10–13 s from its start to
+	// ready, against under 2 s with a snapshot (an audit); they also
+	// bound raft.db at TrailingLogs plus the threshold.
+	rc.SnapshotThreshold = snapshotThreshold
+	rc.SnapshotInterval = snapshotInterval
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("node: raft config: %w", err)
 	}
