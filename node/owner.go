@@ -395,7 +395,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 	gaveUp := false
 	now := o.now()
 	var cx checkCtx
-	cx.use(o, v)
+	cx.use(o, v, req.RulesVersion)
 	for i, n := 0, len(req.Checks); i < n; {
 		end := i + 1 // a group: the check at i and the joined ones after it
 		for end < n && req.Checks[end].Joined {
@@ -419,7 +419,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			ch, vch := o.servable(), o.cell.Changed()
 			if nv := o.cell.Load(); nv.Epoch() > v.Epoch() { // published before we subscribed
 				v = nv
-				cx.use(o, v)
+				cx.use(o, v, req.RulesVersion)
 				resp.Epoch = v.Epoch()
 			}
 			if ok = o.decideRun(&cx, cs, rs, now); ok {
@@ -449,7 +449,7 @@ func (o *Owner) HandleBatch(ctx context.Context, req *transport.BatchRequest, re
 			if !gaveUp {
 				if nv := o.cell.Load(); nv.Epoch() > v.Epoch() {
 					v = nv
-					cx.use(o, v)
+					cx.use(o, v, req.RulesVersion)
 					resp.Epoch = v.Epoch()
 				}
 				now = o.now()
@@ -497,11 +497,13 @@ func (o *Owner) Prompt(req *transport.BatchRequest) bool {
 
 // decideRun decides one check, or a group of joined checks as a unit,
 // into rs, and reports false when the answer is StatusUnavailable (a
-// partition is on its way: the caller may wait and decide again).
+// partition is on its way: the caller may wait and decide again), unless
+// cx is behind the sender's rules (a wait for a partition would not
+// mend that).
 func (o *Owner) decideRun(cx *checkCtx, cs []transport.Check, rs []transport.Result, now int64) bool {
 	if len(cs) == 1 {
 		o.decide(cx, &cs[0], now, &rs[0])
-		return rs[0].Status != transport.StatusUnavailable
+		return rs[0].Status != transport.StatusUnavailable || cx.behind
 	}
 	st := o.decideGroup(cx, cs, rs, now)
 	if st != transport.StatusOK {
@@ -509,7 +511,7 @@ func (o *Owner) decideRun(cx *checkCtx, cs []transport.Check, rs []transport.Res
 			rs[i] = transport.Result{Status: st}
 		}
 	}
-	return st != transport.StatusUnavailable
+	return st != transport.StatusUnavailable || cx.behind // behind: nothing to wait for here
 }
 
 // awaitLease waits (bounded by ctx and stateWait) for the lease: a member
@@ -583,15 +585,19 @@ func setResult(res *transport.Result, d *limiter.Decision) {
 type checkCtx struct {
 	v    *view.View
 	self int32 // this member's position in v.Ring (ring.Ring.Index); -1 when not a member
+	// behind: the sender decided under rules newer than v's, which this
+	// member has still not applied after its wait (epochWait).
+	behind bool
 
 	name string // the rule looked up last ("" none), and its answer
 	rule *limiter.Rule
 	salt uint64
 }
 
-// use makes cx decide under v.
-func (cx *checkCtx) use(o *Owner, v *view.View) {
-	*cx = checkCtx{v: v, self: v.Ring.Index(o.self)}
+// use makes cx decide under v the checks of a sender that decided under
+// rulesVersion.
+func (cx *checkCtx) use(o *Owner, v *view.View, rulesVersion uint64) {
+	*cx = checkCtx{v: v, self: v.Ring.Index(o.self), behind: rulesVersion > v.RulesVersion}
 }
 
 // resolve checks what a check's answer depends on besides its
@@ -613,6 +619,16 @@ func (o *Owner) resolve(cx *checkCtx, c *transport.Check) (*limiter.Rule, uint64
 			return nil, 0, transport.StatusBadRequest
 		}
 		salt = v.Salt(rule)
+	case cx.behind:
+		// A write the sender acknowledged has not reached this member
+		// (its Raft log cannot grow: a full disk, until the leader
+		// marks it dead): deciding under the rules it has would answer
+		// a check sent to that node under the old set, which a write
+		// in force where acknowledged forbids. The sender answers by
+		// the rule's failure mode, degraded. Was: decided under the old
+		// rules, not degraded (an audit: a member on a full disk
+		// answered its keys under the old limit for 7 s).
+		return nil, 0, transport.StatusUnavailable
 	case cx.rule != nil && c.Rule == cx.name:
 		rule, salt = cx.rule, cx.salt
 	default:

@@ -605,3 +605,41 @@ func TestMemberFollowingFrequentRulesLateIsNotMarkedDead(t *testing.T) {
 		}
 	})
 }
+
+// Until it is marked dead, a member whose Raft log cannot grow decides
+// nothing under the rules it has when the sender decided under newer
+// ones: a write acknowledged by another member is in force for every
+// check sent there (API.md), so the sender answers by the rule's failure
+// mode, degraded. Was: after its wait for the rules (epochWait), the
+// member decided under the old set, not degraded — an audit's member on
+// a full disk answered its keys under the old limit for 7 s.
+func TestMemberBehindOnRulesDecidesNothingUnderTheOldOnes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: time.Hour}) // never marked dead here
+		leader := c.Leader()
+		stuck := otherThan(c, leader.ID)
+		key := c.KeyOwnedBy(stuck, 0)
+		wide := limiter.Rule{Name: "login", Algorithm: limiter.TokenBucket, Limit: 100, Period: time.Hour, FailureMode: limiter.FailClosed}
+		c.PutRules(leader.ID, wide)
+		if r := c.Check(leader.ID, "login", key, 1); !r.Allowed || r.Degraded {
+			t.Fatalf("before: %+v, want allowed", r)
+		}
+		resume := c.StallDisk(stuck)
+		defer resume()
+		narrow := wide
+		narrow.Limit = 1 // what is left of key's budget: none
+		if _, err := leader.Node().PutRules(context.Background(), []limiter.Rule{narrow}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if r := c.Check(leader.ID, "login", key, 1); r.Allowed || !r.Degraded {
+				t.Fatalf("check %d after the write acknowledged, through the leader: %+v, want denied by the failure mode (degraded), not decided under the old limit", i, r)
+			}
+		}
+		resume()
+		c.WaitFor("the stuck member deciding under the new rules", 10*time.Second, func() bool {
+			r := c.Check(leader.ID, "login", key, 1)
+			return !r.Degraded && !r.Allowed
+		})
+	})
+}
