@@ -1181,7 +1181,7 @@ func (b *batcher) finish(bt *batch, err error) {
 			// owner's keys is answered by its rule's failure mode (a
 			// fail-open rule admits them all) until it is mended.
 			b.r.authWarn.Do(func() {
-				b.r.cfg.Logger.Warn("an owner refused this router's connection: give this process the cluster's secret or certificate (--cluster-secret, --tls-*); until then its checks are answered by their rules' failure_mode",
+				b.r.cfg.Logger.Warn("an owner refused this process's data-plane connection (a router's, gateway's or bench's): give it the cluster's secret or certificate (--cluster-secret, --tls-*); until then its checks are answered by their rules' failure_mode",
 					"owner", b.addr, "err", err)
 			})
 		}
