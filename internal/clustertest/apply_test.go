@@ -167,7 +167,8 @@ func TestStalledLeaderAnswersWritesByTheirDeadline(t *testing.T) {
 // leader's rules version of the write's answer, not once its rules equal
 // the set it wrote: a later write applied in the same update never shows
 // that set. The follower's disk stalls while its write commits and
-// another lands after it; when the disk is back it applies both at once.
+// another lands after it; when the disk is back it applies both, mostly
+// in one update.
 // Was: 5 s, then 503 "written but not in force on this node yet" (an
 // audit: 8 of 1,350 PUTs racing through three members).
 func TestFollowerWriteOvertakenByAnotherAnswers(t *testing.T) {
@@ -195,8 +196,12 @@ func TestFollowerWriteOvertakenByAnotherAnswers(t *testing.T) {
 		if took := time.Since(start); took > time.Second {
 			t.Errorf("the follower's write answered %v after its disk came back, want at once", took)
 		}
-		if v := f.Router().View(); v.Rules["later"] == nil {
-			t.Fatalf("the follower answered without the later write in force: %v", v.List)
+		// Read your writes: "first" in force on the follower, or the
+		// write that replaced it (whether its view showed "first" on the
+		// way depends on whether it applied the two entries in one
+		// update: the case that hung).
+		if v := f.Router().View(); v.Rules["first"] == nil && v.Rules["later"] == nil {
+			t.Fatalf("the follower answered with neither write in force: %v", v.List)
 		}
 	})
 }
