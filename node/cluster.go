@@ -1308,7 +1308,7 @@ func (n *Node) writeRules(ctx context.Context, written []limiter.Rule) (*fsm.Sta
 	defer n.rulesWrite.unlock()
 	// Never written (RulesIndex 0): written, even if empty, so that the
 	// rules are on record. Was: an empty list was never a repeat.
-	if st := n.fsm.State(); st.RulesIndex > 0 && rules.Fingerprint(st.Rules) == rules.Fingerprint(written) {
+	if st := n.fsm.State(); st.RulesIndex > 0 && sameInForce(st.Rules, written) {
 		return st, nil
 	}
 	cmd, err := fsm.PutRules(written)
@@ -1330,6 +1330,21 @@ func canonicalRules(written []limiter.Rule) []limiter.Rule {
 		out[i].Burst = out[i].Capacity()
 	}
 	return out
+}
+
+// sameInForce reports whether the written rule lists a and b put the
+// same rules in force, in the same order. A list that spells out the
+// built-in default is the list without it (GET /v1/rules lists default:
+// PUT of its answer is no change). Was: compared as written, so a PUT of
+// GET's answer was a new write and a new rules version.
+func sameInForce(a, b []limiter.Rule) bool {
+	return inForceFingerprint(a) == inForceFingerprint(b)
+}
+
+// inForceFingerprint fingerprints the rules in force given the written
+// rules rs.
+func inForceFingerprint(rs []limiter.Rule) string {
+	return rules.Fingerprint(canonicalRules(rules.Effective(rs)))
 }
 
 // rulesWait bounds how long a rules write waits to be in force locally.

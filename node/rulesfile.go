@@ -213,7 +213,7 @@ func (n *Node) applyRulesFileWith(_ context.Context, path string, data []byte, h
 	if !n.caughtUp() || n.View() == nil {
 		return true // the log is still replaying: the file may already be in it
 	}
-	if rules.Fingerprint(n.fsm.State().Rules) == rules.Fingerprint(canonicalRules(written)) {
+	if sameInForce(n.fsm.State().Rules, written) {
 		// In force already: another member with the same file wrote it
 		// (every member watches its own copy), or a PUT did. Writing it
 		// again would only bump the rules version once per member.
@@ -280,13 +280,13 @@ func (n *Node) rulesWrittenAfter(rs []limiter.Rule, since uint64) (uint64, bool)
 	if err1 != nil || err2 != nil {
 		return 0, false
 	}
-	want := rules.Fingerprint(canonicalRules(rs))
+	want := inForceFingerprint(rs)
 	for i := last; i >= first && i > since && i > 0; i-- {
 		var l raft.Log
 		if logs.GetLog(i, &l) != nil || l.Type != raft.LogCommand {
 			continue
 		}
-		if w, ok := fsm.WrittenRules(l.Data); ok && rules.Fingerprint(canonicalRules(w)) == want {
+		if w, ok := fsm.WrittenRules(l.Data); ok && inForceFingerprint(w) == want {
 			return i, true
 		}
 	}

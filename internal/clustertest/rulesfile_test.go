@@ -236,6 +236,40 @@ func TestNoRulesWrittenOnce(t *testing.T) {
 	})
 }
 
+// A PUT of what GET answers — the rules in force, default spelled out —
+// is no change: no write, no new rules version. Was: compared as
+// written, so every such PUT (a reconcile loop's) wrote a new version.
+// A default spelled out with other values is a change, and taking it
+// out again puts the built-in one back: a change too.
+func TestPutOfTheRulesInForceIsNoChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 1, Options{})
+		m := c.Leader()
+		version := func() uint64 { return m.Node().State().RulesIndex }
+		put := func(rs []limiter.Rule) uint64 {
+			t.Helper()
+			if _, err := m.Node().PutRules(context.Background(), rs); err != nil {
+				t.Fatal(err)
+			}
+			return version()
+		}
+		tenant := limiter.Rule{Name: "tenant", Algorithm: limiter.GCRA, Limit: 10, Period: time.Second}
+		first := put([]limiter.Rule{tenant})
+		if again := put(m.Node().Rules()); again != first {
+			t.Fatalf("rules version %d after a write, %d after a PUT of the rules in force (default listed); want no new version", first, again)
+		}
+		lower := rules.Default()
+		lower.Limit, lower.Burst = 50, 50
+		changed := put([]limiter.Rule{lower, tenant})
+		if changed == first {
+			t.Fatalf("rules version %d before and after a PUT that lowers default; want a new version", first)
+		}
+		if back := put([]limiter.Rule{tenant}); back == changed {
+			t.Fatalf("rules version %d before and after a PUT without default (the built-in one back); want a new version", back)
+		}
+	})
+}
+
 // A member that was away when the shared rules file changed — stopped,
 // or not yet a member — and comes back after a later PUT leaves the PUT
 // in force: the others applied the file while it was away, so it is no
