@@ -605,6 +605,16 @@ func (cc *clientConn) fail(cause error) {
 		cc.lifeEnd.Stop()
 	}
 	cc.mu.Unlock()
+	if errors.Is(cause, ErrAuth) {
+		// The peer refused this connection (no secret, no TLS): a new
+		// one would be refused too. Calls fail fast for RedialBackoff,
+		// as after a failed dial. Was: the next call dialed again at
+		// once, a connection (and a handshake) per frame from a
+		// misconfigured router, for as long as it ran.
+		cc.c.mu.Lock()
+		cc.c.dialErr, cc.c.dialErrAt = err, cc.c.now()
+		cc.c.mu.Unlock()
+	}
 	for _, cl := range pending {
 		cc.deliver(cl, err)
 	}
