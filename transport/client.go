@@ -30,10 +30,14 @@ type Client struct {
 	mu        sync.Mutex
 	cc        *clientConn              // guarded by mu: current connection, may be broken
 	retired   map[*clientConn]struct{} // guarded by mu: presumed dead, still finishing their calls (retire)
-	dialing   chan struct{}            // guarded by mu: closed when the dial in progress ends
+	dialing   *dialCall                // guarded by mu: the dial in progress, nil when none
 	dialErr   error                    // guarded by mu: the last dial's error
 	dialErrAt time.Time                // guarded by mu
 	closed    bool                     // guarded by mu
+	// stop ends with Close (cancel): it bounds the dials, which no
+	// caller's context does (see conn).
+	stop   context.Context
+	cancel context.CancelFunc
 
 	// beforeGoWrite, set by tests only, runs in Go's start between the
 	// call's registration and the write of its frame.
@@ -56,6 +60,7 @@ func Dial(ctx context.Context, addr string, cfg ClientConfig) (*Client, error) {
 
 func newClient(addr string, cfg ClientConfig) *Client {
 	c := &Client{addr: addr, cfg: cfg, now: time.Now}
+	c.stop, c.cancel = context.WithCancel(context.Background())
 	c.calls.New = func() any { return &call{done: make(chan error, 1)} }
 	c.frames.New = func() any { return new([]byte) }
 	return c
@@ -96,8 +101,8 @@ func (c *Client) Do(ctx context.Context, req *BatchRequest, resp *BatchResponse)
 // is not retained after Go returns; resp belongs to the call until done.
 //
 // Go saves Do's waiting goroutine and its context per batch; the router
-// sends its batches with it. A dial, when the connection is down, happens
-// on the caller's goroutine (bounded by deadline and DialTimeout). Unlike
+// sends its batches with it. When the connection is down, the caller
+// waits (up to deadline) for a dial bounded by DialTimeout. Unlike
 // Do, Go does not wait for room behind MaxPendingWrite bytes of other
 // frames: past them it fails at once with ErrQueueFull (nothing sent).
 func (c *Client) Go(deadline time.Time, req *BatchRequest, resp *BatchResponse, done func(error)) {
@@ -165,6 +170,16 @@ func redialOnce(attempt int, sent bool, err error) bool {
 }
 
 // conn returns a healthy connection, dialing one if needed.
+//
+// The dial runs on a goroutine of its own, bounded by DialTimeout and
+// Close, not by ctx: every caller waits for it, up to its own ctx, and
+// its error (cached for RedialBackoff) is the peer's alone. Was: dialed
+// under the context of the call that found the connection down, so one
+// call with a short deadline failed the dial ("i/o timeout", a moment
+// before its ctx said so), the failure was cached, and every caller got
+// it for RedialBackoff — a router then took the owner for gone and
+// answered all its checks by their failure mode for a second (an audit:
+// up to 2,344 fail-open answers in a healthy cluster).
 func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	for {
 		c.mu.Lock()
@@ -177,47 +192,58 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 			c.mu.Unlock()
 			return cc, nil
 		}
-		if ch := c.dialing; ch != nil {
-			c.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
+		d := c.dialing
+		if d == nil {
+			if c.dialErr != nil && c.now().Sub(c.dialErrAt) < c.cfg.RedialBackoff {
+				err := c.dialErr
+				c.mu.Unlock()
+				return nil, err
 			}
+			d = &dialCall{done: make(chan struct{})}
+			c.dialing = d
+			c.wg.Add(1)
+			go c.dialFor(d)
 		}
-		if c.dialErr != nil && c.now().Sub(c.dialErrAt) < c.cfg.RedialBackoff {
-			err := c.dialErr
-			c.mu.Unlock()
-			return nil, err
-		}
-		ch := make(chan struct{})
-		c.dialing = ch
 		c.mu.Unlock()
-
-		nc, err := c.dial(ctx)
-
-		c.mu.Lock()
-		c.dialing = nil
-		close(ch)
-		if err != nil {
-			if ctx.Err() == nil { // the peer failed, not our caller
-				c.dialErr, c.dialErrAt = err, c.now()
+		select {
+		case <-d.done:
+			if d.err != nil {
+				return nil, d.err
 			}
-			c.mu.Unlock()
-			return nil, err
+			// Dialed: the loop takes the new connection.
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		if c.closed {
-			c.mu.Unlock()
+	}
+}
+
+// dialCall is one dial, shared by the callers that wait for it.
+type dialCall struct {
+	done chan struct{} // closed once err is set and the connection (if any) is c.cc
+	err  error
+}
+
+// dialFor dials for d, makes the connection c.cc and ends d.
+func (c *Client) dialFor(d *dialCall) {
+	defer c.wg.Done()
+	nc, err := c.dial(c.stop)
+	c.mu.Lock()
+	c.dialing = nil
+	switch {
+	case c.closed:
+		if nc != nil {
 			_ = nc.Close()
-			return nil, ErrClientClosed
 		}
+		err = ErrClientClosed
+	case err != nil:
+		c.dialErr, c.dialErrAt = err, c.now()
+	default:
 		c.dialErr = nil
 		c.cc = newClientConn(c, nc)
-		cc := c.cc
-		c.mu.Unlock()
-		return cc, nil
 	}
+	d.err = err
+	c.mu.Unlock()
+	close(d.done)
 }
 
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
@@ -247,6 +273,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.cancel() // a dial in progress
 	ccs := []*clientConn{c.cc}
 	for cc := range c.retired {
 		ccs = append(ccs, cc)

@@ -63,7 +63,8 @@ func (c ServerConfig) Validate() error {
 type ClientConfig struct {
 	// Limits bound the frames the client sends and accepts.
 	Limits Limits
-	// DialTimeout bounds each dial, within the caller's context.
+	// DialTimeout bounds each dial. No caller's context bounds a dial:
+	// each waits for it up to its own (see Client.Go).
 	DialTimeout time.Duration
 	// RedialBackoff is how long after a failed dial calls fail at once
 	// (with the dial's error) instead of dialing again. 0 disables it.

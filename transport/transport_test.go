@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -601,6 +602,84 @@ func TestRedialBackoff(t *testing.T) {
 			t.Fatalf("after advancing %v: %d dials, want %d", s.advance, got, s.wantDials)
 		}
 	}
+}
+
+// A dial is bounded by DialTimeout and Close, not by the deadline of the
+// call that found the connection down: that call gives up alone, and the
+// dial goes on for the calls after it. Was: dialed under that call's
+// context — a short deadline made the dial fail ("i/o timeout", before
+// the context said so), the failure was cached for RedialBackoff and
+// every caller got it; a router took the owner for gone (an audit: a
+// healthy cluster's checks answered fail-open by the thousand).
+func TestDialOutlivesTheCallThatStartedIt(t *testing.T) {
+	ts := startServer(t, "127.0.0.1:0", DefaultServerConfig(), HandlerFunc(echo), nil)
+	t.Run("short deadline", func(t *testing.T) {
+		var dials atomic.Int32
+		cfg := DefaultClientConfig()
+		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			dials.Add(1)
+			if d, ok := ctx.Deadline(); ok && time.Until(d) < cfg.DialTimeout/2 {
+				// As net.Dialer's socket deadline can: a timeout a
+				// moment before ctx reports it.
+				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
+		c := newClient(ts.addr, cfg)
+		defer c.Close()
+		short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		req := batchOf(2, "r")
+		if err := c.Do(short, req, new(BatchResponse)); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a call with a short deadline failed with %v; want an answer or its own deadline", err)
+		}
+		var resp BatchResponse
+		if err := c.Do(testCtx(t), req, &resp); err != nil {
+			t.Fatalf("the next call failed with %v; want an answer", err)
+		}
+		checkEcho(t, req, &resp)
+		if n := dials.Load(); n != 1 {
+			t.Fatalf("%d dials, want 1", n)
+		}
+	})
+	t.Run("caller gone", func(t *testing.T) {
+		var dials atomic.Int32
+		started, release := make(chan struct{}), make(chan struct{})
+		cfg := DefaultClientConfig()
+		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			if dials.Add(1) == 1 {
+				close(started)
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
+		c := newClient(ts.addr, cfg)
+		defer c.Close()
+		first, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Do(first, batchOf(1, "r"), new(BatchResponse)) }()
+		<-started
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the cancelled call returned %v, want context.Canceled", err)
+		}
+		close(release)
+		req := batchOf(3, "r")
+		var resp BatchResponse
+		if err := c.Do(testCtx(t), req, &resp); err != nil {
+			t.Fatalf("the next call failed with %v; want an answer", err)
+		}
+		checkEcho(t, req, &resp)
+		if n := dials.Load(); n != 1 {
+			t.Fatalf("%d dials, want 1 (the first goes on without its caller)", n)
+		}
+	})
 }
 
 func TestClientCloseFailsInFlight(t *testing.T) {
