@@ -258,11 +258,14 @@ func (s *Service) putScratch(sc *scratch) {
 // held to that, as a fixed window, in the domain.
 func (s *Service) limitOf(domain string, dom *level, d *commonpb.RateLimitDescriptor) (*limit, error) {
 	es := d.GetEntries()
-	if len(es) == 0 || len(es) > MaxDepth {
+	if len(es) == 0 {
 		return nil, nil
 	}
 	o := d.GetLimit()
 	if o == nil {
+		if len(es) > MaxDepth {
+			return nil, nil // deeper than any config descriptor
+		}
 		return dom.match(es), nil
 	}
 	name, ok := rlspb.RateLimitResponse_RateLimit_Unit_name[int32(o.GetUnit())]

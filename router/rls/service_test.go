@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"strconv"
 	"testing"
 	"time"
 
@@ -369,6 +370,18 @@ func TestDescriptorLimitOverride(t *testing.T) {
 		{"api", 0, d, ok, 1, 2, false},
 		{"api", 0, d, ok, 0, 2, false},
 		{"api", 0, d, over, 0, 2, false},
+	})
+	// Deeper than any config can match: the override needs none. Was:
+	// every descriptor of more than MaxDepth entries was unlimited, its
+	// override ignored.
+	var kv []string
+	for i := range MaxDepth + 1 {
+		kv = append(kv, "k"+strconv.Itoa(i), "v")
+	}
+	deep := ov(1, typepb.RateLimitUnit_MINUTE, 0, kv...)
+	e.run(t, []step{
+		{"api", 0, deep, ok, 0, 1, false},
+		{"api", 0, deep, over, 0, 1, false},
 	})
 }
 
