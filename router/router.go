@@ -970,7 +970,10 @@ func failureAnswer(rule *limiter.Rule) Result {
 	if rule.FailureMode == limiter.FailOpen {
 		d.Allowed = true
 	} else {
+		// Reset no sooner than the retry: headers built from it said
+		// "full again now" (RateLimit t=0) beside Retry-After: 1.
 		d.RetryAfter = min(rule.Period, time.Second)
+		d.ResetAfter = d.RetryAfter
 	}
 	return Result{Decision: d, Degraded: true}
 }

@@ -236,8 +236,10 @@ func TestRouterFailureModes(t *testing.T) {
 	if !out[0].Allowed || !out[0].Degraded {
 		t.Errorf("fail-open rule with its owner down: %+v, want allowed and degraded", out[0])
 	}
-	if out[1].Allowed || !out[1].Degraded || out[1].RetryAfter <= 0 {
-		t.Errorf("fail-closed rule with its owner down: %+v, want denied, degraded, with a RetryAfter", out[1])
+	// Its reset is no sooner than its retry: the headers made of it
+	// said "full again now" (t=0) beside Retry-After: 1.
+	if out[1].Allowed || !out[1].Degraded || out[1].RetryAfter <= 0 || out[1].ResetAfter != out[1].RetryAfter {
+		t.Errorf("fail-closed rule with its owner down: %+v, want denied, degraded, with a RetryAfter and a ResetAfter as long", out[1])
 	}
 	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "y", Cost: 1}}, out[:1]); err != nil {
 		t.Fatal(err)
