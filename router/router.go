@@ -305,7 +305,21 @@ func (r *Router) check(ctx context.Context, by time.Time, reqs []Request, out []
 	}
 	v := r.cell.Load()
 	if v == nil || v.Ring == nil {
-		return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
+		if len(out) < len(reqs) || !carryRules(reqs) {
+			return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
+		}
+		// No ring, so no owner to ask: checks that carry their own rule
+		// (Envoy RLS) are answered by its failure mode, as when their
+		// owner cannot be reached. Was: the call failed, and Envoy's
+		// filter (failure_mode_deny false by default) let the hit
+		// through for every limit, closed ones too (an audit: a router
+		// that never reached its members).
+		for i := range reqs {
+			out[i] = failureAnswer(reqs[i].Inline)
+		}
+		denyGroups(reqs, out)
+		r.m.countAll(reqs, out[:len(reqs)])
+		return nil
 	}
 	if len(out) < len(reqs) {
 		return fmt.Errorf("%w: %d results for %d checks", api.ErrBadRequest, len(out), len(reqs))
@@ -396,6 +410,19 @@ func (r *Router) check(ctx context.Context, by time.Time, reqs []Request, out []
 	r.m.countAll(reqs, out[:len(reqs)])
 	r.m.latency.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// carryRules reports whether every check of reqs carries its own rule
+// (Inline) and would pass the checks of the view's path that need no
+// view: a rule named as it is called, a key, a cost it can take, a
+// group with a head.
+func carryRules(reqs []Request) bool {
+	for i, q := range reqs {
+		if q.Inline == nil || q.Inline.Name != q.Rule || q.Key == "" || (q.Joined && i == 0) || q.Inline.CheckCost(q.Cost) != nil {
+			return false
+		}
+	}
+	return len(reqs) > 0
 }
 
 // sameBucket returns the index in group of the check of rule and key

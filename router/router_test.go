@@ -264,6 +264,25 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 	if err := rt.Check(context.Background(), []Request{{Rule: "log5", Key: "x", Cost: 1}}, out); !errors.Is(err, api.ErrUnavailable) {
 		t.Fatalf("check before any view: %v, want ErrUnavailable", err)
 	}
+	// Checks that carry their own rules (Envoy RLS) are answered by
+	// their failure modes instead, a group denied whole; one without
+	// fails the call as before.
+	open := &limiter.Rule{Name: "rls:open", Algorithm: limiter.FixedWindow, Limit: 5, Period: time.Minute}
+	closed := &limiter.Rule{Name: "rls:closed", Algorithm: limiter.FixedWindow, Limit: 5, Period: time.Minute, FailureMode: limiter.FailClosed}
+	inline := []Request{
+		{Rule: open.Name, Key: "a", Cost: 1, Inline: open},
+		{Rule: open.Name, Key: "b", Cost: 1, Inline: open},
+		{Rule: closed.Name, Key: "b", Cost: 1, Inline: closed, Joined: true},
+	}
+	if err := rt.Check(context.Background(), inline, out); err != nil {
+		t.Fatalf("inline checks before any view: %v, want their failure modes' answers", err)
+	}
+	if !out[0].Allowed || !out[0].Degraded || out[1].Allowed || !out[1].Degraded || out[2].Allowed || !out[2].Degraded {
+		t.Fatalf("inline checks before any view: %+v; want the open one allowed, the group with a closed one denied, all degraded", out[:3])
+	}
+	if err := rt.Check(context.Background(), append(inline[:1:1], Request{Rule: "log5", Key: "x", Cost: 1}), out); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("inline and written-rule checks before any view: %v, want ErrUnavailable", err)
+	}
 	rt.SetView(view.New(r1, 7, ruleList(rules), 0))
 	tests := []struct {
 		reqs  []Request
