@@ -281,36 +281,12 @@ func TestAuthRefusalBacksOffLikeAFailedDial(t *testing.T) {
 	gl, addr := startGuarded(t, lcfg, DefaultServerConfig())
 	var dials atomic.Int32
 	cfg := DefaultClientConfig()
-	cfg.RedialBackoff = time.Second
 	cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
 		dials.Add(1)
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)
 	}
-	c := newClient(addr, cfg)
-	defer c.Close()
-	now := time.Unix(1000, 0)
-	c.now = func() time.Time { return now }
-	ctx := testCtx(t)
-	for i, s := range []struct {
-		advance   time.Duration
-		wantDials int32
-	}{
-		{0, 1},
-		{0, 1},
-		{999 * time.Millisecond, 1},
-		{time.Millisecond, 2},
-		{0, 2},
-	} {
-		now = now.Add(s.advance)
-		err := c.Do(ctx, batchOf(1, "r"), new(BatchResponse))
-		if !errors.Is(err, ErrAuth) {
-			t.Fatalf("call %d: Do = %v, want the refusal (ErrAuth)", i, err)
-		}
-		if got := dials.Load(); got != s.wantDials {
-			t.Fatalf("call %d, after advancing %v: %d dials, want %d", i, s.advance, got, s.wantDials)
-		}
-	}
+	checkRedialBackoff(t, addr, cfg, &dials, ErrAuth)
 	eventually(t, func() bool { return gl.Stats().AuthFailed == 2 })
 }
 

@@ -571,18 +571,26 @@ func TestRedialBackoff(t *testing.T) {
 	refused := errors.New("refused")
 	var dials atomic.Int32
 	cfg := DefaultClientConfig()
-	cfg.RedialBackoff = time.Second
 	cfg.Dial = func(context.Context, string) (net.Conn, error) {
 		dials.Add(1)
 		return nil, refused
 	}
-	c := newClient("peer:1", cfg)
+	checkRedialBackoff(t, "peer:1", cfg, &dials, refused)
+}
+
+// checkRedialBackoff makes calls through a client of cfg (RedialBackoff
+// set to 1 s) for addr, on a clock it moves, each failing with an error
+// that is want, and checks how many dials (counted in dials by cfg.Dial)
+// they made: one, then none until the back-off has passed.
+func checkRedialBackoff(t *testing.T, addr string, cfg ClientConfig, dials *atomic.Int32, want error) {
+	t.Helper()
+	cfg.RedialBackoff = time.Second
+	c := newClient(addr, cfg)
 	defer c.Close()
 	now := time.Unix(1000, 0)
 	c.now = func() time.Time { return now }
 	ctx := testCtx(t)
-
-	steps := []struct {
+	for i, s := range []struct {
 		advance   time.Duration
 		wantDials int32
 	}{
@@ -591,15 +599,14 @@ func TestRedialBackoff(t *testing.T) {
 		{999 * time.Millisecond, 1},
 		{time.Millisecond, 2},
 		{500 * time.Millisecond, 2},
-	}
-	for _, s := range steps {
+	} {
 		now = now.Add(s.advance)
 		err := c.Do(ctx, batchOf(1, "r"), new(BatchResponse))
-		if !errors.Is(err, refused) {
-			t.Fatalf("Do = %v, want the dial error", err)
+		if !errors.Is(err, want) {
+			t.Fatalf("call %d: Do = %v, want %v", i, err, want)
 		}
 		if got := dials.Load(); got != s.wantDials {
-			t.Fatalf("after advancing %v: %d dials, want %d", s.advance, got, s.wantDials)
+			t.Fatalf("call %d, after advancing %v: %d dials, want %d", i, s.advance, got, s.wantDials)
 		}
 	}
 }
