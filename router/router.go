@@ -352,14 +352,17 @@ func (r *Router) check(ctx context.Context, by time.Time, reqs []Request, out []
 			// As the HTTP API answers it; was: unknown rule "" (404), and a
 			// view read for it.
 			return &ItemError{i, fmt.Errorf("%w: rule is empty", api.ErrBadRequest)}
-		case !ok:
-			return &ItemError{i, fmt.Errorf("%w %q", ErrUnknownRule, q.Rule)}
+		// The key before the rule, as the HTTP front door checks a
+		// check's shape before its rule: a check bad both ways is 400
+		// on either path (was 404 here, 400 there).
 		case q.Key == "":
 			return &ItemError{i, fmt.Errorf("%w: key is empty", api.ErrBadRequest)}
 		case len(q.Key) > api.MaxKeyLen:
 			return &ItemError{i, fmt.Errorf("%w: key is %d bytes, at most %d", api.ErrBadRequest, len(q.Key), api.MaxKeyLen)}
 		case i == badKey:
 			return &ItemError{i, fmt.Errorf("%w: key is not valid UTF-8", api.ErrBadRequest)}
+		case !ok:
+			return &ItemError{i, fmt.Errorf("%w %q", ErrUnknownRule, q.Rule)}
 		case q.Joined && i == 0:
 			return &ItemError{i, fmt.Errorf("%w: joined to no check before it", api.ErrBadRequest)}
 		}

@@ -306,7 +306,9 @@ func TestRouterRejectsInvalidBatchWhole(t *testing.T) {
 		{[]Request{{Rule: "nope", Key: "x"}, {Rule: "log5", Key: "x\xff"}}, 0, ErrUnknownRule},
 		{[]Request{{Rule: "log5", Key: "x\xff"}, {Rule: "nope", Key: "x"}}, 0, api.ErrBadRequest},
 		{[]Request{{Rule: "log5", Key: "x", Cost: 6}, {Rule: "log5", Key: "\xff"}}, 0, limiter.ErrCost},
-		{[]Request{{Rule: "nope", Key: "x\xff"}}, 0, ErrUnknownRule},
+		// Its key is its first reason, as over HTTP (the shape, then the rule).
+		{[]Request{{Rule: "nope", Key: "x\xff"}}, 0, api.ErrBadRequest},
+		{[]Request{{Rule: "nope", Key: ""}}, 0, api.ErrBadRequest},
 		{[]Request{{Rule: "log5", Key: "x\xff", KeyValid: true}, {Rule: "log5", Key: "\xffy"}}, 1, api.ErrBadRequest},
 		{[]Request{{Rule: "log5", Key: strings.Repeat("\xff", api.MaxKeyLen+1)}}, 0, api.ErrBadRequest},
 	}
