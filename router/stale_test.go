@@ -3,7 +3,9 @@ package router
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -101,6 +103,102 @@ func TestChecksOfRulesJustChangedAreLookedAtAgain(t *testing.T) {
 					t.Errorf("checks[%d] (%s): %+v, want degraded %v", i, tc.reqs[i].Rule, out[i], d)
 				}
 			}
+		})
+	}
+}
+
+// lagging is a ViewSource whose reads give its views in turn, the last
+// one again and again: a member that applies a rules write a moment
+// after the owner did.
+type lagging struct {
+	mu    sync.Mutex
+	views []*View
+	reads int
+}
+
+func (l *lagging) FetchView(context.Context) (*View, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := l.views[min(l.reads, len(l.views)-1)]
+	l.reads++
+	return v, nil
+}
+
+func (l *lagging) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reads
+}
+
+// A following router that meets an owner with newer rules reads the
+// view at once: a lone check of a rule gone from the view it read is
+// answered 404 then. Was: CheckBy took that 404 for a rule the router
+// never knew and read the view again a refetchGap later, so it came
+// 100 ms late and cost a second read.
+func TestRestaleReadsTheViewUntilItHasTheNewerRules(t *testing.T) {
+	ring1 := mustRing(t, 1, "a")
+	def := limiter.Rule{Name: "default", Algorithm: limiter.TokenBucket, Limit: 100, Period: time.Second}
+	wide := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second, Burst: 10}
+	narrow := wide
+	narrow.Burst = 5
+	gone := limiter.Rule{Name: "gone", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
+	older := view.New(ring1, 7, []limiter.Rule{def, wide, gone}, 1)
+	newer := view.New(ring1, 7, []limiter.Rule{def, narrow}, 2)
+	const wait = 500 * time.Millisecond // RefreshWait
+	for _, tc := range []struct {
+		name      string
+		req       Request
+		views     []*View       // the member's answers to the router's reads, in turn
+		wantErr   error         // nil: answered by the failure mode (degraded)
+		wantAfter time.Duration // when the check is answered
+		wantReads int           // view reads by then (the first is Follow's start)
+	}{
+		{name: "deleted rule, the member up to date", req: Request{Rule: "gone", Key: "k", Cost: 1},
+			views: []*View{older, newer}, wantErr: ErrUnknownRule, wantAfter: 0, wantReads: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o, err := node.NewOwner("a", ring1.Config().Partitions, func() int64 { return 0 }, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.Apply(newer, node.PlanMoves(nil, ring1, "a", nil, false, false))
+				o.ExpireAwaiting(o.AwaitingParts())
+				nw := &network{owners: map[string]*owner{"a:1": {Owner: o}}}
+				rt, err := New(Config{Timeout: 5 * time.Second, RefreshWait: wait}, nil, nw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rt.Close()
+				src := &lagging{views: tc.views}
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				go func() { _ = rt.Follow(ctx, src, time.Hour) }()
+				synctest.Wait()
+
+				start := time.Now()
+				out := make([]Result, 1)
+				err = rt.Check(t.Context(), []Request{tc.req}, out)
+				took := time.Since(start)
+				if tc.wantErr != nil {
+					if !errors.Is(err, tc.wantErr) {
+						t.Fatalf("Check = %v (%+v) after %v, want %v", err, out[0], took, tc.wantErr)
+					}
+				} else if err != nil || !out[0].Degraded {
+					t.Fatalf("Check = %v, %+v, want the failure mode's answer", err, out[0])
+				}
+				if took != tc.wantAfter {
+					t.Errorf("answered after %v, want %v", took, tc.wantAfter)
+				}
+				if n := src.count(); n != tc.wantReads {
+					t.Errorf("%d view reads, want %d", n, tc.wantReads)
+				}
+				time.Sleep(10 * time.Minute) // the ask is over: back to the period (an hour)
+				synctest.Wait()
+				if n := src.count(); n != tc.wantReads {
+					t.Errorf("%d view reads 10 minutes on, want still %d", n, tc.wantReads)
+				}
+			})
 		})
 	}
 }
