@@ -16,10 +16,13 @@ type ViewSource interface {
 
 // Follow keeps the router's view current until ctx ends: it fetches a
 // view from src at once, then every period, and at once whenever an owner
-// answers NOT_OWNER (the ring moved on). A view whose ring epoch is older
-// than the one installed is ignored (a lagging member); one equal to it
-// in epoch and rules changes nothing. A failed fetch keeps the view the
-// router has and is retried at the next period. Follow returns ctx's
+// answers NOT_OWNER (the ring moved on); and every refetchGap while a
+// check waits for a view with newer rules than the router's (restale: an
+// owner had them, and the member read may not have applied the write
+// yet). A view whose ring epoch is older than the one installed is
+// ignored (a lagging member); one equal to it in epoch and rules changes
+// nothing. A failed fetch keeps the view the router has and is retried
+// at the next period (or refetchGap, as above). Follow returns ctx's
 // error.
 //
 // Follow is meant for a router with no local handler (a stateless router,
@@ -63,7 +66,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 			default:
 			}
 		}
-		t.Reset(every)
+		t.Reset(r.nextFetch(every))
 	}
 }
 
@@ -197,6 +200,36 @@ func (r *Router) fetched() {
 		r.fetchDone = nil
 	}
 	r.fetchMu.Unlock()
+}
+
+// askRules has Follow read the view every refetchGap (rather than every
+// period) while its view's rules are older than want, until the time
+// until (restale's wait); markStale asks for the first read. Asks
+// combine: the newest version, the latest end.
+func (r *Router) askRules(want uint64, until time.Time) {
+	r.fetchMu.Lock()
+	r.wantRules = max(r.wantRules, want)
+	if until.After(r.wantUntil) {
+		r.wantUntil = until
+	}
+	r.fetchMu.Unlock()
+}
+
+// nextFetch is how long Follow waits before its next read: every, or
+// refetchGap while a view with newer rules is asked for (askRules) and
+// a read then would still come before the ask's end. It forgets an ask
+// that is met or over.
+func (r *Router) nextFetch(every time.Duration) time.Duration {
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
+	if r.wantRules == 0 {
+		return every
+	}
+	if v := r.View(); (v != nil && v.RulesVersion >= r.wantRules) || !time.Now().Add(refetchGap).Before(r.wantUntil) {
+		r.wantRules, r.wantUntil = 0, time.Time{}
+		return every
+	}
+	return min(every, refetchGap)
 }
 
 // markStale asks Follow for a refresh without blocking; signals coalesce.

@@ -152,10 +152,12 @@ type Router struct {
 	gone   map[string]goneOwner // owners found gone, by data-plane address (see run)
 
 	stale      chan struct{} // a NOT_OWNER answer was seen (buffer 1); Follow refreshes
-	fetchMu    sync.Mutex    // guards fetchDone, fetchSeq and fetching
+	fetchMu    sync.Mutex    // guards fetchDone, fetchSeq, fetching, wantRules and wantUntil
 	fetchDone  chan struct{} // closed when Follow's next fetch is done (Refresh)
 	fetchSeq   uint64        // how many fetches Follow has begun
 	fetching   bool          // a fetch of Follow's is under way
+	wantRules  uint64        // restale waits for a view with rules this new (0: none)…
+	wantUntil  time.Time     // …until then: Follow reads every refetchGap meanwhile
 	following  atomic.Bool   // Follow is running: Refresh is answered
 	lastFetch  atomic.Int64  // when Follow's last fetch ended (Unix ns)
 	lastViewOK atomic.Int64  // when Follow last read a view (Unix ns)
@@ -572,7 +574,18 @@ func (r *Router) run(ctx context.Context, v *View, s *scratch, out []Result, now
 // to a view refresh after each rules write; an audit saw 12 to 3,855
 // degraded answers per delete, and a "degraded checks" alert fire on a
 // routine delete.
+//
+// A following router reads a view at once and, while the views it reads
+// are no newer than v's rules, again every refetchGap until RefreshWait
+// ends (askRules): the member it reads may not have applied the write
+// yet. Was: one read, and when that member lagged by a few ms a lone
+// check of a rule just deleted waited the whole RefreshWait and was
+// answered by its failure mode (an audit: 4 of 8 after a PUT sent to a
+// follower) instead of 404 or 400.
 func (r *Router) restale(ctx context.Context, v *View, s *scratch) (*View, error) {
+	if r.following.Load() {
+		r.askRules(v.RulesVersion+1, time.Now().Add(r.cfg.RefreshWait))
+	}
 	r.markStale()
 	nv := r.cell.Await(ctx, 0, v.RulesVersion+1, r.cfg.RefreshWait)
 	if nv == nil || nv.RulesVersion <= v.RulesVersion {
