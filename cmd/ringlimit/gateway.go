@@ -284,7 +284,7 @@ func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewa
 		if err != nil {
 			return nil, err
 		}
-		checker, p.ready, p.ring = rc.Router(), followReadiness(rc.Ready, func() bool { return rc.Router().View() != nil }, rc.Router().ViewAge), rc
+		checker, p.ready, p.ring = rc.Router(), ringReadiness(rc), rc
 		p.stopFn = func(context.Context) error { return rc.Close() }
 	}
 	gw, err := gateway.New(gateway.Config{Upstream: o.upstream, Transport: upstreamTransport(o.upstreamTimeout),
@@ -425,20 +425,21 @@ func (p *gatewayProc) adminHandler() http.Handler {
 	return mux
 }
 
-// followReadiness is a following gateway's readiness: nil when ready,
-// else why not, from the Ring's Ready, whether it has a view and how
-// long ago it last read one. Was: "no cluster view yet" whatever the
-// cause, also for a view gone stale when every --cluster member stopped
-// answering.
+// followReadiness is a following gateway's or router's readiness (see
+// ringReadiness): nil when ready, else why not (an error wrapping
+// api.ErrUnavailable, as a member's), from the Ring's Ready, whether it
+// has a view and how long ago it last read one. Was: "no cluster view
+// yet" whatever the cause, also for a view gone stale when every
+// --cluster member stopped answering.
 func followReadiness(ready, hasView func() bool, age func() time.Duration) func() error {
 	return func() error {
 		switch {
 		case ready():
 			return nil
 		case !hasView():
-			return errors.New("no cluster view yet")
+			return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
 		default:
-			return fmt.Errorf("cluster view stale: last read %v ago (no --cluster member answers GET /v1/cluster/view)", age().Round(time.Second))
+			return fmt.Errorf("%w: cluster view stale: last read %v ago (no --cluster member answers GET /v1/cluster/view)", api.ErrUnavailable, age().Round(time.Second))
 		}
 	}
 }

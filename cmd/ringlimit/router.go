@@ -120,11 +120,38 @@ func newRegistry() *prometheus.Registry {
 
 // routerProc is a running `ringlimit router`.
 type routerProc struct {
-	reg  *prometheus.Registry
-	ring *client.Ring
-	srv  *httpapi.Server
-	done chan error
-	rls  *rls.Server // the Envoy RLS on --grpc; nil without it
+	reg   *prometheus.Registry
+	ring  *client.Ring
+	ready func() error // ringReadiness(ring): /readyz
+	srv   *httpapi.Server
+	done  chan error
+	rls   *rls.Server // the Envoy RLS on --grpc; nil without it
+}
+
+// routerHandler is a router's HTTP API: the front door of rc's router,
+// whose rules are its view's and whose readiness is ready.
+func routerHandler(rc *client.Ring, ready func() error, reg *prometheus.Registry, log *slog.Logger) http.Handler {
+	rt := rc.Router()
+	return httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, readyFront{httpapi.RouterFront(rt), ready})
+}
+
+// readyFront is a Front whose readiness is ready, not the Front's own.
+// A router's is its Ring's (ringReadiness): was RouterFront's, ready for
+// as long as it had any view, so a router whose members had all stopped
+// answering it stayed ready and routed by its old ring.
+type readyFront struct {
+	httpapi.Front
+	ready func() error
+}
+
+func (f readyFront) Ready() error { return f.ready() }
+
+// ringReadiness is the readiness of a process that follows the cluster
+// through rc (router, gateway --cluster): rc.Ready (a view, read within
+// the last 10 refreshes), saying why not.
+func ringReadiness(rc *client.Ring) func() error {
+	rt := rc.Router()
+	return followReadiness(rc.Ready, func() bool { return rt.View() != nil }, rt.ViewAge)
 }
 
 // startRouter serves the check front door on ln for a Ring following the
@@ -135,9 +162,8 @@ func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerPr
 	if err != nil {
 		return nil, err
 	}
-	rt := rc.Router()
-	h := httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, httpapi.RouterFront(rt))
-	p := &routerProc{reg: reg, ring: rc, srv: httpapi.NewServer(h), done: make(chan error, 1)}
+	p := &routerProc{reg: reg, ring: rc, ready: ringReadiness(rc), done: make(chan error, 1)}
+	p.srv = httpapi.NewServer(routerHandler(rc, p.ready, reg, log))
 	p.srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	go func() { p.done <- p.srv.Serve(ln) }()
 	return p, nil

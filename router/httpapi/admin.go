@@ -159,16 +159,20 @@ func rulesBody(rs []limiter.Rule) api.Rules {
 }
 
 func (h *handler) serveRules(w http.ResponseWriter, _ *http.Request) {
-	if h.front {
+	rs := h.admin.Rules()
+	if h.front && rs == nil {
 		// A router knows the rules only from its view: before one, it
 		// has none to list (not even default), as it has no checks to
-		// decide. Was: 200 {"rules": []}.
+		// decide. Was: 200 {"rules": []}. A view gone stale (the router
+		// not ready) is still listed: its checks are still decided by it.
+		msg := "no cluster view yet"
 		if err := h.admin.Ready(); err != nil {
-			writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: reason(err)})
-			return
+			msg = reason(err)
 		}
+		writeError(w, &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeUnavailable, Message: msg})
+		return
 	}
-	writeJSON(w, http.StatusOK, rulesBody(h.admin.Rules()))
+	writeJSON(w, http.StatusOK, rulesBody(rs))
 }
 
 // A write that waits on Raft (rules, join, leave, member state) answers within

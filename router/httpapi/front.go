@@ -15,7 +15,8 @@ import (
 // Front is what the check front door needs besides the Checker: the
 // rules in force and readiness.
 type Front interface {
-	// Rules returns the set in force, default first.
+	// Rules returns the set in force, default first; nil while there is
+	// none (a router before its first view: GET /v1/rules answers 503).
 	Rules() []limiter.Rule
 	// Ready returns nil when checks can be decided, else an error
 	// wrapping api.ErrUnavailable whose text is the reason.
