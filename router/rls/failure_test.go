@@ -316,7 +316,8 @@ func TestConfigMapLayout(t *testing.T) {
 
 // The server answers gRPC's health checks, as envoyproxy/ratelimit's
 // does (Envoy health-checks its rate-limit cluster with them): SERVING
-// for the server and the RLS service, until Shutdown. Was: Unimplemented.
+// for the server and the RLS service, until Shutdown (no Options.Ready:
+// always ready; see TestHealthFollowsReadiness). Was: Unimplemented.
 // Real loopback gRPC: the deadline only bounds a hang.
 func TestHealthService(t *testing.T) {
 	dir := t.TempDir()

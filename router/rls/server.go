@@ -37,7 +37,24 @@ type Options struct {
 	// Registerer receives the metrics; nil = not registered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Ready is the readiness of the process that serves the RLS (what
+	// its /readyz answers): nil when it can decide checks, else why not.
+	// The health service says SERVING, for "" and for the RLS service,
+	// only while it returns nil: it is read when Serve starts and every
+	// readyPoll after (NOT_SERVING before). nil = always ready.
+	Ready func() error
 }
+
+// readyPoll is how often Options.Ready is read into the health status.
+// A poll rather than an update on events, because readiness changes
+// with no event to hook: a router's view goes stale as time passes
+// without a read, a member loses its Raft leader inside Raft. A health
+// check then costs a map read whatever the rate (every Envoy checks
+// every host), Ready (a member's reads Raft's state) runs once a second
+// rather than per check, and a change shows within a second: well within
+// Envoy's usual health-check intervals and the 10 s a router's view
+// takes to go stale.
+const readyPoll = time.Second
 
 // Server is the gRPC RateLimitService with its config loader. Create it
 // with New, run it with Serve, stop it with Shutdown.
@@ -47,7 +64,7 @@ type Server struct {
 	svc    *Service
 	m      *metrics
 	gs     *grpc.Server
-	health *health.Server // grpc.health.v1: SERVING until Shutdown
+	health *health.Server // grpc.health.v1: SERVING while Options.Ready, until Shutdown
 
 	mu      sync.Mutex // guards tried, sig and lastErr: one load at a time
 	tried   bool
@@ -91,9 +108,17 @@ func New(opts Options, checker Checker) (*Server, error) {
 	rlspb.RegisterRateLimitServiceServer(s.gs, s.svc)
 	// gRPC's health service, as envoyproxy/ratelimit registers it, for
 	// Envoy's health checks of the rate-limit cluster: the server ("")
-	// and the RLS service are SERVING until Shutdown begins.
+	// and the RLS service are SERVING while the process is ready
+	// (Options.Ready, followed from Serve on), until Shutdown begins.
+	// Was: SERVING whatever the readiness, so Envoy kept a router with no
+	// view (every call Unavailable) or a member with no leader in
+	// rotation.
 	s.health = health.NewServer()
-	s.health.SetServingStatus(rlspb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	if opts.Ready != nil {
+		s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	} else {
+		s.setHealth(healthpb.HealthCheckResponse_SERVING)
+	}
 	healthpb.RegisterHealthServer(s.gs, endingWatches{s.health, s.ctx})
 	return s, nil
 }
@@ -108,12 +133,51 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.watch(s.ctx) }()
 	}
+	if !s.stopped && s.opts.Ready != nil {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.followReady(s.ctx) }()
+	}
 	s.life.Unlock()
 	err := s.gs.Serve(ln) // after Shutdown: ErrServerStopped at once
 	if err == grpc.ErrServerStopped {
 		err = nil
 	}
 	return err
+}
+
+// setHealth sets the health status of the server ("") and of the RLS
+// service (after the health server's Shutdown, a no-op).
+func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(rlspb.RateLimitService_ServiceDesc.ServiceName, st)
+}
+
+// followReady sets the health status from Options.Ready at once and
+// every readyPoll until ctx ends. A change is logged at info (with the
+// reason when not ready): what made the process unready logs its own
+// warnings (failed view reads, Raft's), and a member's graceful stop,
+// which makes it unready first, is no cause for one.
+func (s *Server) followReady(ctx context.Context) {
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_NOT_SERVING // as New set it
+	for {
+		switch err := s.opts.Ready(); {
+		case err == nil && last != healthpb.HealthCheckResponse_SERVING:
+			last = healthpb.HealthCheckResponse_SERVING
+			s.setHealth(last)
+			s.log.Info("envoy rls: health SERVING (ready)")
+		case err != nil && last != healthpb.HealthCheckResponse_NOT_SERVING:
+			last = healthpb.HealthCheckResponse_NOT_SERVING
+			s.setHealth(last)
+			s.log.Info("envoy rls: health NOT_SERVING (not ready)", "reason", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Shutdown stops the config poll, lets the calls in flight finish
