@@ -15,6 +15,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -180,5 +181,70 @@ func TestRLSExactAcrossThreeMembers(t *testing.T) {
 	}
 	if forwarded == 0 {
 		t.Fatal("no check was forwarded to another owner")
+	}
+}
+
+// A member's gRPC health service follows its readiness (/readyz,
+// Node.Ready): NOT_SERVING while it is not ready (a member whose --join
+// seed never answers has no Raft leader), SERVING once it is (a lone
+// seed, once it leads). Was: SERVING from the start whatever the
+// readiness, so Envoy kept a member that could decide nothing in
+// rotation. Real loopback gRPC: the waits are bounded polls.
+func TestRLSHealthFollowsReadiness(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := dead.Addr().String()
+	dead.Close() // refuses: the joiner never finds a leader
+	start := func(id, join string) (*Server, healthpb.HealthClient) {
+		dir := t.TempDir()
+		ls := listen(t)
+		if ls.GRPC, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Start(Config{
+			ID: id, HTTPAdvertise: ls.HTTP.Addr().String(), RaftAdvertise: ls.Raft.Addr().String(), PeerAdvertise: ls.Peer.Addr().String(),
+			DataDir: filepath.Join(dir, "data"), Join: []string{join}, Ring: ring.Config{Partitions: 16, ReplicationFactor: 8, Load: 1.25},
+			RaftTimeout: testRaftTimeout, Router: router.Config{Timeout: testRouterTimeout},
+		}, ls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shutdownAtCleanup(t, s)
+		cc, err := grpc.NewClient(ls.GRPC.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return s, healthpb.NewHealthClient(cc)
+	}
+	status := func(hc healthpb.HealthClient, svc string) healthpb.HealthCheckResponse_ServingStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds a hang only
+		defer cancel()
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil {
+			t.Fatalf("health of %q: %v", svc, err)
+		}
+		return r.Status
+	}
+	services := []string{"", rlspb.RateLimitService_ServiceDesc.ServiceName}
+
+	lost, lostHC := start("n2", nowhere)
+	if err := lost.Node.Ready(); err == nil {
+		t.Fatal("a member whose seed never answers is ready")
+	}
+	for _, svc := range services {
+		if got := status(lostHC, svc); got != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("not ready (%v): health of %q = %v, want NOT_SERVING", lost.Node.Ready(), svc, got)
+		}
+	}
+
+	seed, seedHC := start("n1", "")
+	eventually(t, "the lone seed ready", func() bool { return seed.Node.Ready() == nil })
+	for _, svc := range services {
+		eventually(t, fmt.Sprintf("health of %q SERVING once ready", svc), func() bool {
+			return status(seedHC, svc) == healthpb.HealthCheckResponse_SERVING
+		})
 	}
 }

@@ -172,6 +172,9 @@ func Start(cfg Config, ls Listeners) (*Server, error) {
 	if ls.GRPC != nil {
 		o := cfg.RLS
 		o.Registerer, o.Logger = s.Registry, cfg.Logger
+		// The health service follows the member's /readyz; read from
+		// Serve on, after s.Node is set below.
+		o.Ready = func() error { return s.Node.Ready() }
 		if s.rls, err = rls.New(o, rt); err != nil {
 			rt.Close()
 			_ = s.pool.Close()

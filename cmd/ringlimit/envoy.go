@@ -56,13 +56,14 @@ func (f envoyFlags) options() rls.Options {
 	return rls.Options{ConfigPath: *f.config, Headers: *f.headers}
 }
 
-// startEnvoy serves the RLS on ln for checker; nil when ln is nil.
-func startEnvoy(f envoyFlags, ln net.Listener, checker rls.Checker, reg prometheus.Registerer, log *slog.Logger) (*rls.Server, error) {
+// startEnvoy serves the RLS on ln for checker, its health service
+// following ready (the process's /readyz); nil when ln is nil.
+func startEnvoy(f envoyFlags, ln net.Listener, checker rls.Checker, ready func() error, reg prometheus.Registerer, log *slog.Logger) (*rls.Server, error) {
 	if ln == nil {
 		return nil, nil
 	}
 	o := f.options()
-	o.Registerer, o.Logger = reg, log
+	o.Registerer, o.Logger, o.Ready = reg, log, ready
 	s, err := rls.New(o, checker)
 	if err != nil {
 		return nil, err

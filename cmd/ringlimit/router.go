@@ -218,7 +218,7 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	p, err := startRouter(ff, ln, log)
 	if err == nil {
-		p.rls, err = startEnvoy(envoy, grpcLn, p.ring.Router(), p.reg, log)
+		p.rls, err = startEnvoy(envoy, grpcLn, p.ring.Router(), p.ready, p.reg, log)
 		if err != nil {
 			_ = p.shutdown(context.Background())
 		}

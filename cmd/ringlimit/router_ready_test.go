@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,7 +15,11 @@ import (
 	"testing/synctest"
 	"time"
 
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/client"
@@ -105,4 +111,54 @@ func TestRouterReadyzFollowsViewAge(t *testing.T) {
 			m.up.Store(step.up)
 		}
 	})
+}
+
+// A router's gRPC health service (beside its RLS) follows its /readyz:
+// with no view (its one --cluster member refuses), /readyz answers 503
+// and the health of "" and of the RLS service is NOT_SERVING. Was:
+// SERVING while every RLS call failed Unavailable, so Envoy kept it in
+// rotation. Real sockets (runRouter as the command runs it): the waits
+// are bounded polls.
+func TestRouterHealthFollowsReadyz(t *testing.T) {
+	member, httpAddr, grpcAddr := freePort(t), freePort(t), freePort(t) // member: nothing listens
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- runRouter(ctx, []string{"--http", httpAddr, "--cluster", member, "--grpc", grpcAddr, "--log-level", "error"},
+			func(string) string { return "" }, io.Discard, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("router exited %d", code)
+		}
+	}()
+	var readyz string
+	eventually(t, "/readyz answering", func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		readyz = fmt.Sprintf("%d %s", resp.StatusCode, bytes.TrimSpace(b))
+		return true
+	})
+	if !strings.HasPrefix(readyz, "503 ") || !strings.Contains(readyz, "no cluster view yet") {
+		t.Fatalf("/readyz %s, want 503 no cluster view yet", readyz)
+	}
+	cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	for _, svc := range []string{"", rlspb.RateLimitService_ServiceDesc.ServiceName} {
+		hctx, hcancel := context.WithTimeout(ctx, 10*time.Second) // bounds a hang only
+		r, err := hc.Check(hctx, &healthpb.HealthCheckRequest{Service: svc})
+		hcancel()
+		if err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("/readyz %s; health of %q: %v, %v; want NOT_SERVING", readyz, svc, r.GetStatus(), err)
+		}
+	}
 }
