@@ -32,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"path"
 	"strconv"
@@ -297,6 +298,24 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, status, code, msg)
 }
 
+// dropConnectionHeaders removes from h the headers its Connection
+// header names: hop-by-hop (RFC 9110, 7.6.1), dropped by the reverse
+// proxy before it forwards, so the gateway identifies and charges a
+// request by the headers its upstream gets. Was: it read them first, so
+// "Connection: X-Api-Key" keyed a request by a key the upstream never
+// saw (a fresh budget per request for a caller the upstream served as
+// anonymous), and so for a cost header or Authorization. Upgrade stays:
+// the proxy reads it for a protocol switch.
+func dropConnectionHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" && !strings.EqualFold(f, "Upgrade") && !strings.EqualFold(f, "Connection") {
+				h.Del(f)
+			}
+		}
+	}
+}
+
 // headerTimeout reports whether err is an http.Transport's
 // ResponseHeaderTimeout expiring (HTTP/1 or HTTP/2). net/http exports no
 // sentinel for it: its errors are unexported net.Errors whose Timeout()
@@ -319,6 +338,7 @@ func headerTimeout(err error) bool {
 // token-refresh route got 401, and two API-key headers 400, on paths the
 // gateway does not limit; and the refusals were counted under route "".
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	dropConnectionHeaders(r.Header)
 	now := g.now()
 	var who caller
 	route, err := rules.MatchRouteFunc(*g.routes.Load(), r.Method, matchPath(r.URL.Path), func() (string, error) {

@@ -434,6 +434,29 @@ func TestAPIKeyHeaderBeforeIP(t *testing.T) {
 	}
 }
 
+// A header the request's Connection header names is hop-by-hop: the
+// reverse proxy drops it, so the gateway does not key or charge by it
+// either. Was: keyed by an X-Api-Key the upstream never got (a fresh
+// budget per request, the upstream serving an anonymous caller), and
+// charged by a cost header the upstream never saw.
+func TestConnectionNamedHeadersAreNotTheCallers(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "big", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Minute})
+	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key"}, Routes: []rules.Route{
+		{Name: "api", Path: "/api/*", Limits: []rules.Limit{{Rule: "big", CostFrom: "header:X-Cost"}}},
+	}})
+	get(t, s.URL+"/api/x", map[string]string{"X-Api-Key": "k-1", "X-Cost": "7", "Connection": "keep-alive, X-Api-Key , x-cost"})
+	get(t, s.URL+"/api/x", map[string]string{"X-Api-Key": "k-2", "X-Cost": "3"})
+	if got := c.keys(); len(got) != 2 || got[0] != "ip:127.0.0.1" || got[1] != "key:k-2" {
+		t.Fatalf("keyed as %v; want the peer's IP for the request whose Connection names X-Api-Key, then key:k-2", got)
+	}
+	if got := c.remaining(t, "big", "ip:127.0.0.1"); got != 99 {
+		t.Fatalf("the request whose Connection names X-Cost left %d of 100; want it charged 1, as without the header", got)
+	}
+	if got := c.remaining(t, "big", "key:k-2"); got != 97 {
+		t.Fatalf("a request with X-Cost: 3 left %d of 100; want 97", got)
+	}
+}
+
 // Every header on 200 and on 429, and the upstream sees exactly the
 // allowed requests.
 func TestHeadersAndUpstreamCountEqualsAllowed(t *testing.T) {
