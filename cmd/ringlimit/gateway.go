@@ -225,19 +225,31 @@ func (s *routeSink) attach(gw *gateway.Gateway, routes []rules.Route, inForceRul
 }
 
 // upstreamTransport is the gateway's transport to the upstream for
-// --upstream-timeout d: nil (http.DefaultTransport) for 0, else a clone
-// of http.DefaultTransport whose ResponseHeaderTimeout is d, so that an
+// --upstream-timeout d: a clone of http.DefaultTransport (its proxy and
+// dial settings) whose ResponseHeaderTimeout is d (0: none), so that an
 // upstream that has not sent its response headers d after the request
 // was written is answered 504. Only the headers are bounded: a body may
 // take as long as it takes (streamed and shaped answers).
-func upstreamTransport(d time.Duration) http.RoundTripper {
-	if d <= 0 {
-		return nil
-	}
+//
+// It keeps up to upstreamIdle idle connections to its one upstream
+// (http.DefaultTransport keeps 2 per host: at 16 concurrent clients an
+// audit saw over a third of the requests dial anew, 1,153 closed
+// connections in 3,000 requests, where a busy gateway runs out of
+// ephemeral ports), and it does not ask for gzip itself
+// (DisableCompression): the request goes with the client's
+// Accept-Encoding, or none, and the answer comes back as the upstream
+// sent it.
+func upstreamTransport(d time.Duration) *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.ResponseHeaderTimeout = d
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = upstreamIdle, upstreamIdle
+	t.DisableCompression = true
 	return t
 }
+
+// upstreamIdle is how many idle connections the gateway keeps to its
+// upstream, each closed after the transport's IdleConnTimeout (90 s).
+const upstreamIdle = 1024
 
 // startGateway builds the checker and the gateway (not yet serving).
 func startGateway(ctx context.Context, o gatewayOpts, log *slog.Logger) (*gatewayProc, error) {

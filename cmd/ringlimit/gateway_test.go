@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,32 +422,65 @@ func TestGatewayRefusesJWTClaimsWithoutKeyAndNegativeTimeout(t *testing.T) {
 	}
 }
 
-// upstreamTransport bounds the response headers alone, on a copy of
-// http.DefaultTransport (its proxy and dial settings kept); 0 leaves the
-// gateway on http.DefaultTransport.
+// upstreamTransport bounds the response headers alone (0: not at all),
+// on a copy of http.DefaultTransport (its proxy and dial settings kept).
 func TestUpstreamTransport(t *testing.T) {
-	for _, tc := range []struct {
-		d    time.Duration
-		want time.Duration // -1 = nil transport
-	}{
-		{0, -1},
-		{50 * time.Millisecond, 50 * time.Millisecond},
-		{2 * time.Minute, 2 * time.Minute},
-	} {
-		rt := upstreamTransport(tc.d)
-		if tc.want < 0 {
-			if rt != nil {
-				t.Errorf("upstreamTransport(%v) = %v, want nil", tc.d, rt)
-			}
-			continue
-		}
-		tr, ok := rt.(*http.Transport)
-		if !ok || tr == http.DefaultTransport || tr.ResponseHeaderTimeout != tc.want || tr.Proxy == nil || tr.DialContext == nil {
-			t.Errorf("upstreamTransport(%v) = %#v; want a clone of http.DefaultTransport with ResponseHeaderTimeout %v", tc.d, rt, tc.want)
+	for _, d := range []time.Duration{0, 50 * time.Millisecond, 2 * time.Minute} {
+		tr := upstreamTransport(d)
+		if tr == http.DefaultTransport || tr.ResponseHeaderTimeout != d || tr.Proxy == nil || tr.DialContext == nil {
+			t.Errorf("upstreamTransport(%v) = %#v; want a clone of http.DefaultTransport with ResponseHeaderTimeout %v", d, tr, d)
 		}
 	}
-	if http.DefaultTransport.(*http.Transport).ResponseHeaderTimeout != 0 {
+	if dt := http.DefaultTransport.(*http.Transport); dt.ResponseHeaderTimeout != 0 || dt.MaxIdleConnsPerHost != 0 || dt.DisableCompression {
 		t.Error("http.DefaultTransport was changed")
+	}
+}
+
+// The gateway's transport reuses its connections to the upstream under
+// concurrent requests, and forwards Accept-Encoding as the client sent
+// it. Was: http.DefaultTransport's 2 idle connections per host, so most
+// of 16 concurrent requests dialed anew each time, and an
+// "Accept-Encoding: gzip" no client had sent.
+func TestUpstreamTransportKeepsItsConnections(t *testing.T) {
+	var conns atomic.Int32
+	var gzipAsked atomic.Int32
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Accept-Encoding") != "" {
+			gzipAsked.Add(1)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	up.Start()
+	defer up.Close()
+	c := &http.Client{Transport: upstreamTransport(0)}
+	defer c.CloseIdleConnections()
+	const callers, rounds = 16, 100
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range rounds {
+				resp, err := c.Get(up.URL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d connections for %d requests", conns.Load(), callers*rounds)
+	if n := conns.Load(); n > 2*callers {
+		t.Errorf("%d connections for %d requests of %d callers; want at most %d (kept and reused)", n, callers*rounds, callers, 2*callers)
+	}
+	if n := gzipAsked.Load(); n != 0 {
+		t.Errorf("%d requests came with an Accept-Encoding their client did not send", n)
 	}
 }
 
