@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"math"
 	"net"
@@ -152,6 +153,7 @@ func New(cfg Config, c Checker) (*Gateway, error) {
 		p := httputil.NewSingleHostReverseProxy(cfg.Upstream)
 		p.Transport = cfg.Transport
 		p.ErrorHandler = g.upstreamError
+		p.ErrorLog = log.New(proxyLog{g}, "", 0)
 		p.ModifyResponse = dropUpstreamXRateLimit
 		g.next = p
 	}
@@ -314,6 +316,25 @@ func dropConnectionHeaders(h http.Header) {
 			}
 		}
 	}
+}
+
+// proxyLog takes the reverse proxy's own log lines, which it writes
+// once its answer's headers are sent: an upstream that cut its body off
+// ("read error during body copy"; a client that left is not logged) is
+// an upstream failure, counted under 502 as one cut off before its
+// headers is. Every line is logged once per logWindow. Was: the
+// standard logger's, one WARN per request, and the failure not counted.
+type proxyLog struct{ g *Gateway }
+
+func (l proxyLog) Write(b []byte) (int, error) {
+	msg := strings.TrimSpace(string(b))
+	if strings.Contains(msg, "read error during body copy") {
+		l.g.m.upstreams.WithLabelValues(strconv.Itoa(http.StatusBadGateway)).Inc()
+		l.g.logRepeated("upstream-cut", slog.LevelWarn, "gateway: upstream answer cut off", "err", msg)
+		return len(b), nil
+	}
+	l.g.logRepeated("proxy", slog.LevelWarn, "gateway: reverse proxy", "err", msg)
+	return len(b), nil
 }
 
 // headerTimeout reports whether err is an http.Transport's

@@ -909,6 +909,42 @@ func TestRepeatedFailuresLogOnceAndCount(t *testing.T) {
 	}
 }
 
+// An upstream that cuts its answer off after the headers is counted as
+// an upstream failure (502), and the reverse proxy's line for it is
+// logged once per window. Was: not counted, and one WARN line (the
+// proxy's own, unthrottled) per request.
+func TestUpstreamCutOffMidBodyIsCountedAndLoggedOnce(t *testing.T) {
+	c := newChecker(t)
+	up := &upstream{}
+	up.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, strings.Repeat("x", 1000))
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(up.Close)
+	var logs logbuf.Buffer
+	reg := prometheus.NewRegistry()
+	s := front(t, up, c, Config{Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 5 {
+		resp, err := http.Get(s.URL + "/x")
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	if got := upstreamErrors(t, reg, "502"); got != 5 {
+		t.Fatalf("%v upstream errors (502) for 5 answers cut off; want 5", got)
+	}
+	if n := strings.Count(logs.String(), `msg="gateway: upstream answer cut off"`); n != 1 {
+		t.Fatalf("%d lines for 5 answers cut off; want 1:\n%s", n, logs.String())
+	}
+}
+
 // upstreamErrors is the gateway's upstream error count in reg for
 // answer status.
 func upstreamErrors(t *testing.T, reg *prometheus.Registry, status string) float64 {
