@@ -300,6 +300,19 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, status, code, msg)
 }
 
+// exemptAsSent reports whether the unlimited route covers u's path as
+// it was sent (escaped), not only as decoded: an encoded slash that
+// decodes onto an exempt path (/public/%2F → /public// → /public/) is
+// not exempt, as an upstream that keeps %2F within a segment serves it
+// as a resource below (README: an exemption never covers more than it
+// says). Was: exempt.
+func exemptAsSent(route *rules.Route, u *url.URL) bool {
+	if u.RawPath == "" { // the path as sent is the decoded one's encoding
+		return true
+	}
+	return rules.MatchRoute([]rules.Route{{Path: route.Path, Unlimited: true}}, http.MethodGet, matchPath(u.RawPath), "") != nil
+}
+
 // dropConnectionHeaders removes from h the headers its Connection
 // header names: hop-by-hop (RFC 9110, 7.6.1), dropped by the reverse
 // proxy before it forwards, so the gateway identifies and charges a
@@ -362,11 +375,21 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	dropConnectionHeaders(r.Header)
 	now := g.now()
 	var who caller
-	route, err := rules.MatchRouteFunc(*g.routes.Load(), r.Method, matchPath(r.URL.Path), func() (string, error) {
+	routes, reqPath := *g.routes.Load(), matchPath(r.URL.Path)
+	identify := func() (string, error) {
 		var err error
 		who, err = g.cfg.Identity.identify(r, now)
 		return who.tier, err
-	})
+	}
+	route, err := rules.MatchRouteFunc(routes, r.Method, reqPath, identify)
+	for err == nil && route != nil && route.Unlimited && !exemptAsSent(route, r.URL) {
+		i := 0 // the routes after it decide
+		for &routes[i] != route {
+			i++
+		}
+		routes = routes[i+1:]
+		route, err = rules.MatchRouteFunc(routes, r.Method, reqPath, identify)
+	}
 	if err == nil && route != nil && !route.Unlimited && who.key == "" {
 		who, err = g.cfg.Identity.identify(r, now)
 	}

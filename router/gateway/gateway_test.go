@@ -945,6 +945,29 @@ func TestUpstreamCutOffMidBodyIsCountedAndLoggedOnce(t *testing.T) {
 	}
 }
 
+// An exemption covers a path as it was sent, not only as decoded: an
+// encoded slash that decodes onto an exempt path (/public/%2F is
+// /public// is /public/) is not exempt, so the routes after it decide.
+// Was: exempt, though an upstream that keeps %2F in a segment serves it
+// as a resource under /public/*, whose limit it then escaped.
+func TestExemptionCoversThePathAsSent(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "one", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{
+		{Name: "exempt", Path: "/public/", Unlimited: true},
+		{Name: "pub", Path: "/public/*", Limits: []rules.Limit{{Rule: "one", Cost: 1}}},
+	}})
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		if resp := get(t, s.URL+"/public/%2F", nil); resp.StatusCode != want {
+			t.Fatalf("request %d for /public/%%2F: %d, want %d (limited by pub)", i, resp.StatusCode, want)
+		}
+	}
+	for range 3 {
+		if resp := get(t, s.URL+"/public/", nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("/public/ as written: %d, want 200 (exempt)", resp.StatusCode)
+		}
+	}
+}
+
 // upstreamErrors is the gateway's upstream error count in reg for
 // answer status.
 func upstreamErrors(t *testing.T, reg *prometheus.Registry, status string) float64 {
