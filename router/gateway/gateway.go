@@ -373,6 +373,7 @@ func headerTimeout(err error) bool {
 // gateway does not limit; and the refusals were counted under route "".
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	dropConnectionHeaders(r.Header)
+	g.cfg.Identity.forwarding(r)
 	now := g.now()
 	var who caller
 	routes, reqPath := *g.routes.Load(), matchPath(r.URL.Path)

@@ -380,6 +380,65 @@ func TestParseJWTKeysRefusesWeakAndPrivate(t *testing.T) {
 	}
 }
 
+// What the upstream is told of a request's origin is what the gateway
+// knows: from an untrusted peer, the forwarding headers it wrote are
+// dropped (X-Forwarded-For starts at the peer; X-Forwarded-Host and
+// -Proto are the gateway's), and so is a header spelled with
+// underscores for the API-key header (an upstream
+// behind CGI, WSGI or Rack reads X_Api_Key as X-Api-Key); from a trusted
+// proxy they are kept, X-Forwarded-For appended to. Was: passed as the
+// client wrote them, and no X-Forwarded-Host or -Proto of the gateway's.
+func TestForwardingHeadersSayWhatTheGatewayKnows(t *testing.T) {
+	loop, _ := ParseCIDRs("127.0.0.0/8, ::1")
+	got := make(chan http.Header, 1)
+	up := &upstream{}
+	up.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+	}))
+	t.Cleanup(up.Close)
+	sent := map[string]string{
+		"X-Forwarded-For":   "203.0.113.7",
+		"X-Forwarded-Host":  "evil.example",
+		"X-Forwarded-Proto": "https",
+		"Forwarded":         "for=203.0.113.7;proto=https;host=evil.example",
+		"X-Real-Ip":         "203.0.113.7",
+		"X_Api_Key":         "smuggled",
+		"X-Other_Header":    "kept",
+	}
+	for _, tc := range []struct {
+		name    string
+		trusted []netip.Prefix
+		want    map[string]string // "" = absent
+	}{
+		{"untrusted peer", nil, map[string]string{
+			"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http", "Forwarded": "", "X-Real-Ip": "",
+			"X_api_key": "", "X-Other_header": "kept",
+		}},
+		{"trusted proxy", loop, map[string]string{
+			"X-Forwarded-For": "203.0.113.7, 127.0.0.1", "X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https",
+			"Forwarded": "for=203.0.113.7;proto=https;host=evil.example", "X-Real-Ip": "203.0.113.7",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChecker(t)
+			s := front(t, up, c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key", TrustedProxies: tc.trusted}})
+			if resp := get(t, s.URL, sent); resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			h := <-got
+			want := tc.want
+			if tc.trusted == nil {
+				want["X-Forwarded-Host"] = strings.TrimPrefix(s.URL, "http://")
+			}
+			for k, v := range want {
+				if g := strings.Join(h.Values(k), ", "); g != v {
+					t.Errorf("upstream got %s %q, want %q", k, g, v)
+				}
+			}
+		})
+	}
+}
+
 // Behind a trusted proxy the client is keyed by its real address; behind
 // an untrusted one by the proxy's, whatever X-Forwarded-For claims.
 func TestClientIPFromTrustedProxiesOnly(t *testing.T) {

@@ -246,15 +246,7 @@ func bearer(v string) (string, bool) {
 // — the right-most address of X-Forwarded-For that is not a trusted
 // proxy (every hop left of it could have been written by the client).
 func (id *Identity) clientIP(r *http.Request) netip.Addr {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.IPv4Unspecified()
-	}
-	ip = ip.Unmap()
+	ip := peerIP(r)
 	if !id.trusted(ip) {
 		return ip
 	}
@@ -273,6 +265,53 @@ func (id *Identity) clientIP(r *http.Request) netip.Addr {
 		}
 	}
 	return ip
+}
+
+// peerIP is the address of the request's peer (0.0.0.0 when unknown).
+func peerIP(r *http.Request) netip.Addr {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.IPv4Unspecified()
+	}
+	return ip.Unmap()
+}
+
+// forwarding makes what r's headers tell the upstream of its origin
+// what the gateway knows. From a peer that is not a trusted proxy, the
+// forwarding headers it wrote are dropped, and a header that names the
+// API-key header with underscores for dashes (CGI, WSGI and Rack read
+// X_Api_Key as X-Api-Key); X-Forwarded-Host and X-Forwarded-Proto are
+// then the gateway's, and the reverse proxy starts X-Forwarded-For at
+// the peer. A trusted proxy's are kept (X-Forwarded-For appended to).
+// Was: passed as the client wrote them, none of the gateway's own.
+func (id *Identity) forwarding(r *http.Request) {
+	h := r.Header
+	if !id.trusted(peerIP(r)) {
+		for _, k := range [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
+			delete(h, k)
+		}
+		if id.APIKeyHeader != "" {
+			for k := range h {
+				if strings.Contains(k, "_") && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), id.APIKeyHeader) {
+					delete(h, k)
+				}
+			}
+		}
+	}
+	if h.Get("X-Forwarded-Host") == "" {
+		h.Set("X-Forwarded-Host", r.Host)
+	}
+	if h.Get("X-Forwarded-Proto") == "" {
+		proto := "http"
+		if r.TLS != nil {
+			proto = "https"
+		}
+		h.Set("X-Forwarded-Proto", proto)
+	}
 }
 
 // parseHop reads one X-Forwarded-For entry: an address, or an address
