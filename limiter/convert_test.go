@@ -661,3 +661,88 @@ func TestRuleRemovedAndAddedBackStartsFresh(t *testing.T) {
 		})
 	}
 }
+
+// A rule whose algorithm changes to another of its kind keeps its keys'
+// states, converted as for a change of limit (API.md: "a key's state
+// carries over"), and back again: each key is found under the bucket of
+// the algorithm it was last written under (altBucket), and that copy is
+// dropped once carried, so going back does not meet it stale. Another
+// kind of state, or a table without the seed, starts afresh. Was: every
+// algorithm change started afresh (the algorithm is in the salt).
+func TestAlgorithmChangedWithinItsKindKeepsTheState(t *testing.T) {
+	const seed, kh = uint64(7), uint64(0x1234_5678_9abc)
+	type step struct {
+		alg       Algorithm // the rule's algorithm from this step on (a new set when it changes)
+		cost      int64
+		allowed   bool
+		remaining int64
+	}
+	for _, tc := range []struct {
+		name   string
+		seeded bool
+		limit  int64
+		steps  []step
+	}{
+		{"rate kind", true, 10, []step{
+			{TokenBucket, 8, true, 2},
+			{GCRA, 0, true, 2},
+			{GCRA, 1, true, 1},
+			{LeakyBucket, 0, true, 1},
+			{TokenBucket, 0, true, 1}, // not the token bucket's stale 2
+			{TokenBucket, 1, true, 0},
+			{GCRA, 1, false, 0},
+		}},
+		{"window kind", true, 5, []step{
+			{FixedWindow, 4, true, 1},
+			{SlidingWindow, 1, true, 0},
+			{SlidingWindow, 1, false, 0},
+			{FixedWindow, 1, false, 0},
+		}},
+		{"another kind starts afresh", true, 5, []step{
+			{TokenBucket, 4, true, 1},
+			{FixedWindow, 0, true, 5},
+		}},
+		{"no seed", false, 10, []step{
+			{TokenBucket, 8, true, 2},
+			{GCRA, 0, true, 10},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := mustTable(t, 1)
+			if tc.seeded {
+				tb.SetSeed(seed)
+			}
+			var r Rule
+			for i, s := range tc.steps {
+				if i == 0 || s.alg != r.Algorithm {
+					r = Rule{Name: "x", Algorithm: s.alg, Limit: tc.limit, Period: time.Hour, Version: r.Version + 1}
+					if err := tb.SetRules(r.Version, []Rule{r}, ruleT0); err != nil {
+						t.Fatal(err)
+					}
+				}
+				d, err := tb.Check(0, BucketHash(kh, RuleSalt(seed, "x", s.alg)), &r, ruleT0, s.cost)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if d.Allowed != s.allowed || d.Remaining != s.remaining {
+					t.Fatalf("step %d: %v, cost %d: allowed %v, remaining %d; want %v, %d", i, s.alg, s.cost, d.Allowed, d.Remaining, s.allowed, s.remaining)
+				}
+			}
+		})
+	}
+}
+
+// altBucket finds a key's bucket under another salt from its bucket
+// alone: unmix64 inverts mix64.
+func TestAltBucket(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		x := rapid.Uint64().Draw(t, "x")
+		if got := unmix64(mix64(x)); got != x {
+			t.Fatalf("unmix64(mix64(%#x)) = %#x", x, got)
+		}
+		kh, s1, s2 := rapid.Uint64().Draw(t, "kh"), rapid.Uint64().Draw(t, "s1"), rapid.Uint64().Draw(t, "s2")
+		if got, want := altBucket(BucketHash(kh, s1), s1^s2), BucketHash(kh, s2); got != want {
+			t.Fatalf("altBucket = %#x, want %#x", got, want)
+		}
+	})
+}

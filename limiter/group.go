@@ -101,7 +101,7 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 		if set == nil {
 			return false, fmt.Errorf("items[%d]: %w", i, versionError(it.Rule))
 		}
-		t.parts[it.Part].decideLocked(g, set, slotKey(it.Bucket), r, now, it.Cost, false, &out[i])
+		t.parts[it.Part].decideLocked(g, set, it.Bucket, r, now, it.Cost, false, &out[i])
 		pass = pass && out[i].Allowed
 	}
 	for i := range items {
@@ -110,10 +110,10 @@ func (t *Table) CheckGroup(items []Item, now int64, out []Decision) (bool, error
 		set, r := resolve(it)
 		switch {
 		case pass:
-			p.decideLocked(g, set, slotKey(it.Bucket), r, now, it.Cost, true, &out[i])
+			p.decideLocked(g, set, it.Bucket, r, now, it.Cost, true, &out[i])
 		case out[i].Allowed:
 			if it.Cost > 0 { // what it would have spent is not spent
-				p.decideLocked(g, set, slotKey(it.Bucket), r, now, 0, false, &out[i])
+				p.decideLocked(g, set, it.Bucket, r, now, 0, false, &out[i])
 			}
 			out[i].Allowed, out[i].RetryAfter, out[i].Delay = false, 0, 0
 		}

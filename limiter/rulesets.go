@@ -43,9 +43,10 @@ import (
 // that followed, followed through its conversions (tagLife.dropAt,
 // deadBy), since a converted state lives no longer than that. The bound is per
 // kind of state (a bucket's TAT, a window's counters, a log: lifeKind),
-// as a state converts only to a rule of its own kind (another algorithm
-// starts afresh): a set holding a fixed window of a day kept the 5s logs
-// of its other rules for three days after each change.
+// as a state converts only to a rule of its own kind (another kind
+// starts afresh; another algorithm of the kind is found by altState): a
+// set holding a fixed window of a day kept the 5s logs of its other
+// rules for three days after each change.
 //
 // A check under an older set than the newest (a caller that has not seen
 // the newer one yet) is decided under it, and its state kept under its
@@ -87,6 +88,12 @@ type ruleSet struct {
 	// life is, per kind of state, the longest a state of these rules
 	// lives (0: no rule of that kind).
 	life [lifeKinds]int64
+	// alts are, by rule name, the salt deltas (altBucket) of the other
+	// algorithms of the rule's kind that a rule of its name had in the
+	// sets held when this one was registered: a key with no state under
+	// its rule's bucket is looked up under those (altState). nil when
+	// none changed algorithm, or the table has no seed.
+	alts map[string][]uint64
 }
 
 // The kinds of state, by what holds them: a rate algorithm's TAT, a
@@ -311,6 +318,7 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		k := lifeKind(r.Algorithm)
 		s.life[k] = max(s.life[k], lifeOf(r))
 	}
+	s.alts = t.altsOf(g, m)
 	n := g.clone()
 	n.versions = slices.Insert(n.versions, i, version)
 	n.setOf = slices.Insert(n.setOf, i, s)
@@ -321,6 +329,46 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 	n.index()
 	t.sets.Store(n)
 	return s
+}
+
+// SetSeed gives the table the seed of its buckets' salts (RuleSalt):
+// with it, a rule whose algorithm changes to another of its kind (among
+// token_bucket, gcra and leaky_bucket; between fixed_window and
+// sliding_window) keeps its keys' states, converted, as a change of its
+// limit does; without it such keys start afresh. Sets registered before
+// keep what they had.
+func (t *Table) SetSeed(seed uint64) {
+	t.regMu.Lock()
+	t.seed = seed
+	t.regMu.Unlock()
+}
+
+// altsOf returns ruleSet.alts for the rules m given the sets held in g.
+// t.regMu must be held.
+func (t *Table) altsOf(g *ruleSets, m map[string]*Rule) map[string][]uint64 {
+	if t.seed == 0 {
+		return nil
+	}
+	var alts map[string][]uint64
+	for _, old := range g.sets {
+		if old.rules == nil {
+			continue
+		}
+		for name, r := range m {
+			o, ok := old.rules[name]
+			if !ok || o.Algorithm == r.Algorithm || lifeKind(o.Algorithm) != lifeKind(r.Algorithm) || lifeKind(r.Algorithm) == lifeLog {
+				continue
+			}
+			d := RuleSalt(t.seed, name, r.Algorithm) ^ RuleSalt(t.seed, name, o.Algorithm)
+			if alts == nil {
+				alts = make(map[string][]uint64)
+			}
+			if !slices.Contains(alts[name], d) {
+				alts[name] = append(alts[name], d)
+			}
+		}
+	}
+	return alts
 }
 
 func cmpU64(a, b uint64) int {
@@ -692,7 +740,9 @@ func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 		switch {
 		case !ok:
 			s = adopt(s, nr, min(next.since, now))
-		case !ok2 || old.Algorithm != nr.Algorithm:
+		case !ok2 || lifeKind(old.Algorithm) != lifeKind(nr.Algorithm):
+			// Gone, or another kind of state: afresh. (A state reaches
+			// a rule of another algorithm of its kind only by altState.)
 			return fresh
 		case !sameRule(old, nr):
 			s = conv(s, old, nr, min(next.since, now))

@@ -65,6 +65,7 @@ type Table struct {
 	sets  atomic.Pointer[ruleSets] // replaced whole under regMu
 	regMu sync.Mutex               // serialises changes of sets
 	pass  sweepPass                // guarded by regMu: the sweeps' search for sets to release (rulesets.go)
+	seed  uint64                   // guarded by regMu: the salts' seed (SetSeed), for ruleSet.alts
 	recs  sync.Pool                // *[]exportRec: an export's scratch (codec.go)
 }
 
@@ -192,9 +193,9 @@ func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, 
 	}
 	switch { // decideLocked's switch, one call less on the hot path
 	case r.Algorithm.tat():
-		p.tatLocked(g, set, k, r, now, cost, true, d)
+		p.tatLocked(g, set, bucket, r, now, cost, true, d)
 	case r.Algorithm.window():
-		p.windowLocked(g, set, k, r, now, cost, true, d)
+		p.windowLocked(g, set, bucket, r, now, cost, true, d)
 	case r.Algorithm == SlidingLog:
 		p.logLocked(g, set, k, r, now, cost, true, d)
 	default:
@@ -257,6 +258,39 @@ func late(g *ruleSets, r *Rule) (*ruleSet, *Rule) {
 	return g.newest, &c
 }
 
+// altState returns the state a key of bucket had under the algorithms
+// r's name had before in set's older sets (set.alts), carried over to r
+// (carry), or a fresh one. When it has one under several (a late check
+// under an older set wrote one), the one written under the newest set
+// is carried. With commit it removes them all, so that none is met
+// again, stale, once the rule goes back to its algorithm. A backup's
+// copy of one stays until it is swept: a member that takes the key over
+// after a crash finds the state under r's bucket first. Only for a key
+// with no state under r's bucket.
+func altState[S slotValue](st *slots[S], g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now int64, commit bool,
+	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
+	var s S
+	var from *ruleSet
+	found := false
+	for _, delta := range set.alts[r.Name] {
+		ka := slotKey(altBucket(bucket, delta))
+		e := st.find(ka)
+		if e == nil {
+			continue
+		}
+		if f := g.byTag[e.tag()]; !found || (f != nil && from != nil && f.version > from.version) {
+			s, from, found = e.val, f, true
+		}
+		if commit {
+			st.del(ka)
+		}
+	}
+	if !found {
+		return s
+	}
+	return carry(g, from, set, r, now, s, conv, adopt)
+}
+
 // decideLocked is the one core of Check and CheckGroup: it decides a
 // check of cost on slot key k under r, whose set is set, at now, into
 // *d. With
@@ -265,25 +299,28 @@ func late(g *ruleSets, r *Rule) (*ruleSet, *Rule) {
 // still be carried over and expired in place, which changes no decision,
 // and an empty one is dropped). p.mu must be held; the algorithm is
 // known (checkItem).
-func (p *partition) decideLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
+func (p *partition) decideLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	switch {
 	case r.Algorithm.tat():
-		p.tatLocked(g, set, k, r, now, cost, commit, d)
+		p.tatLocked(g, set, bucket, r, now, cost, commit, d)
 	case r.Algorithm.window():
-		p.windowLocked(g, set, k, r, now, cost, commit, d)
+		p.windowLocked(g, set, bucket, r, now, cost, commit, d)
 	default:
-		p.logLocked(g, set, k, r, now, cost, commit, d)
+		p.logLocked(g, set, slotKey(bucket), r, now, cost, commit, d)
 	}
 }
 
-func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
+func (p *partition) tatLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	var s TAT
+	k := slotKey(bucket)
 	e := p.tats.find(k)
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertTAT, AdoptTAT)
 		}
+	} else if set.alts != nil {
+		s = altState(&p.tats, g, set, bucket, r, now, commit, ConvertTAT, AdoptTAT)
 	}
 	s = stepTAT(s, r, now, cost, d)
 	switch {
@@ -305,14 +342,17 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 	}
 }
 
-func (p *partition) windowLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
+func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
 	var s Window
+	k := slotKey(bucket)
 	e := p.wins.find(k)
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertWindow, AdoptWindow)
 		}
+	} else if set.alts != nil {
+		s = altState(&p.wins, g, set, bucket, r, now, commit, ConvertWindow, AdoptWindow)
 	}
 	s, *d = StepWindow(s, r, now, cost)
 	switch {

@@ -556,6 +556,47 @@ func TestRuleChangeCarriesStateOnTheOwner(t *testing.T) {
 	})
 }
 
+// A rule's algorithm changed to another of its kind keeps its keys'
+// budgets on their owners (token_bucket → gcra → leaky_bucket,
+// fixed_window → sliding_window), as a change of its limit does. Was:
+// every key of the rule started afresh.
+func TestAlgorithmChangeWithinItsKindKeepsBudgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		put := func(r limiter.Rule) {
+			t.Helper()
+			c.PutRules("n1", r)
+			c.WaitFor(r.Algorithm.String()+" everywhere", 10*time.Second, func() bool {
+				for _, m := range c.Members() {
+					if v := m.Router().View(); v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Algorithm != r.Algorithm {
+						return false
+					}
+				}
+				return true
+			})
+		}
+		for _, tc := range []struct {
+			algs         []limiter.Algorithm
+			limit, spent int64
+		}{
+			{[]limiter.Algorithm{limiter.TokenBucket, limiter.GCRA, limiter.LeakyBucket}, 10, 8},
+			{[]limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindow}, 5, 4},
+		} {
+			name, key := "k-"+tc.algs[0].String(), c.KeyOwnedBy("n2", 0)
+			put(limiter.Rule{Name: name, Algorithm: tc.algs[0], Limit: tc.limit, Period: time.Hour})
+			if r := c.Check("n1", name, key, tc.spent); !r.Allowed {
+				t.Fatalf("%v: spending %d: %+v", tc.algs[0], tc.spent, r)
+			}
+			for _, a := range tc.algs[1:] {
+				put(limiter.Rule{Name: name, Algorithm: a, Limit: tc.limit, Period: time.Hour})
+				if r := c.Check("n3", name, key, 0); r.Remaining != tc.limit-tc.spent || r.Degraded {
+					t.Fatalf("after changing %s to %v: %d left (degraded %v); want %d, as before the change", name, a, r.Remaining, r.Degraded, tc.limit-tc.spent)
+				}
+			}
+		}
+	})
+}
+
 // A rolling restart of every member (SIGTERM, restart, next) keeps every
 // key's budget: each member hands its partitions off when it stops and
 // takes them back with their state when it returns.
