@@ -1209,7 +1209,8 @@ func (b *batcher) start(bt *batch) {
 }
 
 // ownerGone reports whether err, a batch's, says its owner could not be
-// reached at all (a refused dial, a connection that broke or was closed),
+// reached at all (a refused dial, one not answered for SlowDial, a
+// connection that broke or was closed),
 // rather than late (ctx), overloaded (ErrQueueFull) or refusing the frame.
 //
 // A connection that broke after the frame left may have had it decided:
@@ -1221,7 +1222,8 @@ func (b *batcher) start(bt *batch) {
 func ownerGone(err error) bool {
 	var oe *net.OpError
 	return errors.Is(err, transport.ErrConnClosed) && !errors.Is(err, transport.ErrClientClosed) ||
-		errors.As(err, &oe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+		errors.As(err, &oe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, transport.ErrDialSlow)
 }
 
 // finish publishes bt's answer and — when it was the last batch in

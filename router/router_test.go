@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -605,5 +606,28 @@ func TestRemovedRulesSeriesAreDeleted(t *testing.T) {
 	check("closed")
 	if got := testutil.ToFloat64(rt.m.decisions.WithLabelValues("closed", "allowed")); got != 1 {
 		t.Errorf("closed allowed %v after it came back and was checked once, want 1", got)
+	}
+}
+
+// Which batch errors say the owner could not be reached at all (the
+// router then looks for a newer view, and answers its checks by their
+// failure mode for a while without sending): a dial not answered for
+// SlowDial is one. Was not: a router kept waiting its whole timeout
+// per check for an owner whose host dropped the dial's packets.
+func TestOwnerGoneErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		gone bool
+	}{
+		{fmt.Errorf("x: %w", transport.ErrDialSlow), true},
+		{&net.OpError{Op: "dial", Err: errors.New("refused")}, true},
+		{fmt.Errorf("%w: reset", transport.ErrConnClosed), true},
+		{fmt.Errorf("%w: %w", transport.ErrConnClosed, transport.ErrClientClosed), false},
+		{context.DeadlineExceeded, false},
+		{transport.ErrQueueFull, false},
+	} {
+		if got := ownerGone(tc.err); got != tc.gone {
+			t.Errorf("ownerGone(%v) = %v, want %v", tc.err, got, tc.gone)
+		}
 	}
 }

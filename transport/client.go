@@ -172,7 +172,9 @@ func redialOnce(attempt int, sent bool, err error) bool {
 // conn returns a healthy connection, dialing one if needed.
 //
 // The dial runs on a goroutine of its own, bounded by DialTimeout and
-// Close, not by ctx: every caller waits for it, up to its own ctx, and
+// Close, not by ctx: every caller waits for it, up to its own ctx or
+// until the dial has gone on for SlowDial (then ErrDialSlow: a peer that
+// answers no dial fails its calls fast, as a refused dial does), and
 // its error (cached for RedialBackoff) is the peer's alone. Was: dialed
 // under the context of the call that found the connection down, so one
 // call with a short deadline failed the dial ("i/o timeout", a moment
@@ -199,10 +201,21 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 				c.mu.Unlock()
 				return nil, err
 			}
-			d = &dialCall{done: make(chan struct{})}
+			d = &dialCall{done: make(chan struct{}), started: c.now()}
 			c.dialing = d
 			c.wg.Add(1)
 			go c.dialFor(d)
+		}
+		var slowC <-chan time.Time // nil: no bound (SlowDial 0)
+		if c.cfg.SlowDial > 0 {
+			left := c.cfg.SlowDial - c.now().Sub(d.started)
+			if left <= 0 {
+				c.mu.Unlock()
+				return nil, d.slow(c)
+			}
+			slow := time.NewTimer(left)
+			defer slow.Stop()
+			slowC = slow.C
 		}
 		c.mu.Unlock()
 		select {
@@ -211,6 +224,8 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 				return nil, d.err
 			}
 			// Dialed: the loop takes the new connection.
+		case <-slowC:
+			return nil, d.slow(c)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -219,8 +234,14 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 
 // dialCall is one dial, shared by the callers that wait for it.
 type dialCall struct {
-	done chan struct{} // closed once err is set and the connection (if any) is c.cc
-	err  error
+	done    chan struct{} // closed once err is set and the connection (if any) is c.cc
+	err     error
+	started time.Time // on c.now's clock
+}
+
+// slow is the error of a call that met d going on for SlowDial or more.
+func (d *dialCall) slow(c *Client) error {
+	return fmt.Errorf("%w: dialing %s for %v", ErrDialSlow, c.addr, c.now().Sub(d.started).Round(time.Millisecond))
 }
 
 // dialFor dials for d, makes the connection c.cc and ends d.

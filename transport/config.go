@@ -66,6 +66,12 @@ type ClientConfig struct {
 	// DialTimeout bounds each dial. No caller's context bounds a dial:
 	// each waits for it up to its own (see Client.Go).
 	DialTimeout time.Duration
+	// SlowDial is how long a dial may go on before the calls that wait
+	// for it, and those after them, fail with ErrDialSlow (the dial goes
+	// on, up to DialTimeout): a peer that drops its dial's packets fails
+	// its calls fast, not each at its deadline. 0: calls wait for a dial
+	// up to their own deadline.
+	SlowDial time.Duration
 	// RedialBackoff is how long after a failed dial calls fail at once
 	// (with the dial's error) instead of dialing again. 0 disables it.
 	RedialBackoff time.Duration
@@ -83,12 +89,14 @@ type ClientConfig struct {
 }
 
 // DefaultClientConfig returns the defaults: DefaultLimits, a 2 s dial
-// timeout, 100 ms redial back-off, 64 KiB read buffer, 4 MiB of pending
+// timeout, calls failing after 100 ms of a dial (SlowDial), 100 ms
+// redial back-off, 64 KiB read buffer, 4 MiB of pending
 // requests and a 10 s write timeout.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
 		Limits:          DefaultLimits(),
 		DialTimeout:     2 * time.Second,
+		SlowDial:        100 * time.Millisecond,
 		RedialBackoff:   100 * time.Millisecond,
 		ReadBufferSize:  64 << 10,
 		MaxPendingWrite: 4 << 20,
@@ -103,6 +111,9 @@ func (c ClientConfig) Validate() error {
 	}
 	if c.DialTimeout <= 0 {
 		return fmt.Errorf("%w: DialTimeout %v must be positive", ErrInvalidConfig, c.DialTimeout)
+	}
+	if c.SlowDial < 0 {
+		return fmt.Errorf("%w: SlowDial %v is negative", ErrInvalidConfig, c.SlowDial)
 	}
 	if c.RedialBackoff < 0 {
 		return fmt.Errorf("%w: RedialBackoff %v is negative", ErrInvalidConfig, c.RedialBackoff)

@@ -20,6 +20,13 @@ var (
 	// flight when Close was called.
 	ErrClientClosed = errors.New("transport: client closed")
 
+	// ErrDialSlow is wrapped by the error of a call that found its
+	// connection being dialed for SlowDial or longer: the peer does not
+	// answer its dial (its host down, packets dropped). Calls fail with
+	// it at once while that dial goes on (up to DialTimeout), as after a
+	// failed dial; nothing was sent.
+	ErrDialSlow = errors.New("transport: dial not answered")
+
 	// ErrQueueFull is returned by Client.Go when more than MaxPendingWrite
 	// bytes of other frames wait for the connection's writer (a peer
 	// that stopped reading): nothing was sent, the connection goes on.

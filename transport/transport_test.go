@@ -689,6 +689,53 @@ func TestDialOutlivesTheCallThatStartedIt(t *testing.T) {
 	})
 }
 
+// A peer that answers no dial (its packets dropped) fails its calls
+// with ErrDialSlow once the dial has gone on for SlowDial: those waiting
+// for it then, and those after at once, while the dial goes on. A call
+// that gives up before that gets its own context's error. Was: each
+// waited its own deadline (a router's 250 ms per check) for a dial
+// bounded by DialTimeout.
+func TestUnansweredDialFailsCallsFast(t *testing.T) {
+	var dials atomic.Int32
+	started := make(chan struct{}, 4)
+	cfg := DefaultClientConfig()
+	cfg.SlowDial = 100 * time.Millisecond
+	cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+		dials.Add(1)
+		started <- struct{}{}
+		<-ctx.Done() // a SYN never answered
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()}
+	}
+	c := newClient("peer:1", cfg)
+	defer c.Close()
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	c.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+
+	early, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Do(early, batchOf(1, "r"), new(BatchResponse)) }()
+	<-started
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) || errors.Is(err, ErrDialSlow) {
+		t.Fatalf("a call that gave up 0 ms into the dial: %v, want its context's error alone", err)
+	}
+	advance(cfg.SlowDial / 2)
+	if err := c.Do(testCtx(t), batchOf(1, "r"), new(BatchResponse)); !errors.Is(err, ErrDialSlow) {
+		t.Fatalf("a call waiting from %v into the dial: %v, want ErrDialSlow once SlowDial is reached", cfg.SlowDial/2, err)
+	}
+	advance(cfg.SlowDial / 2)
+	for i := range 3 {
+		if err := c.Do(testCtx(t), batchOf(1, "r"), new(BatchResponse)); !errors.Is(err, ErrDialSlow) {
+			t.Fatalf("call %d, %v into the dial: %v, want ErrDialSlow", i, cfg.SlowDial, err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials, want 1 (going on)", n)
+	}
+}
+
 func TestClientCloseFailsInFlight(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	ts := startServer(t, "127.0.0.1:0", DefaultServerConfig(), blockingHandler(entered), nil)
