@@ -300,17 +300,24 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, status, code, msg)
 }
 
-// exemptAsSent reports whether the unlimited route covers u's path as
-// it was sent (escaped), not only as decoded: an encoded slash that
-// decodes onto an exempt path (/public/%2F → /public// → /public/) is
-// not exempt, as an upstream that keeps %2F within a segment serves it
-// as a resource below (README: an exemption never covers more than it
-// says). Was: exempt.
-func exemptAsSent(route *rules.Route, u *url.URL) bool {
-	if u.RawPath == "" { // the path as sent is the decoded one's encoding
-		return true
+// exemptAsSent reports whether an unlimited route that matched u's
+// decoded path may exempt it: not when the path as sent holds an
+// encoded slash or backslash (%2F, %5C, either case). Decoded, those
+// merge onto an exempt path (/public/%2F → /public// → /public/), while
+// an upstream that keeps %2F within a segment (Express, Rails), or takes
+// a backslash for a slash, serves a resource below it (README: an
+// exemption never covers more than it says). Other escapes (%C3%A9 as
+// %c3%a9, %61) are what they decode to. Was: exempt.
+func exemptAsSent(u *url.URL) bool {
+	raw := u.RawPath // "" when the path was sent as its decoded form's encoding
+	for i := strings.IndexByte(raw, '%'); i >= 0 && i+2 < len(raw); i = strings.IndexByte(raw, '%') {
+		switch strings.ToUpper(raw[i+1 : i+3]) {
+		case "2F", "5C":
+			return false
+		}
+		raw = raw[i+1:]
 	}
-	return rules.MatchRoute([]rules.Route{{Path: route.Path, Unlimited: true}}, http.MethodGet, matchPath(u.RawPath), "") != nil
+	return true
 }
 
 // dropConnectionHeaders removes from h the headers its Connection
@@ -321,14 +328,32 @@ func exemptAsSent(route *rules.Route, u *url.URL) bool {
 // saw (a fresh budget per request for a caller the upstream served as
 // anonymous), and so for a cost header or Authorization. Upgrade stays:
 // the proxy reads it for a protocol switch.
+//
+// The tokens it names are taken out of Connection too (Upgrade, close
+// and keep-alive stay), so that the proxy does not drop the headers the
+// gateway sets after this under those names (X-Forwarded-Host, say).
 func dropConnectionHeaders(h http.Header) {
-	for _, v := range h["Connection"] {
+	vs := h["Connection"]
+	if len(vs) == 0 {
+		return
+	}
+	var keep []string
+	for _, v := range vs {
 		for f := range strings.SplitSeq(v, ",") {
-			if f = textproto.TrimString(f); f != "" && !strings.EqualFold(f, "Upgrade") && !strings.EqualFold(f, "Connection") {
+			switch f = textproto.TrimString(f); {
+			case f == "":
+			case strings.EqualFold(f, "Upgrade") || strings.EqualFold(f, "close") || strings.EqualFold(f, "keep-alive"):
+				keep = append(keep, f)
+			case !strings.EqualFold(f, "Connection"):
 				h.Del(f)
 			}
 		}
 	}
+	if len(keep) == 0 {
+		h.Del("Connection")
+		return
+	}
+	h["Connection"] = []string{strings.Join(keep, ", ")}
 }
 
 // proxyLog takes the reverse proxy's own log lines, which it writes
@@ -383,7 +408,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return who.tier, err
 	}
 	route, err := rules.MatchRouteFunc(routes, r.Method, reqPath, identify)
-	for err == nil && route != nil && route.Unlimited && !exemptAsSent(route, r.URL) {
+	for err == nil && route != nil && route.Unlimited && !exemptAsSent(r.URL) {
 		i := 0 // the routes after it decide
 		for &routes[i] != route {
 			i++

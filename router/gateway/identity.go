@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 
@@ -280,25 +282,31 @@ func peerIP(r *http.Request) netip.Addr {
 	return ip.Unmap()
 }
 
+// forwardingHeaders are the headers that tell an upstream where a
+// request came from, canonical.
+var forwardingHeaders = [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"}
+
 // forwarding makes what r's headers tell the upstream of its origin
 // what the gateway knows. From a peer that is not a trusted proxy, the
-// forwarding headers it wrote are dropped, and a header that names the
-// API-key header with underscores for dashes (CGI, WSGI and Rack read
-// X_Api_Key as X-Api-Key); X-Forwarded-Host and X-Forwarded-Proto are
+// forwarding headers it wrote are dropped, and the headers that spell
+// them or the API-key header with underscores for dashes (CGI, WSGI and
+// Rack read X_Forwarded_Host as X-Forwarded-Host); X-Forwarded-Host and X-Forwarded-Proto are
 // then the gateway's, and the reverse proxy starts X-Forwarded-For at
 // the peer. A trusted proxy's are kept (X-Forwarded-For appended to).
 // Was: passed as the client wrote them, none of the gateway's own.
 func (id *Identity) forwarding(r *http.Request) {
 	h := r.Header
 	if !id.trusted(peerIP(r)) {
-		for _, k := range [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
+		for _, k := range forwardingHeaders {
 			delete(h, k)
 		}
-		if id.APIKeyHeader != "" {
-			for k := range h {
-				if strings.Contains(k, "_") && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), id.APIKeyHeader) {
-					delete(h, k)
-				}
+		for k := range h {
+			if !strings.Contains(k, "_") {
+				continue
+			}
+			dashed := textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))
+			if slices.Contains(forwardingHeaders[:], dashed) || (id.APIKeyHeader != "" && strings.EqualFold(dashed, id.APIKeyHeader)) {
+				delete(h, k)
 			}
 		}
 	}
