@@ -11,6 +11,7 @@ import (
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/node"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
 	"github.com/ringlimit/ringlimit/view"
 )
@@ -33,6 +34,18 @@ func (n *viewOnAnswer) Do(ctx context.Context, addr string, req *transport.Batch
 	return err
 }
 
+// rulesChanged returns two views of rg: rules version 1 with "default",
+// "r" (burst 10) and "gone"; version 2 with "r" narrowed to burst 5 and
+// "gone" deleted.
+func rulesChanged(rg *ring.Ring) (older, newer *View) {
+	def := limiter.Rule{Name: "default", Algorithm: limiter.TokenBucket, Limit: 100, Period: time.Second}
+	wide := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second, Burst: 10}
+	narrow := wide
+	narrow.Burst = 5
+	gone := limiter.Rule{Name: "gone", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
+	return view.New(rg, 7, []limiter.Rule{def, wide, gone}, 1), view.New(rg, 7, []limiter.Rule{def, narrow}, 2)
+}
+
 // Rules written a moment ago reach the owners before a router's view: a
 // rule deleted, or its burst lowered under a cost in flight. The owner
 // answers "no such rule" or "bad request", and the router looks again
@@ -45,13 +58,7 @@ func (n *viewOnAnswer) Do(ctx context.Context, addr string, req *transport.Batch
 // checks admitted uncounted), an audit's 12 to 3,855 per delete.
 func TestChecksOfRulesJustChangedAreLookedAtAgain(t *testing.T) {
 	ring1 := mustRing(t, 1, "a", "b")
-	def := limiter.Rule{Name: "default", Algorithm: limiter.TokenBucket, Limit: 100, Period: time.Second}
-	wide := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second, Burst: 10}
-	narrow := wide
-	narrow.Burst = 5
-	gone := limiter.Rule{Name: "gone", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
-	older := view.New(ring1, 7, []limiter.Rule{def, wide, gone}, 1)
-	newer := view.New(ring1, 7, []limiter.Rule{def, narrow}, 2)
+	older, newer := rulesChanged(ring1)
 	nw := &network{owners: map[string]*owner{}}
 	for _, id := range []string{"a", "b"} {
 		o, err := node.NewOwner(id, ring1.Config().Partitions, func() int64 { return 0 }, nil)
@@ -144,13 +151,7 @@ func (l *lagging) count() int {
 // degraded (fail-open) in 4 of 8 trials.
 func TestRestaleReadsTheViewUntilItHasTheNewerRules(t *testing.T) {
 	ring1 := mustRing(t, 1, "a")
-	def := limiter.Rule{Name: "default", Algorithm: limiter.TokenBucket, Limit: 100, Period: time.Second}
-	wide := limiter.Rule{Name: "r", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second, Burst: 10}
-	narrow := wide
-	narrow.Burst = 5
-	gone := limiter.Rule{Name: "gone", Algorithm: limiter.TokenBucket, Limit: 10, Period: time.Second}
-	older := view.New(ring1, 7, []limiter.Rule{def, wide, gone}, 1)
-	newer := view.New(ring1, 7, []limiter.Rule{def, narrow}, 2)
+	older, newer := rulesChanged(ring1)
 	const wait = 500 * time.Millisecond // RefreshWait
 	for _, tc := range []struct {
 		name      string
