@@ -51,7 +51,7 @@ func Dial(ctx context.Context, addr string, cfg ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	c := newClient(addr, cfg)
-	if _, err := c.conn(ctx); err != nil {
+	if _, err := c.connWithin(ctx, 0); err != nil { // ctx alone bounds the first dial
 		_ = c.Close()
 		return nil, err
 	}
@@ -183,6 +183,12 @@ func redialOnce(attempt int, sent bool, err error) bool {
 // answered all its checks by their failure mode for a second (an audit:
 // up to 2,344 fail-open answers in a healthy cluster).
 func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+	return c.connWithin(ctx, c.cfg.SlowDial)
+}
+
+// connWithin is conn with slowDial for SlowDial (0: wait for the dial up
+// to ctx alone, as Dial does).
+func (c *Client) connWithin(ctx context.Context, slowDial time.Duration) (*clientConn, error) {
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -207,8 +213,8 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 			go c.dialFor(d)
 		}
 		var slowC <-chan time.Time // nil: no bound (SlowDial 0)
-		if c.cfg.SlowDial > 0 {
-			left := c.cfg.SlowDial - c.now().Sub(d.started)
+		if slowDial > 0 {
+			left := slowDial - c.now().Sub(d.started)
 			if left <= 0 {
 				c.mu.Unlock()
 				return nil, d.slow(c)
