@@ -88,12 +88,15 @@ type ruleSet struct {
 	// life is, per kind of state, the longest a state of these rules
 	// lives (0: no rule of that kind).
 	life [lifeKinds]int64
-	// alts are, by rule name, the salt deltas (altBucket) of the other
-	// algorithms of the rule's kind that a rule of its name had in the
-	// sets held when this one was registered: a key with no state under
-	// its rule's bucket is looked up under those (altState). nil when
-	// none changed algorithm, or the table has no seed.
-	alts map[string][]uint64
+	// others are, by rule name, the other algorithms of the rule's kind
+	// (a bit per Algorithm) that a rule of its name had in the sets
+	// before this one, back to the last set without it or with another
+	// kind; alts are the salt deltas (altBucket) of those algorithms: a
+	// key with no state under its rule's bucket is looked up under them
+	// (altState). Both nil when no rule changed algorithm; alts nil too
+	// when the table has no seed.
+	others map[string]uint8
+	alts   map[string][]uint64
 }
 
 // The kinds of state, by what holds them: a rate algorithm's TAT, a
@@ -318,7 +321,7 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		k := lifeKind(r.Algorithm)
 		s.life[k] = max(s.life[k], lifeOf(r))
 	}
-	s.alts = t.altsOf(g, m)
+	s.others, s.alts = t.othersOf(g.setOf[i-1], m)
 	n := g.clone()
 	n.versions = slices.Insert(n.versions, i, version)
 	n.setOf = slices.Insert(n.setOf, i, s)
@@ -343,32 +346,42 @@ func (t *Table) SetSeed(seed uint64) {
 	t.regMu.Unlock()
 }
 
-// altsOf returns ruleSet.alts for the rules m given the sets held in g.
-// t.regMu must be held.
-func (t *Table) altsOf(g *ruleSets, m map[string]*Rule) map[string][]uint64 {
-	if t.seed == 0 {
-		return nil
+// othersOf returns ruleSet.others and ruleSet.alts for the rules m of a
+// set registered after prev, from prev's: O(len(m)) map lookups. An
+// algorithm of a set since released stays in others (a lookup on a
+// miss finds nothing there). t.regMu must be held.
+func (t *Table) othersOf(prev *ruleSet, m map[string]*Rule) (others map[string]uint8, alts map[string][]uint64) {
+	if prev == nil || prev.rules == nil {
+		return nil, nil
 	}
-	var alts map[string][]uint64
-	for _, old := range g.sets {
-		if old.rules == nil {
+	for name, r := range m {
+		p, ok := prev.rules[name]
+		k := lifeKind(r.Algorithm)
+		if !ok || lifeKind(p.Algorithm) != k || k == lifeLog {
+			continue // new, back after a set without it, or another kind: afresh
+		}
+		mask := (prev.others[name] | 1<<p.Algorithm) &^ (1 << r.Algorithm)
+		if mask == 0 {
 			continue
 		}
-		for name, r := range m {
-			o, ok := old.rules[name]
-			if !ok || o.Algorithm == r.Algorithm || lifeKind(o.Algorithm) != lifeKind(r.Algorithm) || lifeKind(r.Algorithm) == lifeLog {
-				continue
-			}
-			d := RuleSalt(t.seed, name, r.Algorithm) ^ RuleSalt(t.seed, name, o.Algorithm)
-			if alts == nil {
-				alts = make(map[string][]uint64)
-			}
-			if !slices.Contains(alts[name], d) {
-				alts[name] = append(alts[name], d)
+		if others == nil {
+			others = make(map[string]uint8)
+		}
+		others[name] = mask
+		if t.seed == 0 {
+			continue
+		}
+		if alts == nil {
+			alts = make(map[string][]uint64)
+		}
+		salt := RuleSalt(t.seed, name, r.Algorithm)
+		for a := Algorithm(1); a < 8; a++ {
+			if mask&(1<<a) != 0 {
+				alts[name] = append(alts[name], salt^RuleSalt(t.seed, name, a))
 			}
 		}
 	}
-	return alts
+	return others, alts
 }
 
 func cmpU64(a, b uint64) int {
