@@ -132,19 +132,11 @@ type routerProc struct {
 // whose rules are its view's and whose readiness is ready.
 func routerHandler(rc *client.Ring, ready func() error, reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	rt := rc.Router()
-	return httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, readyFront{httpapi.RouterFront(rt), ready})
+	// Its Ring's readiness (ringReadiness). Was RouterFront's own, ready
+	// for as long as it had any view, so a router whose members had all
+	// stopped answering it stayed ready and routed by its old ring.
+	return httpapi.NewFront(httpapi.Config{Logger: log, Registry: reg}, rt, httpapi.RouterFront(rt, ready))
 }
-
-// readyFront is a Front whose readiness is ready, not the Front's own.
-// A router's is its Ring's (ringReadiness): was RouterFront's, ready for
-// as long as it had any view, so a router whose members had all stopped
-// answering it stayed ready and routed by its old ring.
-type readyFront struct {
-	httpapi.Front
-	ready func() error
-}
-
-func (f readyFront) Ready() error { return f.ready() }
 
 // ringReadiness is the readiness of a process that follows the cluster
 // through rc (router, gateway --cluster): rc.Ready (a view, read within

@@ -75,10 +75,15 @@ func (frontAdmin) Seed(context.Context) (api.SeedStatus, error) {
 
 // RouterFront is the Front of a router that follows the cluster: the
 // rules of its view (default first, then as the members list them: in
-// the order written) and ready once it has a view.
-func RouterFront(rt *router.Router) Front { return routerFront{rt} }
+// the order written), and ready as ready says (a process's: a router's
+// Ring is ready while its view is recent, see cmd/ringlimit), or, when
+// ready is nil, once it has a view.
+func RouterFront(rt *router.Router, ready func() error) Front { return routerFront{rt, ready} }
 
-type routerFront struct{ rt *router.Router }
+type routerFront struct {
+	rt    *router.Router
+	ready func() error // nil: ready once there is a view
+}
 
 func (f routerFront) Rules() []limiter.Rule {
 	v := f.rt.View()
@@ -89,6 +94,9 @@ func (f routerFront) Rules() []limiter.Rule {
 }
 
 func (f routerFront) Ready() error {
+	if f.ready != nil {
+		return f.ready()
+	}
 	if f.rt.View() == nil {
 		return fmt.Errorf("%w: no cluster view yet", api.ErrUnavailable)
 	}

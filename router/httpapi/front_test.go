@@ -25,7 +25,7 @@ func TestRouterFrontRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	h := NewFront(Config{}, rt, RouterFront(rt))
+	h := NewFront(Config{}, rt, RouterFront(rt, nil))
 	get := func() *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/rules", nil))
