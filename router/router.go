@@ -596,11 +596,10 @@ func (r *Router) restale(ctx context.Context, v *View, s *scratch) (*View, error
 		c := &s.checks[i]
 		rule, ok := nv.Rules[c.Rule]
 		var err error
-		switch {
-		case !ok:
+		if !ok {
 			err = lookedAgain{fmt.Errorf("%w %q", ErrUnknownRule, c.Rule)}
-		case rule.CheckCost(int64(c.Cost)) != nil:
-			err = fmt.Errorf("%w: %w", api.ErrBadRequest, rule.CheckCost(int64(c.Cost)))
+		} else if cerr := rule.CheckCost(int64(c.Cost)); cerr != nil {
+			err = fmt.Errorf("%w: %w", api.ErrBadRequest, cerr)
 		}
 		switch {
 		case err != nil && whole:
