@@ -641,14 +641,7 @@ func TestDialOutlivesTheCallThatStartedIt(t *testing.T) {
 		if err := c.Do(short, req, new(BatchResponse)); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("a call with a short deadline failed with %v; want an answer or its own deadline", err)
 		}
-		var resp BatchResponse
-		if err := c.Do(testCtx(t), req, &resp); err != nil {
-			t.Fatalf("the next call failed with %v; want an answer", err)
-		}
-		checkEcho(t, req, &resp)
-		if n := dials.Load(); n != 1 {
-			t.Fatalf("%d dials, want 1", n)
-		}
+		answeredOnOneDial(t, c, &dials)
 	})
 	t.Run("caller gone", func(t *testing.T) {
 		var dials atomic.Int32
@@ -677,16 +670,24 @@ func TestDialOutlivesTheCallThatStartedIt(t *testing.T) {
 			t.Fatalf("the cancelled call returned %v, want context.Canceled", err)
 		}
 		close(release)
-		req := batchOf(3, "r")
-		var resp BatchResponse
-		if err := c.Do(testCtx(t), req, &resp); err != nil {
-			t.Fatalf("the next call failed with %v; want an answer", err)
-		}
-		checkEcho(t, req, &resp)
-		if n := dials.Load(); n != 1 {
-			t.Fatalf("%d dials, want 1 (the first goes on without its caller)", n)
-		}
+		answeredOnOneDial(t, c, &dials)
 	})
+}
+
+// answeredOnOneDial checks that a call through c, after calls that gave
+// up on their own, is answered, and that dials counted one dial in all
+// (the first went on without its caller).
+func answeredOnOneDial(t *testing.T, c *Client, dials *atomic.Int32) {
+	t.Helper()
+	req := batchOf(3, "r")
+	var resp BatchResponse
+	if err := c.Do(testCtx(t), req, &resp); err != nil {
+		t.Fatalf("the next call failed with %v; want an answer", err)
+	}
+	checkEcho(t, req, &resp)
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials, want 1 (the first goes on without its caller)", n)
+	}
 }
 
 // A peer that answers no dial (its packets dropped) fails its calls

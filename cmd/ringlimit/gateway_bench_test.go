@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,15 +127,7 @@ func BenchmarkGatewayAddedLatency(b *testing.B) {
 // ns per request, and the upstream connections the gateway opened per
 // thousand requests (kept and reused, or dialed anew).
 func BenchmarkGatewayConcurrent(b *testing.B) {
-	var conns atomic.Int64
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	up.Start()
-	defer up.Close()
+	up, conns := countingUpstream(b, nil)
 	upURL, _ := url.Parse(up.URL)
 	dir := b.TempDir()
 	cfg := filepath.Join(dir, "gw.yaml")
@@ -161,13 +152,10 @@ func BenchmarkGatewayConcurrent(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			resp, err := hc.Get(u)
-			if err != nil {
+			if err := drainedGet(hc, u); err != nil {
 				b.Error(err)
 				return
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
 		}
 	})
 	b.StopTimer()

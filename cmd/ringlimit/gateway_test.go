@@ -442,21 +442,12 @@ func TestUpstreamTransport(t *testing.T) {
 // of 16 concurrent requests dialed anew each time, and an
 // "Accept-Encoding: gzip" no client had sent.
 func TestUpstreamTransportKeepsItsConnections(t *testing.T) {
-	var conns atomic.Int32
 	var gzipAsked atomic.Int32
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up, conns := countingUpstream(t, func(r *http.Request) {
 		if r.Header.Get("Accept-Encoding") != "" {
 			gzipAsked.Add(1)
 		}
-		_, _ = io.WriteString(w, "ok")
-	}))
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	up.Start()
-	defer up.Close()
+	})
 	c := &http.Client{Transport: upstreamTransport(0)}
 	defer c.CloseIdleConnections()
 	const callers, rounds = 16, 100
@@ -464,13 +455,10 @@ func TestUpstreamTransportKeepsItsConnections(t *testing.T) {
 	for range callers {
 		wg.Go(func() {
 			for range rounds {
-				resp, err := c.Get(up.URL)
-				if err != nil {
+				if err := drainedGet(c, up.URL); err != nil {
 					t.Error(err)
 					return
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
 			}
 		})
 	}
@@ -482,6 +470,37 @@ func TestUpstreamTransportKeepsItsConnections(t *testing.T) {
 	if n := gzipAsked.Load(); n != 0 {
 		t.Errorf("%d requests came with an Accept-Encoding their client did not send", n)
 	}
+}
+
+// countingUpstream starts an upstream answering "ok" (after seen, if
+// set, has looked at the request) that counts the connections it
+// accepts; it is closed when tb ends.
+func countingUpstream(tb testing.TB, seen func(*http.Request)) (*httptest.Server, *atomic.Int64) {
+	conns := new(atomic.Int64)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen != nil {
+			seen(r)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	up.Start()
+	tb.Cleanup(up.Close)
+	return up, conns
+}
+
+// drainedGet GETs u with c and reads the answer to its end.
+func drainedGet(c *http.Client, u string) error {
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
 }
 
 // serveWatch is a log sink that closes ready at the gateway's
