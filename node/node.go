@@ -209,6 +209,9 @@ type Node struct {
 	now   func() int64
 	h     *handoffs
 	m     *nodeMetrics
+	// announcedTo is the last command applied before announceCommit's
+	// latest barrier.
+	announcedTo atomic.Uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -476,6 +479,9 @@ func (n *Node) watchLoop() {
 		case <-n.ctx.Done():
 			return
 		case <-ch:
+			if n.raft != nil && n.isLeader() {
+				n.announceCommit()
+			}
 		case <-replay.C:
 			if !n.caughtUp() {
 				continue
