@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
 
@@ -65,8 +63,7 @@ const (
 // validateJoin checks a join request's shape: an id of printable UTF-8,
 // and three host:port addresses.
 func validateJoin(req api.JoinRequest) error {
-	if req.ID == "" || len(req.ID) > maxIDLen || !utf8.ValidString(req.ID) ||
-		strings.IndexFunc(req.ID, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+	if !validID(req.ID) {
 		return fmt.Errorf("%w: id must be 1 to %d printable characters without spaces", api.ErrBadRequest, maxIDLen)
 	}
 	for _, f := range [...]struct{ name, v string }{{"http", req.HTTP}, {"raft", req.Raft}, {"peer", req.Peer}} {

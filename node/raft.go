@@ -190,6 +190,12 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		return nil, fmt.Errorf("%w: %s holds the Raft state of a cluster that never had a member %q (its members: %s): it is another member's data dir; start %q over an empty --data-dir to join as a new member, or start it with the id it had",
 			ErrDataDir, cfg.DataDir, cfg.ID, strings.Join(members, ", "), cfg.ID)
 	}
+	if cfg.RaftTransport == nil {
+		if err := recordID(cfg.DataDir, cfg.ID); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
 	parts.fsm = &restoreWatch{FSM: fsm}
 	r, err := raft.NewRaft(rc, parts.fsm, logs, stable, indexedSnapshots{snaps}, trans)
 	started.Store(r)

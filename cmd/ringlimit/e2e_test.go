@@ -102,7 +102,11 @@ func startServe(t *testing.T, id, dir string, extra ...string) *proc {
 func launchServe(t *testing.T, id, dir string, extra ...string) *proc {
 	t.Helper()
 	p := &proc{id: id, http: freePort(t), dir: dir, done: make(chan struct{})}
-	args := append([]string{"serve", "--id", id, "--http", p.http, "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir, "--log-level", "debug"}, extra...)
+	args := []string{"serve"}
+	if id != "" { // "": no --id, as the image's own command
+		args = append(args, "--id", id)
+	}
+	args = append(append(args, "--http", p.http, "--raft", freePort(t), "--peer", freePort(t), "--data-dir", dir, "--log-level", "debug"), extra...)
 	p.cmd = exec.Command(binary(t), args...)
 	p.log = &logbuf.Buffer{}
 	p.cmd.Stderr = p.log

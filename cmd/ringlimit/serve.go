@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,7 +28,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		hostname = "ringlimit"
 	}
 	var (
-		id           = fs.String("id", hostname, "node id, unique in the cluster")
+		id           = fs.String("id", hostname, "node id, unique in the cluster (default: the id the data dir records, else the hostname)")
 		httpAddr     = fs.String("http", "127.0.0.1:8080", "HTTP listen address (API, metrics, health)")
 		raftAddr     = fs.String("raft", "127.0.0.1:8081", "Raft listen/advertise address")
 		peerAddr     = fs.String("peer", "127.0.0.1:8082", "data-plane (check forwarding) listen/advertise address")
@@ -67,6 +68,21 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	// a bad one exits 2 as a usage error (API.md): the checks that
 	// server.Start makes again (node, router) exited 1, as if a start
 	// with good flags had failed (--dead-after 100ms, --linger 2s).
+	// Without --id (or RINGLIMIT_ID) the id is the one the data dir
+	// records, if any, not the hostname: a container recreated over its
+	// volume has a new hostname (node.RecordedID).
+	idGiven := false
+	fs.Visit(func(f *flag.Flag) { idGiven = idGiven || f.Name == "id" })
+	if !idGiven && *dataDir != "" {
+		rec, err := node.RecordedID(*dataDir)
+		if err != nil {
+			return fail("--data-dir: %v", err)
+		}
+		if rec != "" && rec != *id {
+			log.Info("--id not given: the member id the data dir records, not the hostname", "id", rec, "hostname", hostname, "data_dir", *dataDir)
+			*id = rec
+		}
+	}
 	rcfg := router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout}
 	switch {
 	case *id == "":
