@@ -202,6 +202,23 @@ var alertCases = []alertCase{
 		`ringlimit_listener_refused_total{listener="peer",reason="cap",` + pod("0") + `}`: "0+1x40",
 	}, "6m", nil},
 
+	{"RinglimitGatewayErrors", map[string]string{ // a route whose rule was removed: every request 500
+		`ringlimit_gateway_requests_total{route="api",outcome="error",` + pod("g") + `}`:   "0+60x40",
+		`ringlimit_gateway_requests_total{route="api",outcome="allowed",` + pod("g") + `}`: "0+600x40",
+	}, "6m", []map[string]string{{"namespace": "rl", "pod": "ringlimit-g", "route": "api"}}},
+	{"RinglimitGatewayErrors", map[string]string{ // denials are not errors
+		`ringlimit_gateway_requests_total{route="api",outcome="denied",` + pod("g") + `}`:  "0+60x40",
+		`ringlimit_gateway_requests_total{route="api",outcome="allowed",` + pod("g") + `}`: "0+600x40",
+	}, "6m", nil},
+
+	{"RinglimitGatewayUpstreamFailing", map[string]string{
+		`ringlimit_gateway_upstream_errors_total{status="502",` + pod("g") + `}`: "0+60x40",
+		`ringlimit_gateway_upstream_errors_total{status="504",` + pod("g") + `}`: "0x40",
+	}, "6m", []map[string]string{{"namespace": "rl", "pod": "ringlimit-g", "status": "502"}}},
+	{"RinglimitGatewayUpstreamFailing", map[string]string{ // one in a while
+		`ringlimit_gateway_upstream_errors_total{status="502",` + pod("g") + `}`: "0+1x40",
+	}, "6m", nil},
+
 	{"RinglimitEnvoyConfigRefused", map[string]string{
 		`ringlimit_rls_config_last_load_ok{` + pod("0") + `}`: "0x10",
 	}, "2m", []map[string]string{{"namespace": "rl", "pod": "ringlimit-0"}}},
