@@ -49,7 +49,9 @@ func SetHeaders(h http.Header, rl RateLimit, now time.Time) {
 // WriteDenied answers 429 Too Many Requests for rl: the headers of
 // SetHeaders, Retry-After in whole seconds (rounded up, at least 1),
 // Cache-Control: no-store, and a JSON Denied body whose
-// retry_after_seconds equals Retry-After.
+// retry_after_seconds equals Retry-After; its message says whether the
+// limit was exceeded or could not be checked (a degraded decision of a
+// closed rule).
 func WriteDenied(w http.ResponseWriter, rl RateLimit, now time.Time) {
 	h := w.Header()
 	SetHeaders(h, rl, now)
@@ -58,8 +60,15 @@ func WriteDenied(w http.ResponseWriter, rl RateLimit, now time.Time) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
-	body, _ := json.Marshal(Denied{Error: "rate_limited", RetryAfterSeconds: retry,
-		Message: "rate limit " + strconv.Quote(rl.Policy) + " exceeded; retry in " + fmtInt(retry) + "s"})
+	msg := "rate limit " + strconv.Quote(rl.Policy) + " exceeded; retry in " + fmtInt(retry) + "s"
+	if rl.Decision.Degraded {
+		// Denied by the rule's failure_mode closed: the owner of the key
+		// could not be asked. Was "exceeded", which sent operators (an
+		// audit: 5% of a gateway's requests while a member was down)
+		// looking for a client that had exceeded nothing.
+		msg = "rate limit " + strconv.Quote(rl.Policy) + " could not be checked (the rate limiter did not answer in time) and its rule denies until it can; retry in " + fmtInt(retry) + "s"
+	}
+	body, _ := json.Marshal(Denied{Error: "rate_limited", RetryAfterSeconds: retry, Message: msg})
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(append(body, '\n'))
 }

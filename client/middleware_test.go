@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -237,5 +238,24 @@ func TestMiddlewareFreeRequestsAndEmptyKeys(t *testing.T) {
 	cost, key = 1, ""
 	if rec := serve(); rec.Code != http.StatusUnauthorized || hits != 2 {
 		t.Errorf("an empty key: %d, next %d; want 401", rec.Code, hits)
+	}
+}
+
+// A 429 of a closed rule whose owner could not be asked says so: the
+// client exceeded nothing. Was "exceeded" for both.
+func TestWriteDeniedSaysWhenDegraded(t *testing.T) {
+	for _, degraded := range []bool{false, true} {
+		rec := httptest.NewRecorder()
+		WriteDenied(rec, RateLimit{Policy: "login", Window: time.Minute, Decision: api.Decision{Limit: 5, RetryAfterMs: 1000, Degraded: degraded}}, time.Unix(0, 0))
+		var body Denied
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != http.StatusTooManyRequests || body.Error != "rate_limited" || body.RetryAfterSeconds != 1 {
+			t.Errorf("degraded %v: %d %+v; want 429, rate_limited, retry 1", degraded, rec.Code, body)
+		}
+		if got := strings.Contains(body.Message, "could not be checked"); got != degraded || strings.Contains(body.Message, "exceeded") == degraded {
+			t.Errorf("degraded %v: message %q", degraded, body.Message)
+		}
 	}
 }
