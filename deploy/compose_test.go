@@ -174,7 +174,47 @@ func TestComposeCluster(t *testing.T) {
 	if got := spend(t, all, key, 30); got != 0 {
 		t.Errorf("key %s after %s came back: %d of 30 allowed, want 0 (state lost in the hand-back)", key, leader, got)
 	}
+	if hasGateway {
+		// A recreated upstream (`up --force-recreate`, or `down` then
+		// `up`) is a new container, with a new host name: it must start
+		// again. Was: its id was the host name and its data dir a named
+		// volume, so every start after a recreate was refused (the dir
+		// held the Raft state of a member of another id): a crash loop,
+		// and 502 for every request the gateway allowed (an audit).
+		if out, err := dc(2*time.Minute, "up", "-d", "--no-deps", "--force-recreate", "upstream"); err != nil {
+			t.Fatalf("compose up --force-recreate upstream: %v\n%s", err, out)
+		}
+		recreated := time.Now()
+		for attempt := 0; ; attempt++ {
+			code := gatewayGet(t, url["gateway"], fmt.Sprintf("gw-recreated-%s-%d", id, attempt))
+			if code == http.StatusOK {
+				break
+			}
+			if time.Since(recreated) > 60*time.Second {
+				out, _ := dc(time.Minute, "logs", "--no-color", "--tail", "10", "upstream")
+				t.Fatalf("through the gateway, %v after the upstream was recreated: %d, want 200; upstream logs:\n%s", time.Since(recreated).Round(time.Second), code, out)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("the upstream recreated: forwarded to again after %v", time.Since(recreated).Round(time.Millisecond))
+	}
 	t.Logf("whole test %v", time.Since(start).Round(time.Second))
+}
+
+// gatewayGet sends one GET /healthz through the gateway as apiKey and
+// returns the status (0 when the gateway does not answer).
+func gatewayGet(t *testing.T, gateway, apiKey string) int {
+	t.Helper()
+	c := http.Client{Timeout: 10 * time.Second}
+	req, _ := http.NewRequest("GET", gateway+"/healthz", nil)
+	req.Header.Set("X-API-Key", apiKey)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // composeCommand is docker-compose (v1) or the `docker compose` plugin.

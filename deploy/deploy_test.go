@@ -754,7 +754,9 @@ type composeFile struct {
 		Command     []string          `json:"command"`
 		Environment map[string]string `json:"environment"`
 		Ports       []string          `json:"ports"`
+		Image       string            `json:"image"`
 		Volumes     []string          `json:"volumes"`
+		Tmpfs       []string          `json:"tmpfs"`
 		Secrets     []string          `json:"secrets"`
 	} `json:"services"`
 	Secrets map[string]struct {
@@ -785,8 +787,25 @@ func TestCompose(t *testing.T) {
 	var selves []string          // every member's own HTTP address
 	for name, svc := range cf.Services {
 		where := "compose service " + name
+		if strings.Contains(svc.Image, "RINGLIMIT_IMAGE") {
+			// The image's VOLUME /data: a named volume (a member's state,
+			// kept over a recreate) or a tmpfs; left to Docker it is an
+			// anonymous volume that each `down` leaves behind, and that a
+			// recreate carries over to a container of a new host name.
+			named := slices.ContainsFunc(svc.Volumes, func(v string) bool {
+				parts := strings.Split(v, ":")
+				return len(parts) >= 2 && parts[1] == "/data" && !strings.HasPrefix(parts[0], ".") && !strings.HasPrefix(parts[0], "/")
+			})
+			tmpfs := slices.ContainsFunc(svc.Tmpfs, func(m string) bool {
+				path, opts, _ := strings.Cut(m, ":")
+				return path == "/data" && strings.Contains(opts, "uid=65532") // writable by the image's user
+			})
+			if !named && !tmpfs {
+				t.Errorf("%s: /data is neither a named volume nor a tmpfs of the image's user (uid 65532)", where)
+			}
+		}
 		if len(svc.Command) == 0 {
-			continue // not ringlimit (an upstream)
+			continue // the image's own command (the stand-in upstream)
 		}
 		c := corev1.Container{Name: name, Args: svc.Command}
 		for k, v := range svc.Environment {
