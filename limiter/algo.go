@@ -3,6 +3,7 @@ package limiter
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -283,6 +284,13 @@ func (l *Log) Dead(now int64) bool { l.expire(now); return l.n == 0 }
 
 // reset empties l, keeping its tag and its buffer.
 func (l *Log) reset() { l.costs, l.head, l.n, l.sum = nil, 0, 0, 0 }
+
+// clone returns a copy of l that shares nothing with it.
+func (l *Log) clone() *Log {
+	c := *l
+	c.exps, c.costs = slices.Clone(l.exps), slices.Clone(l.costs)
+	return &c
+}
 
 // Len is the number of entries held.
 func (l *Log) Len() int { return int(l.n) }

@@ -666,9 +666,10 @@ func TestRuleRemovedAndAddedBackStartsFresh(t *testing.T) {
 // states, converted as for a change of limit (API.md: "a key's state
 // carries over"), and back again: each key is found under the bucket of
 // the algorithm it was last written under (altBucket), and that copy is
-// dropped once carried, so going back does not meet it stale. Another
-// kind of state, or a table without the seed, starts afresh. Was: every
-// algorithm change started afresh (the algorithm is in the salt).
+// dropped once carried, so going back does not meet it stale. A table
+// without the seed starts afresh (another kind of state: see
+// TestAlgorithmChangedAcrossKindsKeepsTheState). Was: every algorithm
+// change started afresh (the algorithm is in the salt).
 func TestAlgorithmChangedWithinItsKindKeepsTheState(t *testing.T) {
 	const seed, kh = uint64(7), uint64(0x1234_5678_9abc)
 	type step struct {
@@ -698,9 +699,9 @@ func TestAlgorithmChangedWithinItsKindKeepsTheState(t *testing.T) {
 			{SlidingWindow, 1, false, 0},
 			{FixedWindow, 1, false, 0},
 		}},
-		{"another kind starts afresh", true, 5, []step{
+		{"another kind too", true, 5, []step{
 			{TokenBucket, 4, true, 1},
-			{FixedWindow, 0, true, 5},
+			{FixedWindow, 0, true, 1},
 		}},
 		{"no seed", false, 10, []step{
 			{TokenBucket, 8, true, 2},

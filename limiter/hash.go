@@ -15,9 +15,8 @@ import "github.com/cespare/xxhash/v2"
 // on the same owner), while their buckets stay distinct. The algorithm is
 // part of the salt, so a rule's algorithm changed finds no state under
 // its new one: a table that knows the seed (SetSeed) then looks the key
-// up under the old one (altBucket) and converts what it finds, within a
-// kind of state (a bucket's TAT, a window's counters); across kinds the
-// key starts afresh.
+// up under the old one (altBucket), in the store of its kind, and
+// converts what it finds (convertAny).
 
 // KeyHash returns the seeded hash of a client key.
 func KeyHash(seed uint64, key string) uint64 { return xxh64(seed, key) }

@@ -42,11 +42,11 @@ import (
 // (it then converts to a fresh key), or once it is dead under the sets
 // that followed, followed through its conversions (tagLife.dropAt,
 // deadBy), since a converted state lives no longer than that. The bound is per
-// kind of state (a bucket's TAT, a window's counters, a log: lifeKind),
-// as a state converts only to a rule of its own kind (another kind
-// starts afresh; another algorithm of the kind is found by altState): a
-// set holding a fixed window of a day kept the 5s logs of its other
-// rules for three days after each change.
+// kind of state (a bucket's TAT, a window's counters, a log: lifeKind):
+// a state converts to a rule of its own kind, or to one of another kind
+// only where a rule's algorithm changed kind (ruleSet.reach; the state is
+// found by altState), so a set holding a fixed window of a day does not
+// keep the 5s logs of its other rules for three days after each change.
 //
 // A check under an older set than the newest (a caller that has not seen
 // the newer one yet) is decided under it, and its state kept under its
@@ -88,15 +88,27 @@ type ruleSet struct {
 	// life is, per kind of state, the longest a state of these rules
 	// lives (0: no rule of that kind).
 	life [lifeKinds]int64
-	// others are, by rule name, the other algorithms of the rule's kind
-	// (a bit per Algorithm) that a rule of its name had in the sets
-	// before this one, back to the last set without it or with another
-	// kind; alts are the salt deltas (altBucket) of those algorithms: a
-	// key with no state under its rule's bucket is looked up under them
-	// (altState). Both nil when no rule changed algorithm; alts nil too
-	// when the table has no seed.
+	// others are, by rule name, the other algorithms (a bit per
+	// Algorithm) that a rule of its name had in the sets before this
+	// one, back to the last set without it; alts are the salt deltas
+	// (altBucket) of those algorithms, and the kind of state each keeps:
+	// a key with no state under its rule's bucket is looked up under
+	// them (altState). Both nil when no rule changed algorithm; alts nil
+	// too when the table has no seed.
 	others map[string]uint8
-	alts   map[string][]uint64
+	alts   map[string][]altSalt
+	// reach is, per kind of state, the other kinds (a bit per kind) that
+	// a state of it made under an earlier set may become under this one:
+	// the kinds of the rules whose others hold an algorithm of it. deadBy
+	// follows a state's life into them.
+	reach [lifeKinds]uint8
+}
+
+// altSalt is one entry of ruleSet.alts: the salt delta of an algorithm
+// the rule had before, and the kind of state (store) it keeps.
+type altSalt struct {
+	delta uint64
+	kind  int
 }
 
 // The kinds of state, by what holds them: a rate algorithm's TAT, a
@@ -196,16 +208,43 @@ func (g *ruleSets) index() {
 // sets do not matter. Was: the latest of every later set's since + life,
 // so with rules written every few seconds the newest set's since kept
 // every state of every older set alive (a re-verification: 1.4M keys
-// and 160 MB with a PUT every 8 s, against 0.5M without).
+// and 160 MB with a PUT every 8 s, against 0.5M without). A set where
+// a rule's algorithm changed kind may make the state one of another
+// kind (reach): from there on the lives of those kinds bound it too.
 func (g *ruleSets) deadBy(i, k int, writable int64) int64 {
-	b := satAdd(writable, g.sets[i+1].life[k])
+	kinds := g.sets[i+1].reachOf(1 << k)
+	b := satAdd(writable, g.sets[i+1].lifeOf(kinds))
 	for _, s := range g.sets[i+2:] {
 		if b <= s.since {
 			continue // dead before it (since grows with versions, but an import may register an old one late)
 		}
-		b = max(b, satAdd(s.since, s.life[k]))
+		kinds = s.reachOf(kinds)
+		b = max(b, satAdd(s.since, s.lifeOf(kinds)))
 	}
 	return b
+}
+
+// reachOf returns the kinds (a bit each) a state of one of kinds may be
+// under s (see reach).
+func (s *ruleSet) reachOf(kinds uint8) uint8 {
+	out := kinds
+	for k := range lifeKinds {
+		if kinds&(1<<k) != 0 {
+			out |= s.reach[k]
+		}
+	}
+	return out
+}
+
+// lifeOf is the longest life of s's rules of the kinds (a bit each).
+func (s *ruleSet) lifeOf(kinds uint8) int64 {
+	l := int64(0)
+	for k := range lifeKinds {
+		if kinds&(1<<k) != 0 {
+			l = max(l, s.life[k])
+		}
+	}
+	return l
 }
 
 // lookup returns the set of version v, or nil.
@@ -321,7 +360,7 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		k := lifeKind(r.Algorithm)
 		s.life[k] = max(s.life[k], lifeOf(r))
 	}
-	s.others, s.alts = t.othersOf(g.setOf[i-1], m)
+	s.others, s.alts, s.reach = t.othersOf(g.setOf[i-1], m)
 	n := g.clone()
 	n.versions = slices.Insert(n.versions, i, version)
 	n.setOf = slices.Insert(n.setOf, i, s)
@@ -335,30 +374,28 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 }
 
 // SetSeed gives the table the seed of its buckets' salts (RuleSalt):
-// with it, a rule whose algorithm changes to another of its kind (among
-// token_bucket, gcra and leaky_bucket; between fixed_window and
-// sliding_window) keeps its keys' states, converted, as a change of its
-// limit does; without it such keys start afresh. Sets registered before
-// keep what they had.
+// with it, a rule whose algorithm changes keeps its keys' states,
+// converted (convertAny: within a kind as a change of its limit does,
+// across kinds as the admissions they imply); without it such keys start
+// afresh. Sets registered before keep what they had.
 func (t *Table) SetSeed(seed uint64) {
 	t.regMu.Lock()
 	t.seed = seed
 	t.regMu.Unlock()
 }
 
-// othersOf returns ruleSet.others and ruleSet.alts for the rules m of a
+// othersOf returns ruleSet.others, alts and reach for the rules m of a
 // set registered after prev, from prev's: O(len(m)) map lookups. An
 // algorithm of a set since released stays in others (a lookup on a
 // miss finds nothing there). t.regMu must be held.
-func (t *Table) othersOf(prev *ruleSet, m map[string]*Rule) (others map[string]uint8, alts map[string][]uint64) {
+func (t *Table) othersOf(prev *ruleSet, m map[string]*Rule) (others map[string]uint8, alts map[string][]altSalt, reach [lifeKinds]uint8) {
 	if prev == nil || prev.rules == nil {
-		return nil, nil
+		return nil, nil, reach
 	}
 	for name, r := range m {
 		p, ok := prev.rules[name]
-		k := lifeKind(r.Algorithm)
-		if !ok || lifeKind(p.Algorithm) != k || k == lifeLog {
-			continue // new, back after a set without it, or another kind: afresh
+		if !ok {
+			continue // new, or back after a set without it: afresh
 		}
 		mask := (prev.others[name] | 1<<p.Algorithm) &^ (1 << r.Algorithm)
 		if mask == 0 {
@@ -368,20 +405,26 @@ func (t *Table) othersOf(prev *ruleSet, m map[string]*Rule) (others map[string]u
 			others = make(map[string]uint8)
 		}
 		others[name] = mask
+		k := lifeKind(r.Algorithm)
+		for a := Algorithm(1); a < 8; a++ {
+			if ka := lifeKind(a); mask&(1<<a) != 0 && ka != k {
+				reach[ka] |= 1 << k
+			}
+		}
 		if t.seed == 0 {
 			continue
 		}
 		if alts == nil {
-			alts = make(map[string][]uint64)
+			alts = make(map[string][]altSalt)
 		}
 		salt := RuleSalt(t.seed, name, r.Algorithm)
 		for a := Algorithm(1); a < 8; a++ {
 			if mask&(1<<a) != 0 {
-				alts[name] = append(alts[name], salt^RuleSalt(t.seed, name, a))
+				alts[name] = append(alts[name], altSalt{salt ^ RuleSalt(t.seed, name, a), lifeKind(a)})
 			}
 		}
 	}
-	return others, alts
+	return others, alts, reach
 }
 
 func cmpU64(a, b uint64) int {
@@ -719,9 +762,12 @@ func (t *Table) RuleVersions() []uint64 {
 
 // carry brings a state made under set from over to set to for the rule r
 // (of to) at now, through the sets in between; conv converts between two
-// known rules at an instant, adopt from an unknown one, fresh is a fresh
-// key. A rule missing from a set in between, or of another algorithm
-// there, means the key's state was left behind: it starts fresh.
+// known rules of S's kind at an instant, adopt from an unknown one, fresh
+// is a fresh key. A rule missing from a set in between means the key's
+// state was left behind: it starts fresh. Where the rule's algorithm
+// changes kind, the state goes on as anyState (carryAny) and comes back
+// as S, the kind of r. (A state reaches a rule of another algorithm
+// under another bucket only by altState.)
 func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
 	var fresh S
@@ -732,10 +778,12 @@ func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 		// A check under an older set than the state's (a caller that
 		// has not seen the newer set yet): straight from one to the other.
 		old, ok := from.rules[r.Name]
-		if !ok || old.Algorithm != r.Algorithm {
+		switch {
+		case !ok:
 			return fresh
-		}
-		if sameRule(old, r) {
+		case lifeKind(old.Algorithm) != lifeKind(r.Algorithm):
+			return fromAny[S](convertAny(toAny(s), old, r, now))
+		case sameRule(old, r):
 			return s
 		}
 		return conv(s, old, r, now)
@@ -753,14 +801,91 @@ func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
 		switch {
 		case !ok:
 			s = adopt(s, nr, min(next.since, now))
-		case !ok2 || lifeKind(old.Algorithm) != lifeKind(nr.Algorithm):
-			// Gone, or another kind of state: afresh. (A state reaches
-			// a rule of another algorithm of its kind only by altState.)
-			return fresh
+		case !ok2:
+			return fresh // gone: afresh
+		case lifeKind(old.Algorithm) != lifeKind(nr.Algorithm):
+			return fromAny[S](carryAny(g, prev, to, r, now, toAny(s)))
 		case !sameRule(old, nr):
 			s = conv(s, old, nr, min(next.since, now))
 		}
 		prev = next
+	}
+	return s
+}
+
+// carryAny is carry for a state of any kind, whose kind changes where
+// the rule's does (convertAny). The state it returns is of r's kind: one
+// that ends of another (a set from that holds it under r's own rule, as
+// a late write may leave) is adopted.
+func carryAny(g *ruleSets, from, to *ruleSet, r *Rule, now int64, x anyState) anyState {
+	k := lifeKind(r.Algorithm)
+	fresh := anyState{kind: k}
+	switch {
+	case from == nil || from.version == 0:
+		return adoptAny(x, r, now)
+	case from.version > to.version: // see carry
+		old, ok := from.rules[r.Name]
+		if !ok {
+			return fresh
+		}
+		if x.kind == k && sameRule(old, r) {
+			return x
+		}
+		return convertAny(x, old, r, now)
+	}
+	prev := from
+	for _, next := range g.sets[g.pos[from.tag]+1 : g.pos[to.tag]+1] {
+		old, ok := prev.rules[r.Name]
+		nr, ok2 := next.rules[r.Name]
+		if next == to {
+			nr, ok2 = r, true
+		}
+		switch {
+		case !ok:
+			x = adoptAny(x, nr, min(next.since, now))
+		case !ok2:
+			return fresh
+		case x.kind != lifeKind(old.Algorithm) || !sameRule(old, nr):
+			x = convertAny(x, old, nr, min(next.since, now))
+		}
+		prev = next
+	}
+	if x.kind != k {
+		return adoptAny(x, r, now)
+	}
+	return x
+}
+
+// toAny wraps a state of a store as anyState.
+func toAny[S any](s S) anyState {
+	switch v := any(s).(type) {
+	case TAT:
+		return anyState{kind: lifeTAT, tat: v}
+	case Window:
+		return anyState{kind: lifeWindow, win: v}
+	case *Log:
+		return anyState{kind: lifeLog, log: v}
+	}
+	panic("limiter: toAny of an unknown state") // unreachable: S is one of the three
+}
+
+// fromAny unwraps anyState as the state of S's store (a fresh one when x
+// is of another kind).
+func fromAny[S any](x anyState) S {
+	var s S
+	switch p := any(&s).(type) {
+	case *TAT:
+		if x.kind == lifeTAT {
+			*p = x.tat
+		}
+	case *Window:
+		if x.kind == lifeWindow {
+			*p = x.win
+		}
+	case **Log:
+		if x.kind == lifeLog {
+			*p = x.log
+		}
 	}
 	return s
 }

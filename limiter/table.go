@@ -170,7 +170,6 @@ func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, 
 		return fmt.Errorf("%w: %q has limit %d per %v", ErrRule, r.Name, r.Limit, r.Period)
 	}
 	p := &t.parts[part]
-	k := slotKey(bucket)
 	// Unlocked without defer (it costs ~10% of a check): nothing between
 	// Lock and Unlock can panic once Limit and Period are positive, which
 	// is all the steps divide by.
@@ -197,7 +196,7 @@ func (t *Table) CheckInto(part uint32, bucket uint64, r *Rule, now, cost int64, 
 	case r.Algorithm.window():
 		p.windowLocked(g, set, bucket, r, now, cost, true, d)
 	case r.Algorithm == SlidingLog:
-		p.logLocked(g, set, k, r, now, cost, true, d)
+		p.logLocked(g, set, bucket, r, now, cost, true, d)
 	default:
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q has algorithm %v", ErrRule, r.Name, r.Algorithm)
@@ -259,36 +258,69 @@ func late(g *ruleSets, r *Rule) (*ruleSet, *Rule) {
 }
 
 // altState returns the state a key of bucket had under the algorithms
-// r's name had before in set's older sets (set.alts), carried over to r
-// (carry), or a fresh one. When it has one under several (a late check
-// under an older set wrote one), the one written under the newest set
-// is carried. With commit it removes them all, so that none is met
-// again, stale, once the rule goes back to its algorithm. A backup's
-// copy of one stays until it is swept: a member that takes the key over
-// after a crash finds the state under r's bucket first. Only for a key
-// with no state under r's bucket.
-func altState[S slotValue](st *slots[S], g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now int64, commit bool,
-	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
-	var s S
+// r's name had before in set's older sets (set.alts), looked up in the
+// store of each one's kind and carried over to r (carryAny: across kinds
+// too), or a fresh one; buf is the Log to fill when r is a sliding_log.
+// When it has one under several (a late check under an older set wrote
+// one), the one written under the newest set is carried. With commit it
+// removes them all, so that none is met again, stale, once the rule goes
+// back to its algorithm; without, it changes none (a log it carries is
+// copied first: Log.Convert works in place). A backup's copy of one
+// stays until it is swept: a member that takes the key over after a
+// crash finds the state under r's bucket first, and one that finds only
+// the old copy carries it as this did. Only for a key with no state
+// under r's bucket.
+func (p *partition) altState(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now int64, commit bool, buf *Log) anyState {
+	var x anyState
 	var from *ruleSet
 	found := false
-	for _, delta := range set.alts[r.Name] {
-		ka := slotKey(altBucket(bucket, delta))
-		e := st.find(ka)
-		if e == nil {
-			continue
+	for _, a := range set.alts[r.Name] {
+		ka := slotKey(altBucket(bucket, a.delta))
+		y := anyState{kind: a.kind}
+		var tag uint8
+		switch a.kind {
+		case lifeTAT:
+			e := p.tats.find(ka)
+			if e == nil {
+				continue
+			}
+			y.tat, tag = e.val, e.tag()
+			if commit {
+				p.tats.del(ka)
+			}
+		case lifeWindow:
+			e := p.wins.find(ka)
+			if e == nil {
+				continue
+			}
+			y.win, tag = e.val, e.tag()
+			if commit {
+				p.wins.del(ka)
+			}
+		default:
+			l, ok := p.logs[ka]
+			if !ok {
+				continue
+			}
+			y.log, tag = l, l.tag
+			if commit {
+				delete(p.logs, ka)
+			}
 		}
-		if f := g.byTag[e.tag()]; !found || (f != nil && from != nil && f.version > from.version) {
-			s, from, found = e.val, f, true
-		}
-		if commit {
-			st.del(ka)
+		if f := g.byTag[tag]; !found || (f != nil && from != nil && f.version > from.version) {
+			x, from, found = y, f, true
 		}
 	}
 	if !found {
-		return s
+		return anyState{kind: lifeKind(r.Algorithm), log: buf}
 	}
-	return carry(g, from, set, r, now, s, conv, adopt)
+	if x.kind == lifeLog && !commit {
+		x.log = x.log.clone()
+	}
+	if x.kind != lifeLog {
+		x.log = buf
+	}
+	return carryAny(g, from, set, r, now, x)
 }
 
 // decideLocked is the one core of Check and CheckGroup: it decides a
@@ -306,7 +338,7 @@ func (p *partition) decideLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 	case r.Algorithm.window():
 		p.windowLocked(g, set, bucket, r, now, cost, commit, d)
 	default:
-		p.logLocked(g, set, slotKey(bucket), r, now, cost, commit, d)
+		p.logLocked(g, set, bucket, r, now, cost, commit, d)
 	}
 }
 
@@ -320,7 +352,7 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertTAT, AdoptTAT)
 		}
 	} else if set.alts != nil {
-		s = altState(&p.tats, g, set, bucket, r, now, commit, ConvertTAT, AdoptTAT)
+		s = p.altState(g, set, bucket, r, now, commit, nil).tat
 	}
 	s = stepTAT(s, r, now, cost, d)
 	switch {
@@ -352,7 +384,7 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 			s = carry(g, g.byTag[tag], set, r, now, s, ConvertWindow, AdoptWindow)
 		}
 	} else if set.alts != nil {
-		s = altState(&p.wins, g, set, bucket, r, now, commit, ConvertWindow, AdoptWindow)
+		s = p.altState(g, set, bucket, r, now, commit, nil).win
 	}
 	s, *d = StepWindow(s, r, now, cost)
 	switch {
@@ -374,12 +406,21 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 	}
 }
 
-func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
+func (p *partition) logLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now, cost int64, commit bool, d *Decision) {
+	k := slotKey(bucket)
 	l, ok := p.logs[k]
+	alt := false // l holds a state found under another bucket (altState)
 	if !ok {
 		l = p.spare
 		if l == nil {
 			l = new(Log)
+		}
+		if set.alts != nil {
+			if x := p.altState(g, set, bucket, r, now, commit, l); x.log != l || l.n == 0 {
+				l.reset() // nothing found, or left behind
+			} else {
+				alt = true
+			}
 		}
 	} else if l.tag != set.tag && carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog) == nil {
 		// Left behind (its rule removed, or of another algorithm, in a
@@ -388,7 +429,7 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 		// sliding_log rule removed and added back kept denying.
 		l.reset()
 	}
-	if p.track && (cost > 0 || (ok && l.tag != set.tag)) {
+	if p.track && (cost > 0 || alt || (ok && l.tag != set.tag)) {
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
 	}
 	l.tag = set.tag
@@ -397,10 +438,12 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, k uint64, r *Rule, now,
 		*d = l.admit(r, now, cost, *d)
 	}
 	switch {
-	case l.n == 0:
+	case l.n == 0 || (alt && !commit):
+		// Without commit, what altState found stays where it is.
 		if ok {
 			delete(p.logs, k)
 		}
+		l.reset()
 		p.spare = l // empty again: exps is nil or at most 8 slots
 	case !ok:
 		if p.logs == nil {

@@ -177,7 +177,7 @@ func (o *Owner) useRules(next *view.View) {
 	if rs := o.rules.Load(); rs != nil && rs.version == next.RulesVersion {
 		return
 	}
-	o.table.SetSeed(next.Seed) // a rule's algorithm changed within its kind keeps its keys' states
+	o.table.SetSeed(next.Seed) // a rule's algorithm changed keeps its keys' states
 	if err := o.table.SetRules(next.RulesVersion, next.List, o.now()); err != nil {
 		o.log.Error("registering the rule set; its keys start fresh", "version", next.RulesVersion, "err", err)
 		return

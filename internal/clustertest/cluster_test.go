@@ -597,6 +597,54 @@ func TestAlgorithmChangeWithinItsKindKeepsBudgets(t *testing.T) {
 	})
 }
 
+// A rule's algorithm changed to another kind of state keeps its keys'
+// budgets on their owners (token_bucket → sliding_window → sliding_log →
+// token_bucket): what a key spent still counts under each new algorithm,
+// read through the owner's conversion, and the owner holds one state per
+// key once it is carried. Was: every key of the rule started afresh at
+// each change.
+func TestAlgorithmChangeAcrossKindsKeepsBudgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{})
+		put := func(r limiter.Rule) {
+			t.Helper()
+			c.PutRules("n1", r)
+			c.WaitFor(r.Algorithm.String()+" everywhere", 10*time.Second, func() bool {
+				for _, m := range c.Members() {
+					if v := m.Router().View(); v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Algorithm != r.Algorithm {
+						return false
+					}
+				}
+				return true
+			})
+		}
+		const name, limit = "login", 10
+		key := c.KeyOwnedBy("n2", 0)
+		algs := []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow, limiter.SlidingLog, limiter.TokenBucket}
+		put(limiter.Rule{Name: name, Algorithm: algs[0], Limit: limit, Period: time.Hour})
+		if r := c.Check("n1", name, key, 7); !r.Allowed {
+			t.Fatalf("%v: spending 7: %+v", algs[0], r)
+		}
+		left := int64(3)
+		for _, a := range algs[1:] {
+			put(limiter.Rule{Name: name, Algorithm: a, Limit: limit, Period: time.Hour})
+			if r := c.Check("n3", name, key, 0); r.Remaining != left || r.Degraded {
+				t.Fatalf("after changing %s to %v: %d left (degraded %v); want %d, as before the change", name, a, r.Remaining, r.Degraded, left)
+			}
+			if r := c.Check("n1", name, key, 1); !r.Allowed {
+				t.Fatalf("%v: spending 1 of the %d left: %+v", a, left, r)
+			}
+			left--
+		}
+		if r := c.Check("n3", name, key, 1); r.Allowed {
+			t.Fatalf("one more with none left: %+v", r)
+		}
+		if n := c.Member("n2").Node().Owner().Table().Len(); n != 1 {
+			t.Fatalf("the owner holds %d states for the one key, want 1", n)
+		}
+	})
+}
+
 // A rolling restart of every member (SIGTERM, restart, next) keeps every
 // key's budget: each member hands its partitions off when it stops and
 // takes them back with their state when it returns.
