@@ -484,3 +484,55 @@ func TestAlgorithmChangeAcrossKindsProperties(t *testing.T) {
 		checkInvariants(t, tb)
 	})
 }
+
+// A backup keeps the copy of a key's state the owner carried to another
+// algorithm and removed (deltas do not remove), beside the carried one.
+// A member that takes the key over after a crash, once the rule is back
+// at its first algorithm, finds that stale copy under the rule's own
+// bucket: the newer state under the other bucket wins, as it does on the
+// owner. Was: the copy under the own bucket was carried, and the 4
+// admitted under sliding_window were forgotten (7 left instead of 3).
+func TestAlgorithmChangeBackAfterTakeOverCarriesTheNewestCopy(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	rules := []Rule{
+		{Name: "x", Version: 1, Algorithm: TokenBucket, Limit: 10, Period: time.Hour},
+		{Name: "x", Version: 2, Algorithm: SlidingWindow, Limit: 10, Period: time.Hour},
+		{Name: "x", Version: 3, Algorithm: TokenBucket, Limit: 10, Period: time.Hour},
+	}
+	bucket := func(r *Rule) uint64 { return BucketHash(crossKey, RuleSalt(crossSeed, r.Name, r.Algorithm)) }
+	owner, backup, heir := mustTable(t, 1), mustTable(t, 1), mustTable(t, 1)
+	for _, tb := range []*Table{owner, heir} {
+		tb.SetSeed(crossSeed)
+	}
+	for i, r := range rules {
+		at := ruleT0 + int64(i)*ms
+		for _, tb := range []*Table{owner, heir} {
+			if err := tb.SetRules(r.Version, []Rule{r}, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == 2 {
+			break // the owner crashes before the key is checked again
+		}
+		if d, err := owner.Check(0, bucket(&rules[i]), &rules[i], at, 3+int64(i)); err != nil || !d.Allowed {
+			t.Fatalf("spending under %v: %+v, %v", r.Algorithm, d, err)
+		}
+		if _, err := backup.Import(0, owner.Export(nil, 0, at), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := ruleT0 + 2*ms
+	if _, err := heir.Import(0, backup.Export(nil, 0, now), now); err != nil {
+		t.Fatal(err)
+	}
+	if heir.Len() != 2 {
+		t.Fatalf("the heir holds %d states, want the stale copy and the carried one", heir.Len())
+	}
+	d, err := heir.Check(0, bucket(&rules[2]), &rules[2], now, 0)
+	if err != nil || d.Remaining != 3 {
+		t.Fatalf("back at token_bucket on the heir: %+v, %v; want 3 left", d, err)
+	}
+	if heir.Len() != 1 {
+		t.Fatalf("the heir holds %d states after the check, want 1", heir.Len())
+	}
+}

@@ -260,17 +260,18 @@ func late(g *ruleSets, r *Rule) (*ruleSet, *Rule) {
 // altState returns the state a key of bucket had under the algorithms
 // r's name had before in set's older sets (set.alts), looked up in the
 // store of each one's kind and carried over to r (carryAny: across kinds
-// too), or a fresh one; buf is the Log to fill when r is a sliding_log.
-// When it has one under several (a late check under an older set wrote
-// one), the one written under the newest set is carried. With commit it
+// too), and true; or, when there is none written under a later set than
+// own (nil: any), a fresh state and false. buf is the Log to fill when r
+// is a sliding_log. When it has one under several, the one written under
+// the newest set is carried: a copy left behind is older than the state
+// that was carried from it (a late check under an older set, or a
+// backup's copy the owner removed, may leave one, even under r's own
+// bucket: own is the set of the state found there). With commit it
 // removes them all, so that none is met again, stale, once the rule goes
-// back to its algorithm; without, it changes none (a log it carries is
-// copied first: Log.Convert works in place). A backup's copy of one
-// stays until it is swept: a member that takes the key over after a
-// crash finds the state under r's bucket first, and one that finds only
-// the old copy carries it as this did. Only for a key with no state
-// under r's bucket.
-func (p *partition) altState(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, now int64, commit bool, buf *Log) anyState {
+// back to its algorithm (and may move the entries of the stores); without,
+// it changes none (a log it carries is copied first: Log.Convert works in
+// place).
+func (p *partition) altState(g *ruleSets, set *ruleSet, own *ruleSet, bucket uint64, r *Rule, now int64, commit bool, buf *Log) (anyState, bool) {
 	var x anyState
 	var from *ruleSet
 	found := false
@@ -307,12 +308,16 @@ func (p *partition) altState(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, 
 				delete(p.logs, ka)
 			}
 		}
-		if f := g.byTag[tag]; !found || (f != nil && from != nil && f.version > from.version) {
+		f := g.byTag[tag]
+		if own != nil && (f == nil || f.version <= own.version) {
+			continue // older than the state under r's bucket
+		}
+		if !found || (f != nil && from != nil && f.version > from.version) {
 			x, from, found = y, f, true
 		}
 	}
 	if !found {
-		return anyState{kind: lifeKind(r.Algorithm), log: buf}
+		return anyState{kind: lifeKind(r.Algorithm), log: buf}, false
 	}
 	if x.kind == lifeLog && !commit {
 		x.log = x.log.clone()
@@ -320,7 +325,7 @@ func (p *partition) altState(g *ruleSets, set *ruleSet, bucket uint64, r *Rule, 
 	if x.kind != lifeLog {
 		x.log = buf
 	}
-	return carryAny(g, from, set, r, now, x)
+	return carryAny(g, from, set, r, now, x), true
 }
 
 // decideLocked is the one core of Check and CheckGroup: it decides a
@@ -349,10 +354,21 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			s = carry(g, g.byTag[tag], set, r, now, s, ConvertTAT, AdoptTAT)
+			own, newer := g.byTag[tag], false
+			if set.alts != nil {
+				var x anyState
+				if x, newer = p.altState(g, set, own, bucket, r, now, commit, nil); newer {
+					s = x.tat
+				}
+				e = p.tats.find(k) // altState may have moved it
+			}
+			if !newer {
+				s = carry(g, own, set, r, now, s, ConvertTAT, AdoptTAT)
+			}
 		}
 	} else if set.alts != nil {
-		s = p.altState(g, set, bucket, r, now, commit, nil).tat
+		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
+		s = x.tat
 	}
 	s = stepTAT(s, r, now, cost, d)
 	switch {
@@ -381,10 +397,21 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			s = carry(g, g.byTag[tag], set, r, now, s, ConvertWindow, AdoptWindow)
+			own, newer := g.byTag[tag], false
+			if set.alts != nil {
+				var x anyState
+				if x, newer = p.altState(g, set, own, bucket, r, now, commit, nil); newer {
+					s = x.win
+				}
+				e = p.wins.find(k) // altState may have moved it
+			}
+			if !newer {
+				s = carry(g, own, set, r, now, s, ConvertWindow, AdoptWindow)
+			}
 		}
 	} else if set.alts != nil {
-		s = p.altState(g, set, bucket, r, now, commit, nil).win
+		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
+		s = x.win
 	}
 	s, *d = StepWindow(s, r, now, cost)
 	switch {
@@ -410,24 +437,35 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 	k := slotKey(bucket)
 	l, ok := p.logs[k]
 	alt := false // l holds a state found under another bucket (altState)
-	if !ok {
+	switch {
+	case !ok:
 		l = p.spare
 		if l == nil {
 			l = new(Log)
 		}
 		if set.alts != nil {
-			if x := p.altState(g, set, bucket, r, now, commit, l); x.log != l || l.n == 0 {
-				l.reset() // nothing found, or left behind
-			} else {
-				alt = true
+			if x, found := p.altState(g, set, nil, bucket, r, now, commit, l); found {
+				if alt = x.log == l && l.n > 0; !alt {
+					l.reset() // left behind, or nothing live
+				}
 			}
 		}
-	} else if l.tag != set.tag && carry(g, g.byTag[l.tag], set, r, now, l, convertLog, adoptLog) == nil {
-		// Left behind (its rule removed, or of another algorithm, in a
-		// set in between): a fresh key, as for the other states. Was:
-		// carry's nil was dropped and the log kept as it was, so a
-		// sliding_log rule removed and added back kept denying.
-		l.reset()
+	case l.tag != set.tag:
+		own, newer := g.byTag[l.tag], false
+		var x anyState
+		if set.alts != nil {
+			x, newer = p.altState(g, set, own, bucket, r, now, commit, l)
+		}
+		if !newer {
+			x.log = carry(g, own, set, r, now, l, convertLog, adoptLog)
+		}
+		if x.log == nil {
+			// Left behind (its rule removed in a set in between): a
+			// fresh key, as for the other states. Was:
+			// carry's nil was dropped and the log kept as it was, so a
+			// sliding_log rule removed and added back kept denying.
+			l.reset()
+		}
 	}
 	if p.track && (cost > 0 || alt || (ok && l.tag != set.tag)) {
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
