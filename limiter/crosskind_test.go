@@ -536,3 +536,35 @@ func TestAlgorithmChangeBackAfterTakeOverCarriesTheNewestCopy(t *testing.T) {
 		t.Fatalf("the heir holds %d states after the check, want 1", heir.Len())
 	}
 }
+
+// A member that registered only the newest rule set (it started after
+// the change) and then imports the states of a partition, whose stream
+// brings the older set they were made under, looks for them under the
+// buckets of that set's algorithms: the sets after an imported one are
+// derived again (rederive). Was: the newest set's alts were those of its
+// registration, none, and the key came back with a full budget.
+func TestAlgorithmChangeFoundAfterImportOfAnOlderSet(t *testing.T) {
+	for _, to := range []Algorithm{GCRA, SlidingWindow, SlidingLog} {
+		t.Run(to.String(), func(t *testing.T) {
+			old := Rule{Name: "x", Version: 1, Algorithm: TokenBucket, Limit: 10, Period: time.Hour}
+			nr := Rule{Name: "x", Version: 2, Algorithm: to, Limit: 10, Period: time.Hour}
+			bucket := func(r *Rule) uint64 { return BucketHash(crossKey, RuleSalt(crossSeed, r.Name, r.Algorithm)) }
+			src, dst := mustTable(t, 1), mustTable(t, 1)
+			src.SetSeed(crossSeed)
+			dst.SetSeed(crossSeed)
+			if err := src.SetRules(1, []Rule{old}, ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			src.Check(0, bucket(&old), &old, ruleT0, 8)
+			if err := dst.SetRules(2, []Rule{nr}, ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := dst.Import(0, src.Export(nil, 0, ruleT0), ruleT0); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := dst.Check(0, bucket(&nr), &nr, ruleT0, 0); err != nil || d.Remaining != 2 {
+				t.Fatalf("after the import: %+v, %v; want 2 left", d, err)
+			}
+		})
+	}
+}

@@ -368,9 +368,43 @@ func (t *Table) register(version uint64, m map[string]*Rule, since int64, alias 
 		return cmpU64(s.version, v)
 	})
 	n.sets = slices.Insert(n.sets, j, s)
+	t.rederive(n, i+1)
 	n.index()
 	t.sets.Store(n)
 	return s
+}
+
+// rederive recomputes others, alts and reach of the sets of n.setOf from
+// index from on, each from the set before it, and puts a copy in the
+// place of each that changes (a published set never changes; a check
+// holding the old one decides as it would have a moment before). For a
+// set registered after the sets it precedes, as an import registers the
+// set of the states it brings: a member that started with the newest
+// set alone and then took over the partitions of a crashed one did not
+// look under the buckets of the algorithms the imported sets had, and
+// their keys started afresh. O(rules) per later set, on that path only.
+// t.regMu must be held.
+func (t *Table) rederive(n *ruleSets, from int) {
+	for j := from; j < len(n.setOf); j++ {
+		cur, prev := n.setOf[j], n.setOf[j-1]
+		if cur == prev {
+			continue // an alias
+		}
+		others, alts, reach := t.othersOf(prev, cur.rules)
+		if reach == cur.reach && maps.Equal(others, cur.others) && maps.EqualFunc(alts, cur.alts, slices.Equal) {
+			continue
+		}
+		c := *cur
+		c.others, c.alts, c.reach = others, alts, reach
+		for k, x := range n.setOf {
+			if x == cur {
+				n.setOf[k] = &c
+			}
+		}
+		if k := slices.Index(n.sets, cur); k >= 0 {
+			n.sets[k] = &c
+		}
+	}
 }
 
 // SetSeed gives the table the seed of its buckets' salts (RuleSalt):
