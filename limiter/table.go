@@ -328,6 +328,26 @@ func (p *partition) altState(g *ruleSets, set *ruleSet, own *ruleSet, bucket uin
 	return carryAny(g, from, set, r, now, x), true
 }
 
+// carryOwn returns the state e holds, found under r's own bucket in st
+// and made under set own, carried over to set: or, when a copy under
+// set.alts was written under a later set than own, that copy carried
+// (altState). It returns the key's entry too, which altState may move.
+// A check meets it once per key after a rules change, never on a hit of
+// its own set: apart from tatLocked and windowLocked, so that their hot
+// path stays as it was.
+func carryOwn[S slotValue](p *partition, st *slots[S], g *ruleSets, set, own *ruleSet, e *slot[S], bucket uint64, r *Rule, now int64, commit bool,
+	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) (S, *slot[S]) {
+	s := e.val
+	if set.alts != nil {
+		x, newer := p.altState(g, set, own, bucket, r, now, commit, nil)
+		e = st.find(slotKey(bucket))
+		if newer {
+			return fromAny[S](x), e
+		}
+	}
+	return carry(g, own, set, r, now, s, conv, adopt), e
+}
+
 // decideLocked is the one core of Check and CheckGroup: it decides a
 // check of cost on slot key k under r, whose set is set, at now, into
 // *d. With
@@ -354,17 +374,7 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			own, newer := g.byTag[tag], false
-			if set.alts != nil {
-				var x anyState
-				if x, newer = p.altState(g, set, own, bucket, r, now, commit, nil); newer {
-					s = x.tat
-				}
-				e = p.tats.find(k) // altState may have moved it
-			}
-			if !newer {
-				s = carry(g, own, set, r, now, s, ConvertTAT, AdoptTAT)
-			}
+			s, e = carryOwn(p, &p.tats, g, set, g.byTag[tag], e, bucket, r, now, commit, ConvertTAT, AdoptTAT)
 		}
 	} else if set.alts != nil {
 		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
@@ -397,17 +407,7 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			own, newer := g.byTag[tag], false
-			if set.alts != nil {
-				var x anyState
-				if x, newer = p.altState(g, set, own, bucket, r, now, commit, nil); newer {
-					s = x.win
-				}
-				e = p.wins.find(k) // altState may have moved it
-			}
-			if !newer {
-				s = carry(g, own, set, r, now, s, ConvertWindow, AdoptWindow)
-			}
+			s, e = carryOwn(p, &p.wins, g, set, g.byTag[tag], e, bucket, r, now, commit, ConvertWindow, AdoptWindow)
 		}
 	} else if set.alts != nil {
 		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
@@ -451,21 +451,7 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 			}
 		}
 	case l.tag != set.tag:
-		own, newer := g.byTag[l.tag], false
-		var x anyState
-		if set.alts != nil {
-			x, newer = p.altState(g, set, own, bucket, r, now, commit, l)
-		}
-		if !newer {
-			x.log = carry(g, own, set, r, now, l, convertLog, adoptLog)
-		}
-		if x.log == nil {
-			// Left behind (its rule removed in a set in between): a
-			// fresh key, as for the other states. Was:
-			// carry's nil was dropped and the log kept as it was, so a
-			// sliding_log rule removed and added back kept denying.
-			l.reset()
-		}
+		p.carryLog(g, set, l, bucket, r, now, commit)
 	}
 	if p.track && (cost > 0 || alt || (ok && l.tag != set.tag)) {
 		p.noteChanged(k) // a spend that is denied writes nothing, but noting it is harmless
@@ -489,6 +475,28 @@ func (p *partition) logLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 		}
 		p.logs[k] = l
 		p.spare = nil
+	}
+}
+
+// carryLog carries l, found under r's own bucket and made under another
+// set than set, over to set in place (or the copy under set.alts written
+// under a later set, as carryOwn does): a check meets it once per key
+// after a rules change.
+func (p *partition) carryLog(g *ruleSets, set *ruleSet, l *Log, bucket uint64, r *Rule, now int64, commit bool) {
+	own, newer := g.byTag[l.tag], false
+	var x anyState
+	if set.alts != nil {
+		x, newer = p.altState(g, set, own, bucket, r, now, commit, l)
+	}
+	if !newer {
+		x.log = carry(g, own, set, r, now, l, convertLog, adoptLog)
+	}
+	if x.log == nil {
+		// Left behind (its rule removed in a set in between): a fresh
+		// key, as for the other states. Was: carry's nil was dropped and
+		// the log kept as it was, so a sliding_log rule removed and
+		// added back kept denying.
+		l.reset()
 	}
 }
 
