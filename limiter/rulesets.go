@@ -794,57 +794,14 @@ func (t *Table) RuleVersions() []uint64 {
 	return slices.Clone(t.sets.Load().versions)
 }
 
-// carry brings a state made under set from over to set to for the rule r
-// (of to) at now, through the sets in between; conv converts between two
-// known rules of S's kind at an instant, adopt from an unknown one, fresh
-// is a fresh key. A rule missing from a set in between means the key's
-// state was left behind: it starts fresh. Where the rule's algorithm
-// changes kind, the state goes on as anyState (carryAny) and comes back
-// as S, the kind of r. (A state reaches a rule of another algorithm
-// under another bucket only by altState.)
-func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S,
-	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) S {
-	var fresh S
-	if from == nil { // unreachable: a stored tag always names a set
-		return adopt(s, r, now)
-	}
-	if from.version > to.version {
-		// A check under an older set than the state's (a caller that
-		// has not seen the newer set yet): straight from one to the other.
-		old, ok := from.rules[r.Name]
-		switch {
-		case !ok:
-			return fresh
-		case lifeKind(old.Algorithm) != lifeKind(r.Algorithm):
-			return fromAny[S](convertAny(toAny(s), old, r, now))
-		case sameRule(old, r):
-			return s
-		}
-		return conv(s, old, r, now)
-	}
-	if from.version == 0 {
-		return adopt(s, r, now)
-	}
-	prev := from
-	for _, next := range g.sets[g.pos[from.tag]+1 : g.pos[to.tag]+1] {
-		old, ok := prev.rules[r.Name]
-		nr, ok2 := next.rules[r.Name]
-		if next == to {
-			nr, ok2 = r, true
-		}
-		switch {
-		case !ok:
-			s = adopt(s, nr, min(next.since, now))
-		case !ok2:
-			return fresh // gone: afresh
-		case lifeKind(old.Algorithm) != lifeKind(nr.Algorithm):
-			return fromAny[S](carryAny(g, prev, to, r, now, toAny(s)))
-		case !sameRule(old, nr):
-			s = conv(s, old, nr, min(next.since, now))
-		}
-		prev = next
-	}
-	return s
+// carry brings a state of S's store made under set from over to set to
+// for the rule r (of to) at now, through the sets in between (carryAny):
+// a rule missing from a set in between means the key's state was left
+// behind, and it starts fresh; where the rule's algorithm changes kind
+// the state is converted to it and back. (A state reaches a rule of
+// another algorithm under another bucket only by altState.)
+func carry[S any](g *ruleSets, from, to *ruleSet, r *Rule, now int64, s S) S {
+	return fromAny[S](carryAny(g, from, to, r, now, toAny(s)))
 }
 
 // carryAny is carry for a state of any kind, whose kind changes where

@@ -335,8 +335,7 @@ func (p *partition) altState(g *ruleSets, set *ruleSet, own *ruleSet, bucket uin
 // A check meets it once per key after a rules change, never on a hit of
 // its own set: apart from tatLocked and windowLocked, so that their hot
 // path stays as it was.
-func carryOwn[S slotValue](p *partition, st *slots[S], g *ruleSets, set, own *ruleSet, e *slot[S], bucket uint64, r *Rule, now int64, commit bool,
-	conv func(s S, from, to *Rule, at int64) S, adopt func(s S, to *Rule, at int64) S) (S, *slot[S]) {
+func carryOwn[S slotValue](p *partition, st *slots[S], g *ruleSets, set, own *ruleSet, e *slot[S], bucket uint64, r *Rule, now int64, commit bool) (S, *slot[S]) {
 	s := e.val
 	if set.alts != nil {
 		x, newer := p.altState(g, set, own, bucket, r, now, commit, nil)
@@ -345,7 +344,7 @@ func carryOwn[S slotValue](p *partition, st *slots[S], g *ruleSets, set, own *ru
 			return fromAny[S](x), e
 		}
 	}
-	return carry(g, own, set, r, now, s, conv, adopt), e
+	return carry(g, own, set, r, now, s), e
 }
 
 // decideLocked is the one core of Check and CheckGroup: it decides a
@@ -374,7 +373,7 @@ func (p *partition) tatLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Rule,
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			s, e = carryOwn(p, &p.tats, g, set, g.byTag[tag], e, bucket, r, now, commit, ConvertTAT, AdoptTAT)
+			s, e = carryOwn(p, &p.tats, g, set, g.byTag[tag], e, bucket, r, now, commit)
 		}
 	} else if set.alts != nil {
 		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
@@ -407,7 +406,7 @@ func (p *partition) windowLocked(g *ruleSets, set *ruleSet, bucket uint64, r *Ru
 	if e != nil {
 		s = e.val
 		if tag := e.tag(); tag != set.tag {
-			s, e = carryOwn(p, &p.wins, g, set, g.byTag[tag], e, bucket, r, now, commit, ConvertWindow, AdoptWindow)
+			s, e = carryOwn(p, &p.wins, g, set, g.byTag[tag], e, bucket, r, now, commit)
 		}
 	} else if set.alts != nil {
 		x, _ := p.altState(g, set, nil, bucket, r, now, commit, nil)
@@ -489,7 +488,7 @@ func (p *partition) carryLog(g *ruleSets, set *ruleSet, l *Log, bucket uint64, r
 		x, newer = p.altState(g, set, own, bucket, r, now, commit, l)
 	}
 	if !newer {
-		x.log = carry(g, own, set, r, now, l, convertLog, adoptLog)
+		x.log = carry(g, own, set, r, now, l)
 	}
 	if x.log == nil {
 		// Left behind (its rule removed in a set in between): a fresh
@@ -499,11 +498,6 @@ func (p *partition) carryLog(g *ruleSets, set *ruleSet, l *Log, bucket uint64, r
 		l.reset()
 	}
 }
-
-// convertLog and adoptLog are Log.Convert and Log.Adopt in the shape
-// carry takes; a log converts in place.
-func convertLog(l *Log, from, to *Rule, at int64) *Log { l.Convert(from, to, at); return l }
-func adoptLog(l *Log, to *Rule, at int64) *Log         { l.Adopt(to, at); return l }
 
 // droppableLog is droppable for a log: it may write (see Log.Dead).
 func droppableLog(l *Log, now int64, g *ruleSets) bool {

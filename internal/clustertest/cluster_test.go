@@ -563,18 +563,7 @@ func TestRuleChangeCarriesStateOnTheOwner(t *testing.T) {
 func TestAlgorithmChangeWithinItsKindKeepsBudgets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 3, Options{})
-		put := func(r limiter.Rule) {
-			t.Helper()
-			c.PutRules("n1", r)
-			c.WaitFor(r.Algorithm.String()+" everywhere", 10*time.Second, func() bool {
-				for _, m := range c.Members() {
-					if v := m.Router().View(); v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Algorithm != r.Algorithm {
-						return false
-					}
-				}
-				return true
-			})
-		}
+		put := func(r limiter.Rule) { t.Helper(); putEverywhere(t, c, r) }
 		for _, tc := range []struct {
 			algs         []limiter.Algorithm
 			limit, spent int64
@@ -606,18 +595,7 @@ func TestAlgorithmChangeWithinItsKindKeepsBudgets(t *testing.T) {
 func TestAlgorithmChangeAcrossKindsKeepsBudgets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 3, Options{})
-		put := func(r limiter.Rule) {
-			t.Helper()
-			c.PutRules("n1", r)
-			c.WaitFor(r.Algorithm.String()+" everywhere", 10*time.Second, func() bool {
-				for _, m := range c.Members() {
-					if v := m.Router().View(); v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Algorithm != r.Algorithm {
-						return false
-					}
-				}
-				return true
-			})
-		}
+		put := func(r limiter.Rule) { t.Helper(); putEverywhere(t, c, r) }
 		const name, limit = "login", 10
 		key := c.KeyOwnedBy("n2", 0)
 		algs := []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow, limiter.SlidingLog, limiter.TokenBucket}
@@ -1299,4 +1277,19 @@ func TestLeaderCrashLeavesTheOthersAnswering(t *testing.T) {
 			})
 		})
 	}
+}
+
+// putEverywhere writes rule r through n1 and waits until every member's
+// view has it with its algorithm.
+func putEverywhere(t *testing.T, c *Cluster, r limiter.Rule) {
+	t.Helper()
+	c.PutRules("n1", r)
+	c.WaitFor(r.Algorithm.String()+" everywhere", 10*time.Second, func() bool {
+		for _, m := range c.Members() {
+			if v := m.Router().View(); v == nil || v.Rules[r.Name] == nil || v.Rules[r.Name].Algorithm != r.Algorithm {
+				return false
+			}
+		}
+		return true
+	})
 }
