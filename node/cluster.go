@@ -744,7 +744,7 @@ func (n *Node) leftBefore(req api.JoinRequest) error {
 	if req.ListedTerm != 0 && n.raft.logs.GetLog(req.Listed, &l) == nil && l.Term != req.ListedTerm {
 		return nil
 	}
-	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave): the log of the process asking lists it as of epoch %d, and the cluster, at epoch %d, lists it no more; start it over an empty --data-dir (or another --id) to join again as a new member",
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave): the log of the process asking lists it as of epoch %d, and the cluster, at epoch %d, lists it no more; start it over an empty --data-dir to join again as a new member",
 		api.ErrLeft, req.ID, req.Listed, st.MembershipIndex)
 }
 

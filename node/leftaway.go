@@ -93,7 +93,7 @@ func (n *Node) leftBeforeRestart() bool {
 // leftInLog is the error of a member that found its removal in its log
 // as it caught up after a restart (removedBeforeRestart).
 func (n *Node) leftInLog(st *fsm.State) error {
-	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: its log, caught up after the restart, holds the removal (epoch %d; the log it restarted with lists it as of epoch %d); start it over an empty --data-dir (or another --id) to join again as a new member",
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: its log, caught up after the restart, holds the removal (epoch %d; the log it restarted with lists it as of epoch %d); start it over an empty --data-dir to join again as a new member",
 		ErrDataDir, n.cfg.ID, st.MembershipIndex, n.raft.local.since)
 }
 
@@ -294,7 +294,7 @@ func (n *Node) leftError(addr string, r RemoteCluster, since uint64) error {
 	if r.ID != "" {
 		who = fmt.Sprintf("%s (%s)", r.ID, addr)
 	}
-	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: member %s, whose raft leader is %s, no longer lists it (epoch %d; this data dir's log, which lists it as of epoch %d, never received the removal); start it over an empty --data-dir (or another --id) to join again as a new member",
+	return fmt.Errorf("%w: member %q left the cluster (ringlimit leave) while it was away: member %s, whose raft leader is %s, no longer lists it (epoch %d; this data dir's log, which lists it as of epoch %d, never received the removal); start it over an empty --data-dir to join again as a new member",
 		ErrDataDir, n.cfg.ID, who, r.Leader, r.Epoch, since)
 }
 

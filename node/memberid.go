@@ -22,7 +22,9 @@ import (
 // refused: the dir held the Raft state of a cluster that never had a
 // member of that id (an audit: the Compose stack's stand-in upstream
 // crash-looped after `up --force-recreate`). serve now takes the id the
-// dir records when --id is not given (RecordedID).
+// dir records when --id is not given (RecordedID), and a dir with Raft
+// state that records another id than the one given is refused (openRaft):
+// a copied or mixed-up volume.
 const memberIDFile = "member-id"
 
 // RecordedID returns the member id recorded in data dir dir, or "" when
@@ -35,11 +37,11 @@ func RecordedID(dir string) (string, error) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrDataDir, err)
+		return "", fmt.Errorf("%w: reading the member id the dir records: %w", ErrDataDir, err)
 	}
 	id, ok := strings.CutSuffix(string(b), "\n")
 	if !ok || !validID(id) {
-		return "", fmt.Errorf("%w: %s: not a member id (1 to %d printable characters without spaces, then a newline); remove it, and give --id the id the dir's member had", ErrDataDir, path, maxIDLen)
+		return "", fmt.Errorf("%w: %s: not a member id (1 to %d printable characters without spaces, then a newline): start the member with --id, the id of the member whose data dir it is (the file is then written again)", ErrDataDir, path, maxIDLen)
 	}
 	return id, nil
 }

@@ -172,13 +172,27 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		closeAll()
 		return nil, fmt.Errorf("node: reading raft state: %w", err)
 	}
+	if hasState && cfg.RaftTransport == nil {
+		// The id the dir records first: copied or mixed-up volumes of
+		// members that are all in the log pass the checks below (an
+		// audit: n3's dir started as n2 was taken, and shut the real n2
+		// out of the cluster).
+		if rec, err := RecordedID(cfg.DataDir); err != nil || (rec != "" && rec != cfg.ID) {
+			closeAll()
+			if err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %s is the data dir of member %q (its %s), not of %q: start it with --id %s (or without --id), and %q over a data dir of its own, or an empty one to join as a new member",
+				ErrDataDir, cfg.DataDir, rec, memberIDFile, cfg.ID, rec, cfg.ID)
+		}
+	}
 	local := replayLocal(logs, snaps, cfg.ID)
 	if hasState && local.left {
 		// Raft would wait for a leader that no longer sends it anything,
 		// and the member would say it waits for its log to be confirmed,
 		// forever (seen by a new user restarting a member after leave).
 		closeAll()
-		return nil, fmt.Errorf("%w: member %q left the cluster (ringlimit leave): this data dir's log holds its removal; start it over an empty --data-dir (or another --id) to join again as a new member", ErrDataDir, cfg.ID)
+		return nil, fmt.Errorf("%w: member %q left the cluster (ringlimit leave): this data dir's log holds its removal; start it over an empty --data-dir to join again as a new member", ErrDataDir, cfg.ID)
 	}
 	if hasState && local.stranger {
 		// Raft would wait for a leader that never sends it anything, and

@@ -39,7 +39,8 @@ func TestServeWithoutIDTakesTheDataDirsID(t *testing.T) {
 }
 
 // A member-id that is not an id stops serve without --id at once, naming
-// the file (exit 2): the dir is not taken for a new member's.
+// the file (exit 1, as every refused data dir): the dir is not taken for
+// a new member's.
 func TestServeRefusesABadMemberIDFile(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "member-id"), []byte("two words\n"), 0o600); err != nil {
@@ -48,11 +49,44 @@ func TestServeRefusesABadMemberIDFile(t *testing.T) {
 	p := launchServe(t, "", dir)
 	waitFor(t, "serve to exit", p.exited)
 	var ee *exec.ExitError
-	if !errors.As(p.exitErr, &ee) || ee.ExitCode() != 2 {
-		t.Errorf("exit %v, want exit status 2; log:\n%s", p.exitErr, lastLines(p.log.String(), 5))
+	if !errors.As(p.exitErr, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("exit %v, want exit status 1; log:\n%s", p.exitErr, lastLines(p.log.String(), 5))
 	}
 	if !strings.Contains(p.log.String(), "member-id: not a member id") {
 		t.Errorf("log does not name the file:\n%s", lastLines(p.log.String(), 5))
+	}
+}
+
+// A data dir is refused under an --id other than the one it records,
+// naming that id, and the record is left as it was: a copied or mixed-up
+// volume. Was: taken whenever the log knew the id (an audit: n3's data
+// dir started as n2 joined as n2 and shut the real n2 out of the
+// cluster), and the record rewritten even by a start then refused.
+func TestServeRefusesAnotherMembersDataDir(t *testing.T) {
+	dir := t.TempDir()
+	a := startServe(t, "n-a", dir)
+	b := startServe(t, "n-b", t.TempDir(), "--join", a.http)
+	waitFor(t, "n-b listed", func() bool {
+		var c api.Cluster
+		return get(a.http, "/v1/cluster", &c) == 200 && len(c.Members) == 2
+	})
+	b.stop(t)
+	a.stop(t)
+
+	// n-b is in n-a's log: only the record tells the two dirs apart.
+	p := launchServe(t, "n-b", dir)
+	waitFor(t, "serve over n-a's data dir as n-b to exit", func() bool {
+		return p.exited() || get(p.http, "/readyz", nil) == 200
+	})
+	var ee *exec.ExitError
+	if !errors.As(p.exitErr, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("exit %v, want exit status 1; log:\n%s", p.exitErr, lastLines(p.log.String(), 5))
+	}
+	if !strings.Contains(p.log.String(), `is the data dir of member \"n-a\"`) {
+		t.Errorf("the refusal does not name the recorded id:\n%s", lastLines(p.log.String(), 5))
+	}
+	if rec, err := os.ReadFile(filepath.Join(dir, "member-id")); err != nil || string(rec) != "n-a\n" {
+		t.Errorf("member-id after the refused start: %q, %v; want n-a", rec, err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,7 +29,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		hostname = "ringlimit"
 	}
 	var (
-		id           = fs.String("id", hostname, "node id, unique in the cluster (default: the id the data dir records, else the hostname)")
+		id           = fs.String("id", "", "node id, unique in the cluster (default: the id the data dir records, else the host name, "+strconv.Quote(hostname)+")")
 		httpAddr     = fs.String("http", "127.0.0.1:8080", "HTTP listen address (API, metrics, health)")
 		raftAddr     = fs.String("raft", "127.0.0.1:8081", "Raft listen/advertise address")
 		peerAddr     = fs.String("peer", "127.0.0.1:8082", "data-plane (check forwarding) listen/advertise address")
@@ -73,14 +74,18 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	// volume has a new hostname (node.RecordedID).
 	idGiven := false
 	fs.Visit(func(f *flag.Flag) { idGiven = idGiven || f.Name == "id" })
-	if !idGiven && *dataDir != "" {
-		rec, err := node.RecordedID(*dataDir)
-		if err != nil {
-			return fail("--data-dir: %v", err)
-		}
-		if rec != "" && rec != *id {
-			log.Info("--id not given: the member id the data dir records, not the hostname", "id", rec, "hostname", hostname, "data_dir", *dataDir)
-			*id = rec
+	if !idGiven {
+		*id = hostname
+		if *dataDir != "" {
+			rec, err := node.RecordedID(*dataDir)
+			if err != nil {
+				log.Error(fmt.Sprintf("starting: %v", err))
+				return 1 // a data dir refused, as server.Start's refusals
+			}
+			if rec != "" && rec != hostname {
+				log.Info("--id not given: the member id the data dir records, not the host name", "id", rec, "hostname", hostname, "data_dir", *dataDir)
+				*id = rec
+			}
 		}
 	}
 	rcfg := router.Config{Linger: *linger, MaxBatch: *maxBatch, Timeout: *fwdTimeout}
