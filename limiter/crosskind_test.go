@@ -568,3 +568,33 @@ func TestAlgorithmChangeFoundAfterImportOfAnOlderSet(t *testing.T) {
 		})
 	}
 }
+
+// A key whose state lies under the bucket of its rule's former algorithm
+// is one the table holds (HoldsKey), within a kind and across: an owner
+// at its key cap refuses only keys it does not hold, and such a key must
+// reach the check that carries its state over. Was: Holds looked under
+// the rule's own bucket alone, so at the cap every key of a rule whose
+// algorithm had changed was refused as new.
+func TestHoldsKeyFindsStatesUnderFormerAlgorithms(t *testing.T) {
+	for _, to := range []Algorithm{GCRA, SlidingWindow, SlidingLog} {
+		t.Run(to.String(), func(t *testing.T) {
+			c := newCrossTable(t, true)
+			c.set(Rule{Algorithm: TokenBucket, Limit: 10, Period: time.Hour}, ruleT0)
+			c.check(crossKey, ruleT0, 8)
+			c.set(Rule{Algorithm: to, Limit: 10, Period: time.Hour}, ruleT0)
+			b := c.bucket(crossKey)
+			if c.tb.Holds(0, b) {
+				t.Fatal("Holds found the state under the new algorithm's bucket before any check")
+			}
+			if !c.tb.HoldsKey(0, b, c.r.Name) {
+				t.Fatal("HoldsKey: the state under the former algorithm's bucket not found")
+			}
+			if c.tb.HoldsKey(0, c.bucket(crossKey+1), c.r.Name) {
+				t.Fatal("HoldsKey: a key never checked is held")
+			}
+			if d := c.check(crossKey, ruleT0, 0); d.Remaining != 2 {
+				t.Fatalf("after the change: %d left, want 2", d.Remaining)
+			}
+		})
+	}
+}

@@ -553,14 +553,37 @@ func (t *Table) Len() int {
 // Holds reports whether the table holds a state for bucket in partition
 // part (of any algorithm). An owner at its key cap uses it to tell a key
 // it already tracks from a new one.
-func (t *Table) Holds(part uint32, bucket uint64) bool {
+func (t *Table) Holds(part uint32, bucket uint64) bool { return t.HoldsKey(part, bucket, "") }
+
+// HoldsKey is Holds for a key of the rule named rule: its state may also
+// lie under the buckets of the algorithms the rule had before (the
+// newest set's alts), until a check carries it over. Was: Holds alone,
+// so at the key cap, after a rule's algorithm changed, every key of the
+// rule looked new and was refused, and so never carried over.
+func (t *Table) HoldsKey(part uint32, bucket uint64, rule string) bool {
 	if t.checkPart(part) != nil {
 		return false
 	}
 	p := &t.parts[part]
-	k := slotKey(bucket)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.holds(slotKey(bucket)) {
+		return true
+	}
+	if rule == "" {
+		return false
+	}
+	for _, a := range t.sets.Load().newest.alts[rule] {
+		if p.holds(slotKey(altBucket(bucket, a.delta))) {
+			return true
+		}
+	}
+	return false
+}
+
+// holds reports whether any store of p has a state under slot key k.
+// p.mu must be held.
+func (p *partition) holds(k uint64) bool {
 	_, inLogs := p.logs[k]
 	return p.tats.index(k) >= 0 || p.wins.index(k) >= 0 || inLogs
 }

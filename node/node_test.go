@@ -524,6 +524,44 @@ func TestKeyCap(t *testing.T) {
 	}
 }
 
+// At its key cap an owner still decides the keys it tracks after their
+// rule's algorithm changed, whose states lie under the former
+// algorithm's buckets until a check carries them over, and which keep
+// what they spent. Was: each looked new (Holds saw only the new bucket)
+// and was refused, OVER_CAPACITY, so its state never carried over.
+func TestKeyCapAfterAlgorithmChange(t *testing.T) {
+	now := int64(1e18)
+	o, v := capOwner(t, &now)
+	r := v.Rules["r"]
+	hour := *r
+	hour.Period = time.Hour
+	v1 := view.New(v.Ring, 9, []limiter.Rule{hour}, 1)
+	o.Apply(v1, PlanMoves(v.Ring, v1.Ring, "a", nil, false, false))
+	o.SetMaxKeys(2)
+	check := func(v *view.View, h, cost uint64) transport.Result {
+		resp := &transport.BatchResponse{Results: make([]transport.Result, 1)}
+		o.HandleBatch(context.Background(), &transport.BatchRequest{Epoch: v.Epoch(), RulesVersion: v.RulesVersion,
+			Checks: []transport.Check{{Rule: "r", KeyHash: h, Partition: v.Ring.Partition(h), Cost: cost}}}, resp)
+		return resp.Results[0]
+	}
+	for _, h := range []uint64{1, 2} {
+		if res := check(v1, h, 8); res.Status != transport.StatusOK || !res.Allowed {
+			t.Fatalf("key %d: %+v", h, res)
+		}
+	}
+	o.RefreshFull()
+	gcra := hour
+	gcra.Algorithm = limiter.GCRA
+	v2 := view.New(v.Ring, 9, []limiter.Rule{gcra}, 2)
+	o.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "a", nil, false, false))
+	if res := check(v2, 1, 1); res.Status != transport.StatusOK || !res.Allowed || res.Remaining != 1 {
+		t.Fatalf("a tracked key at the cap, its rule now gcra: %+v, want OK, allowed, 1 left of the 2 it had", res)
+	}
+	if res := check(v2, 3, 1); res.Status != transport.StatusOverCapacity {
+		t.Fatalf("a new key at the cap: %+v, want OVER_CAPACITY", res)
+	}
+}
+
 // The key cap holds between sweeps: a burst of new keys is refused once
 // the table is at the cap, give or take the refresh interval, though no
 // sweep ran. Was: 5,000 keys taken under a cap of 100.

@@ -545,7 +545,7 @@ func (o *Owner) decide(cx *checkCtx, c *transport.Check, now int64, res *transpo
 		return
 	}
 	bucket := limiter.BucketHash(c.KeyHash, salt)
-	if o.full.Load() && c.Cost > 0 && o.getState(c.Partition) == partServing && !o.table.Holds(c.Partition, bucket) {
+	if o.full.Load() && c.Cost > 0 && o.getState(c.Partition) == partServing && !o.table.HoldsKey(c.Partition, bucket, rule.Name) {
 		o.overCapacity.Add(1)
 		*res = transport.Result{Status: transport.StatusOverCapacity}
 		return
@@ -672,7 +672,7 @@ func (o *Owner) decideGroup(cx *checkCtx, cs []transport.Check, rs []transport.R
 	}
 	if o.full.Load() {
 		for i := range items {
-			if it := &items[i]; it.Cost > 0 && !o.table.Holds(it.Part, it.Bucket) {
+			if it := &items[i]; it.Cost > 0 && !o.table.HoldsKey(it.Part, it.Bucket, it.Rule.Name) {
 				o.overCapacity.Add(1)
 				return transport.StatusOverCapacity
 			}
