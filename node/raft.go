@@ -176,12 +176,11 @@ func openRaft(cfg *Config, fsm raft.FSM, ln net.Listener) (*raftParts, error) {
 		// The id the dir records first: copied or mixed-up volumes of
 		// members that are all in the log pass the checks below (an
 		// audit: n3's dir started as n2 was taken, and shut the real n2
-		// out of the cluster).
-		if rec, err := RecordedID(cfg.DataDir); err != nil || (rec != "" && rec != cfg.ID) {
+		// out of the cluster). A record that does not read as an id
+		// records nothing: the id given is written over it (serve
+		// without --id refuses it, asking for one).
+		if rec, err := RecordedID(cfg.DataDir); err == nil && rec != "" && rec != cfg.ID {
 			closeAll()
-			if err != nil {
-				return nil, err
-			}
 			return nil, fmt.Errorf("%w: %s is the data dir of member %q (its %s), not of %q: start it with --id %s (or without --id), and %q over a data dir of its own, or an empty one to join as a new member",
 				ErrDataDir, cfg.DataDir, rec, memberIDFile, cfg.ID, rec, cfg.ID)
 		}

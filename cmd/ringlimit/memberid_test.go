@@ -99,3 +99,24 @@ func (p *proc) exited() bool {
 		return false
 	}
 }
+
+// A damaged member-id does not keep the member out once --id is given,
+// as serve's refusal says: the id given is written over it.
+func TestServeWithIDRewritesABadMemberIDFile(t *testing.T) {
+	dir := t.TempDir()
+	first := startServe(t, "n-fix", dir)
+	first.stop(t)
+	if err := os.WriteFile(filepath.Join(dir, "member-id"), []byte("two words\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := launchServe(t, "n-fix", dir)
+	waitFor(t, "n-fix ready, or exited", func() bool {
+		return again.exited() || get(again.http, "/readyz", nil) == 200
+	})
+	if again.exited() {
+		t.Fatalf("--id n-fix over its own dir with a damaged member-id exited (%v):\n%s", again.exitErr, lastLines(again.log.String(), 5))
+	}
+	if rec, err := os.ReadFile(filepath.Join(dir, "member-id")); err != nil || string(rec) != "n-fix\n" {
+		t.Errorf("member-id: %q, %v; want it written again", rec, err)
+	}
+}
