@@ -23,10 +23,7 @@ func TestServeWithoutIDTakesTheDataDirsID(t *testing.T) {
 	first.stop(t)
 
 	again := launchServe(t, "", dir)
-	waitFor(t, "the member restarted without --id ready, or exited", func() bool {
-		return again.exited() || get(again.http, "/readyz", nil) == 200
-	})
-	if again.exited() {
+	if again.readyOrExited(t) {
 		t.Fatalf("restarted without --id over n-recorded's data dir, it exited (%v):\n%s", again.exitErr, lastLines(again.log.String(), 5))
 	}
 	var c api.Cluster
@@ -75,9 +72,7 @@ func TestServeRefusesAnotherMembersDataDir(t *testing.T) {
 
 	// n-b is in n-a's log: only the record tells the two dirs apart.
 	p := launchServe(t, "n-b", dir)
-	waitFor(t, "serve over n-a's data dir as n-b to exit", func() bool {
-		return p.exited() || get(p.http, "/readyz", nil) == 200
-	})
+	p.readyOrExited(t)
 	var ee *exec.ExitError
 	if !errors.As(p.exitErr, &ee) || ee.ExitCode() != 1 {
 		t.Errorf("exit %v, want exit status 1; log:\n%s", p.exitErr, lastLines(p.log.String(), 5))
@@ -88,6 +83,18 @@ func TestServeRefusesAnotherMembersDataDir(t *testing.T) {
 	if rec, err := os.ReadFile(filepath.Join(dir, "member-id")); err != nil || string(rec) != "n-a\n" {
 		t.Errorf("member-id after the refused start: %q, %v; want n-a", rec, err)
 	}
+}
+
+// readyOrExited waits until the process is ready or has exited, and
+// reports whether it exited.
+func (p *proc) readyOrExited(t *testing.T) bool {
+	t.Helper()
+	name := p.id
+	if name == "" {
+		name = "serve without --id"
+	}
+	waitFor(t, name+" ready, or exited", func() bool { return p.exited() || get(p.http, "/readyz", nil) == 200 })
+	return p.exited()
 }
 
 // exited reports whether the process has exited.
@@ -110,10 +117,7 @@ func TestServeWithIDRewritesABadMemberIDFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := launchServe(t, "n-fix", dir)
-	waitFor(t, "n-fix ready, or exited", func() bool {
-		return again.exited() || get(again.http, "/readyz", nil) == 200
-	})
-	if again.exited() {
+	if again.readyOrExited(t) {
 		t.Fatalf("--id n-fix over its own dir with a damaged member-id exited (%v):\n%s", again.exitErr, lastLines(again.log.String(), 5))
 	}
 	if rec, err := os.ReadFile(filepath.Join(dir, "member-id")); err != nil || string(rec) != "n-fix\n" {
