@@ -404,18 +404,6 @@ func TestStatefulSet(t *testing.T) {
 		t.Errorf("%s: rules file %s: rules.Parse: %v", where, env["RINGLIMIT_RULES"], err)
 	}
 
-	// Stopping a member: the preStop pause plus the drain fit in the
-	// grace period.
-	drain, err := time.ParseDuration(env["RINGLIMIT_DRAIN_TIMEOUT"])
-	if err != nil {
-		drain, err = time.ParseDuration(flags["drain-timeout"])
-	}
-	if err != nil {
-		t.Fatalf("%s: drain timeout: %v", where, err)
-	}
-	if grace := *pod.TerminationGracePeriodSeconds; time.Duration(grace)*time.Second <= preStop(c)+drain {
-		t.Errorf("%s: terminationGracePeriodSeconds %d must exceed preStop %v + --drain-timeout %v", where, grace, preStop(c), drain)
-	}
 	if sc := pod.SecurityContext; sc == nil || sc.FSGroup == nil {
 		t.Errorf("%s: set an fsGroup: the PVC must be writable by uid 65532", where)
 	}
@@ -538,8 +526,12 @@ func checkPod(t *testing.T, m *manifests, where string, pod corev1.PodSpec, labe
 	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil {
 		t.Errorf("%s: no preStop hook", where)
 	}
-	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= preStop(c) {
-		t.Errorf("%s: terminationGracePeriodSeconds %v must exceed the preStop pause %v", where, g, preStop(c))
+	// Stopping: the preStop pause plus the drain (--drain-timeout: a
+	// member's hand-off; a router's or a gateway's connections, then
+	// requests in progress) fit in the grace period.
+	drain := drainOf(t, where, flags, env)
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= preStop(c)+drain {
+		t.Errorf("%s: terminationGracePeriodSeconds %v must exceed the preStop pause %v + --drain-timeout %v", where, g, preStop(c), drain)
 	}
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("%s: set cpu and memory requests and a memory limit", where)
@@ -559,6 +551,23 @@ func checkPod(t *testing.T, m *manifests, where string, pod corev1.PodSpec, labe
 		}
 	}
 	return flags, env
+}
+
+// drainOf is the --drain-timeout of a container whose command has one
+// (RINGLIMIT_DRAIN_TIMEOUT, else the flag's default); 0 otherwise.
+func drainOf(t *testing.T, where string, flags, env map[string]string) time.Duration {
+	t.Helper()
+	if _, ok := flags["drain-timeout"]; !ok {
+		return 0
+	}
+	drain, err := time.ParseDuration(env["RINGLIMIT_DRAIN_TIMEOUT"])
+	if err != nil {
+		drain, err = time.ParseDuration(flags["drain-timeout"])
+	}
+	if err != nil {
+		t.Errorf("%s: drain timeout: %v", where, err)
+	}
+	return drain
 }
 
 func preStop(c corev1.Container) time.Duration {
@@ -758,6 +767,7 @@ type composeFile struct {
 		Volumes     []string          `json:"volumes"`
 		Tmpfs       []string          `json:"tmpfs"`
 		Secrets     []string          `json:"secrets"`
+		StopGrace   string            `json:"stop_grace_period"`
 	} `json:"services"`
 	Secrets map[string]struct {
 		File string `json:"file"`
@@ -813,6 +823,18 @@ func TestCompose(t *testing.T) {
 		}
 		slices.SortFunc(c.Env, func(a, b corev1.EnvVar) int { return strings.Compare(a.Name, b.Name) })
 		flags, env := checkContainer(t, where, c)
+		// Docker sends SIGKILL after stop_grace_period (10s by default):
+		// the drain must fit in it.
+		grace := 10 * time.Second
+		if svc.StopGrace != "" {
+			var err error
+			if grace, err = time.ParseDuration(svc.StopGrace); err != nil {
+				t.Errorf("%s: stop_grace_period: %v", where, err)
+			}
+		}
+		if drain := drainOf(t, where, flags, env); grace <= drain {
+			t.Errorf("%s: stop_grace_period %v must exceed --drain-timeout %v", where, grace, drain)
+		}
 		if _, ok := flags["cluster-secret"]; ok {
 			path := env["RINGLIMIT_CLUSTER_SECRET"]
 			name, isSecret := strings.CutPrefix(path, "/run/secrets/")

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -479,6 +480,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		tierClaim  = fs.String("tier-claim", "", "JWT claim holding the client's tier")
 		trusted    = fs.String("trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-For is believed")
 		admin      = fs.String("admin", "", "listen address for /metrics, /healthz, /readyz (off when empty)")
+		drainWait  = drainFlag(fs)
 		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
 		startWait  = fs.Duration("start-timeout", 30*time.Second, "embedded mode: how long the single node may take to be ready")
 		ff         = addFollowerFlags(fs)
@@ -498,6 +500,9 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	}
 	up, err := upstreamURL(*upstream)
 	if err != nil {
+		return fail2(err)
+	}
+	if err := checkDrain(*drainWait); err != nil {
 		return fail2(err)
 	}
 	if *upTimeout < 0 {
@@ -541,9 +546,12 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return fail2(err)
 	}
+	var stopping atomic.Bool
+	p.ready = stoppable(&stopping, p.ready)
 	srv := proxyServer(p.gw)
 	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http's own lines
-	go func() { _ = srv.Serve(ln) }()
+	var conns drainHTTP
+	conns.serve(srv, ln)
 	var adminSrv *http.Server
 	if adminLn != nil {
 		adminSrv = &http.Server{Handler: p.adminHandler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: srv.ErrorLog}
@@ -561,9 +569,10 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		log.Warn("no cluster view yet; limited routes answer 503 until one of --cluster answers GET /v1/cluster/view")
 	}
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	log.Info("shutting down: draining connections, then in-flight requests (a second signal exits at once)", "drain_timeout", drainWait.String())
+	sctx, cancel := context.WithTimeout(context.Background(), *drainWait)
 	defer cancel()
-	err = srv.Shutdown(sctx)
+	err = stopDraining(sctx, &conns, &stopping, srv.Shutdown)
 	if adminSrv != nil {
 		_ = adminSrv.Shutdown(sctx)
 	}

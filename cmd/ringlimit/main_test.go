@@ -53,6 +53,8 @@ func TestRunDispatch(t *testing.T) {
 		{[]string{"router", "--cluster", "127.0.0.1:1", "--admin-token", "a b", "--http", "127.0.0.1:0"}, 2, "--admin-token: contains white space"},
 		{[]string{"router", "--cluster", "127.0.0.1:1", "--refresh", "-1s", "--http", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got -1s"},
 		{[]string{"gateway", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1", "--refresh", "0s", "--listen", "127.0.0.1:0"}, 2, "--refresh: must be > 0, got 0s"},
+		{[]string{"router", "--cluster", "127.0.0.1:1", "--drain-timeout", "0s", "--http", "127.0.0.1:0"}, 2, "--drain-timeout: must be > 0, got 0s"},
+		{[]string{"gateway", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1", "--drain-timeout", "-1s", "--listen", "127.0.0.1:0"}, 2, "--drain-timeout: must be > 0, got -1s"},
 	} {
 		var stdout, stderr bytes.Buffer
 		exit := run(context.Background(), tc.args, noenv, &stdout, &stderr)

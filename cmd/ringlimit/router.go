@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -120,12 +121,13 @@ func newRegistry() *prometheus.Registry {
 
 // routerProc is a running `ringlimit router`.
 type routerProc struct {
-	reg   *prometheus.Registry
-	ring  *client.Ring
-	ready func() error // ringReadiness(ring): /readyz
-	srv   *httpapi.Server
-	done  chan error
-	rls   *rls.Server // the Envoy RLS on --grpc; nil without it
+	reg      *prometheus.Registry
+	ring     *client.Ring
+	ready    func() error // ringReadiness(ring) until stopping: /readyz
+	stopping atomic.Bool  // SIGTERM came: not ready, draining (stop)
+	srv      *httpapi.Server
+	done     chan error
+	rls      *rls.Server // the Envoy RLS on --grpc; nil without it
 }
 
 // routerHandler is a router's HTTP API: the front door of rc's router,
@@ -154,11 +156,18 @@ func startRouter(ff followerFlags, ln net.Listener, log *slog.Logger) (*routerPr
 	if err != nil {
 		return nil, err
 	}
-	p := &routerProc{reg: reg, ring: rc, ready: ringReadiness(rc), done: make(chan error, 1)}
+	p := &routerProc{reg: reg, ring: rc, done: make(chan error, 1)}
+	p.ready = stoppable(&p.stopping, ringReadiness(rc))
 	p.srv = httpapi.NewServer(routerHandler(rc, p.ready, reg, log))
 	p.srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // the HTTP server's (fasthttp's) own lines
 	go func() { p.done <- p.srv.Serve(ln) }()
 	return p, nil
+}
+
+// stop drains the router's connections, then shuts it down, within ctx
+// (stopDraining).
+func (p *routerProc) stop(ctx context.Context) error {
+	return stopDraining(ctx, p.srv, &p.stopping, p.shutdown)
 }
 
 func (p *routerProc) shutdown(ctx context.Context) error {
@@ -181,11 +190,15 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 	httpAddr := fs.String("http", "127.0.0.1:8070", "HTTP listen address (POST /v1/check, GET /v1/rules, health, metrics)")
 	ff := addFollowerFlags(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	drainTimeout := drainFlag(fs)
 	envoy := addEnvoyFlags(fs)
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}
 	if err := envoy.check(); err != nil {
+		return fail(stderr, "router", err)
+	}
+	if err := checkDrain(*drainTimeout); err != nil {
 		return fail(stderr, "router", err)
 	}
 	log, err := newLogger(*logLevel, stderr)
@@ -227,9 +240,10 @@ func runRouter(ctx context.Context, args []string, getenv func(string) string, s
 		log.Warn("no cluster view yet; /readyz answers 503 and checks 503 until one of --cluster answers GET /v1/cluster/view")
 	}
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	log.Info("shutting down: draining connections, then in-flight requests (a second signal exits at once)", "drain_timeout", drainTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
 	defer cancel()
-	if err := p.shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := p.stop(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Error("shutdown", "err", err)
 		return 1
 	}

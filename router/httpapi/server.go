@@ -54,10 +54,14 @@ type Server struct {
 	stopping context.Context // the other requests' context: ends as Shutdown begins
 	stop     context.CancelFunc
 	shutdown atomic.Bool
+	draining atomic.Bool   // Drain was called: every answer closes its connection
+	open     atomic.Int64  // client connections accepted and not yet closed
+	held     chan struct{} // closed as Shutdown begins: Accept, held since Drain, returns
 	// mu orders Serve's taking a listener with Shutdown: fasthttp's
 	// Shutdown closes only the listeners its Serve has taken already.
-	mu        sync.Mutex
-	listeners []net.Listener // guarded by mu: Serve's, closed by Shutdown
+	mu         sync.Mutex
+	listeners  []net.Listener // guarded by mu: Serve's, closed by Shutdown
+	closedHeld bool           // guarded by mu: held is closed
 }
 
 // Timeouts and sizes of a Server (see Server).
@@ -85,6 +89,7 @@ const (
 func NewServer(h http.Handler) *Server {
 	s := &Server{Handler: h}
 	s.api, _ = h.(*handler)
+	s.held = make(chan struct{})
 	s.base, s.cancel = context.WithCancel(context.Background())
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.other = fasthttpadaptor.NewFastHTTPHandler(s.detached(h))
@@ -143,7 +148,7 @@ func (s *Server) Serve(l net.Listener) error {
 		s.fs.Logger = s.ErrorLog
 	}
 	s.mu.Unlock()
-	err := s.fs.Serve(lingerListener{l})
+	err := s.fs.Serve(lingerListener{l, &s.open, &s.draining, s.held})
 	if s.shutdown.Load() {
 		return http.ErrServerClosed
 	}
@@ -163,14 +168,74 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.shutdown.Store(true)
 	listeners := s.listeners
+	if !s.closedHeld {
+		s.closedHeld = true
+		close(s.held)
+	}
 	s.mu.Unlock()
 	s.stop()
 	err := s.fs.ShutdownWithContext(ctx)
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // a listener Drain closed
+	}
 	for _, l := range listeners {
 		_ = l.Close() // after fasthttp's own Close, which reports a second one as an error
 	}
 	s.cancel()
 	return err
+}
+
+// Drain begins a stop's first step: the port closes (a new connection
+// is refused, nothing sent on it) while the connections open are still
+// served, and every answer from now on carries Connection: close and
+// closes its connection, so that a keep-alive client opens its next one
+// elsewhere (another router or member, behind a load balancer) after an
+// answer, never under a request. Shutdown then closes the connections
+// that sent nothing since. Without it, Shutdown closed idle keep-alive
+// connections under clients that were sending a request on them that
+// very moment: a POST that left and got EOF or a reset, which its
+// client cannot tell from one that was counted. Kept accepting while
+// draining, each request came on a new connection, and those waiting
+// in the kernel's accept queue when the port closed were reset.
+//
+// Requests other than checks that wait (a long poll of the cluster view)
+// end now, as they would at Shutdown, so that their connections close.
+func (s *Server) Drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining.Swap(true) {
+		return
+	}
+	s.stop()
+	for _, l := range s.listeners {
+		_ = l.Close() // its Accept waits for Shutdown (lingerListener)
+	}
+}
+
+// OpenConns is the number of client connections open now.
+func (s *Server) OpenConns() int { return int(s.open.Load()) }
+
+// Drainer is a front door that drains as Server does (Server.Drain):
+// Drain closes its port and makes every answer close its connection;
+// OpenConns counts the connections still open.
+type Drainer interface {
+	Drain()
+	OpenConns() int
+}
+
+// DrainConns drains d and waits until none of its connections is open,
+// or ctx ends (a client that sends nothing keeps its connection open).
+func DrainConns(ctx context.Context, d Drainer) {
+	d.Drain()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for d.OpenConns() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // serve routes a request: POST /v1/check to the API's check path, the
@@ -180,9 +245,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	if s.api != nil && ctx.IsPost() && isCheckPath(ctx.Request.Header.RequestURI()) {
 		s.api.serveCheckFast(s.base, ctx)
-		return
+	} else {
+		s.other(ctx)
 	}
-	s.other(ctx)
+	if s.draining.Load() {
+		ctx.SetConnectionClose() // after the handler: fasthttpadaptor sets the response anew
+	}
 }
 
 // isCheckPath reports whether the request target uri is /v1/check, with
@@ -261,15 +329,27 @@ func lingerOnClose(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// lingerListener hands out lingerConns.
-type lingerListener struct{ net.Listener }
+// lingerListener hands out lingerConns, counting them in open while
+// they are open. Closed by Drain, its Accept returns only once held is
+// closed (Shutdown): fasthttp's Serve, seeing its listener fail, would
+// stop serving the connections it still has.
+type lingerListener struct {
+	net.Listener
+	open     *atomic.Int64
+	draining *atomic.Bool
+	held     <-chan struct{}
+}
 
 func (l lingerListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
+		if l.draining.Load() {
+			<-l.held
+		}
 		return nil, err
 	}
-	return &lingerConn{Conn: c}, nil
+	l.open.Add(1)
+	return &lingerConn{Conn: c, open: l.open}, nil
 }
 
 // lingerConn closes a connection whose request was answered before it was
@@ -281,12 +361,18 @@ func (l lingerListener) Accept() (net.Conn, error) {
 type lingerConn struct {
 	net.Conn
 	linger atomic.Bool // the answer went before the request was read whole
+	closed atomic.Bool
+	open   *atomic.Int64 // its listener's count of open connections
 }
 
 // lingerFor bounds the discard before a lingering close.
 const lingerFor = 500 * time.Millisecond
 
 func (c *lingerConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return c.Conn.Close() // the error of a second Close, as it was
+	}
+	c.open.Add(-1) // before the socket closes: a client that saw it close sees it uncounted
 	if c.linger.Load() {
 		if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()

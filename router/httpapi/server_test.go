@@ -385,6 +385,48 @@ func TestServerShutdownFinishesChecksInProgress(t *testing.T) {
 	}
 }
 
+// Once Drain is called the port is closed, and every answer on the
+// connections open, checks and the rest alike, closes its connection
+// after it (Connection: close); OpenConns counts the connections open.
+// Was: keep-alive connections stayed open until Shutdown closed them,
+// under clients sending on them that very moment.
+func TestServerDrainClosesEachConnectionAfterItsAnswer(t *testing.T) {
+	e := newEnv(t, "")
+	s, ln := serveEnv(t, e)
+	c1 := dialRaw(t, ln.Addr().String())
+	if resp, _ := c1.do(postCheck(`{"rule":"default","key":"k"}`)); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("before Drain: %d, Connection: close %v; want 200 on a kept connection", resp.StatusCode, resp.Close)
+	}
+	c2 := dialRaw(t, ln.Addr().String())
+	if resp, _ := c2.do("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("before Drain: /healthz %d, Connection: close %v", resp.StatusCode, resp.Close)
+	}
+	if n := s.OpenConns(); n != 2 {
+		t.Fatalf("OpenConns = %d with two connections open, want 2", n)
+	}
+	s.Drain()
+	for _, c := range []struct {
+		conn *rawConn
+		req  string
+	}{{c1, postCheck(`{"rule":"default","key":"k"}`)}, {c2, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"}} {
+		resp, body := c.conn.do(c.req)
+		if resp.StatusCode != 200 || !resp.Close {
+			t.Errorf("draining: %d %s, Connection: close %v; want 200 and the connection closed", resp.StatusCode, body, resp.Close)
+		}
+		_ = c.conn.c.SetReadDeadline(time.Now().Add(10 * time.Second)) // bounds a connection left open
+		if n, err := c.conn.br.ReadByte(); err != io.EOF {
+			t.Errorf("draining: after the answer read %v, %v; want EOF (closed by the server)", n, err)
+		}
+	}
+	if n := s.OpenConns(); n != 0 {
+		t.Errorf("OpenConns = %d once both were closed, want 0", n)
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Error("draining: a new connection was accepted; want the port closed")
+	}
+}
+
 // A client still writing a body over the limit reads the 413, not a
 // reset connection: the server reads and drops what it sends for a while
 // before closing (lingerConn). Closed at once, Go's own client failed

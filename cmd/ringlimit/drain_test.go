@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// fakeDrainer is a drainer whose open connections the test sets.
+type fakeDrainer struct {
+	drained atomic.Bool
+	open    atomic.Int64
+}
+
+func (d *fakeDrainer) Drain()         { d.drained.Store(true) }
+func (d *fakeDrainer) OpenConns() int { return int(d.open.Load()) }
+
+// A stop drains first (Drain, then not ready), waits while connections
+// are open for at most half of its time, then shuts down with the rest:
+// at once when the last connection closes, at half time when one never
+// does. Fake time.
+func TestStopDrainingWaitsForConnectionsAtMostHalfItsTime(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		closeAt  time.Duration // when the connections close; 0 = never
+		shutAt   time.Duration // when shutdown must be called
+		shutSlop time.Duration // the poll's period
+	}{
+		{"connections close", 1 * time.Second, 1 * time.Second, 20 * time.Millisecond},
+		{"a connection stays", 0, 5 * time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := &fakeDrainer{}
+				d.open.Store(2)
+				if tc.closeAt > 0 {
+					time.AfterFunc(tc.closeAt, func() { d.open.Store(0) })
+				}
+				var stopping atomic.Bool
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				var shutAt time.Duration
+				err := stopDraining(ctx, d, &stopping, func(sctx context.Context) error {
+					shutAt = time.Since(start)
+					if !d.drained.Load() || !stopping.Load() {
+						t.Errorf("shutdown before Drain (%v) and not-ready (%v)", d.drained.Load(), stopping.Load())
+					}
+					return sctx.Err()
+				})
+				if err != nil {
+					t.Errorf("shutdown saw its context ended: %v (the second half is its own)", err)
+				}
+				if shutAt < tc.shutAt || shutAt > tc.shutAt+tc.shutSlop {
+					t.Errorf("shutdown at %v, want %v (+%v)", shutAt, tc.shutAt, tc.shutSlop)
+				}
+			})
+		})
+	}
+}
+
+// keptConn is a client connection that sends requests by hand and reads
+// their answers, on one keep-alive connection.
+type keptConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+// dialKept connects to addr, waiting for it to listen.
+func dialKept(t *testing.T, addr string) *keptConn {
+	t.Helper()
+	var c net.Conn
+	eventually(t, addr+" listening", func() bool {
+		var err error
+		c, err = net.Dial("tcp", addr)
+		return err == nil
+	})
+	t.Cleanup(func() { c.Close() })
+	return &keptConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// get sends GET path and returns the answer's status, body and whether
+// it closes the connection.
+func (k *keptConn) get(path string) (int, string, bool) {
+	k.t.Helper()
+	_ = k.c.SetDeadline(time.Now().Add(10 * time.Second)) // bounds a hang only
+	if _, err := io.WriteString(k.c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		k.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(k.br, nil)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b), resp.Close
+}
+
+// closedByServer reports whether the server closed the connection: the
+// next read finds its end.
+func (k *keptConn) closedByServer() bool {
+	_ = k.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := k.br.ReadByte()
+	return errors.Is(err, io.EOF)
+}
+
+// drainingAnswer polls path on k until an answer says "stopping" and
+// returns whether that answer closes the connection. The answers before
+// it keep the connection.
+func drainingAnswer(t *testing.T, k *keptConn, path string) (closes bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		_, body, closes := k.get(path)
+		if strings.Contains(body, "stopping") {
+			return closes
+		}
+		if closes {
+			t.Fatalf("an answer before the stop closed the connection: %s", body)
+		}
+	}
+	t.Fatal("no answer said stopping within 30s")
+	return false
+}
+
+// A router's SIGTERM drains: /readyz turns 503 "stopping", its port
+// closes, and that answer, like every one from then on, closes its
+// connection; with no connection left the router stops at once, not at the end of its
+// drain time (2 min here), and exits 0. Was: its port and its keep-alive
+// connections closed at once, under clients sending on them. Real
+// sockets (runRouter as the command runs it); its one member is down.
+func TestRouterStopDrainsItsConnections(t *testing.T) {
+	member, httpAddr := freePort(t), freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- runRouter(ctx, []string{"--http", httpAddr, "--cluster", member, "--drain-timeout", "2m", "--log-level", "error"},
+			func(string) string { return "" }, io.Discard, io.Discard)
+	}()
+	k := dialKept(t, httpAddr)
+	if code, body, closes := k.get("/readyz"); code != 503 || closes {
+		t.Fatalf("before the stop: /readyz %d %s, closes %v; want 503 (no view) on a kept connection", code, body, closes)
+	}
+	cancel()
+	if !drainingAnswer(t, k, "/readyz") || !k.closedByServer() {
+		t.Errorf("the stopping answer did not close its connection")
+	}
+	if c, err := net.Dial("tcp", httpAddr); err == nil {
+		c.Close()
+		t.Error("draining: a new connection was accepted; want the port closed")
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("router exited %d", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the router did not stop within 30s of its last connection closing (its drain is 2m)")
+	}
+}
+
+// A gateway's SIGTERM drains as a router's does: its admin /readyz turns
+// 503 "stopping", its client port closes, and every answer on the
+// connections open closes its connection; with none left it exits 0 at
+// once. The admin port is not drained (probes).
+func TestGatewayStopDrainsItsConnections(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: all, path: /*, limits: [{rule: default}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen, admin, dead := freePort(t), freePort(t), freePort(t) // nothing listens on dead
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- runGateway(ctx, []string{"--listen", listen, "--admin", admin, "--cluster", dead, "--upstream", "http://" + dead,
+			"--config", cfg, "--drain-timeout", "2m", "--log-level", "error"}, func(string) string { return "" }, io.Discard, io.Discard)
+	}()
+	client := dialKept(t, listen)
+	if code, body, closes := client.get("/x"); code != 503 || closes {
+		t.Fatalf("before the stop: /x %d %s, closes %v; want 503 (no view) on a kept connection", code, body, closes)
+	}
+	probe := dialKept(t, admin)
+	cancel()
+	if drainingAnswer(t, probe, "/readyz") {
+		t.Errorf("the admin port's /readyz closed its connection: probes are not drained")
+	}
+	if c, err := net.Dial("tcp", listen); err == nil {
+		c.Close()
+		t.Error("draining: a new connection was accepted; want the port closed")
+	}
+	if _, body, closes := client.get("/x"); !closes || !client.closedByServer() {
+		t.Errorf("draining: /x %s did not close its connection", body)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("gateway exited %d", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway did not stop within 30s of its last connection closing (its drain is 2m)")
+	}
+}
