@@ -281,6 +281,10 @@ func (s *Server) Handler() http.Handler { return s.http.Handler }
 // so the other members take its partitions while it is away.
 func (s *Server) Shutdown(ctx context.Context) error { return s.stop(ctx, true) }
 
+// connDrainMax bounds how long a graceful stop waits for its HTTP
+// clients' connections to close once its partitions are handed off.
+const connDrainMax = 2 * time.Second
+
 // stop stops the member; without markDown it vanishes as a crash would
 // (tests use that to make an owner unreachable).
 func (s *Server) stop(ctx context.Context, markDown bool) error {
@@ -302,6 +306,18 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			s.log.Warn("graceful stop incomplete: the partitions not handed off are "+where+" if the cluster marks this member dead before it returns", "err", err)
 		}
 		cancel()
+		// Then its HTTP connections drain: the port closes, and each
+		// answer closes its connection, so clients reconnect to another
+		// member after an answer rather than have the port close under a
+		// request (httpapi.Server.Drain); at most half of what is left,
+		// and 2 s.
+		step := connDrainMax
+		if dl, ok := ctx.Deadline(); ok {
+			step = min(step, time.Until(dl)/2)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, step)
+		httpapi.DrainConns(cctx, s.http)
+		ccancel()
 	}
 	err := s.http.Shutdown(ctx)
 	if s.rls != nil {
