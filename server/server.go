@@ -290,6 +290,8 @@ const connDrainMax = 2 * time.Second
 func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.cancel()
 	var lost error // bucket state that could not be saved: the stop fails
+	var peerErr error
+	peerDown := false
 	if markDown {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 		if err := s.Node.StopGracefully(dctx); errors.Is(err, node.ErrBucketsNotSaved) {
@@ -306,11 +308,16 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			s.log.Warn("graceful stop incomplete: the partitions not handed off are "+where+" if the cluster marks this member dead before it returns", "err", err)
 		}
 		cancel()
-		// Then its HTTP connections drain: the port closes, and each
-		// answer closes its connection, so clients reconnect to another
-		// member after an answer rather than have the port close under a
-		// request (httpapi.Server.Drain); at most half of what is left,
-		// and 2 s.
+		// Its data plane closes first: it owns nothing now, and a router
+		// whose view still names it gets a refused dial, which it retries
+		// under a newer view, not an owner's refusal that its rules'
+		// failure modes answer. Then its HTTP connections drain: the port
+		// closes, and each answer closes its connection, so clients
+		// reconnect to another member after an answer rather than have
+		// the port close under a request (httpapi.Server.Drain); until
+		// none is open or none has sent for httpapi.DrainQuiet, at most
+		// half of what is left, and 2 s.
+		peerErr, peerDown = s.peer.Shutdown(ctx), true
 		step := connDrainMax
 		if dl, ok := ctx.Deadline(); ok {
 			step = min(step, time.Until(dl)/2)
@@ -325,8 +332,11 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			err = e
 		}
 	}
-	if e := s.peer.Shutdown(ctx); err == nil && e != nil && !errors.Is(e, transport.ErrServerClosed) {
-		err = e
+	if !peerDown {
+		peerErr = s.peer.Shutdown(ctx)
+	}
+	if err == nil && peerErr != nil && !errors.Is(peerErr, transport.ErrServerClosed) {
+		err = peerErr
 	}
 	s.Router.Close()
 	if e := s.Node.Close(); err == nil {

@@ -18,7 +18,7 @@ import (
 // stop may take (stopDraining).
 func drainFlag(fs *flag.FlagSet) *time.Duration {
 	return fs.Duration("drain-timeout", 10*time.Second,
-		"how long SIGTERM may take: /readyz answers 503, the port closes and every answer closes its connection until none is open (at most half of this), then the connections left are closed once their requests in progress finish")
+		"how long SIGTERM may take: /readyz answers 503, the port closes and every answer closes its connection until none is open or none has sent for 250ms (at most half of this), then the connections left are closed once their requests in progress finish")
 }
 
 // checkDrain refuses a --drain-timeout that leaves no time to stop in.
@@ -34,9 +34,9 @@ func checkDrain(d time.Duration) error {
 // its connection) and stopping turns readiness to 503 (stoppable), in
 // that order: keep-alive clients open their next connection elsewhere
 // after an answer, never under a request. The step ends when no
-// connection is open, or when half of ctx's time is spent (a client
-// that sends nothing). Then shutdown closes what is left once its
-// requests in progress are answered.
+// connection is open, or none has sent a request for
+// httpapi.DrainQuiet, or half of ctx's time is spent. Then shutdown
+// closes what is left once its requests in progress are answered.
 //
 // Was: SIGTERM closed the port and every idle keep-alive connection at
 // once, under clients that were sending a request on one that very
@@ -59,11 +59,13 @@ func stopDraining(ctx context.Context, d httpapi.Drainer, stopping *atomic.Bool,
 // drainHTTP drains a net/http server as httpapi.Server.Drain does its
 // own: Drain closes its port (net/http goes on serving the connections
 // it has), every answer from then on carries Connection: close (net/http
-// then closes the connection after it), and OpenConns counts the
-// server's connections (hijacked ones leave the count).
+// then closes the connection after it), OpenConns counts the server's
+// connections (hijacked ones leave the count) and LastRequest says when
+// a request last came while draining.
 type drainHTTP struct {
 	draining atomic.Bool
 	open     atomic.Int64
+	lastReq  atomic.Int64 // while draining: when a request last came (Unix ns)
 	ln       net.Listener
 	once     sync.Once
 }
@@ -74,6 +76,7 @@ func (d *drainHTTP) serve(srv *http.Server, ln net.Listener) {
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if d.draining.Load() {
 			w.Header().Set("Connection", "close")
+			d.lastReq.Store(time.Now().UnixNano())
 		}
 		h.ServeHTTP(w, r)
 	})
@@ -95,6 +98,13 @@ func (d *drainHTTP) Drain() {
 }
 
 func (d *drainHTTP) OpenConns() int { return int(d.open.Load()) }
+
+func (d *drainHTTP) LastRequest() time.Time {
+	if ns := d.lastReq.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
 
 // onceListener closes its listener once, by Drain or by the server's
 // Shutdown (which would report the second close as its error).

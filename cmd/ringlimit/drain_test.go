@@ -14,40 +14,74 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/ringlimit/ringlimit/router/httpapi"
 )
 
-// fakeDrainer is a drainer whose open connections the test sets.
+// fakeDrainer is a drainer whose open connections and requests the
+// test sets.
 type fakeDrainer struct {
 	drained atomic.Bool
 	open    atomic.Int64
+	lastReq atomic.Int64 // Unix ns
 }
 
 func (d *fakeDrainer) Drain()         { d.drained.Store(true) }
 func (d *fakeDrainer) OpenConns() int { return int(d.open.Load()) }
+func (d *fakeDrainer) LastRequest() time.Time {
+	if ns := d.lastReq.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
 
 // A stop drains first (Drain, then not ready), waits while connections
-// are open for at most half of its time, then shuts down with the rest:
-// at once when the last connection closes, at half time when one never
-// does. Fake time.
+// are open and still sending, for at most half of its time, then shuts
+// down with the rest: at once when the last connection closes, once the
+// ones left have sent nothing for httpapi.DrainQuiet, at half time when
+// they keep sending. Fake time.
 func TestStopDrainingWaitsForConnectionsAtMostHalfItsTime(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	q := httpapi.DrainQuiet
 	for _, tc := range []struct {
-		name     string
-		closeAt  time.Duration // when the connections close; 0 = never
-		shutAt   time.Duration // when shutdown must be called
-		shutSlop time.Duration // the poll's period
+		name      string
+		closeAt   time.Duration // when the connections close; 0 = never
+		sendUntil time.Duration // requests every 100 ms until then; -1 = for ever
+		shutAt    time.Duration // when shutdown must be called (+ one poll)
 	}{
-		{"connections close", 1 * time.Second, 1 * time.Second, 20 * time.Millisecond},
-		{"a connection stays", 0, 5 * time.Second, 0},
+		{"connections close", 1 * time.Second, -1, 1 * time.Second},
+		{"a connection keeps sending", 0, -1, 5 * time.Second},
+		{"a connection sends nothing", 0, 0, q},
+		{"a connection stops sending", 0, 2 * time.Second, 2*time.Second + q},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := &fakeDrainer{}
 				d.open.Store(2)
+				start := time.Now()
 				if tc.closeAt > 0 {
 					time.AfterFunc(tc.closeAt, func() { d.open.Store(0) })
 				}
+				done := make(chan struct{})
+				defer close(done)
+				if tc.sendUntil != 0 {
+					go func() {
+						tick := time.NewTicker(100 * time.Millisecond)
+						defer tick.Stop()
+						for {
+							select {
+							case <-done:
+								return
+							case now := <-tick.C:
+								if tc.sendUntil > 0 && now.Sub(start) > tc.sendUntil {
+									return
+								}
+								d.lastReq.Store(now.UnixNano())
+							}
+						}
+					}()
+				}
 				var stopping atomic.Bool
-				start := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				var shutAt time.Duration
@@ -61,8 +95,8 @@ func TestStopDrainingWaitsForConnectionsAtMostHalfItsTime(t *testing.T) {
 				if err != nil {
 					t.Errorf("shutdown saw its context ended: %v (the second half is its own)", err)
 				}
-				if shutAt < tc.shutAt || shutAt > tc.shutAt+tc.shutSlop {
-					t.Errorf("shutdown at %v, want %v (+%v)", shutAt, tc.shutAt, tc.shutSlop)
+				if shutAt < tc.shutAt || shutAt > tc.shutAt+poll {
+					t.Errorf("shutdown at %v, want %v (+%v)", shutAt, tc.shutAt, poll)
 				}
 			})
 		})
@@ -170,38 +204,40 @@ func TestRouterStopDrainsItsConnections(t *testing.T) {
 	}
 }
 
-// A gateway's SIGTERM drains as a router's does: its admin /readyz turns
-// 503 "stopping", its client port closes, and every answer on the
-// connections open closes its connection; with none left it exits 0 at
-// once. The admin port is not drained (probes).
+// A gateway's SIGTERM drains as a router's does: its client port
+// closes, and the next answer on a connection still open closes it; with
+// none left it exits 0 at once. Its client sends every 5 ms.
 func TestGatewayStopDrainsItsConnections(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
 	if err := os.WriteFile(cfg, []byte("routes:\n  - {name: all, path: /*, limits: [{rule: default}]}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	listen, admin, dead := freePort(t), freePort(t), freePort(t) // nothing listens on dead
+	listen, dead := freePort(t), freePort(t) // nothing listens on dead
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan int, 1)
 	go func() {
-		done <- runGateway(ctx, []string{"--listen", listen, "--admin", admin, "--cluster", dead, "--upstream", "http://" + dead,
+		done <- runGateway(ctx, []string{"--listen", listen, "--cluster", dead, "--upstream", "http://" + dead,
 			"--config", cfg, "--drain-timeout", "2m", "--log-level", "error"}, func(string) string { return "" }, io.Discard, io.Discard)
 	}()
 	client := dialKept(t, listen)
 	if code, body, closes := client.get("/x"); code != 503 || closes {
 		t.Fatalf("before the stop: /x %d %s, closes %v; want 503 (no view) on a kept connection", code, body, closes)
 	}
-	probe := dialKept(t, admin)
 	cancel()
-	if drainingAnswer(t, probe, "/readyz") {
-		t.Errorf("the admin port's /readyz closed its connection: probes are not drained")
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for range tick.C {
+		if _, _, closes := client.get("/x"); closes {
+			break
+		}
+	}
+	if !client.closedByServer() {
+		t.Error("the closing answer did not close the connection")
 	}
 	if c, err := net.Dial("tcp", listen); err == nil {
 		c.Close()
 		t.Error("draining: a new connection was accepted; want the port closed")
-	}
-	if _, body, closes := client.get("/x"); !closes || !client.closedByServer() {
-		t.Errorf("draining: /x %s did not close its connection", body)
 	}
 	select {
 	case code := <-done:

@@ -55,6 +55,7 @@ type Server struct {
 	stop     context.CancelFunc
 	shutdown atomic.Bool
 	draining atomic.Bool   // Drain was called: every answer closes its connection
+	lastReq  atomic.Int64  // while draining: when the last request was answered (Unix ns)
 	open     atomic.Int64  // client connections accepted and not yet closed
 	held     chan struct{} // closed as Shutdown begins: Accept, held since Drain, returns
 	// mu orders Serve's taking a listener with Shutdown: fasthttp's
@@ -215,21 +216,46 @@ func (s *Server) Drain() {
 // OpenConns is the number of client connections open now.
 func (s *Server) OpenConns() int { return int(s.open.Load()) }
 
+// LastRequest is when a request was last answered while draining (the
+// zero time before any).
+func (s *Server) LastRequest() time.Time {
+	if ns := s.lastReq.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
 // Drainer is a front door that drains as Server does (Server.Drain):
 // Drain closes its port and makes every answer close its connection;
-// OpenConns counts the connections still open.
+// OpenConns counts the connections still open, LastRequest says when
+// one last answered a request since.
 type Drainer interface {
 	Drain()
 	OpenConns() int
+	LastRequest() time.Time
 }
 
+// DrainQuiet is how long the connections left open must have sent
+// nothing for DrainConns to stop waiting for them: a client that sends
+// at all sends within it, gets its answer and its connection closed; the
+// rest are idle, and waiting longer for them closes nothing.
+const DrainQuiet = 250 * time.Millisecond
+
 // DrainConns drains d and waits until none of its connections is open,
-// or ctx ends (a client that sends nothing keeps its connection open).
+// or none has sent a request for DrainQuiet, or ctx ends.
 func DrainConns(ctx context.Context, d Drainer) {
 	d.Drain()
+	start := time.Now()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for d.OpenConns() > 0 {
+		last := d.LastRequest()
+		if last.Before(start) {
+			last = start
+		}
+		if time.Since(last) >= DrainQuiet {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -250,6 +276,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 	if s.draining.Load() {
 		ctx.SetConnectionClose() // after the handler: fasthttpadaptor sets the response anew
+		s.lastReq.Store(time.Now().UnixNano())
 	}
 }
 
