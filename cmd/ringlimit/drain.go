@@ -41,8 +41,8 @@ func checkDrain(d time.Duration) error {
 // Was: SIGTERM closed the port and every idle keep-alive connection at
 // once, under clients that were sending a request on one that very
 // moment: a POST that left and got EOF or a reset, which its client
-// cannot tell from one that was counted (0–4 a stop of a router under
-// 32 busy clients).
+// cannot tell from one that was counted (0–15 a stop of a router under
+// 32 busy clients; BENCHMARKS round twenty-nine).
 func stopDraining(ctx context.Context, d httpapi.Drainer, stopping *atomic.Bool, shutdown func(context.Context) error) error {
 	d.Drain()
 	stopping.Store(true)
