@@ -291,7 +291,6 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 	s.cancel()
 	var lost error // bucket state that could not be saved: the stop fails
 	var peerErr error
-	peerDown := false
 	if markDown {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
 		if err := s.Node.StopGracefully(dctx); errors.Is(err, node.ErrBucketsNotSaved) {
@@ -317,14 +316,9 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 		// the port close under a request (httpapi.Server.Drain); until
 		// none is open or none has sent for httpapi.DrainQuiet, at most
 		// half of what is left, and 2 s.
-		peerErr, peerDown = s.peer.Shutdown(ctx), true
-		step := connDrainMax
-		if dl, ok := ctx.Deadline(); ok {
-			step = min(step, time.Until(dl)/2)
-		}
-		cctx, ccancel := context.WithTimeout(ctx, step)
-		httpapi.DrainConns(cctx, s.http)
-		ccancel()
+		peerErr = s.peer.Shutdown(ctx)
+		s.http.Drain()
+		httpapi.WaitDrained(ctx, s.http, connDrainMax)
 	}
 	err := s.http.Shutdown(ctx)
 	if s.rls != nil {
@@ -332,7 +326,7 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			err = e
 		}
 	}
-	if !peerDown {
+	if !markDown { // closed already, before the drain
 		peerErr = s.peer.Shutdown(ctx)
 	}
 	if err == nil && peerErr != nil && !errors.Is(peerErr, transport.ErrServerClosed) {

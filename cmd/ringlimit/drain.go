@@ -4,9 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"sync"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -46,77 +44,8 @@ func checkDrain(d time.Duration) error {
 func stopDraining(ctx context.Context, d httpapi.Drainer, stopping *atomic.Bool, shutdown func(context.Context) error) error {
 	d.Drain()
 	stopping.Store(true)
-	step := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		step = time.Until(dl) / 2
-	}
-	first, cancel := context.WithTimeout(ctx, step)
-	defer cancel()
-	httpapi.DrainConns(first, d)
+	httpapi.WaitDrained(ctx, d, math.MaxInt64) // at most half of ctx
 	return shutdown(ctx)
-}
-
-// drainHTTP drains a net/http server as httpapi.Server.Drain does its
-// own: Drain closes its port (net/http goes on serving the connections
-// it has), every answer from then on carries Connection: close (net/http
-// then closes the connection after it), OpenConns counts the server's
-// connections (hijacked ones leave the count) and LastRequest says when
-// a request last came while draining.
-type drainHTTP struct {
-	draining atomic.Bool
-	open     atomic.Int64
-	lastReq  atomic.Int64 // while draining: when a request last came (Unix ns)
-	ln       net.Listener
-	once     sync.Once
-}
-
-// serve serves srv on ln, draining through d.
-func (d *drainHTTP) serve(srv *http.Server, ln net.Listener) {
-	h := srv.Handler
-	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if d.draining.Load() {
-			w.Header().Set("Connection", "close")
-			d.lastReq.Store(time.Now().UnixNano())
-		}
-		h.ServeHTTP(w, r)
-	})
-	srv.ConnState = func(_ net.Conn, s http.ConnState) {
-		switch s {
-		case http.StateNew:
-			d.open.Add(1)
-		case http.StateClosed, http.StateHijacked:
-			d.open.Add(-1)
-		}
-	}
-	d.ln = ln
-	go func() { _ = srv.Serve(onceListener{ln, &d.once}) }()
-}
-
-func (d *drainHTTP) Drain() {
-	d.draining.Store(true)
-	_ = onceListener{d.ln, &d.once}.Close()
-}
-
-func (d *drainHTTP) OpenConns() int { return int(d.open.Load()) }
-
-func (d *drainHTTP) LastRequest() time.Time {
-	if ns := d.lastReq.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
-// onceListener closes its listener once, by Drain or by the server's
-// Shutdown (which would report the second close as its error).
-type onceListener struct {
-	net.Listener
-	once *sync.Once
-}
-
-func (l onceListener) Close() error {
-	var err error
-	l.once.Do(func() { err = l.Listener.Close() })
-	return err
 }
 
 // stoppable is ready, answering 503 once stopping is set: the first

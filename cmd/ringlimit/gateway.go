@@ -29,6 +29,7 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/router/gateway"
+	"github.com/ringlimit/ringlimit/router/httpapi"
 	"github.com/ringlimit/ringlimit/rules"
 	"github.com/ringlimit/ringlimit/server"
 	"github.com/ringlimit/ringlimit/transport"
@@ -550,8 +551,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	p.ready = stoppable(&stopping, p.ready)
 	srv := proxyServer(p.gw)
 	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http's own lines
-	var conns drainHTTP
-	conns.serve(srv, ln)
+	conns := httpapi.ServeDraining(srv, ln)
 	var adminSrv *http.Server
 	if adminLn != nil {
 		adminSrv = &http.Server{Handler: p.adminHandler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: srv.ErrorLog}
@@ -572,7 +572,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	log.Info("shutting down: draining connections, then in-flight requests (a second signal exits at once)", "drain_timeout", drainWait.String())
 	sctx, cancel := context.WithTimeout(context.Background(), *drainWait)
 	defer cancel()
-	err = stopDraining(sctx, &conns, &stopping, srv.Shutdown)
+	err = stopDraining(sctx, conns, &stopping, srv.Shutdown)
 	if adminSrv != nil {
 		_ = adminSrv.Shutdown(sctx)
 	}

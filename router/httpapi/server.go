@@ -46,18 +46,16 @@ type Server struct {
 	// ErrorLog receives fasthttp's own lines; nil = discarded.
 	ErrorLog *log.Logger
 
-	fs       *fasthttp.Server
-	api      *handler                // Handler, when it is ours: its check path is served natively
-	other    fasthttp.RequestHandler // Handler through fasthttpadaptor
-	base     context.Context         // the checks' context: ends once Shutdown is done
-	cancel   context.CancelFunc
-	stopping context.Context // the other requests' context: ends as Shutdown begins
-	stop     context.CancelFunc
-	shutdown atomic.Bool
-	draining atomic.Bool   // Drain was called: every answer closes its connection
-	lastReq  atomic.Int64  // while draining: when the last request was answered (Unix ns)
-	open     atomic.Int64  // client connections accepted and not yet closed
-	held     chan struct{} // closed as Shutdown begins: Accept, held since Drain, returns
+	fs         *fasthttp.Server
+	api        *handler                // Handler, when it is ours: its check path is served natively
+	other      fasthttp.RequestHandler // Handler through fasthttpadaptor
+	base       context.Context         // the checks' context: ends once Shutdown is done
+	cancel     context.CancelFunc
+	stopping   context.Context // the other requests' context: ends as Shutdown begins
+	stop       context.CancelFunc
+	shutdown   atomic.Bool
+	drainState               // Drain was called: every answer closes its connection
+	held       chan struct{} // closed as Shutdown begins: Accept, held since Drain, returns
 	// mu orders Serve's taking a listener with Shutdown: fasthttp's
 	// Shutdown closes only the listeners its Serve has taken already.
 	mu         sync.Mutex
@@ -213,16 +211,34 @@ func (s *Server) Drain() {
 	}
 }
 
-// OpenConns is the number of client connections open now.
-func (s *Server) OpenConns() int { return int(s.open.Load()) }
+// drainState is what a draining front door (Server, NetHTTPDrain)
+// knows of its connections.
+type drainState struct {
+	draining atomic.Bool  // every answer closes its connection
+	open     atomic.Int64 // client connections accepted and not yet closed
+	lastReq  atomic.Int64 // while draining: when a request last came (Unix ns)
+}
 
-// LastRequest is when a request was last answered while draining (the
-// zero time before any).
-func (s *Server) LastRequest() time.Time {
-	if ns := s.lastReq.Load(); ns != 0 {
+// OpenConns is the number of client connections open now.
+func (d *drainState) OpenConns() int { return int(d.open.Load()) }
+
+// LastRequest is when a request last came while draining (the zero time
+// before any).
+func (d *drainState) LastRequest() time.Time {
+	if ns := d.lastReq.Load(); ns != 0 {
 		return time.Unix(0, ns)
 	}
 	return time.Time{}
+}
+
+// request notes a request and reports whether its answer must close its
+// connection (draining).
+func (d *drainState) request() bool {
+	if !d.draining.Load() {
+		return false
+	}
+	d.lastReq.Store(time.Now().UnixNano())
+	return true
 }
 
 // Drainer is a front door that drains as Server does (Server.Drain):
@@ -235,16 +251,75 @@ type Drainer interface {
 	LastRequest() time.Time
 }
 
+// NetHTTPDrain drains a net/http server (the gateway's) as Server.Drain
+// does its own: Drain closes its port (net/http goes on serving the
+// connections it has), and every answer from then on carries
+// Connection: close (net/http then closes the connection after it);
+// hijacked connections leave the count.
+type NetHTTPDrain struct {
+	drainState
+	ln   net.Listener
+	once sync.Once
+}
+
+// ServeDraining serves srv on ln (on a goroutine of its own) so that it
+// can drain, and returns its Drainer. Call it instead of srv.Serve.
+func ServeDraining(srv *http.Server, ln net.Listener) *NetHTTPDrain {
+	d := &NetHTTPDrain{ln: ln}
+	h := srv.Handler
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.request() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			d.open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			d.open.Add(-1)
+		}
+	}
+	go func() { _ = srv.Serve(onceListener{ln, &d.once}) }()
+	return d
+}
+
+// Drain closes the port and makes every answer close its connection.
+func (d *NetHTTPDrain) Drain() {
+	d.draining.Store(true)
+	_ = onceListener{d.ln, &d.once}.Close()
+}
+
+// onceListener closes its listener once, by Drain or by the server's
+// Shutdown (which would report the second close as its error).
+type onceListener struct {
+	net.Listener
+	once *sync.Once
+}
+
+func (l onceListener) Close() error {
+	var err error
+	l.once.Do(func() { err = l.Listener.Close() })
+	return err
+}
+
 // DrainQuiet is how long the connections left open must have sent
 // nothing for DrainConns to stop waiting for them: a client that sends
 // at all sends within it, gets its answer and its connection closed; the
 // rest are idle, and waiting longer for them closes nothing.
 const DrainQuiet = 250 * time.Millisecond
 
-// DrainConns drains d and waits until none of its connections is open,
-// or none has sent a request for DrainQuiet, or ctx ends.
-func DrainConns(ctx context.Context, d Drainer) {
-	d.Drain()
+// WaitDrained waits, once d is draining, until none of its connections
+// is open, or none has sent a request for DrainQuiet, or most has
+// passed, or half of what is left of ctx (the other half is for the
+// requests in progress once the connections are closed).
+func WaitDrained(ctx context.Context, d Drainer, most time.Duration) {
+	if dl, ok := ctx.Deadline(); ok {
+		most = min(most, time.Until(dl)/2)
+	}
+	ctx, cancel := context.WithTimeout(ctx, most)
+	defer cancel()
 	start := time.Now()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -274,9 +349,8 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	} else {
 		s.other(ctx)
 	}
-	if s.draining.Load() {
+	if s.request() {
 		ctx.SetConnectionClose() // after the handler: fasthttpadaptor sets the response anew
-		s.lastReq.Store(time.Now().UnixNano())
 	}
 }
 
