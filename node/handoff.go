@@ -566,6 +566,33 @@ func (n *Node) backupLoop() {
 	})
 }
 
+// sendCopies pushes this member's backup copies to the new owners and
+// new backups of the partitions it backed up (PlanCopyForwards), once
+// each: they stand in for a hand-off or a whole push from an old owner
+// that may have crashed, and are not retried (a member that cannot take
+// one now has not reached the ring, or is gone, or got the real thing).
+func (n *Node) sendCopies(batches []*BackupBatch) {
+	for _, b := range batches {
+		n.goLoop(func() {
+			ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+			defer cancel()
+			push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
+			var ack transport.PushAck
+			err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
+			taken := 0
+			for _, st := range ack.Status {
+				if st == transport.PushOK {
+					taken++
+				}
+			}
+			// Not taken: the member serves the partition already (its
+			// hand-off came first), or is no longer its owner or backup,
+			// or is gone; each is expected.
+			n.log.Debug("backup copies passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "err", err)
+		})
+	}
+}
+
 // pingEvery is the period of the leader's pings and of the members'
 // lease requests: DeadAfter/10, at most 250ms, at least 10ms.
 func (n *Node) pingEvery() time.Duration {

@@ -616,6 +616,7 @@ func (n *Node) refresh() {
 			moves.resume(o.loaded)
 		}
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
+		copies := o.CopiesFor(next, PlanCopyForwards(prevRing, next.Ring, n.cfg.ID))
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := append(o.Apply(next, moves), forwards...)
 		if bucketsLost && len(next.Ring.Members()) == 1 {
@@ -631,6 +632,7 @@ func (n *Node) refresh() {
 			n.h.dropLoadedLater(away)
 		}
 		n.h.send(next.Epoch(), out)
+		n.sendCopies(copies)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)
 		}

@@ -1,0 +1,109 @@
+package node
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ringlimit/ringlimit/transport"
+)
+
+// A backup copy pushed by a member other than the partition's owner (its
+// backup in an earlier ring passing it on: PlanCopyForwards) is merged
+// into what the owner pushed, not put in its place: the owner's push is
+// newer. Was: every whole push replaced the copy, so an older copy that
+// came second forgot what the owner admitted since it was made.
+func TestCopyFromAnEarlierBackupMergesWithTheOwnersPush(t *testing.T) {
+	v := testView(t, 1, "a", "b", "c")
+	a, b := servingOwner(t, "a", v), servingOwner(t, "b", v)
+	h, p := partBackedBy(t, v, "a", "b")
+	c1 := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+	handle(a, 1, c1)
+	older := a.Table().Export(nil, p, 1e18) // 1 of 2 spent
+	handle(a, 1, c1)                        // 2 of 2
+	if _, sts := deliver(t, a, map[string]*Owner{"b": b, "c": servingOwner(t, "c", v)}); len(sts) == 0 {
+		t.Fatal("a pushed nothing")
+	}
+	push := &transport.Push{Kind: transport.PushBackup, Epoch: 1, From: "c", Parts: []transport.PushPart{{Partition: p, Data: older}}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	b.HandlePush(context.Background(), push, &ack)
+	if ack.Status[0] != transport.PushOK {
+		t.Fatalf("older copy from c: %v, want taken", ack.Status[0])
+	}
+	v2 := testView(t, 2, "b", "c") // a is gone: b owns p (the owner of the ring without a)
+	b.Apply(v2, PlanMoves(v.Ring, v2.Ring, "b", func(id string) bool { return id != "a" }, false, false))
+	b.ExpireAwaiting(b.AwaitingParts())
+	if r := handle(b, 2, c1).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+		t.Fatalf("after a's loss: %+v, want denied (a admitted 2 of 2)", r)
+	}
+}
+
+// A partition awaiting its hand-off takes a copy from its backup of the
+// ring before, and serves it if no hand-off comes (the old owner crashed
+// and is not marked dead yet); a hand-off that does come is merged with
+// it. A partition served already does not take one.
+func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
+	v1 := testView(t, 1, "a", "b")
+	v2 := testView(t, 2, "a", "b", "c")
+	var p uint32
+	var h uint64
+	for h = 1; ; h++ {
+		p = v1.Ring.Partition(h)
+		o1, _ := v1.Ring.Owner(p)
+		o2, _ := v2.Ring.Owner(p)
+		if o1.ID == "a" && o2.ID == "c" {
+			break
+		}
+	}
+	a := servingOwner(t, "a", v1)
+	c1 := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+	handle(a, 1, c1)
+	older := a.Table().Export(nil, p, 1e18) // 1 of 2 spent
+	handle(a, 1, c1)
+	newer := a.Table().Export(nil, p, 1e18) // 2 of 2
+
+	copyThen := func(handoff []byte) *Owner {
+		c := newOwner(t, "c")
+		c.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "c", func(string) bool { return true }, false, false))
+		push := &transport.Push{Kind: transport.PushBackup, Epoch: 2, From: "b", Parts: []transport.PushPart{{Partition: p, Data: older}}}
+		ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+		c.HandlePush(context.Background(), push, &ack)
+		if ack.Status[0] != transport.PushOK {
+			t.Fatalf("copy for an awaited partition: %v, want taken", ack.Status[0])
+		}
+		if handoff != nil {
+			push = &transport.Push{Kind: transport.PushHandoff, Epoch: 2, From: "a", Parts: []transport.PushPart{{Partition: p, Data: handoff}}}
+			c.HandlePush(context.Background(), push, &ack)
+			if ack.Status[0] != transport.PushOK {
+				t.Fatalf("hand-off: %v, want taken", ack.Status[0])
+			}
+		}
+		c.ExpireAwaiting([]uint32{p})
+		return c
+	}
+
+	// No hand-off: the copy is served (1 spent, 1 left), not nothing.
+	c := copyThen(nil)
+	if r := handle(c, 2, c1).Results[0]; !r.Allowed {
+		t.Fatalf("first check after the copy was promoted: %+v, want allowed", r)
+	}
+	if r := handle(c, 2, c1).Results[0]; r.Allowed {
+		t.Fatalf("second check after the copy was promoted: %+v, want denied (1 of 2 spent before)", r)
+	}
+	if c.ServedFromNothing() != 0 {
+		t.Fatalf("served from nothing %d, want 0: the copy was there", c.ServedFromNothing())
+	}
+
+	// The hand-off comes after the copy: it is what is served.
+	c = copyThen(newer)
+	if r := handle(c, 2, c1).Results[0]; r.Allowed {
+		t.Fatalf("after the hand-off: %+v, want denied (2 of 2 spent at a)", r)
+	}
+
+	// Served already: the copy is not taken.
+	push := &transport.Push{Kind: transport.PushBackup, Epoch: 2, From: "b", Parts: []transport.PushPart{{Partition: p, Data: older}}}
+	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+	c.HandlePush(context.Background(), push, &ack)
+	if ack.Status[0] != transport.PushNotOwner {
+		t.Fatalf("copy for a served partition: %v, want not owner", ack.Status[0])
+	}
+}
