@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -105,5 +107,94 @@ func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
 	c.HandlePush(context.Background(), push, &ack)
 	if ack.Status[0] != transport.PushNotOwner {
 		t.Fatalf("copy for a served partition: %v, want not owner", ack.Status[0])
+	}
+}
+
+// recordPushes is pushOwners that also records the backup pushes it
+// carries, by target address.
+type recordPushes struct {
+	pushOwners
+	mu     sync.Mutex
+	backup map[string]int // parts pushed, by address
+}
+
+func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	if push.Kind == transport.PushBackup {
+		d.mu.Lock()
+		d.backup[addr] += len(push.Parts)
+		d.mu.Unlock()
+	}
+	return d.pushOwners.Push(ctx, addr, push, ack)
+}
+
+// A member passes its backup copies on (PlanCopyForwards) only for
+// partitions whose old owner does not answer its ping: a running owner
+// hands its partitions off and pushes them to their new backups itself,
+// and copies would double a graceful change's traffic. Either way, the
+// copies it no longer backs up are dropped once that is decided.
+func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
+	for _, ownerUp := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "b", "c", "d")
+			owners := map[string]*Owner{}
+			for _, id := range []string{"a", "b", "c"} {
+				owners[id] = servingOwner(t, id, v1)
+			}
+			owners["d"] = newOwner(t, "d")
+			owners["d"].Apply(v2, PlanMoves(v1.Ring, v2.Ring, "d", allAlive, false, false))
+			plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
+			var p uint32
+			var h uint64
+			found := false
+			for h = 1; h < 1<<16 && !found; h++ {
+				p = v1.Ring.Partition(h)
+				o1, _ := v1.Ring.Owner(p)
+				b1, _ := v1.Ring.Backup(p)
+				o2, _ := v2.Ring.Owner(p)
+				b2, _ := v2.Ring.Backup(p)
+				found = o1.ID == "a" && b1.ID == "b" && o2.ID == "d" && b2.ID != "b"
+			}
+			if !found {
+				t.Fatal("no partition of a backed up by b moves to d with another backup")
+			}
+			h--
+			handle(owners["a"], 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+			deliver(t, owners["a"], owners)
+			if owners["b"].BackupTable().PartitionLen(p) != 1 {
+				t.Fatal("b holds no copy of the spent key")
+			}
+
+			dp := &recordPushes{pushOwners: pushOwners{"b:1": owners["b"], "c:1": owners["c"], "d:1": owners["d"]}, backup: map[string]int{}}
+			if ownerUp {
+				dp.pushOwners["a:1"] = owners["a"]
+			}
+			b := owners["b"]
+			n := handoffNode(t, b, dp)
+			moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
+			kept := b.KeepCopies(2, &moves, plan)
+			b.Apply(v2, moves)
+			if b.BackupTable().PartitionLen(p) != 1 {
+				t.Fatal("b dropped its copy before deciding whether to pass it on")
+			}
+			n.sendCopies(v1.Ring, v2, plan, kept)
+			synctest.Wait()
+
+			if ownerUp && len(dp.backup) != 0 {
+				t.Errorf("a answers: b pushed copies %v, want none", dp.backup)
+			}
+			if !ownerUp && dp.backup["d:1"] == 0 {
+				t.Errorf("a is silent: b pushed copies %v, want some to d, p's new owner", dp.backup)
+			}
+			if n := b.BackupTable().PartitionLen(p); n != 0 {
+				t.Errorf("b still holds %d states of p, which it neither owns nor backs up now", n)
+			}
+			if !ownerUp {
+				d := owners["d"]
+				d.ExpireAwaiting([]uint32{p})
+				if r := handle(d, 2, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
+					t.Errorf("d serves p without the copy: %+v, want denied (2 of 2 spent at a)", r)
+				}
+			}
+		})
 	}
 }

@@ -567,30 +567,87 @@ func (n *Node) backupLoop() {
 }
 
 // sendCopies pushes this member's backup copies to the new owners and
-// new backups of the partitions it backed up (PlanCopyForwards), once
-// each: they stand in for a hand-off or a whole push from an old owner
-// that may have crashed, and are not retried (a member that cannot take
-// one now has not reached the ring, or is gone, or got the real thing).
-func (n *Node) sendCopies(batches []*BackupBatch) {
-	for _, b := range batches {
-		n.goLoop(func() {
-			ctx, cancel := context.WithTimeout(n.ctx, time.Second)
-			defer cancel()
-			push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
-			var ack transport.PushAck
-			err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
-			taken := 0
-			for _, st := range ack.Status {
-				if st == transport.PushOK {
-					taken++
+// new backups of the partitions it backed up in prev (plan:
+// PlanCopyForwards for the ring of next), once each, then releases the
+// copies KeepCopies kept (kept). They stand in for a hand-off or a whole
+// push from an old owner that may have crashed, so they go only for
+// partitions whose owner in prev does not answer a ping
+// (copyPingTimeout): an owner that answers hands them off and pushes
+// them itself, and copies would only double a graceful change's traffic
+// (a join over 633k keys: 21 → 29 MB on loopback, its new member ready
+// 0.1 s later). A copy is not retried: a member that cannot take one now
+// has not reached the ring, or is gone, or got the real thing.
+func (n *Node) sendCopies(prev *ring.Ring, next *view.View, plan map[string][]uint32, kept []uint32) {
+	if len(plan) == 0 {
+		return
+	}
+	o := n.owner.Load()
+	n.goLoop(func() {
+		defer o.ReleaseCopies(next.Epoch(), kept)
+		silent := n.silentOwners(prev, plan)
+		if len(silent) == 0 {
+			return
+		}
+		batches := o.CopiesFor(next.Ring, next.Epoch(), plan, func(p uint32) bool {
+			ow, ok := prev.Owner(p)
+			return ok && silent[ow.ID]
+		})
+		var wg sync.WaitGroup
+		for _, b := range batches {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+				defer cancel()
+				push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
+				var ack transport.PushAck
+				err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
+				taken := 0
+				for _, st := range ack.Status {
+					if st == transport.PushOK {
+						taken++
+					}
 				}
+				// Not taken: the member serves the partition already (its
+				// hand-off came first), or is no longer its owner or
+				// backup, or is gone; each is expected.
+				n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "err", err)
+			})
+		}
+		wg.Wait()
+	})
+}
+
+// copyPingTimeout is how long sendCopies waits for an old owner's answer
+// to its ping before it takes the owner for crashed.
+const copyPingTimeout = 500 * time.Millisecond
+
+// silentOwners pings, at once, the owners in prev of the partitions of
+// plan, and returns those that did not answer within copyPingTimeout.
+func (n *Node) silentOwners(prev *ring.Ring, plan map[string][]uint32) map[string]bool {
+	owners := map[string]ring.Member{}
+	for _, ps := range plan {
+		for _, p := range ps {
+			if o, ok := prev.Owner(p); ok && o.ID != n.cfg.ID {
+				owners[o.ID] = o
 			}
-			// Not taken: the member serves the partition already (its
-			// hand-off came first), or is no longer its owner or backup,
-			// or is gone; each is expected.
-			n.log.Debug("backup copies passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "err", err)
+		}
+	}
+	var mu sync.Mutex
+	silent := map[string]bool{}
+	var wg sync.WaitGroup
+	for id, m := range owners {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(n.ctx, copyPingTimeout)
+			defer cancel()
+			var ack transport.PushAck
+			if err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: prev.Epoch(), From: n.cfg.ID}, &ack); err != nil {
+				mu.Lock()
+				silent[id] = true
+				mu.Unlock()
+			}
 		})
 	}
+	wg.Wait()
+	return silent
 }
 
 // pingEvery is the period of the leader's pings and of the members'

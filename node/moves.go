@@ -259,22 +259,76 @@ func PlanCopyForwards(prev, next *ring.Ring, self string) map[string][]uint32 {
 	return out
 }
 
+// KeepCopies keeps, through Apply, this member's backup copies of the
+// partitions of plan (PlanCopyForwards) that m would drop (Unback), for
+// the ring of epoch, until ReleaseCopies: the copies are exported only
+// once their old owner turns out silent (Node.sendCopies), which takes a
+// ping, and exporting every one at once (20-40 ms per member in a join
+// over 633k keys) would delay the ring's own hand-offs. It returns the
+// partitions kept.
+func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[string][]uint32) []uint32 {
+	planned := map[uint32]bool{}
+	for _, ps := range plan {
+		for _, p := range ps {
+			planned[p] = true
+		}
+	}
+	var kept []uint32
+	unback := m.Unback[:0]
+	for _, p := range m.Unback {
+		if !planned[p] {
+			unback = append(unback, p)
+			continue
+		}
+		g := &o.moving[p]
+		g.Lock()
+		o.keptFor[p] = epoch
+		g.Unlock()
+		kept = append(kept, p)
+	}
+	m.Unback = unback
+	return kept
+}
+
+// ReleaseCopies drops the backup copies of kept that KeepCopies kept for
+// the ring of epoch, unless this member owns or backs up the partition
+// in its view now, or a newer ring kept the copy again.
+func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
+	v := o.cell.Load()
+	for _, p := range kept {
+		g := &o.moving[p]
+		g.Lock()
+		if o.keptFor[p] == epoch {
+			o.keptFor[p] = 0
+			ow, _ := v.Ring.Owner(p)
+			b, _ := v.Ring.Backup(p)
+			if ow.ID != o.self && b.ID != o.self {
+				o.dropBackup(p)
+			}
+		}
+		g.Unlock()
+	}
+}
+
 // CopiesFor exports this member's backup copies of the partitions of
-// parts (PlanCopyForwards) as backup pushes, one batch per member, at
-// next's epoch. A copy that holds nothing and was never whole (no push
-// reached this member) is not sent: there is nothing to keep. Call it
-// before Apply, which may drop those copies.
-func (o *Owner) CopiesFor(next *view.View, parts map[string][]uint32) []*BackupBatch {
+// parts (by member of r: PlanCopyForwards) for which send says so, as
+// backup pushes, one batch per member, at epoch. A copy that holds
+// nothing and was never whole (no push reached this member) is not
+// sent: there is nothing to keep.
+func (o *Owner) CopiesFor(r *ring.Ring, epoch uint64, parts map[string][]uint32, send func(p uint32) bool) []*BackupBatch {
 	now := o.now()
 	exported := map[uint32][]byte{}
 	var out []*BackupBatch
 	for to, ps := range parts {
-		mem, ok := next.Ring.Member(to)
+		mem, ok := r.Member(to)
 		if !ok {
 			continue
 		}
-		b := &BackupBatch{To: mem, Epoch: next.Epoch()}
+		b := &BackupBatch{To: mem, Epoch: epoch}
 		for _, p := range ps {
+			if !send(p) {
+				continue
+			}
 			data, done := exported[p]
 			if !done {
 				g := &o.moving[p]

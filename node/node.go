@@ -616,7 +616,8 @@ func (n *Node) refresh() {
 			moves.resume(o.loaded)
 		}
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
-		copies := o.CopiesFor(next, PlanCopyForwards(prevRing, next.Ring, n.cfg.ID))
+		copyPlan := PlanCopyForwards(prevRing, next.Ring, n.cfg.ID)
+		kept := o.KeepCopies(next.Epoch(), &moves, copyPlan)
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		out := append(o.Apply(next, moves), forwards...)
 		if bucketsLost && len(next.Ring.Members()) == 1 {
@@ -632,7 +633,7 @@ func (n *Node) refresh() {
 			n.h.dropLoadedLater(away)
 		}
 		n.h.send(next.Epoch(), out)
-		n.sendCopies(copies)
+		n.sendCopies(prevRing, next, copyPlan, kept)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)
 		}

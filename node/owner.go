@@ -65,6 +65,11 @@ type Owner struct {
 	// alone: its owner in the ring just before, when one member changed
 	// in between (Moves.From); "" otherwise. Guarded by its moving lock.
 	awaitOwner []string
+	// keptFor is, per partition whose backup copy this member keeps past
+	// the ring that took the partition's backing from it (KeepCopies),
+	// that ring's epoch, until ReleaseCopies; 0 otherwise. Guarded by
+	// its moving lock.
+	keptFor []uint64
 
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
@@ -211,7 +216,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), changed: make(chan struct{}), start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), changed: make(chan struct{}), start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.
