@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -197,4 +198,58 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A check of a partition awaiting the hand-off of an owner that its old
+// backup found silent (it sent its copy: sendCopies) is answered at once,
+// unavailable, instead of holding its batch until the deadline: no
+// hand-off is coming before the hand-off wait ends. A push from the
+// awaited owner itself (of its older view) says nothing of the kind.
+func TestCheckOfAPartitionAwaitingASilentOwnerIsAnsweredAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1, v2 := testView(t, 1, "a", "b"), testView(t, 2, "a", "b", "c")
+		var p uint32
+		var h uint64
+		for h = 1; ; h++ {
+			p = v1.Ring.Partition(h)
+			o1, _ := v1.Ring.Owner(p)
+			o2, _ := v2.Ring.Owner(p)
+			if o1.ID == "a" && o2.ID == "c" {
+				break
+			}
+		}
+		c := newOwner(t, "c")
+		c.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "c", allAlive, false, false))
+		data := newOwner(t, "a").Table().Export(nil, p, 1e18) // an empty whole copy
+		elapsed := func() (time.Duration, transport.Status) {
+			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			resp := &transport.BatchResponse{Results: make([]transport.Result, 1)}
+			c.HandleBatch(ctx, &transport.BatchRequest{Epoch: 2, Checks: []transport.Check{{Rule: "r", KeyHash: h, Partition: p, Cost: 1}}}, resp)
+			return time.Since(start), resp.Results[0].Status
+		}
+		push := func(from string, epoch uint64) {
+			ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
+			c.HandlePush(context.Background(), &transport.Push{Kind: transport.PushBackup, Epoch: epoch, From: from, Parts: []transport.PushPart{{Partition: p, Data: data}}}, &ack)
+			if ack.Status[0] != transport.PushOK {
+				t.Fatalf("copy from %s: %v, want taken", from, ack.Status[0])
+			}
+		}
+		if d, st := elapsed(); d != 250*time.Millisecond || st != transport.StatusUnavailable {
+			t.Fatalf("awaiting a's hand-off: answered %v after %v, want unavailable at the deadline", st, d)
+		}
+		push("a", 1) // a, not aware of the new ring, pushes to its backup of then
+		if d, _ := elapsed(); d != 250*time.Millisecond {
+			t.Fatalf("after a's own push: answered after %v, want the wait (a's hand-off is near)", d)
+		}
+		push("b", 2) // b found a silent, and passes its copy on
+		if d, st := elapsed(); d != 0 || st != transport.StatusUnavailable {
+			t.Fatalf("a silent: answered %v after %v, want unavailable at once", st, d)
+		}
+		c.ExpireAwaiting([]uint32{p})
+		if d, st := elapsed(); d != 0 || st != transport.StatusOK {
+			t.Fatalf("served: answered %v after %v, want decided at once", st, d)
+		}
+	})
 }

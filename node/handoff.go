@@ -594,6 +594,9 @@ func (n *Node) sendCopies(prev *ring.Ring, next *view.View, plan map[string][]ui
 		})
 		var wg sync.WaitGroup
 		for _, b := range batches {
+			if silent[b.To.ID] {
+				continue // the new backup is a silent old owner itself
+			}
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 				defer cancel()

@@ -648,7 +648,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 				o.handoffsIn.Add(1)
 			}
 		case transport.PushBackup:
-			ack.Status[i] = o.takeBackup(v, pt, push.From, now)
+			ack.Status[i] = o.takeBackup(v, pt, push.From, push.Epoch, now)
 		}
 	}
 	late.log(o.log, push.From)
@@ -869,10 +869,10 @@ func (o *Owner) mergeHandoff(p uint32, pt *transport.PushPart, now int64, late *
 	return transport.PushOK
 }
 
-func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, from string, now int64) transport.PushStatus {
+func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, from string, epoch uint64, now int64) transport.PushStatus {
 	b, ok := v.Ring.Backup(pt.Partition)
 	if !ok || b.ID != o.self {
-		if st, ok := o.takeCopy(v, pt, now); ok {
+		if st, ok := o.takeCopy(v, pt, epoch, now); ok {
 			return st
 		}
 		o.registerSets(pt, now)
@@ -924,8 +924,10 @@ func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, from string, no
 // the hand-off is merged with when it comes, and which is served if it
 // does not (the hand-off wait). ok is false when the part is not such a
 // copy (this member does not own the partition, serves it already, or the
-// part is a delta or lost): the caller answers as before.
-func (o *Owner) takeCopy(v *view.View, pt *transport.PushPart, now int64) (st transport.PushStatus, ok bool) {
+// part is a delta or lost): the caller answers as before. A copy pushed
+// at epoch, the ring the partition awaits under or a newer one, marks
+// its old owner silent (ownerSilent).
+func (o *Owner) takeCopy(v *view.View, pt *transport.PushPart, epoch uint64, now int64) (st transport.PushStatus, ok bool) {
 	p := pt.Partition
 	if owner, ok := v.Ring.Owner(p); !ok || owner.ID != o.self || pt.Lost || pt.Delta {
 		return 0, false
@@ -941,6 +943,16 @@ func (o *Owner) takeCopy(v *view.View, pt *transport.PushPart, now int64) (st tr
 		return transport.PushRejected, true
 	}
 	o.based[p].Store(true)
+	if epoch >= o.awaitFrom[p] {
+		// Sent under the ring this member awaits the partition under (or
+		// a newer one), in which nobody else owns it: a copy passed on
+		// by its backup of the ring before, which pinged the old owner
+		// and got no answer, so no hand-off comes before the wait ends.
+		// (A push of an older ring is the old owner's own, to its backup
+		// of then: it has not seen the change yet, and its hand-off is
+		// near.)
+		o.ownerSilent[p].Store(true)
+	}
 	return transport.PushOK, true
 }
 
