@@ -75,6 +75,9 @@ type delivery struct {
 	// target unreachable); zero once one is answered. Guarded by
 	// handoffs.mu.
 	failing time.Time
+	// insured: its parts went to their backups once (insureWithBackups).
+	// Only its deliver loop reads and writes it.
+	insured bool
 }
 
 func newHandoffs(n *Node) *handoffs {
@@ -277,6 +280,11 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		settled := 0 // parts this attempt settled (taken, or given up)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
+			if n.stopping.Load() && !d.insured {
+				d.insured = true
+				parts := push.Parts
+				n.goLoop(func() { n.insureWithBackups(epoch, to.ID, parts) })
+			}
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
 			retry, settled = h.readdress(n.cell.Load(), batch, "", 0)
@@ -617,6 +625,49 @@ func (n *Node) sendCopies(prev *ring.Ring, next *view.View, plan map[string][]ui
 		}
 		wg.Wait()
 	})
+}
+
+// insureWithBackups pushes parts, hand-offs of a stopping member that
+// its target (to) did not answer, to their partitions' backups in this
+// member's view, as backup copies: the target may have crashed, not yet
+// marked dead, and this member will be gone when it is; the backup, which
+// then owns the partition, promotes the copy. (The parts are kept in the
+// bucket file as well, for this member's next start.) Was: only the
+// bucket file had them, and the partitions were served from nothing
+// from the crash's mark until this member came back. A backup merges the
+// copy with what it holds, as it does any copy that is not the owner's
+// own push, so a target that was only slow, and pushes the partition
+// whole once it took the hand-off, loses nothing either.
+func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.PushPart) {
+	v := n.cell.Load()
+	if v == nil {
+		return
+	}
+	by := map[string]*BackupBatch{}
+	for _, pt := range parts {
+		b, ok := v.Ring.Backup(pt.Partition)
+		if pt.Lost || !ok || b.ID == n.cfg.ID || b.ID == to {
+			continue
+		}
+		if by[b.ID] == nil {
+			by[b.ID] = &BackupBatch{To: b, Epoch: max(epoch, v.Epoch())}
+		}
+		pt.Delta = false
+		by[b.ID].Parts = append(by[b.ID].Parts, pt)
+	}
+	for _, b := range by {
+		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		var ack transport.PushAck
+		err := n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}, &ack)
+		cancel()
+		taken := 0
+		for _, st := range ack.Status {
+			if st == transport.PushOK {
+				taken++
+			}
+		}
+		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", taken, "err", err)
+	}
 }
 
 // copyPingTimeout is how long sendCopies waits for an old owner's answer

@@ -57,3 +57,119 @@ func TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget(t *test
 		}
 	})
 }
+
+// The same crash, and the ring changes because a member stops gracefully
+// (a rolling restart reaching the next member): the stopping member was
+// the backup of some of the crashed member's partitions, and passes its
+// copies on to their new backups before it goes. The crashed member is
+// cut off rather than gone (a host down: pings and pushes to it hang),
+// so the stopping member learns it is silent only after its ping's
+// timeout. Was: its stop did not wait for that, and the new backups,
+// promoting when the crash was marked, held nothing.
+func TestCrashedOwnersBackupStopsBeforeItIsMarkedDead(t *testing.T) {
+	for _, how := range []string{"crashed", "cut off"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 5, Options{DeadAfter: 30 * time.Second})
+				c.PutRules("n1", logRule)
+				v := c.Member("n1").Node().View()
+				var keys []string
+				for i := 0; len(keys) < 40; i++ {
+					k := c.KeyOwnedBy("n5", i)
+					p := v.Ring.Partition(limiter.KeyHash(v.Seed, k))
+					if b, _ := v.Ring.Backup(p); b.ID == "n2" {
+						keys = append(keys, k)
+					}
+				}
+				for _, k := range keys {
+					if a, _ := spend(c, "n1", k, 5); a != 5 {
+						t.Fatalf("%s: admitted %d of 5", k, a)
+					}
+				}
+				time.Sleep(time.Second) // every backup has every state
+				if how == "crashed" {
+					c.Crash("n5")
+				} else {
+					c.Partition("n5")
+				}
+				c.Stop("n2", 10*time.Second)
+				c.WaitFor("n5 marked dead", 2*time.Minute, func() bool {
+					return len(c.Member("n1").Node().View().Ring.Members()) == 3
+				})
+				c.WaitFor("n1, n3 and n4 ready", time.Minute, func() bool {
+					for _, id := range []string{"n1", "n3", "n4"} {
+						if n := c.Member(id).Node(); n.Ready() != nil || len(n.View().Ring.Members()) != 3 {
+							return false
+						}
+					}
+					return true
+				})
+				for _, k := range keys {
+					if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
+						t.Errorf("%s: admitted %d more (degraded %d) after n5's crash and n2's stop, want the 5 left of 10", k, a, d)
+					}
+				}
+			})
+		})
+	}
+}
+
+// A member stops gracefully while another lies crashed, not yet marked
+// dead, and the ring gives some of the stopping member's partitions to
+// the crashed one: their hand-off cannot land. The stopping member gives
+// them to their backup instead, which promotes them when the crash is
+// marked. Was: they were kept only in the stopping member's bucket file,
+// and served from nothing once the crash was marked, until that member
+// came back.
+func TestHandoffToACrashedOwnerReachesItsBackup(t *testing.T) {
+	for _, how := range []string{"crashed", "cut off"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := New(t, 5, Options{DeadAfter: 30 * time.Second})
+				c.PutRules("n1", logRule)
+				var keys []string
+				for i := range 200 {
+					keys = append(keys, c.KeyOwnedBy("n2", i))
+				}
+				for _, k := range keys {
+					if a, _ := spend(c, "n1", k, 5); a != 5 {
+						t.Fatalf("%s: admitted %d of 5", k, a)
+					}
+				}
+				time.Sleep(time.Second)
+				if how == "crashed" {
+					c.Crash("n5")
+				} else {
+					c.Partition("n5")
+				}
+				c.Stop("n2", 10*time.Second)
+				v := c.Member("n1").Node().View()
+				toN5 := 0
+				for _, k := range keys {
+					if _, o, _ := v.Ring.OwnerOfKey(limiter.KeyHash(v.Seed, k)); o.ID == "n5" {
+						toN5++
+					}
+				}
+				if toN5 == 0 {
+					t.Fatal("no key of n2's went to n5 at n2's stop")
+				}
+				c.WaitFor("n5 marked dead", 2*time.Minute, func() bool {
+					return len(c.Member("n1").Node().View().Ring.Members()) == 3
+				})
+				c.WaitFor("n1, n3 and n4 ready", time.Minute, func() bool {
+					for _, id := range []string{"n1", "n3", "n4"} {
+						if n := c.Member(id).Node(); n.Ready() != nil || len(n.View().Ring.Members()) != 3 {
+							return false
+						}
+					}
+					return true
+				})
+				for _, k := range keys {
+					if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
+						t.Errorf("%s: admitted %d more (degraded %d) after n2's stop and n5's crash, want the 5 left of 10 (%d keys went to n5)", k, a, d, toN5)
+					}
+				}
+			})
+		})
+	}
+}
