@@ -222,7 +222,8 @@ func TestBackupPushesNameTakenSetsByReference(t *testing.T) {
 
 // Within one push, a rule set goes in full in the first stream that
 // needs it and by reference in the others; the backup member registers
-// the sets of a part it does not take (here one it does not back up), so
+// the sets of a part it does not take as a backup copy (here one it owns
+// and serves, which it merges into what it serves: Owner.takeCopy), so
 // the later parts find them.
 func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
 	rules := tenantRules()
@@ -255,7 +256,8 @@ func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
 	}
 
 	// The stream carrying the set in full is of a part the member does
-	// not take: the next part, naming the set by reference, is taken.
+	// not take as a backup copy: the next part, naming the set by
+	// reference, is taken.
 	c := servingOwner(t, "b", v) // b again, holding nothing
 	_, notMine := partOf(v, "b") // b owns it: b is not its backup
 	src, _ := limiter.NewTable(64)
@@ -285,8 +287,12 @@ func TestBackupPushCarriesASetInFullOnce(t *testing.T) {
 		{Partition: notMine, Data: first}, {Partition: p1, Data: second}}}
 	ack := transport.PushAck{Status: make([]transport.PushStatus, 2)}
 	c.HandlePush(context.Background(), push, &ack)
-	if ack.Status[0] != transport.PushNotOwner || ack.Status[1] != transport.PushOK || len(second) > 100 {
-		t.Fatalf("statuses %v (want not owner, taken), the second stream %d bytes (want its set by reference)", ack.Status, len(second))
+	if ack.Status[0] != transport.PushOK || ack.Status[1] != transport.PushOK || len(second) > 100 {
+		t.Fatalf("statuses %v (want merged, taken), the second stream %d bytes (want its set by reference)", ack.Status, len(second))
+	}
+	if c.BackupTable().PartitionLen(notMine) != 0 || c.Table().PartitionLen(notMine) != 1 {
+		t.Fatalf("the owned part went to the backup table (%d states) and the served one holds %d, want 0 and 1",
+			c.BackupTable().PartitionLen(notMine), c.Table().PartitionLen(notMine))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/transport"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // A backup copy pushed by a member other than the partition's owner (its
@@ -43,7 +44,7 @@ func TestCopyFromAnEarlierBackupMergesWithTheOwnersPush(t *testing.T) {
 // A partition awaiting its hand-off takes a copy from its backup of the
 // ring before, and serves it if no hand-off comes (the old owner crashed
 // and is not marked dead yet); a hand-off that does come is merged with
-// it. A partition served already does not take one.
+// it. A partition served already merges one.
 func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
 	v1 := testView(t, 1, "a", "b")
 	v2 := testView(t, 2, "a", "b", "c")
@@ -102,12 +103,28 @@ func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
 		t.Fatalf("after the hand-off: %+v, want denied (2 of 2 spent at a)", r)
 	}
 
-	// Served already: the copy is not taken.
+	// Served already: the copy is merged, and being older changes nothing.
 	push := &transport.Push{Kind: transport.PushBackup, Epoch: 2, From: "b", Parts: []transport.PushPart{{Partition: p, Data: older}}}
 	ack := transport.PushAck{Status: make([]transport.PushStatus, 1)}
 	c.HandlePush(context.Background(), push, &ack)
-	if ack.Status[0] != transport.PushNotOwner {
-		t.Fatalf("copy for a served partition: %v, want not owner", ack.Status[0])
+	if ack.Status[0] != transport.PushOK {
+		t.Fatalf("copy for a served partition: %v, want taken (merged)", ack.Status[0])
+	}
+	if r := handle(c, 2, c1).Results[0]; r.Allowed {
+		t.Fatalf("after an older copy merged: %+v, want denied still (2 of 2 spent)", r)
+	}
+
+	// Served from nothing (promoted at once), then the copy comes: its
+	// spend counts.
+	c = newOwner(t, "c")
+	c.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "c", func(string) bool { return true }, false, false))
+	c.ExpireAwaiting([]uint32{p})
+	c.HandlePush(context.Background(), push, &ack)
+	if r := handle(c, 2, c1).Results[0]; !r.Allowed || ack.Status[0] != transport.PushOK {
+		t.Fatalf("served from nothing, then the copy (1 of 2 spent): %+v (push %v), want allowed once", r, ack.Status[0])
+	}
+	if r := handle(c, 2, c1).Results[0]; r.Allowed {
+		t.Fatalf("served from nothing, then the copy: second check %+v, want denied", r)
 	}
 }
 
@@ -115,11 +132,16 @@ func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
 // carries, by target address.
 type recordPushes struct {
 	pushOwners
+	hang   map[string]bool // addresses whose pushes hang until their deadline
 	mu     sync.Mutex
 	backup map[string]int // parts pushed, by address
 }
 
 func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	if d.hang[addr] {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	if push.Kind == transport.PushBackup {
 		d.mu.Lock()
 		d.backup[addr] += len(push.Parts)
@@ -129,75 +151,144 @@ func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Pu
 }
 
 // A member passes its backup copies on (PlanCopyForwards) only for
-// partitions whose old owner does not answer its ping: a running owner
-// hands its partitions off and pushes them to their new backups itself,
-// and copies would double a graceful change's traffic. Either way, the
-// copies it no longer backs up are dropped once that is decided.
+// partitions whose old owner does not answer its ping (a refused dial, or
+// none within copyPingTimeout): a running owner hands its partitions off
+// and pushes them to their new backups itself, and copies would double a
+// graceful change's traffic. Either way, the copies it no longer backs up
+// are dropped once that is decided.
 func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
-	for _, ownerUp := range []bool{true, false} {
-		synctest.Test(t, func(t *testing.T) {
-			v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "b", "c", "d")
-			owners := map[string]*Owner{}
-			for _, id := range []string{"a", "b", "c"} {
-				owners[id] = servingOwner(t, id, v1)
-			}
-			owners["d"] = newOwner(t, "d")
-			owners["d"].Apply(v2, PlanMoves(v1.Ring, v2.Ring, "d", allAlive, false, false))
-			plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
-			var p uint32
-			var h uint64
-			found := false
-			for h = 1; h < 1<<16 && !found; h++ {
-				p = v1.Ring.Partition(h)
-				o1, _ := v1.Ring.Owner(p)
-				b1, _ := v1.Ring.Backup(p)
-				o2, _ := v2.Ring.Owner(p)
-				b2, _ := v2.Ring.Backup(p)
-				found = o1.ID == "a" && b1.ID == "b" && o2.ID == "d" && b2.ID != "b"
-			}
-			if !found {
-				t.Fatal("no partition of a backed up by b moves to d with another backup")
-			}
-			h--
-			handle(owners["a"], 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
-			deliver(t, owners["a"], owners)
-			if owners["b"].BackupTable().PartitionLen(p) != 1 {
-				t.Fatal("b holds no copy of the spent key")
-			}
-
-			dp := &recordPushes{pushOwners: pushOwners{"b:1": owners["b"], "c:1": owners["c"], "d:1": owners["d"]}, backup: map[string]int{}}
-			if ownerUp {
-				dp.pushOwners["a:1"] = owners["a"]
-			}
-			b := owners["b"]
-			n := handoffNode(t, b, dp)
-			moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
-			kept := b.KeepCopies(2, &moves, plan)
-			b.Apply(v2, moves)
-			if b.BackupTable().PartitionLen(p) != 1 {
-				t.Fatal("b dropped its copy before deciding whether to pass it on")
-			}
-			n.sendCopies(v1.Ring, v2, plan, kept)
-			synctest.Wait()
-
-			if ownerUp && len(dp.backup) != 0 {
-				t.Errorf("a answers: b pushed copies %v, want none", dp.backup)
-			}
-			if !ownerUp && dp.backup["d:1"] == 0 {
-				t.Errorf("a is silent: b pushed copies %v, want some to d, p's new owner", dp.backup)
-			}
-			if n := b.BackupTable().PartitionLen(p); n != 0 {
-				t.Errorf("b still holds %d states of p, which it neither owns nor backs up now", n)
-			}
-			if !ownerUp {
-				d := owners["d"]
-				d.ExpireAwaiting([]uint32{p})
-				if r := handle(d, 2, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
-					t.Errorf("d serves p without the copy: %+v, want denied (2 of 2 spent at a)", r)
+	for _, owner := range []string{"answers", "refuses", "hangs"} {
+		t.Run(owner, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "b", "c", "d")
+				owners := map[string]*Owner{}
+				for _, id := range []string{"a", "b", "c"} {
+					owners[id] = servingOwner(t, id, v1)
 				}
-			}
+				owners["d"] = newOwner(t, "d")
+				owners["d"].Apply(v2, PlanMoves(v1.Ring, v2.Ring, "d", allAlive, false, false))
+				p, h := movedPart(t, v1, v2, "a", "b", "d")
+				handle(owners["a"], 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+				deliver(t, owners["a"], owners)
+				if owners["b"].BackupTable().PartitionLen(p) != 1 {
+					t.Fatal("b holds no copy of the spent key")
+				}
+
+				dp := &recordPushes{pushOwners: pushOwners{"b:1": owners["b"], "c:1": owners["c"], "d:1": owners["d"]},
+					hang: map[string]bool{"a:1": owner == "hangs"}, backup: map[string]int{}}
+				if owner == "answers" {
+					dp.pushOwners["a:1"] = owners["a"]
+				}
+				b := owners["b"]
+				n := handoffNode(t, b, dp)
+				moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
+				plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
+				kept := b.KeepCopies(2, &moves, plan)
+				b.Apply(v2, moves)
+				n.cell.Store(v2)
+				if b.BackupTable().PartitionLen(p) != 1 {
+					t.Fatal("b dropped its copy before deciding whether to pass it on")
+				}
+				start := time.Now()
+				n.sendCopies(2, plan, kept)
+				if err := n.waitCopies(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if owner == "hangs" && time.Since(start) != copyPingTimeout {
+					t.Errorf("copies sent %v after the ring, want after the ping's timeout (%v)", time.Since(start), copyPingTimeout)
+				}
+				if owner == "answers" && len(dp.backup) != 0 {
+					t.Errorf("a answers: b pushed copies %v, want none", dp.backup)
+				}
+				if owner != "answers" && dp.backup["d:1"] == 0 {
+					t.Errorf("a is silent: b pushed copies %v, want some to d, p's new owner", dp.backup)
+				}
+				if n := b.BackupTable().PartitionLen(p); n != 0 {
+					t.Errorf("b still holds %d states of p, which it neither owns nor backs up now", n)
+				}
+				if owner != "answers" {
+					d := owners["d"]
+					d.ExpireAwaiting([]uint32{p})
+					if r := handle(d, 2, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
+						t.Errorf("d serves p without the copy: %+v, want denied (2 of 2 spent at a)", r)
+					}
+				}
+			})
 		})
 	}
+}
+
+// movedPart returns a partition (and a key hash in it) that v1 gives to
+// owner with backup as its backup, and v2 gives to to, with another
+// backup.
+func movedPart(t *testing.T, v1, v2 *view.View, owner, backup, to string) (uint32, uint64) {
+	t.Helper()
+	for h := uint64(1); h < 1<<16; h++ {
+		p := v1.Ring.Partition(h)
+		o1, _ := v1.Ring.Owner(p)
+		b1, _ := v1.Ring.Backup(p)
+		o2, _ := v2.Ring.Owner(p)
+		b2, _ := v2.Ring.Backup(p)
+		if o1.ID == owner && b1.ID == backup && o2.ID == to && b2.ID != backup {
+			return p, h
+		}
+	}
+	t.Fatalf("no partition of %s backed up by %s moves to %s with another backup", owner, backup, to)
+	return 0, 0
+}
+
+// The ring moves on while the old backup pings the silent old owner: its
+// copy goes to the partition's owner in the ring of the moment it sends,
+// not to the one the ring before named, which no longer takes it. Was:
+// refused, and the partition served from nothing (found by a review).
+func TestCopyFollowsTheRingThatMovedOnDuringThePing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1 := testView(t, 1, "a", "b", "c")
+		v2 := testView(t, 2, "a", "b", "c", "d")
+		v3 := testView(t, 3, "a", "b", "c", "d", "e")
+		var p uint32
+		var h uint64
+		found := false
+		for h = 1; h < 1<<16 && !found; h++ {
+			p = v1.Ring.Partition(h)
+			o1, _ := v1.Ring.Owner(p)
+			b1, _ := v1.Ring.Backup(p)
+			o2, _ := v2.Ring.Owner(p)
+			b2, _ := v2.Ring.Backup(p)
+			o3, _ := v3.Ring.Owner(p)
+			found = o1.ID == "a" && b1.ID == "b" && o2.ID == "d" && b2.ID != "b" && o3.ID == "e"
+		}
+		if !found {
+			t.Fatal("no partition of a, backed up by b, goes to d and then to e in these rings")
+		}
+		h--
+		a, b := servingOwner(t, "a", v1), servingOwner(t, "b", v1)
+		handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+		deliver(t, a, map[string]*Owner{"b": b, "c": servingOwner(t, "c", v1)})
+		e := newOwner(t, "e")
+		e.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "e", allAlive, false, false))
+		dp := &recordPushes{pushOwners: pushOwners{"e:1": e}, hang: map[string]bool{"a:1": true}, backup: map[string]int{}}
+		n := handoffNode(t, b, dp)
+		moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
+		plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
+		kept := b.KeepCopies(2, &moves, plan)
+		b.Apply(v2, moves)
+		n.cell.Store(v2)
+		n.sendCopies(2, plan, kept)
+		time.Sleep(copyPingTimeout / 5) // the ping hangs; v3 comes
+		m3 := PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false)
+		plan3 := PlanCopyForwards(v2.Ring, v3.Ring, "b")
+		b.Apply(v3, m3)
+		n.cell.Store(v3)
+		n.sendCopies(3, plan3, b.KeepCopies(3, &m3, plan3))
+		if err := n.waitCopies(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		e.ExpireAwaiting([]uint32{p})
+		if r := handle(e, 3, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
+			t.Errorf("e serves p without b's copy: %+v, want denied (2 of 2 spent at a); pushes %v", r, dp.backup)
+		}
+	})
 }
 
 // A check of a partition awaiting the hand-off of an owner that its old

@@ -574,37 +574,36 @@ func (n *Node) backupLoop() {
 	})
 }
 
-// sendCopies pushes this member's backup copies to the new owners and
-// new backups of the partitions it backed up in prev (plan:
-// PlanCopyForwards for the ring of next), once each, then releases the
-// copies KeepCopies kept (kept). They stand in for a hand-off or a whole
-// push from an old owner that may have crashed, so they go only for
-// partitions whose owner in prev does not answer a ping
+// sendCopies passes this member's backup copies of the partitions of
+// plan (PlanCopyForwards for the ring of epoch) on to their owner and
+// backup in the ring of the moment it sends (Owner.CopiesFor), once each,
+// then releases the copies KeepCopies kept (kept). They stand in for a
+// hand-off or a whole push from an old owner that may have crashed, so
+// they go only for partitions whose old owner does not answer a ping
 // (copyPingTimeout): an owner that answers hands them off and pushes
 // them itself, and copies would only double a graceful change's traffic
 // (a join over 633k keys: 21 → 29 MB on loopback, its new member ready
-// 0.1 s later). A copy is not retried: a member that cannot take one now
-// has not reached the ring, or is gone, or got the real thing.
-func (n *Node) sendCopies(prev *ring.Ring, next *view.View, plan map[string][]uint32, kept []uint32) {
+// 0.1 s later). The ring may move on during the ping: the copies go where
+// it is then (was: where the planning ring said, which refused them). A
+// copy is not retried: a member that cannot take one now has not
+// reached the ring, or is gone. A graceful stop waits for these sends
+// (StopGracefully).
+func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint32) {
 	if len(plan) == 0 {
 		return
 	}
 	o := n.owner.Load()
-	n.goLoop(func() {
-		defer o.ReleaseCopies(next.Epoch(), kept)
-		silent := n.silentOwners(prev, plan)
+	n.copying.Add(1)
+	if !n.goLoop(func() {
+		defer n.copying.Done()
+		defer o.ReleaseCopies(epoch, kept)
+		silent := n.silentOwners(plan)
 		if len(silent) == 0 {
 			return
 		}
-		batches := o.CopiesFor(next.Ring, next.Epoch(), plan, func(p uint32) bool {
-			ow, ok := prev.Owner(p)
-			return ok && silent[ow.ID]
-		})
+		v := o.cell.Load()
 		var wg sync.WaitGroup
-		for _, b := range batches {
-			if silent[b.To.ID] {
-				continue // the new backup is a silent old owner itself
-			}
+		for _, b := range o.CopiesFor(v, plan, silent) {
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 				defer cancel()
@@ -617,14 +616,61 @@ func (n *Node) sendCopies(prev *ring.Ring, next *view.View, plan map[string][]ui
 						taken++
 					}
 				}
-				// Not taken: the member serves the partition already (its
-				// hand-off came first), or is no longer its owner or
-				// backup, or is gone; each is expected.
+				// Not taken: the member is no longer the partition's owner
+				// or backup (the ring moved on again), or is gone.
 				n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "err", err)
 			})
 		}
 		wg.Wait()
-	})
+	}) {
+		n.copying.Done()
+	}
+}
+
+// waitCopies waits until sendCopies has sent what it had to, or ctx ends.
+func (n *Node) waitCopies(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { n.copying.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// copyPingTimeout is how long sendCopies waits for an old owner's answer
+// to its ping before it takes the owner for crashed.
+const copyPingTimeout = 500 * time.Millisecond
+
+// silentOwners pings, at once, the old owners of plan (PlanCopyForwards)
+// at the addresses of the ring that planned it, and returns those that
+// did not answer within copyPingTimeout.
+func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
+	epoch := n.cell.Load().Epoch()
+	owners := map[string]ring.Member{}
+	for _, m := range plan {
+		if m.ID != n.cfg.ID {
+			owners[m.ID] = m
+		}
+	}
+	var mu sync.Mutex
+	silent := map[string]bool{}
+	var wg sync.WaitGroup
+	for id, m := range owners {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(n.ctx, copyPingTimeout)
+			defer cancel()
+			var ack transport.PushAck
+			if n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: epoch, From: n.cfg.ID}, &ack) != nil {
+				mu.Lock()
+				silent[id] = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return silent
 }
 
 // insureWithBackups pushes parts, hand-offs of a stopping member that
@@ -668,40 +714,6 @@ func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.Push
 		}
 		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", taken, "err", err)
 	}
-}
-
-// copyPingTimeout is how long sendCopies waits for an old owner's answer
-// to its ping before it takes the owner for crashed.
-const copyPingTimeout = 500 * time.Millisecond
-
-// silentOwners pings, at once, the owners in prev of the partitions of
-// plan, and returns those that did not answer within copyPingTimeout.
-func (n *Node) silentOwners(prev *ring.Ring, plan map[string][]uint32) map[string]bool {
-	owners := map[string]ring.Member{}
-	for _, ps := range plan {
-		for _, p := range ps {
-			if o, ok := prev.Owner(p); ok && o.ID != n.cfg.ID {
-				owners[o.ID] = o
-			}
-		}
-	}
-	var mu sync.Mutex
-	silent := map[string]bool{}
-	var wg sync.WaitGroup
-	for id, m := range owners {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(n.ctx, copyPingTimeout)
-			defer cancel()
-			var ack transport.PushAck
-			if err := n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: prev.Epoch(), From: n.cfg.ID}, &ack); err != nil {
-				mu.Lock()
-				silent[id] = true
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return silent
 }
 
 // pingEvery is the period of the leader's pings and of the members'
@@ -1183,6 +1195,9 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 			err = fmt.Errorf("node: the last active member taking the others' partitions: %w", werr)
 		}
 	default:
+		if werr := n.waitCopies(ctx); werr != nil {
+			err = fmt.Errorf("node: passing backup copies on: %w", werr)
+		}
 		switch werr := n.waitHandoffsStopping(ctx); {
 		case errors.Is(werr, errStranded):
 			n.log.Info("hand-offs not answered, and the ring will not move them (its last active member, or no Raft leader: stopped with the others?); those holding state are kept in the bucket file for the next start",

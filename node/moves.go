@@ -210,11 +210,11 @@ func (o *Owner) ForwardBackups(next *view.View, parts map[uint32]string) []Outgo
 	return out
 }
 
-// PlanCopyForwards returns, by member of next, the partitions whose
-// backup copy self should give that member when the ring goes from prev
-// to next: for each partition self backed up in prev, its owner in next
-// if the owner changed, and its backup in next if the backup changed
-// (self excepted).
+// PlanCopyForwards returns, partition → its owner in prev (with that
+// ring's addresses, which a member marked down or dead is not in any
+// more), the
+// partitions self backed up in prev whose owner or backup next changes:
+// those whose backup copy self may have to pass on (Node.sendCopies).
 //
 // The partition's old owner hands it off to its new owner, and pushes it
 // whole to its new backup, if it runs. If it crashed and is not marked
@@ -225,36 +225,30 @@ func (o *Owner) ForwardBackups(next *view.View, parts map[uint32]string) []Outgo
 // self dropped its copy (it backs the partition up no more) or kept it
 // for nobody, and the partition's keys started afresh (in
 // TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget,
-// 23 keys of 60 with 5 of 10 spent). When the old owner does run, the
-// copy, older than what it sends, is merged with it conservatively and
-// changes nothing.
-func PlanCopyForwards(prev, next *ring.Ring, self string) map[string][]uint32 {
+// 23 keys of 60 with 5 of 10 spent).
+func PlanCopyForwards(prev, next *ring.Ring, self string) map[uint32]ring.Member {
 	if prev == nil {
 		return nil
 	}
-	var out map[string][]uint32
-	add := func(to string, p uint32) {
-		if out == nil {
-			out = map[string][]uint32{}
-		}
-		out[to] = append(out[to], p)
-	}
+	var out map[uint32]ring.Member
 	for p := range uint32(next.Config().Partitions) {
 		b, ok := prev.Backup(p)
 		if !ok || b.ID != self {
 			continue
 		}
-		po, _ := prev.Owner(p)
-		no, ok := next.Owner(p)
+		po, ok := prev.Owner(p)
 		if !ok {
 			continue
 		}
-		if no.ID != po.ID && no.ID != self {
-			add(no.ID, p)
+		no, _ := next.Owner(p)
+		nb, _ := next.Backup(p)
+		if no.ID == self || no.ID == po.ID && nb.ID == self {
+			continue // self owns it now, or nothing changed for self
 		}
-		if nb, ok := next.Backup(p); ok && nb.ID != self && nb.ID != no.ID {
-			add(nb.ID, p)
+		if out == nil {
+			out = map[uint32]ring.Member{}
 		}
+		out[p] = po
 	}
 	return out
 }
@@ -266,17 +260,11 @@ func PlanCopyForwards(prev, next *ring.Ring, self string) map[string][]uint32 {
 // ping, and exporting every one at once (20-40 ms per member in a join
 // over 633k keys) would delay the ring's own hand-offs. It returns the
 // partitions kept.
-func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[string][]uint32) []uint32 {
-	planned := map[uint32]bool{}
-	for _, ps := range plan {
-		for _, p := range ps {
-			planned[p] = true
-		}
-	}
+func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member) []uint32 {
 	var kept []uint32
 	unback := m.Unback[:0]
 	for _, p := range m.Unback {
-		if !planned[p] {
+		if _, planned := plan[p]; !planned {
 			unback = append(unback, p)
 			continue
 		}
@@ -292,8 +280,12 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[string][]uint32) []u
 
 // ReleaseCopies drops the backup copies of kept that KeepCopies kept for
 // the ring of epoch, unless this member owns or backs up the partition
-// in its view now, or a newer ring kept the copy again.
+// in its view now, or a newer ring kept the copy again. It runs between
+// two Applies, never during one (applyMu): the view it reads is the one
+// the copies were last kept or dropped under.
 func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
+	o.applyMu.Lock()
+	defer o.applyMu.Unlock()
 	v := o.cell.Load()
 	for _, p := range kept {
 		g := &o.moving[p]
@@ -311,40 +303,51 @@ func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
 }
 
 // CopiesFor exports this member's backup copies of the partitions of
-// parts (by member of r: PlanCopyForwards) for which send says so, as
-// backup pushes, one batch per member, at epoch. A copy that holds
-// nothing and was never whole (no push reached this member) is not
-// sent: there is nothing to keep.
-func (o *Owner) CopiesFor(r *ring.Ring, epoch uint64, parts map[string][]uint32, send func(p uint32) bool) []*BackupBatch {
+// plan (PlanCopyForwards) whose old owner is silent, as backup pushes at
+// v's epoch to their owner and their backup in v, the ring now (which
+// may be newer than the one that planned them), one batch per member. A
+// member that is silent itself gets nothing, and neither does the
+// backup of a partition this member owns now (it pushes its own whole
+// copy there, the copy merged in). A copy that holds nothing and was
+// never whole (no push reached this member) is not sent: there is
+// nothing to keep.
+func (o *Owner) CopiesFor(v *view.View, plan map[uint32]ring.Member, silent map[string]bool) []*BackupBatch {
 	now := o.now()
-	exported := map[uint32][]byte{}
+	by := map[string]*BackupBatch{}
 	var out []*BackupBatch
-	for to, ps := range parts {
-		mem, ok := r.Member(to)
-		if !ok {
+	add := func(to ring.Member, pt transport.PushPart) {
+		b := by[to.ID]
+		if b == nil {
+			b = &BackupBatch{To: to, Epoch: v.Epoch()}
+			by[to.ID] = b
+			out = append(out, b)
+		}
+		b.Parts = append(b.Parts, pt)
+	}
+	for p, was := range plan {
+		if !silent[was.ID] {
 			continue
 		}
-		b := &BackupBatch{To: mem, Epoch: epoch}
-		for _, p := range ps {
-			if !send(p) {
-				continue
-			}
-			data, done := exported[p]
-			if !done {
-				g := &o.moving[p]
-				g.Lock()
-				if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
-					data = o.backup.Export(nil, p, now)
-				}
-				g.Unlock()
-				exported[p] = data
-			}
-			if data != nil {
-				b.Parts = append(b.Parts, transport.PushPart{Partition: p, Data: data})
-			}
+		ow, ok := v.Ring.Owner(p)
+		if !ok || ow.ID == o.self {
+			continue
 		}
-		if len(b.Parts) > 0 {
-			out = append(out, b)
+		g := &o.moving[p]
+		g.Lock()
+		var data []byte
+		if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
+			data = o.backup.Export(nil, p, now)
+		}
+		g.Unlock()
+		if data == nil {
+			continue
+		}
+		pt := transport.PushPart{Partition: p, Data: data}
+		if !silent[ow.ID] {
+			add(ow, pt)
+		}
+		if b, ok := v.Ring.Backup(p); ok && b.ID != o.self && b.ID != ow.ID && !silent[b.ID] {
+			add(b, pt)
 		}
 	}
 	return out
@@ -415,6 +418,8 @@ func (o *Owner) sendable(og Outgoing, now int64) transport.PushPart {
 // caller must send them to), partitions gained become servable now or
 // await their hand-off. It must be called from one goroutine at a time.
 func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
+	o.applyMu.Lock()
+	defer o.applyMu.Unlock()
 	o.useRules(next)
 	now := o.now()
 	var out []Outgoing
@@ -502,6 +507,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			g := &o.moving[p]
 			g.Lock()
 			o.setState(p, partAwaiting)
+			o.ownerSilent[p].Store(false) // a new wait: its own copy will say
 			o.awaitFrom[p] = next.Epoch()
 			o.awaitOwner[p] = m.From[p]
 			g.Unlock()
@@ -917,16 +923,20 @@ func (o *Owner) takeBackup(v *view.View, pt *transport.PushPart, from string, ep
 }
 
 // takeCopy takes a whole backup copy of a partition this member owns in
-// v and awaits the hand-off of: its backup in the ring before passes its
-// copy on to the new owner (PlanCopyForwards), or its old owner, not yet
-// aware that it lost the partition, still pushes what it admits to its
-// backup of then. The copy is merged into this member's own copy, which
-// the hand-off is merged with when it comes, and which is served if it
-// does not (the hand-off wait). ok is false when the part is not such a
-// copy (this member does not own the partition, serves it already, or the
-// part is a delta or lost): the caller answers as before. A copy pushed
-// at epoch, the ring the partition awaits under or a newer one, marks
-// its old owner silent (ownerSilent).
+// v: its backup in an earlier ring passes its copy on, the old owner
+// being silent (PlanCopyForwards, Node.sendCopies), or the old owner, not
+// yet aware that it lost the partition, still pushes what it admits to
+// its backup of then. Into a partition that awaits its hand-off the copy
+// is merged into this member's own copy, which the hand-off is merged
+// with when it comes, and which is served if it does not (the hand-off
+// wait); pushed at epoch, the ring the partition awaits under or a newer
+// one, it marks the old owner silent (ownerSilent). Into a partition
+// served already (promoted at once: the old owner marked dead right
+// after the change that moved it) it is merged as a late hand-off is,
+// conservatively: a copy older than what is served changes nothing. ok
+// is false when the part is not such a copy (this member does not own
+// the partition, or the part is a delta or lost): the caller answers as
+// before.
 func (o *Owner) takeCopy(v *view.View, pt *transport.PushPart, epoch uint64, now int64) (st transport.PushStatus, ok bool) {
 	p := pt.Partition
 	if owner, ok := v.Ring.Owner(p); !ok || owner.ID != o.self || pt.Lost || pt.Delta {
@@ -935,25 +945,33 @@ func (o *Owner) takeCopy(v *view.View, pt *transport.PushPart, epoch uint64, now
 	g := &o.moving[p]
 	g.Lock()
 	defer g.Unlock()
-	if o.getState(p) != partAwaiting {
-		return 0, false
+	switch o.getState(p) {
+	case partAwaiting:
+		if _, err := o.backup.Import(p, pt.Data, now); err != nil {
+			o.log.Error("backup copy for an awaited partition does not decode", "partition", p, "err", err)
+			return transport.PushRejected, true
+		}
+		o.based[p].Store(true)
+		if epoch >= o.awaitFrom[p] {
+			// Sent under the ring this member awaits the partition under
+			// (or a newer one), in which nobody else owns it: a copy
+			// passed on by its backup of the ring before, which pinged
+			// the old owner and got no answer, so no hand-off comes
+			// before the wait ends. (A push of an older ring is the old
+			// owner's own, to its backup of then: it has not seen the
+			// change yet, and its hand-off is near.)
+			o.ownerSilent[p].Store(true)
+		}
+		return transport.PushOK, true
+	case partServing:
+		if o.sealed.Load() {
+			return transport.PushRejected, true // saved already: it would be lost
+		}
+		o.registerSets(pt, now) // the push's later backup parts may name them
+		var late lateHandoffs
+		return o.mergeHandoff(p, pt, now, &late), true
 	}
-	if _, err := o.backup.Import(p, pt.Data, now); err != nil {
-		o.log.Error("backup copy for an awaited partition does not decode", "partition", p, "err", err)
-		return transport.PushRejected, true
-	}
-	o.based[p].Store(true)
-	if epoch >= o.awaitFrom[p] {
-		// Sent under the ring this member awaits the partition under (or
-		// a newer one), in which nobody else owns it: a copy passed on
-		// by its backup of the ring before, which pinged the old owner
-		// and got no answer, so no hand-off comes before the wait ends.
-		// (A push of an older ring is the old owner's own, to its backup
-		// of then: it has not seen the change yet, and its hand-off is
-		// near.)
-		o.ownerSilent[p].Store(true)
-	}
-	return transport.PushOK, true
+	return 0, false
 }
 
 // registerSets registers the rule sets a backup part not taken carries

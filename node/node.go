@@ -216,6 +216,8 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the goroutines Close waits for (goLoop)
+	// copying counts sendCopies under way, which a graceful stop waits for.
+	copying sync.WaitGroup
 	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
 	// nothing more.
 	loopsMu     sync.Mutex
@@ -633,7 +635,7 @@ func (n *Node) refresh() {
 			n.h.dropLoadedLater(away)
 		}
 		n.h.send(next.Epoch(), out)
-		n.sendCopies(prevRing, next, copyPlan, kept)
+		n.sendCopies(next.Epoch(), copyPlan, kept)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)
 		}

@@ -70,6 +70,8 @@ type Owner struct {
 	// that ring's epoch, until ReleaseCopies; 0 otherwise. Guarded by
 	// its moving lock.
 	keptFor []uint64
+	// applyMu serializes Apply and ReleaseCopies.
+	applyMu sync.Mutex
 	// ownerSilent is, per partition in partAwaiting, whether a backup
 	// copy came for it from the backup of the ring before, which sends
 	// one only when the partition's old owner did not answer its ping

@@ -125,6 +125,9 @@ func TestOwnerKillThenJoin(t *testing.T) {
 		t.Errorf("budgets reset: %d of %d keys admitted more than the %d left (most: %s, %d), highest remaining seen %d",
 			reset, len(keys), limit-spent, mostKey, most, maxRemaining)
 	}
+	if least < limit-spent {
+		t.Errorf("a key admitted only %d of the %d left: counted more than was spent", least, limit-spent)
+	}
 	if p := count(evs).answeredPct(); p < 99.9 {
 		t.Errorf("%.3f%% of queries answered within %v, want ≥ 99.9%% (degraded answers count)", p, answerTarget)
 	}
