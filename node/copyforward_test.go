@@ -48,16 +48,7 @@ func TestCopyFromAnEarlierBackupMergesWithTheOwnersPush(t *testing.T) {
 func TestAwaitedPartitionTakesACopyAndServesIt(t *testing.T) {
 	v1 := testView(t, 1, "a", "b")
 	v2 := testView(t, 2, "a", "b", "c")
-	var p uint32
-	var h uint64
-	for h = 1; ; h++ {
-		p = v1.Ring.Partition(h)
-		o1, _ := v1.Ring.Owner(p)
-		o2, _ := v2.Ring.Owner(p)
-		if o1.ID == "a" && o2.ID == "c" {
-			break
-		}
-	}
+	p, h := movedPart(t, v1, v2, "a", "", "c")
 	a := servingOwner(t, "a", v1)
 	c1 := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
 	handle(a, 1, c1)
@@ -219,8 +210,8 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 }
 
 // movedPart returns a partition (and a key hash in it) that v1 gives to
-// owner with backup as its backup, and v2 gives to to, with another
-// backup.
+// owner, with backup as its backup unless backup is "", and v2 gives to
+// to, with another backup.
 func movedPart(t *testing.T, v1, v2 *view.View, owner, backup, to string) (uint32, uint64) {
 	t.Helper()
 	for h := uint64(1); h < 1<<16; h++ {
@@ -229,11 +220,11 @@ func movedPart(t *testing.T, v1, v2 *view.View, owner, backup, to string) (uint3
 		b1, _ := v1.Ring.Backup(p)
 		o2, _ := v2.Ring.Owner(p)
 		b2, _ := v2.Ring.Backup(p)
-		if o1.ID == owner && b1.ID == backup && o2.ID == to && b2.ID != backup {
+		if o1.ID == owner && (backup == "" || b1.ID == backup && b2.ID != backup) && o2.ID == to {
 			return p, h
 		}
 	}
-	t.Fatalf("no partition of %s backed up by %s moves to %s with another backup", owner, backup, to)
+	t.Fatalf("no partition of %s backed up by %q moves to %s with another backup", owner, backup, to)
 	return 0, 0
 }
 
@@ -246,22 +237,10 @@ func TestCopyFollowsTheRingThatMovedOnDuringThePing(t *testing.T) {
 		v1 := testView(t, 1, "a", "b", "c")
 		v2 := testView(t, 2, "a", "b", "c", "d")
 		v3 := testView(t, 3, "a", "b", "c", "d", "e")
-		var p uint32
-		var h uint64
-		found := false
-		for h = 1; h < 1<<16 && !found; h++ {
-			p = v1.Ring.Partition(h)
-			o1, _ := v1.Ring.Owner(p)
-			b1, _ := v1.Ring.Backup(p)
-			o2, _ := v2.Ring.Owner(p)
-			b2, _ := v2.Ring.Backup(p)
-			o3, _ := v3.Ring.Owner(p)
-			found = o1.ID == "a" && b1.ID == "b" && o2.ID == "d" && b2.ID != "b" && o3.ID == "e"
+		p, h := movedPart(t, v1, v2, "a", "b", "d")
+		if o3, _ := v3.Ring.Owner(p); o3.ID != "e" {
+			t.Fatalf("partition %d goes to %s in the third ring, want e", p, o3.ID)
 		}
-		if !found {
-			t.Fatal("no partition of a, backed up by b, goes to d and then to e in these rings")
-		}
-		h--
 		a, b := servingOwner(t, "a", v1), servingOwner(t, "b", v1)
 		handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
 		deliver(t, a, map[string]*Owner{"b": b, "c": servingOwner(t, "c", v1)})
@@ -299,16 +278,7 @@ func TestCopyFollowsTheRingThatMovedOnDuringThePing(t *testing.T) {
 func TestCheckOfAPartitionAwaitingASilentOwnerIsAnsweredAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		v1, v2 := testView(t, 1, "a", "b"), testView(t, 2, "a", "b", "c")
-		var p uint32
-		var h uint64
-		for h = 1; ; h++ {
-			p = v1.Ring.Partition(h)
-			o1, _ := v1.Ring.Owner(p)
-			o2, _ := v2.Ring.Owner(p)
-			if o1.ID == "a" && o2.ID == "c" {
-				break
-			}
-		}
+		p, h := movedPart(t, v1, v2, "a", "", "c")
 		c := newOwner(t, "c")
 		c.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "c", allAlive, false, false))
 		data := newOwner(t, "a").Table().Export(nil, p, 1e18) // an empty whole copy

@@ -196,14 +196,7 @@ func (o *Owner) ForwardBackups(next *view.View, parts map[uint32]string) []Outgo
 		// seen the ring in between, would have promoted that copy and
 		// handed it back. Was: only a copy holding states went, so M
 		// awaited its idle partitions for the whole hand-off wait.
-		g := &o.moving[p]
-		g.Lock()
-		var data []byte
-		if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
-			data = o.backup.Export(nil, p, now)
-		}
-		g.Unlock()
-		if data != nil {
+		if data := o.copyOf(p, now); data != nil {
 			out = append(out, Outgoing{To: mem, Part: transport.PushPart{Partition: p, Data: data}, At: now, src: o.backup})
 		}
 	}
@@ -332,13 +325,7 @@ func (o *Owner) CopiesFor(v *view.View, plan map[uint32]ring.Member, silent map[
 		if !ok || ow.ID == o.self {
 			continue
 		}
-		g := &o.moving[p]
-		g.Lock()
-		var data []byte
-		if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
-			data = o.backup.Export(nil, p, now)
-		}
-		g.Unlock()
+		data := o.copyOf(p, now)
 		if data == nil {
 			continue
 		}
@@ -351,6 +338,19 @@ func (o *Owner) CopiesFor(v *view.View, plan map[uint32]ring.Member, silent map[
 		}
 	}
 	return out
+}
+
+// copyOf exports this member's backup copy of partition p at now, or
+// returns nil when it holds none: no state, and never a whole copy (an
+// empty whole copy is one: an idle partition).
+func (o *Owner) copyOf(p uint32, now int64) []byte {
+	g := &o.moving[p]
+	g.Lock()
+	defer g.Unlock()
+	if o.backup.PartitionLen(p) > 0 || o.based[p].Load() {
+		return o.backup.Export(nil, p, now)
+	}
+	return nil
 }
 
 // membersChanged counts the members that are in one of a and b and not

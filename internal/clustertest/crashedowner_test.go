@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -24,12 +25,7 @@ func TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget(t *test
 		for i := range 60 {
 			keys = append(keys, c.KeyOwnedBy("n3", i))
 		}
-		for _, k := range keys {
-			if a, _ := spend(c, "n1", k, 5); a != 5 {
-				t.Fatalf("%s: admitted %d of 5", k, a)
-			}
-		}
-		time.Sleep(time.Second) // every backup has every state
+		spendHalf(t, c, keys)
 		v := c.Member("n1").Node().View()
 		before := v.Ring
 		c.Crash("n3")
@@ -50,11 +46,7 @@ func TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget(t *test
 			return len(c.Member("n1").Node().View().Ring.Members()) == 3
 		})
 		c.WaitSettled(3)
-		for _, k := range keys {
-			if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
-				t.Errorf("%s: admitted %d more (degraded %d) after n3's crash and n4's join, want the 5 left of 10", k, a, d)
-			}
-		}
+		wantHalfLeft(t, c, keys, "after n3's crash and n4's join")
 	})
 }
 
@@ -81,34 +73,15 @@ func TestCrashedOwnersBackupStopsBeforeItIsMarkedDead(t *testing.T) {
 						keys = append(keys, k)
 					}
 				}
-				for _, k := range keys {
-					if a, _ := spend(c, "n1", k, 5); a != 5 {
-						t.Fatalf("%s: admitted %d of 5", k, a)
-					}
-				}
-				time.Sleep(time.Second) // every backup has every state
+				spendHalf(t, c, keys)
 				if how == "crashed" {
 					c.Crash("n5")
 				} else {
 					c.Partition("n5")
 				}
 				c.Stop("n2", 10*time.Second)
-				c.WaitFor("n5 marked dead", 2*time.Minute, func() bool {
-					return len(c.Member("n1").Node().View().Ring.Members()) == 3
-				})
-				c.WaitFor("n1, n3 and n4 ready", time.Minute, func() bool {
-					for _, id := range []string{"n1", "n3", "n4"} {
-						if n := c.Member(id).Node(); n.Ready() != nil || len(n.View().Ring.Members()) != 3 {
-							return false
-						}
-					}
-					return true
-				})
-				for _, k := range keys {
-					if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
-						t.Errorf("%s: admitted %d more (degraded %d) after n5's crash and n2's stop, want the 5 left of 10", k, a, d)
-					}
-				}
+				waitDeadAndReady(c, "n5", "n1", "n3", "n4")
+				wantHalfLeft(t, c, keys, "after n5's crash and n2's stop")
 			})
 		})
 	}
@@ -131,12 +104,7 @@ func TestHandoffToACrashedOwnerReachesItsBackup(t *testing.T) {
 				for i := range 200 {
 					keys = append(keys, c.KeyOwnedBy("n2", i))
 				}
-				for _, k := range keys {
-					if a, _ := spend(c, "n1", k, 5); a != 5 {
-						t.Fatalf("%s: admitted %d of 5", k, a)
-					}
-				}
-				time.Sleep(time.Second)
+				spendHalf(t, c, keys)
 				if how == "crashed" {
 					c.Crash("n5")
 				} else {
@@ -153,23 +121,48 @@ func TestHandoffToACrashedOwnerReachesItsBackup(t *testing.T) {
 				if toN5 == 0 {
 					t.Fatal("no key of n2's went to n5 at n2's stop")
 				}
-				c.WaitFor("n5 marked dead", 2*time.Minute, func() bool {
-					return len(c.Member("n1").Node().View().Ring.Members()) == 3
-				})
-				c.WaitFor("n1, n3 and n4 ready", time.Minute, func() bool {
-					for _, id := range []string{"n1", "n3", "n4"} {
-						if n := c.Member(id).Node(); n.Ready() != nil || len(n.View().Ring.Members()) != 3 {
-							return false
-						}
-					}
-					return true
-				})
-				for _, k := range keys {
-					if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
-						t.Errorf("%s: admitted %d more (degraded %d) after n2's stop and n5's crash, want the 5 left of 10 (%d keys went to n5)", k, a, d, toN5)
-					}
-				}
+				waitDeadAndReady(c, "n5", "n1", "n3", "n4")
+				wantHalfLeft(t, c, keys, fmt.Sprintf("after n2's stop and n5's crash (%d keys went to n5)", toN5))
 			})
 		})
+	}
+}
+
+// spendHalf spends 5 of the 10 of each key of logRule through n1, then
+// lets a second pass: every backup holds every spend.
+func spendHalf(t *testing.T, c *Cluster, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		if a, _ := spend(c, "n1", k, 5); a != 5 {
+			t.Fatalf("%s: admitted %d of 5", k, a)
+		}
+	}
+	time.Sleep(time.Second)
+}
+
+// waitDeadAndReady waits until dead is out of up[0]'s ring, and each of
+// up is ready in a ring of up alone.
+func waitDeadAndReady(c *Cluster, dead string, up ...string) {
+	c.WaitFor(dead+" marked dead", 2*time.Minute, func() bool {
+		return len(c.Member(up[0]).Node().View().Ring.Members()) == len(up)
+	})
+	c.WaitFor(fmt.Sprintf("%v ready", up), time.Minute, func() bool {
+		for _, id := range up {
+			if n := c.Member(id).Node(); n.Ready() != nil || len(n.View().Ring.Members()) != len(up) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// wantHalfLeft checks, through n1, that each key admits exactly the 5 of
+// 10 that spendHalf left it, none degraded.
+func wantHalfLeft(t *testing.T, c *Cluster, keys []string, after string) {
+	t.Helper()
+	for _, k := range keys {
+		if a, d := spend(c, "n1", k, 10); a != 5 || d != 0 {
+			t.Errorf("%s: admitted %d more (degraded %d) %s, want the 5 left of 10", k, a, d, after)
+		}
 	}
 }
