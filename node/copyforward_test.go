@@ -172,16 +172,11 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 				}
 				b := owners["b"]
 				n := handoffNode(t, b, dp)
-				moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
-				plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
-				kept := b.KeepCopies(2, &moves, plan)
-				b.Apply(v2, moves)
-				n.cell.Store(v2)
+				start := time.Now()
+				applyWithCopies(n, v1, v2)
 				if b.BackupTable().PartitionLen(p) != 1 {
 					t.Fatal("b dropped its copy before deciding whether to pass it on")
 				}
-				start := time.Now()
-				n.sendCopies(2, plan, kept)
 				if err := n.waitCopies(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -207,6 +202,19 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 			})
 		})
 	}
+}
+
+// applyWithCopies does what Node.refresh does with the backup copies
+// when the ring goes from prev to next: plan them, keep them through
+// Apply, publish next, and pass them on in the background.
+func applyWithCopies(n *Node, prev, next *view.View) {
+	o := n.owner.Load()
+	m := PlanMoves(prev.Ring, next.Ring, o.self, allAlive, false, false)
+	plan := PlanCopyForwards(prev.Ring, next.Ring, o.self)
+	kept := o.KeepCopies(next.Epoch(), &m, plan)
+	o.Apply(next, m)
+	n.cell.Store(next)
+	n.sendCopies(next.Epoch(), plan, kept)
 }
 
 // movedPart returns a partition (and a key hash in it) that v1 gives to
@@ -248,18 +256,9 @@ func TestCopyFollowsTheRingThatMovedOnDuringThePing(t *testing.T) {
 		e.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "e", allAlive, false, false))
 		dp := &recordPushes{pushOwners: pushOwners{"e:1": e}, hang: map[string]bool{"a:1": true}, backup: map[string]int{}}
 		n := handoffNode(t, b, dp)
-		moves := PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)
-		plan := PlanCopyForwards(v1.Ring, v2.Ring, "b")
-		kept := b.KeepCopies(2, &moves, plan)
-		b.Apply(v2, moves)
-		n.cell.Store(v2)
-		n.sendCopies(2, plan, kept)
+		applyWithCopies(n, v1, v2)
 		time.Sleep(copyPingTimeout / 5) // the ping hangs; v3 comes
-		m3 := PlanMoves(v2.Ring, v3.Ring, "b", allAlive, false, false)
-		plan3 := PlanCopyForwards(v2.Ring, v3.Ring, "b")
-		b.Apply(v3, m3)
-		n.cell.Store(v3)
-		n.sendCopies(3, plan3, b.KeepCopies(3, &m3, plan3))
+		applyWithCopies(n, v2, v3)
 		if err := n.waitCopies(context.Background()); err != nil {
 			t.Fatal(err)
 		}
