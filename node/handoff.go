@@ -282,8 +282,8 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
 			if n.stopping.Load() && !d.insured {
 				d.insured = true
-				parts := push.Parts
-				n.goLoop(func() { n.insureWithBackups(epoch, to.ID, parts) })
+				parts, at := push.Parts, epoch // epoch changes below, as this runs
+				n.goLoop(func() { n.insureWithBackups(at, to.ID, parts) })
 			}
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
