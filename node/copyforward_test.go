@@ -173,10 +173,11 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 				b := owners["b"]
 				n := handoffNode(t, b, dp)
 				start := time.Now()
-				applyWithCopies(n, v1, v2)
+				send := applyWithCopies(n, v1, v2)
 				if b.BackupTable().PartitionLen(p) != 1 {
 					t.Fatal("b dropped its copy before deciding whether to pass it on")
 				}
+				send()
 				if err := n.waitCopies(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -206,15 +207,16 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 
 // applyWithCopies does what Node.refresh does with the backup copies
 // when the ring goes from prev to next: plan them, keep them through
-// Apply, publish next, and pass them on in the background.
-func applyWithCopies(n *Node, prev, next *view.View) {
+// Apply and publish next. The returned send passes them on in the
+// background, as refresh does next.
+func applyWithCopies(n *Node, prev, next *view.View) (send func()) {
 	o := n.owner.Load()
 	m := PlanMoves(prev.Ring, next.Ring, o.self, allAlive, false, false)
 	plan := PlanCopyForwards(prev.Ring, next.Ring, o.self)
 	kept := o.KeepCopies(next.Epoch(), &m, plan)
 	o.Apply(next, m)
 	n.cell.Store(next)
-	n.sendCopies(next.Epoch(), plan, kept)
+	return func() { n.sendCopies(next.Epoch(), plan, kept) }
 }
 
 // movedPart returns a partition (and a key hash in it) that v1 gives to
@@ -256,9 +258,9 @@ func TestCopyFollowsTheRingThatMovedOnDuringThePing(t *testing.T) {
 		e.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "e", allAlive, false, false))
 		dp := &recordPushes{pushOwners: pushOwners{"e:1": e}, hang: map[string]bool{"a:1": true}, backup: map[string]int{}}
 		n := handoffNode(t, b, dp)
-		applyWithCopies(n, v1, v2)
+		applyWithCopies(n, v1, v2)()
 		time.Sleep(copyPingTimeout / 5) // the ping hangs; v3 comes
-		applyWithCopies(n, v2, v3)
+		applyWithCopies(n, v2, v3)()
 		if err := n.waitCopies(context.Background()); err != nil {
 			t.Fatal(err)
 		}

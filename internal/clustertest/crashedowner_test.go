@@ -7,41 +7,51 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/limiter"
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // A member crashes and, before it is marked dead, the ring changes for
 // another reason (a member joins): partitions of the crashed member move
-// to members that were not their backup. Their new owners await the
-// crashed member's hand-off, which never comes, and then serve from the
-// copy their backup in the ring before handed them. Was: that backup
-// dropped its copy (it backs the partition up no more) and the new
-// owners served those partitions from nothing, every key's budget full
-// again.
+// to members that were not their backup, and others get a new backup.
+// Their new owners await the crashed member's hand-off, which never
+// comes, and then serve from the copy their backup in the ring before
+// passed on; the new backups promote that copy when the crash is marked.
+// Was: that backup dropped its copy (it backs the partition up no more),
+// and the partitions were served from nothing, every key's budget full
+// again (40 of 40 keys here).
 func TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, 3, Options{DeadAfter: 30 * time.Second})
 		c.PutRules("n1", logRule)
-		var keys []string
-		for i := range 60 {
-			keys = append(keys, c.KeyOwnedBy("n3", i))
-		}
-		spendHalf(t, c, keys)
+		// The ring n4's join will make (placement depends on the ids
+		// alone): keys of n3's whose partition gets another owner than
+		// its backup, and keys whose partition gets another backup.
 		v := c.Member("n1").Node().View()
-		before := v.Ring
-		c.Crash("n3")
-		c.Join("n4")
-		after := c.Member("n1").Node().View().Ring
-		moved := 0
-		for _, k := range keys {
-			p := before.Partition(limiter.KeyHash(v.Seed, k))
-			o, _ := after.Owner(p)
-			if b, _ := before.Backup(p); o.ID != "n3" && o.ID != b.ID {
-				moved++
+		after, err := ring.New(v.Ring.Config(), v.Epoch()+1, append(v.Ring.Members(), ring.Member{ID: "n4"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var owned, backed []string
+		for i := 0; i < 5000 && (len(owned) < 20 || len(backed) < 20); i++ {
+			k := c.KeyOwnedBy("n3", i)
+			p := v.Ring.Partition(limiter.KeyHash(v.Seed, k))
+			b, _ := v.Ring.Backup(p)
+			o2, _ := after.Owner(p)
+			b2, _ := after.Backup(p)
+			switch {
+			case o2.ID != "n3" && o2.ID != b.ID && len(owned) < 20:
+				owned = append(owned, k)
+			case o2.ID == "n3" && b2.ID != b.ID && len(backed) < 20:
+				backed = append(backed, k)
 			}
 		}
-		if moved == 0 {
-			t.Fatal("no key of n3's moved away from n3 to a member that was not its backup")
+		if len(owned) == 0 || len(backed) == 0 {
+			t.Fatalf("n4's join moves %d keys of n3's to a member that was not their backup and gives %d another backup; want some of each", len(owned), len(backed))
 		}
+		keys := append(owned, backed...)
+		spendHalf(t, c, keys)
+		c.Crash("n3")
+		c.Join("n4")
 		c.WaitFor("n3 marked dead", 2*time.Minute, func() bool {
 			return len(c.Member("n1").Node().View().Ring.Members()) == 3
 		})
