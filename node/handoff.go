@@ -75,9 +75,10 @@ type delivery struct {
 	// target unreachable); zero once one is answered. Guarded by
 	// handoffs.mu.
 	failing time.Time
-	// insured: its parts went to their backups once (insureWithBackups).
-	// Only its deliver loop reads and writes it.
-	insured bool
+	// insured holds the partitions of group that a backup took as well
+	// (insureWithBackups): their state survives the target's crash
+	// without this member. Guarded by handoffs.mu.
+	insured map[uint32]bool
 }
 
 func newHandoffs(n *Node) *handoffs {
@@ -125,6 +126,33 @@ func (h *handoffs) stranded(v *view.View) bool {
 	for d := range h.under {
 		if len(d.group) > 0 && (d.failing.IsZero() || time.Since(d.failing) < strandedAfter) {
 			return false
+		}
+	}
+	return true
+}
+
+// insuredAll reports whether every hand-off left has failed unanswered
+// for at least strandedAfter and was taken by its partition's backup as
+// well (insureWithBackups): waiting longer only waits for a target that
+// may have crashed, whose partitions its backup will serve with this
+// member's state once it is marked dead. (A Lost part carries no state.)
+func (h *handoffs) insuredAll() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pending == 0 || len(h.under) == 0 {
+		return false
+	}
+	for d := range h.under {
+		if len(d.group) == 0 {
+			continue
+		}
+		if d.failing.IsZero() || time.Since(d.failing) < strandedAfter {
+			return false
+		}
+		for _, og := range d.group {
+			if !og.Part.Lost && !d.insured[og.Part.Partition] {
+				return false
+			}
 		}
 	}
 	return true
@@ -242,7 +270,8 @@ func (h *handoffs) Pending() int {
 func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 	n := h.n
 	backoff := 20 * time.Millisecond
-	d := &delivery{group: group}
+	d := &delivery{group: group, insured: map[uint32]bool{}}
+	insuredTo := map[string]bool{} // targets whose parts went to the backups (insureWithBackups)
 	h.mu.Lock()
 	h.under[d] = struct{}{}
 	h.mu.Unlock()
@@ -280,10 +309,18 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		settled := 0 // parts this attempt settled (taken, or given up)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
-			if n.stopping.Load() && !d.insured {
-				d.insured = true
-				parts, at := push.Parts, epoch // epoch changes below, as this runs
-				n.goLoop(func() { n.insureWithBackups(at, to.ID, parts) })
+			if (n.stopping.Load() || n.removed.Load()) && !insuredTo[to.ID] {
+				// Going, and its target does not answer: the target may
+				// have crashed, and this member will not see it marked
+				// dead (it will be gone, or out of Raft). Give the parts
+				// to their backups too, once per target.
+				insuredTo[to.ID] = true
+				taken := n.insureWithBackups(epoch, to.ID, push.Parts)
+				h.mu.Lock()
+				for _, p := range taken {
+					d.insured[p] = true
+				}
+				h.mu.Unlock()
 			}
 			// The target may have died since (and the ring moved on):
 			// send each part to whoever owns it now.
@@ -673,9 +710,10 @@ func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
 	return silent
 }
 
-// insureWithBackups pushes parts, hand-offs of a stopping member that
-// its target (to) did not answer, to their partitions' backups in this
-// member's view, as backup copies: the target may have crashed, not yet
+// insureWithBackups pushes parts, hand-offs of a stopping (or removed)
+// member that its target (to) did not answer, to their partitions'
+// backups in this member's view, as backup copies, and returns the
+// partitions a backup took: the target may have crashed, not yet
 // marked dead, and this member will be gone when it is; the backup, which
 // then owns the partition, promotes the copy. (The parts are kept in the
 // bucket file as well, for this member's next start.) Was: only the
@@ -684,10 +722,10 @@ func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
 // copy with what it holds, as it does any copy that is not the owner's
 // own push, so a target that was only slow, and pushes the partition
 // whole once it took the hand-off, loses nothing either.
-func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.PushPart) {
+func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.PushPart) (taken []uint32) {
 	v := n.cell.Load()
 	if v == nil {
-		return
+		return nil
 	}
 	by := map[string]*BackupBatch{}
 	for _, pt := range parts {
@@ -706,14 +744,16 @@ func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.Push
 		var ack transport.PushAck
 		err := n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}, &ack)
 		cancel()
-		taken := 0
-		for _, st := range ack.Status {
-			if st == transport.PushOK {
-				taken++
+		k := 0
+		for i, st := range ack.Status {
+			if st == transport.PushOK && err == nil {
+				taken = append(taken, b.Parts[i].Partition)
+				k++
 			}
 		}
-		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", taken, "err", err)
+		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", k, "err", err)
 	}
+	return taken
 }
 
 // pingEvery is the period of the leader's pings and of the members'
@@ -1199,6 +1239,9 @@ func (n *Node) StopGracefully(ctx context.Context) error {
 			err = fmt.Errorf("node: passing backup copies on: %w", werr)
 		}
 		switch werr := n.waitHandoffsStopping(ctx); {
+		case errors.Is(werr, errInsured):
+			n.log.Info("hand-offs not answered by their target (crashed, not yet marked dead?); their partitions' backups hold them, and so does the bucket file for the next start",
+				"partitions", n.h.Pending())
 		case errors.Is(werr, errStranded):
 			n.log.Info("hand-offs not answered, and the ring will not move them (its last active member, or no Raft leader: stopped with the others?); those holding state are kept in the bucket file for the next start",
 				"partitions", n.h.Pending())
@@ -1251,8 +1294,39 @@ func (n *Node) stopRemoved(ctx context.Context) {
 // disk, say): those budgets are lost to the next start.
 var ErrBucketsNotSaved = errors.New("node: bucket state not saved")
 
+// waitHandoffsRemoved is a removed member's wait for its hand-offs
+// (noteRemoved): until they all land, ctx ends, or those left are held
+// by their backups as well (insuredAll). A removed member leaves Raft and
+// does not see a crashed target marked dead, so no ring readdresses
+// those hand-offs; waiting on gains nothing. Was: it waited the whole
+// max(10 s, --dead-after + 5 s), and the backups held nothing, so those
+// partitions were served from nothing once the target was marked dead
+// (a leave during another member's crash: 7-18 keys of 80 reset, in a
+// helper's runs with real processes).
+func (n *Node) waitHandoffsRemoved(ctx context.Context) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.h.idleCh():
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if n.h.insuredAll() {
+				n.log.Info("hand-offs not answered by their target (crashed, not yet marked dead?); their partitions' backups hold them", "partitions", n.h.Pending())
+				return errInsured
+			}
+		}
+	}
+}
+
 // errStranded: the hand-offs left cannot land (handoffs.stranded).
 var errStranded = errors.New("node: hand-offs stranded")
+
+// errInsured: the hand-offs left do not land, and their backups hold them
+// (handoffs.insuredAll).
+var errInsured = errors.New("node: hand-offs insured with the backups")
 
 // waitHandoffsStopping is WaitHandoffs for a member that stops: it also
 // ends, with errStranded, once the hand-offs left are stranded.
@@ -1268,6 +1342,9 @@ func (n *Node) waitHandoffsStopping(ctx context.Context) error {
 		case <-t.C:
 			if n.h.stranded(n.cell.Load()) {
 				return errStranded
+			}
+			if n.h.insuredAll() {
+				return errInsured
 			}
 		}
 	}

@@ -681,7 +681,7 @@ func (n *Node) noteRemoved(why string, inRaft bool) {
 		// Hand off what we held before going: long enough for a ring
 		// that marks a dead target dead, and names the next owner.
 		ctx, cancel := context.WithTimeout(n.ctx, max(10*time.Second, n.cfg.DeadAfter+5*time.Second))
-		_ = n.h.wait(ctx)
+		_ = n.waitHandoffsRemoved(ctx)
 		cancel()
 		close(n.removedWaited)
 		if n.cfg.OnRemoved == nil {
