@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,7 +13,8 @@ import (
 // is marked dead, n2 staying down (maintenance). n2's stop moves some of
 // its partitions to n5, whose hand-off cannot land, and n2 was the
 // backup of some of n5's partitions, whose copies must go on to their
-// new backups before n2 exits. Budget keys (sliding_log, 30 of 50 spent)
+// new backups before n2 exits, which it does once they hold them, cleanly
+// (not after its whole drain, with an error). Budget keys (sliding_log, 30 of 50 spent)
 // of both; once n5 is out of the ring each must admit exactly 20 more,
 // with n2 still down, and nothing more once n2 is back.
 func TestStopWhileAnOwnerIsDown(t *testing.T) {
@@ -40,11 +40,11 @@ func TestStopWhileAnOwnerIsDown(t *testing.T) {
 
 	start := time.Now()
 	n5.kill()
-	n2.signal(syscall.SIGTERM)
-	if !n2.exited(30 * time.Second) {
-		t.Fatal("n2 still runs 30s after SIGTERM")
+	took, codes := stopAll([]*member{n2})
+	if codes[0] == -1 {
+		t.Fatal("n2 still ran 30s after SIGTERM")
 	}
-	stopped := time.Since(start)
+	errs := errorLines(t, []*member{n2})
 	rest := []*member{n1, c.byID("n3"), c.byID("n4")}
 	waitFor(t, "n5 out of the ring and the three ready", dead+30*time.Second, func() bool {
 		for _, m := range rest {
@@ -92,8 +92,8 @@ func TestStopWhileAnOwnerIsDown(t *testing.T) {
 		}
 	}
 
-	rep.add("scenario 13: SIGKILL of n5, then SIGTERM of n2 (it exited %.2fs after the kill); n5 out of the ring and n1, n3, n4 ready %.2fs after the kill, --dead-after %v",
-		stopped.Seconds(), settled.Seconds(), dead)
+	rep.add("scenario 13: SIGKILL of n5, then SIGTERM of n2 (it exited %.2fs after the SIGTERM, code %d, %d ERROR lines); n5 out of the ring and n1, n3, n4 ready %.2fs after the kill, --dead-after %v",
+		took[0].Seconds(), codes[0], len(errs), settled.Seconds(), dead)
 	rep.add("%d budget keys (60 of n2's, 60 of n5's), %d of %d spent: afterwards %d keys admitted more than the %d left (most %d), %d fewer",
 		len(keys), spent, limit, reset, limit-spent, most, short)
 	rep.add("partitions served from nothing, summed over n1, n3, n4: %.0f (want 0)", bare)
@@ -105,6 +105,10 @@ func TestStopWhileAnOwnerIsDown(t *testing.T) {
 	}
 	if bare > 0 {
 		t.Errorf("%.0f partitions served from nothing, want 0", bare)
+	}
+	if took[0] > 5*time.Second || codes[0] != 0 || len(errs) > 0 {
+		t.Errorf("n2's stop took %v (its drain 10s), exit code %d, ERROR lines %q; want it over once its hand-offs to n5 are with their backups, exit 0, none",
+			took[0], codes[0], errs)
 	}
 	if again > 0 {
 		t.Errorf("%d keys admitted after n2's return, want 0", again)
