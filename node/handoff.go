@@ -1304,21 +1304,11 @@ var ErrBucketsNotSaved = errors.New("node: bucket state not saved")
 // (a leave during another member's crash: 7-18 keys of 80 reset, in a
 // helper's runs with real processes).
 func (n *Node) waitHandoffsRemoved(ctx context.Context) error {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.h.idleCh():
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			if n.h.insuredAll() {
-				n.log.Info("hand-offs not answered by their target (crashed, not yet marked dead?); their partitions' backups hold them", "partitions", n.h.Pending())
-				return errInsured
-			}
-		}
+	err := n.waitHandoffs(ctx, false)
+	if errors.Is(err, errInsured) {
+		n.log.Info("hand-offs not answered by their target (crashed, not yet marked dead?); their partitions' backups hold them", "partitions", n.h.Pending())
 	}
+	return err
 }
 
 // errStranded: the hand-offs left cannot land (handoffs.stranded).
@@ -1329,8 +1319,16 @@ var errStranded = errors.New("node: hand-offs stranded")
 var errInsured = errors.New("node: hand-offs insured with the backups")
 
 // waitHandoffsStopping is WaitHandoffs for a member that stops: it also
-// ends, with errStranded, once the hand-offs left are stranded.
+// ends, with errStranded, once the hand-offs left are stranded, and with
+// errInsured once their backups hold them.
 func (n *Node) waitHandoffsStopping(ctx context.Context) error {
+	return n.waitHandoffs(ctx, true)
+}
+
+// waitHandoffs waits until every hand-off landed (nil), ctx ends (its
+// error), those left are insured with their backups (errInsured) or,
+// when stranded applies, cannot land (errStranded).
+func (n *Node) waitHandoffs(ctx context.Context, stranded bool) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -1340,7 +1338,7 @@ func (n *Node) waitHandoffsStopping(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-			if n.h.stranded(n.cell.Load()) {
+			if stranded && n.h.stranded(n.cell.Load()) {
 				return errStranded
 			}
 			if n.h.insuredAll() {
