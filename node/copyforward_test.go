@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -125,7 +126,8 @@ type recordPushes struct {
 	pushOwners
 	hang   map[string]bool // addresses whose pushes hang until their deadline
 	mu     sync.Mutex
-	backup map[string]int // parts pushed, by address
+	fail   map[string]int // addresses whose next pushes fail, and how many; guarded by mu
+	backup map[string]int // parts pushed, by address; guarded by mu
 }
 
 func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
@@ -133,6 +135,13 @@ func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Pu
 		<-ctx.Done()
 		return ctx.Err()
 	}
+	d.mu.Lock()
+	if d.fail[addr] > 0 {
+		d.fail[addr]--
+		d.mu.Unlock()
+		return errors.New("busy")
+	}
+	d.mu.Unlock()
 	if push.Kind == transport.PushBackup {
 		d.mu.Lock()
 		d.backup[addr] += len(push.Parts)
@@ -312,6 +321,35 @@ func TestCheckOfAPartitionAwaitingASilentOwnerIsAnsweredAtOnce(t *testing.T) {
 		c.ExpireAwaiting([]uint32{p})
 		if d, st := elapsed(); d != 0 || st != transport.StatusOK {
 			t.Fatalf("served: answered %v after %v, want decided at once", st, d)
+		}
+	})
+}
+
+// A copy whose push fails for a moment (the new owner busy, or not at the
+// copy's ring yet) is sent again, a few times, backing off. Was: one
+// attempt, and the new owner served the partition from nothing.
+func TestCopiesAreSentAgainAfterAFailedPush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "b", "c", "d")
+		owners := map[string]*Owner{}
+		for _, id := range []string{"a", "b", "c"} {
+			owners[id] = servingOwner(t, id, v1)
+		}
+		d := newOwner(t, "d")
+		d.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "d", allAlive, false, false))
+		p, h := movedPart(t, v1, v2, "a", "b", "d")
+		handle(owners["a"], 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+		deliver(t, owners["a"], owners)
+		dp := &recordPushes{pushOwners: pushOwners{"c:1": owners["c"], "d:1": d},
+			fail: map[string]int{"d:1": copyAttempts - 1}, backup: map[string]int{}}
+		n := handoffNode(t, owners["b"], dp)
+		applyWithCopies(n, v1, v2)()
+		if err := n.waitCopies(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		d.ExpireAwaiting([]uint32{p})
+		if r := handle(d, 2, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
+			t.Errorf("d serves p without the copy its %d failed pushes held back: %+v, want denied (2 of 2 spent at a)", copyAttempts-1, r)
 		}
 	})
 }

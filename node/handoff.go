@@ -621,10 +621,8 @@ func (n *Node) backupLoop() {
 // them itself, and copies would only double a graceful change's traffic
 // (a join over 633k keys: 21 → 29 MB on loopback, its new member ready
 // 0.1 s later). The ring may move on during the ping: the copies go where
-// it is then (was: where the planning ring said, which refused them). A
-// copy is not retried: a member that cannot take one now has not
-// reached the ring, or is gone. A graceful stop waits for these sends
-// (StopGracefully).
+// it is then (was: where the planning ring said, which refused them).
+// A graceful stop waits for these sends (StopGracefully).
 func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint32) {
 	if len(plan) == 0 {
 		return
@@ -641,27 +639,62 @@ func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint
 		v := o.cell.Load()
 		var wg sync.WaitGroup
 		for _, b := range o.CopiesFor(v, plan, silent) {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
-				defer cancel()
-				push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
-				var ack transport.PushAck
-				err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
-				taken := 0
-				for _, st := range ack.Status {
-					if st == transport.PushOK {
-						taken++
-					}
-				}
-				// Not taken: the member is no longer the partition's owner
-				// or backup (the ring moved on again), or is gone.
-				n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "err", err)
-			})
+			wg.Go(func() { n.pushCopies(b) })
 		}
 		wg.Wait()
 	}) {
 		n.copying.Done()
 	}
+}
+
+// copyAttempts bounds how often pushCopies sends a batch whose push
+// failed or whose parts were refused for now, copyRetry apart, doubling.
+const (
+	copyAttempts = 4
+	copyRetry    = 250 * time.Millisecond
+)
+
+// pushCopies pushes b, copies passed on (sendCopies), and again, up to
+// copyAttempts times in all, the parts not taken for a reason that may
+// pass: the push failed (the member is busy or was unreachable for a
+// moment), or the member refused them as not ready (its ring had not
+// reached b's epoch after epochWait, on a starved machine). A part
+// answered NOT_OWNER is not sent again: the ring moved on, and the
+// member that owns it now got or gets the copy from its own ring change
+// or not at all. Was: one attempt, so a new member more than ~0.7 s
+// behind the sender lost the copies, and served from nothing.
+func (n *Node) pushCopies(b *BackupBatch) {
+	parts, wait := b.Parts, copyRetry
+	taken := 0
+	var err error
+	for attempt := 1; len(parts) > 0; attempt++ {
+		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		var ack transport.PushAck
+		err = n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: parts}, &ack)
+		cancel()
+		var again []transport.PushPart
+		for i, pt := range parts {
+			switch {
+			case err != nil || i >= len(ack.Status) || ack.Status[i] == transport.PushRejected:
+				again = append(again, pt)
+			case ack.Status[i] == transport.PushOK:
+				taken++
+			}
+		}
+		parts = again
+		if len(parts) == 0 || attempt == copyAttempts {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		}
+		wait *= 2
+	}
+	n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "left", len(parts), "err", err)
 }
 
 // waitCopies waits until sendCopies has sent what it had to, or ctx ends.
