@@ -613,8 +613,9 @@ func (n *Node) backupLoop() {
 
 // sendCopies passes this member's backup copies of the partitions of
 // plan (PlanCopyForwards for the ring of epoch) on to their owner and
-// backup in the ring of the moment it sends (Owner.CopiesFor), once each,
-// then releases the copies KeepCopies kept (kept). They stand in for a
+// backup in the ring of the moment it sends (Owner.CopiesFor; again
+// while a push fails for now: pushCopies), then releases the copies
+// KeepCopies kept (kept). They stand in for a
 // hand-off or a whole push from an old owner that may have crashed, so
 // they go only for partitions whose old owner does not answer a ping
 // (copyPingTimeout): an owner that answers hands them off and pushes
@@ -656,17 +657,25 @@ const (
 
 // pushCopies pushes b, copies passed on (sendCopies), and again, up to
 // copyAttempts times in all, the parts not taken for a reason that may
-// pass: the push failed (the member is busy or was unreachable for a
-// moment), or the member refused them as not ready (its ring had not
-// reached b's epoch after epochWait, on a starved machine). A part
-// answered NOT_OWNER is not sent again: the ring moved on, and the
-// member that owns it now got or gets the copy from its own ring change
-// or not at all. Was: one attempt, so a new member more than ~0.7 s
-// behind the sender lost the copies, and served from nothing.
+// pass (pushBackups). A part answered NOT_OWNER is not sent again: the
+// ring moved on, and the member that owns it now got or gets the copy
+// from its own ring change or not at all. Was: one attempt, so a new
+// member more than ~0.7 s behind the sender lost the copies, and served
+// from nothing.
 func (n *Node) pushCopies(b *BackupBatch) {
+	taken, left, err := n.pushBackups(b, copyAttempts)
+	n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", len(taken), "left", left, "err", err)
+}
+
+// pushBackups pushes b's parts to b.To as backup copies, up to attempts
+// times, copyRetry apart and doubling, sending again the parts not taken
+// for a reason that may pass: the push failed (the member busy or
+// unreachable for a moment), or the member refused them as not ready
+// (its ring had not reached b's epoch after epochWait, on a starved
+// machine). It returns the partitions taken, how many parts were left
+// untaken for such a reason, and the last push's error.
+func (n *Node) pushBackups(b *BackupBatch, attempts int) (taken []uint32, left int, err error) {
 	parts, wait := b.Parts, copyRetry
-	taken := 0
-	var err error
 	for attempt := 1; len(parts) > 0; attempt++ {
 		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 		var ack transport.PushAck
@@ -678,11 +687,11 @@ func (n *Node) pushCopies(b *BackupBatch) {
 			case err != nil || i >= len(ack.Status) || ack.Status[i] == transport.PushRejected:
 				again = append(again, pt)
 			case ack.Status[i] == transport.PushOK:
-				taken++
+				taken = append(taken, pt.Partition)
 			}
 		}
 		parts = again
-		if len(parts) == 0 || attempt == copyAttempts {
+		if len(parts) == 0 || attempt == attempts {
 			break
 		}
 		t := time.NewTimer(wait)
@@ -690,11 +699,11 @@ func (n *Node) pushCopies(b *BackupBatch) {
 		case <-t.C:
 		case <-n.ctx.Done():
 			t.Stop()
-			return
+			return taken, len(parts), n.ctx.Err()
 		}
 		wait *= 2
 	}
-	n.log.Info("backup copies of a silent owner's partitions passed on", "to", b.To.ID, "epoch", b.Epoch, "partitions", len(b.Parts), "taken", taken, "left", len(parts), "err", err)
+	return taken, len(parts), err
 }
 
 // waitCopies waits until sendCopies has sent what it had to, or ctx ends.
@@ -773,18 +782,9 @@ func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.Push
 		by[b.ID].Parts = append(by[b.ID].Parts, pt)
 	}
 	for _, b := range by {
-		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
-		var ack transport.PushAck
-		err := n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}, &ack)
-		cancel()
-		k := 0
-		for i, st := range ack.Status {
-			if st == transport.PushOK && err == nil {
-				taken = append(taken, b.Parts[i].Partition)
-				k++
-			}
-		}
-		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", k, "err", err)
+		k, _, err := n.pushBackups(b, 1)
+		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", len(k), "err", err)
+		taken = append(taken, k...)
 	}
 	return taken
 }

@@ -94,13 +94,7 @@ func TestCrashedOwnersBackupStopsBeforeItIsMarkedDead(t *testing.T) {
 // and served from nothing once the crash was marked, until that member
 // came back.
 func TestHandoffToACrashedOwnerReachesItsBackup(t *testing.T) {
-	stopN2WhileN5IsDown(t, func(c *Cluster) []string {
-		var keys []string
-		for i := range 200 {
-			keys = append(keys, c.KeyOwnedBy("n2", i))
-		}
-		return keys
-	}, func(t *testing.T, c *Cluster, keys []string) {
+	stopN2WhileN5IsDown(t, n2Keys, func(t *testing.T, c *Cluster, keys []string) {
 		wantHalfLeft(t, c, keys, "after n2's stop and n5's crash")
 	})
 }
@@ -112,15 +106,18 @@ func TestHandoffToACrashedOwnerReachesItsBackup(t *testing.T) {
 // held nothing (found by a helper with real processes: 7-18 keys of 80
 // reset).
 func TestLeaveWhileAnOwnerIsDownKeepsItsHandoffs(t *testing.T) {
-	n2Goes(t, func(c *Cluster) { c.Leave("n2") }, func(c *Cluster) []string {
-		var keys []string
-		for i := range 200 {
-			keys = append(keys, c.KeyOwnedBy("n2", i))
-		}
-		return keys
-	}, func(t *testing.T, c *Cluster, keys []string) {
+	n2Goes(t, func(c *Cluster) { c.Leave("n2") }, n2Keys, func(t *testing.T, c *Cluster, keys []string) {
 		wantHalfLeft(t, c, keys, "after n2's leave and n5's crash")
 	})
+}
+
+// n2Keys is 200 keys that n2 owns.
+func n2Keys(c *Cluster) []string {
+	var keys []string
+	for i := range 200 {
+		keys = append(keys, c.KeyOwnedBy("n2", i))
+	}
+	return keys
 }
 
 // stopN2WhileN5IsDown is the course of the stop tests, with n5 crashed
