@@ -210,7 +210,7 @@ func TestNetworkPartition(t *testing.T) {
 	var bugs []string
 	if tOut-tCut > dead+2*time.Second {
 		bugs = append(bugs, fmt.Sprintf("missed target (failure detection of an unreachable member): %s left the majority's ring %.2fs after the cut, want ≤ --dead-after + 2s = %v; "+
-			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/handoff.go)",
+			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/detect.go)",
 			victim.id, (tOut-tCut).Seconds(), dead+2*time.Second))
 	}
 	if healed.degraded > 0 {

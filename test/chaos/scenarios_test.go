@@ -259,7 +259,7 @@ func TestOwnerSleep(t *testing.T) {
 	}
 	if tOut-tStop > dead+2*time.Second {
 		bugs = append(bugs, fmt.Sprintf("missed target (failure detection of a hung member): %s was marked dead %.2fs after SIGSTOP, want ≤ --dead-after + 2s = %v; "+
-			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/handoff.go)",
+			"the leader only sees FailedHeartbeatObservation after the Raft transport's 10s I/O timeout (node/raft.go NewNetworkTransport timeout, node/detect.go)",
 			victim.id, (tOut-tStop).Seconds(), dead+2*time.Second))
 	}
 	for _, b := range bugs {
