@@ -197,19 +197,16 @@ func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.Push
 	if v == nil {
 		return nil
 	}
-	by := map[string]*BackupBatch{}
+	by := batchesTo{epoch: max(epoch, v.Epoch())}
 	for _, pt := range parts {
 		b, ok := v.Ring.Backup(pt.Partition)
 		if pt.Lost || !ok || b.ID == n.cfg.ID || b.ID == to {
 			continue
 		}
-		if by[b.ID] == nil {
-			by[b.ID] = &BackupBatch{To: b, Epoch: max(epoch, v.Epoch())}
-		}
 		pt.Delta = false
-		by[b.ID].Parts = append(by[b.ID].Parts, pt)
+		by.add(b, pt)
 	}
-	for _, b := range by {
+	for _, b := range by.list {
 		k, _, err := n.pushBackups(b, 1)
 		n.log.Info("hand-offs to a member that does not answer given to their backups too", "target", to, "backup", b.To.ID, "partitions", len(b.Parts), "taken", len(k), "err", err)
 		taken = append(taken, k...)

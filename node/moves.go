@@ -306,17 +306,7 @@ func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
 // nothing to keep.
 func (o *Owner) CopiesFor(v *view.View, plan map[uint32]ring.Member, silent map[string]bool) []*BackupBatch {
 	now := o.now()
-	by := map[string]*BackupBatch{}
-	var out []*BackupBatch
-	add := func(to ring.Member, pt transport.PushPart) {
-		b := by[to.ID]
-		if b == nil {
-			b = &BackupBatch{To: to, Epoch: v.Epoch()}
-			by[to.ID] = b
-			out = append(out, b)
-		}
-		b.Parts = append(b.Parts, pt)
-	}
+	out := batchesTo{epoch: v.Epoch()}
 	for p, was := range plan {
 		if !silent[was.ID] {
 			continue
@@ -331,13 +321,35 @@ func (o *Owner) CopiesFor(v *view.View, plan map[uint32]ring.Member, silent map[
 		}
 		pt := transport.PushPart{Partition: p, Data: data}
 		if !silent[ow.ID] {
-			add(ow, pt)
+			out.add(ow, pt)
 		}
 		if b, ok := v.Ring.Backup(p); ok && b.ID != o.self && b.ID != ow.ID && !silent[b.ID] {
-			add(b, pt)
+			out.add(b, pt)
 		}
 	}
-	return out
+	return out.list
+}
+
+// batchesTo groups push parts into one BackupBatch per member, in the
+// order the members first come, all at one epoch.
+type batchesTo struct {
+	epoch uint64
+	by    map[string]*BackupBatch
+	list  []*BackupBatch
+}
+
+// add appends pt to the batch for member to, starting it if need be.
+func (g *batchesTo) add(to ring.Member, pt transport.PushPart) {
+	b := g.by[to.ID]
+	if b == nil {
+		if g.by == nil {
+			g.by = map[string]*BackupBatch{}
+		}
+		b = &BackupBatch{To: to, Epoch: g.epoch}
+		g.by[to.ID] = b
+		g.list = append(g.list, b)
+	}
+	b.Parts = append(b.Parts, pt)
 }
 
 // copyOf exports this member's backup copy of partition p at now, or
