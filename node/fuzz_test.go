@@ -3,9 +3,12 @@ package node
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/ringlimit/ringlimit/transport"
 )
 
 // FuzzReadBoltMeta: the meta-page reader that stands between a damaged
@@ -46,6 +49,47 @@ func FuzzAllowRPC(f *testing.F) {
 		c, ok := decodeConfiguration(data)
 		if !ok || !listed(c, raft.ServerID(id), raft.ServerAddress(addr)) {
 			t.Fatalf("admitted %q at %q with configuration %x", id, addr, data)
+		}
+	})
+}
+
+// FuzzTakeBuckets: a bucket file of any bytes never panics the loader,
+// and one it refuses leaves nothing behind (no state in the backup
+// table, no partition to hand on): a damaged file is taken whole or not
+// at all. Version 1 files carry no checksum, so their bytes reach the
+// parser and the table's importer as they are.
+func FuzzTakeBuckets(f *testing.F) {
+	// A file of several partitions with state: the parts after a
+	// damaged one must not stay behind, nor those before it.
+	a, v := testOwner(f, 1, "a", "b")
+	for h := uint64(1); h < 200; h += 7 {
+		p := v.Ring.Partition(h)
+		if m, _ := v.Ring.Owner(p); m.ID == "a" {
+			handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1})
+		}
+	}
+	dir := f.TempDir()
+	if _, err := a.saveBuckets(dir, nil); err != nil {
+		f.Fatal(err)
+	}
+	good, err := os.ReadFile(filepath.Join(dir, bucketFile))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(append([]byte(bucketMagicV1), good[len(bucketMagic):len(good)-4]...))
+	f.Add([]byte(bucketMagicV1 + "\x00\x00\x00\x00\x00\x00\x00\x00\x02\x01\x00\x01\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o := newOwner(t, "a")
+		n, err := o.takeBuckets(b)
+		if err != nil {
+			if n != 0 || o.BackupTable().Len() != 0 || len(o.loaded) != 0 {
+				t.Fatalf("refused (%v) but kept %d partitions, %d states, %d to hand on", err, n, o.BackupTable().Len(), len(o.loaded))
+			}
+			return
+		}
+		if n > len(o.loaded) {
+			t.Fatalf("%d partitions held, %d listed", n, len(o.loaded))
 		}
 	})
 }

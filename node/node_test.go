@@ -19,7 +19,7 @@ import (
 )
 
 // testOwner is an Owner "a" without Raft, serving the view set by hand.
-func testOwner(t *testing.T, epoch uint64, members ...string) (*Owner, *view.View) {
+func testOwner(t testing.TB, epoch uint64, members ...string) (*Owner, *view.View) {
 	t.Helper()
 	o, err := NewOwner("a", 64, func() int64 { return 1e18 }, nil)
 	if err != nil {
@@ -41,7 +41,7 @@ func newOwner(t *testing.T, id string) *Owner {
 	return o
 }
 
-func testRing(t *testing.T, epoch uint64, members ...string) *ring.Ring {
+func testRing(t testing.TB, epoch uint64, members ...string) *ring.Ring {
 	t.Helper()
 	var ms []ring.Member
 	for _, id := range members {
@@ -54,7 +54,7 @@ func testRing(t *testing.T, epoch uint64, members ...string) *ring.Ring {
 	return r
 }
 
-func testView(t *testing.T, epoch uint64, members ...string) *view.View {
+func testView(t testing.TB, epoch uint64, members ...string) *view.View {
 	t.Helper()
 	rule := limiter.Rule{Name: "r", Algorithm: limiter.FixedWindow, Limit: 2, Period: time.Minute}
 	return view.New(testRing(t, epoch, members...), 9, []limiter.Rule{rule}, 1)

@@ -33,7 +33,7 @@ func spentOwner(t *testing.T) (*Owner, transport.Check) { return spentOwnerOf(t,
 // spentOwnerOf is spentOwner in a ring of members ("a" among them): the
 // more members, the fewer partitions "a" owns, and the smaller its
 // bucket file (every partition it owns is written, empty ones too).
-func spentOwnerOf(t *testing.T, members ...string) (*Owner, transport.Check) {
+func spentOwnerOf(t testing.TB, members ...string) (*Owner, transport.Check) {
 	t.Helper()
 	a, v := testOwner(t, 1, members...)
 	h, p := partOf(v, "a")
