@@ -44,8 +44,8 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 	defer c.CloseIdleConnections()
 	target := *id
 	askers := []*client.Client{c}
+	cl, err := c.Cluster(ctx)
 	if target == "" {
-		cl, err := c.Cluster(ctx)
 		if err != nil {
 			return fail(stderr, "leave", notAMember(*addr, err))
 		}
@@ -56,10 +56,16 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 			return fail(stderr, "leave", fmt.Errorf("the member at %s is %s, but %s=%s (a member's container sets it to its own id): leave does not read it; give --id %s to remove %s",
 				hostPort(*addr), target, envName("id"), envID, target, target))
 		}
-		// The member asked leaves and stops: if it goes before its answer
-		// reaches us, the others say how the leave ended.
+	}
+	// The member asked is the one leaving, which stops: if it goes before
+	// its answer reaches us, the others say how the leave ended. With
+	// --id naming it too (was: only without --id, and `leave --addr
+	// <n3's> --id n3` exited 2 on a leave that succeeded, asking the
+	// stopped member again). With --id the cluster need not answer: the
+	// member at --addr is then the only one asked, as before.
+	if at, _ := memberAt(cl, hostPort(*addr)); err == nil && at == target {
 		for _, m := range cl.Members {
-			if m.ID != target && m.HTTP != "" {
+			if m.ID != target && m.HTTP != "" && m.HTTP != hostPort(*addr) {
 				o := client.New(baseURL(m.HTTP), client.WithAdminToken(*token))
 				defer o.CloseIdleConnections()
 				askers = append(askers, o)
@@ -79,9 +85,9 @@ var leaveRetry, leaveRetryMax = 250 * time.Millisecond, 4 * time.Second
 
 // leaveRetrying asks askers[0] for id's removal until it is done, the
 // answer is an error other than 503, or ctx ends (see runLeave). More
-// than one asker means askers[0] is the member leaving: after its first
-// 503 (its relay to the leader cut short as it stops, or no leader yet)
-// or once it stops answering, the next of askers is asked instead.
+// than one asker means askers[0] may be the member leaving: after its
+// first 503 (its relay to the leader cut short as it stops, or no leader
+// yet) or once it stops answering, the next of askers is asked instead.
 func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stderr io.Writer) error {
 	wait := leaveRetry
 	var unavailable error // the last 503 or silence, once there was one
