@@ -137,7 +137,14 @@ func (n *Node) registerLoop() {
 				// join (wrong secret, unreachable addresses) must not be
 				// silent at the default log level.
 				if time.Since(lastWarn) >= 30*time.Second {
-					n.log.Warn("not registered in the cluster yet; retrying", "err", err)
+					args := []any{"err", err}
+					if !n.cfg.Seed && !n.holdsCluster() {
+						// Members whose --join lists name no seed (the
+						// seed's address written otherwise than it
+						// advertises it) wait here for good.
+						args = append(args, "hint", "this member was never in a cluster and is not the seed: it joins once a member of --join is in one; a new cluster starts at the seed, the member whose --join list names its own advertised HTTP address first")
+					}
+					n.log.Warn("not registered in the cluster yet; retrying", args...)
 					lastWarn = time.Now()
 				} else {
 					n.log.Debug("registering", "err", err)

@@ -103,6 +103,12 @@ func TestIsSelf(t *testing.T) {
 		{"n1:8080", "n1:8090", false},
 		{"n2:8080", "n1:8080", false},
 		{"127.0.0.1:8080", "127.0.0.1:8080", true},
+		{"localhost:8080", "127.0.0.1:8080", true},
+		{"LOCALHOST.:8080", "[::1]:8080", true},
+		{"127.0.0.1:8080", "localhost:8080", true},
+		{"localhost:8080", "127.0.0.2:8080", false},
+		{"localhost:8090", "127.0.0.1:8080", false},
+		{"127.0.0.1:8080", "[::1]:8080", false},
 	} {
 		if got := isSelf(c.join, c.adv); got != c.want {
 			t.Errorf("isSelf(%q, %q) = %v, want %v", c.join, c.adv, got, c.want)

@@ -332,7 +332,11 @@ func checkJoin(join string) error {
 }
 
 // isSelf reports whether the --join address is this node's own advertised
-// HTTP address (host names compared without case or a trailing dot).
+// HTTP address (host names compared without case or a trailing dot), or
+// names it as localhost where it advertises 127.0.0.1 or ::1 (or the
+// other way round): was not, and members started with --http
+// 127.0.0.1:P and `--join localhost:P,...` had no seed, each waiting for
+// a cluster nobody would bootstrap.
 func isSelf(join, advHTTP string) bool {
 	if join == "" {
 		return false
@@ -342,5 +346,13 @@ func isSelf(join, advHTTP string) bool {
 	if err1 != nil || err2 != nil || jp != ap {
 		return false
 	}
-	return strings.EqualFold(strings.TrimSuffix(jh, "."), strings.TrimSuffix(ah, "."))
+	jh, ah = strings.TrimSuffix(jh, "."), strings.TrimSuffix(ah, ".")
+	return strings.EqualFold(jh, ah) || localhostOf(jh, ah) || localhostOf(ah, jh)
+}
+
+// localhostOf reports whether name is localhost and ip the loopback
+// address it stands for on this machine (127.0.0.1 or ::1; not the rest
+// of 127.0.0.0/8, where other listeners may be).
+func localhostOf(name, ip string) bool {
+	return strings.EqualFold(name, "localhost") && (ip == "127.0.0.1" || ip == "::1")
 }
