@@ -156,6 +156,7 @@ func (n *Node) leaseLoop() {
 	lease := memberLease(n.cfg.DeadAfter)
 	next := time.NewTimer(every)
 	defer next.Stop()
+	var lapses lapseLog
 	for {
 		// Ask at once when this member has no lease (it just started or
 		// joined): a ring change wakes the loop too.
@@ -169,13 +170,56 @@ func (n *Node) leaseLoop() {
 		case <-next.C:
 		case <-changed:
 		}
+		o := n.owner.Load()
+		if o != nil {
+			lapses.look(n, o.Serving(), time.Now())
+		}
 		granted := n.askLease(every, lease)
 		wait := every
-		if o := n.owner.Load(); !granted && o != nil && o.Serving() {
-			wait = retry
+		if o != nil {
+			if !granted && o.Serving() {
+				wait = retry
+			}
+			lapses.look(n, o.Serving(), time.Now())
 		}
 		next.Reset(wait) // Go 1.23+: no stale tick can follow a Reset
 	}
+}
+
+// lapseLog says when this member's lease ran out while it was serving,
+// and when it was back: its checks are answered unavailable in between
+// (by each rule's failure mode), which an operator sees as degraded
+// decisions with no other line saying why (a new user's walk through
+// the README, on a starved machine). At warn level at most every 30s.
+type lapseLog struct {
+	serving  bool      // the lease held at the last look
+	since    time.Time // when a lapse was seen; zero while serving
+	lastWarn time.Time
+}
+
+// look looks at the lease, before the loop asks for it and after (a
+// lease may run out while the ask waits for its answer).
+func (l *lapseLog) look(n *Node, serving bool, now time.Time) {
+	switch {
+	case l.serving && !serving:
+		l.since = now
+		lid, _ := n.leader()
+		who, why := "this member's", "the leader ("+lid+") did not renew it in time"
+		if n.isLeader() {
+			who, why = "the leader's", "it has not heard from a quorum of Raft voters within the lease"
+		}
+		msg := who + " lease ran out: its checks are answered unavailable (each rule's failure mode) until it is renewed"
+		if now.Sub(l.lastWarn) >= 30*time.Second {
+			n.log.Warn(msg, "why", why, "hint", "a member starved of CPU loses its lease; raise --raft-timeout and --dead-after where the load is over the cores")
+			l.lastWarn = now
+		} else {
+			n.log.Debug(msg, "why", why)
+		}
+	case serving && !l.since.IsZero():
+		n.log.Info("lease renewed: checks answered again", "without_lease_ms", now.Sub(l.since).Milliseconds())
+		l.since = time.Time{}
+	}
+	l.serving = serving
 }
 
 // retryEvery is how soon a member asks again for a lease it was not

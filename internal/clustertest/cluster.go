@@ -33,6 +33,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/node"
 	"github.com/ringlimit/ringlimit/ring"
@@ -65,6 +66,10 @@ type Options struct {
 	// (joining members start as non-voters, promoted at once). Prober
 	// wins when both are set.
 	ProbeLinks bool
+	// Logs, when set, takes every member's log lines (JSON, debug level
+	// and up, each naming its member as "node"), for a test to read back
+	// with logbuf.Parse. CLUSTERTEST_LOG still writes them to stderr too.
+	Logs *logbuf.Buffer
 	// OnForward, when set, is called as member from forwards a write
 	// (op: "leave", "join" and so on) to the leader, before it is
 	// delivered; it may block to hold the write back.
@@ -384,10 +389,21 @@ func (l *localHandler) Prompt(req *transport.BatchRequest) bool { return l.n.Pro
 
 // logger writes the members' logs to stderr when CLUSTERTEST_LOG is set.
 func (c *Cluster) logger() *slog.Logger {
-	if os.Getenv("CLUSTERTEST_LOG") == "" {
-		return nil
+	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
+	var hs []slog.Handler
+	if c.opts.Logs != nil {
+		hs = append(hs, slog.NewJSONHandler(c.opts.Logs, debug))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if os.Getenv("CLUSTERTEST_LOG") != "" {
+		hs = append(hs, slog.NewTextHandler(os.Stderr, debug))
+	}
+	switch len(hs) {
+	case 0:
+		return nil
+	case 1:
+		return slog.New(hs[0])
+	}
+	return slog.New(slog.NewMultiHandler(hs...))
 }
 
 func (c *Cluster) notify() {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/ringlimit/ringlimit/fsm"
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/transport"
 )
@@ -109,6 +111,64 @@ func TestBatchWaitingPastItsLeaseIsNotDecided(t *testing.T) {
 			5*time.Millisecond, deadAt, took, stale, resp.Results[0].Status, majority)
 		if stale+majority > 10 {
 			t.Errorf("over-admitted: %d by n4 after its lease ran out + %d by the majority, limit 10", stale, majority)
+		}
+	})
+}
+
+// A member whose lease runs out while it serves says so, at warn level,
+// and says when it has it again: its checks are answered unavailable in
+// between (by each rule's failure mode). Was: nothing but Raft's own
+// election lines said why decisions came back degraded (a new user's
+// walk through the README on a starved machine: degraded answers for
+// seconds after a restart, no line about the lease).
+func TestLeaseLapseIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &logbuf.Buffer{}
+		c := New(t, 3, Options{DeadAfter: 2 * time.Second, Logs: logs})
+		leader := c.Leader()
+		var m string // a member that is not the leader
+		for _, x := range c.Members() {
+			if x.ID != leader.ID {
+				m = x.ID
+				break
+			}
+		}
+		o := c.Member(m).Node().Owner()
+		c.WaitFor(m+" holding a lease", 5*time.Second, o.Serving)
+		logs.Take()
+
+		c.CutCalls(m, leader.ID) // its lease requests; the leader's pings still pass
+		said := func(msg string) func() bool {
+			return func() bool { return strings.Contains(logs.String(), msg) }
+		}
+		c.WaitFor(m+" saying its lease ran out", 5*time.Second, said("lease ran out"))
+		if o.Serving() {
+			t.Fatalf("%s said its lease ran out while it holds one", m)
+		}
+		c.Heal()
+		c.WaitFor(m+" saying its lease is renewed", 5*time.Second, said("lease renewed"))
+		if !o.Serving() {
+			t.Fatalf("%s said its lease is renewed without one", m)
+		}
+
+		var out, back int
+		for _, l := range logbuf.Parse(t, logs.Take()) {
+			msg, _ := l["msg"].(string)
+			switch {
+			case strings.Contains(msg, "lease ran out"):
+				if l["node"] != m || l["level"] != "WARN" || !strings.Contains(fmt.Sprint(l["why"]), leader.ID) {
+					t.Errorf("lapse line %v: want a warning from %s naming the leader %s", l, m, leader.ID)
+				}
+				out++
+			case strings.Contains(msg, "lease renewed"):
+				if l["node"] != m {
+					t.Errorf("renewal line %v: want it from %s", l, m)
+				}
+				back++
+			}
+		}
+		if out != 1 || back != 1 {
+			t.Fatalf("%d lapse and %d renewal lines, want one each", out, back)
 		}
 	})
 }
