@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -452,5 +453,77 @@ func TestServerOversizedBodyIsAnsweredNotReset(t *testing.T) {
 		if err := json.Unmarshal(got, &ae); err != nil || resp.StatusCode != 413 || ae.Code != api.CodeTooLarge {
 			t.Fatalf("post %d: %d %s", i, resp.StatusCode, got)
 		}
+	}
+}
+
+// A write in progress when the drain begins runs to its answer; a
+// request that waits (a long poll of the view) ends at once, so that its
+// connection closes. Was: every request but checks was canceled as Drain
+// began, and a rules write a follower had forwarded to the leader
+// answered 503 "leader unreachable: context canceled" 40 ms into the
+// member's stop, committed in 4 of 6 tries (an adversarial run with real
+// processes).
+func TestServerDrainLetsWritesInProgressAnswer(t *testing.T) {
+	started, release := make(chan string, 3), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- r.URL.Path
+		select {
+		case <-release:
+			w.WriteHeader(http.StatusOK)
+		case <-r.Context().Done():
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(h)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+		<-served
+	})
+	type answer struct {
+		req  string
+		code int
+	}
+	answers := make(chan answer, 3)
+	send := func(req string) {
+		c := dialRaw(t, ln.Addr().String())
+		go func() {
+			code := 0
+			if _, err := io.WriteString(c.c, req); err == nil {
+				if resp, err := http.ReadResponse(c.br, nil); err == nil {
+					resp.Body.Close()
+					code = resp.StatusCode
+				}
+			}
+			f := strings.Fields(req)
+			answers <- answer{f[0] + " " + f[1], code}
+		}()
+	}
+	body := `{"rules":[]}`
+	send(fmt.Sprintf("PUT /v1/rules HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	send("POST /v1/cluster/leave HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	send("GET /v1/cluster/view?after=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+	for range 3 {
+		<-started
+	}
+	s.Drain()
+	got := map[string]int{}
+	for range 2 { // the poll and the leave end at Drain
+		a := <-answers
+		got[a.req] = a.code
+	}
+	close(release)
+	a := <-answers
+	got[a.req] = a.code
+	want := map[string]int{"GET /v1/cluster/view?after=1": 503, "POST /v1/cluster/leave": 503, "PUT /v1/rules": 200}
+	if !maps.Equal(got, want) {
+		t.Fatalf("answers %v, want %v: the write in progress answered, the poll and the leave ended by the drain", got, want)
 	}
 }
