@@ -747,3 +747,48 @@ func TestAltBucket(t *testing.T) {
 		}
 	})
 }
+
+// A spent token bucket or gcra key stays spent when its burst is lowered
+// and raised back: what the lowering cut off comes back with the raise.
+// (A leaky_bucket keeps its queue capped at the new burst, as API.md
+// says, so a full queue cut by a lowering is forgiven and a raise leaves
+// that room free: a spent key of 10 an hour admitted 7 more at every
+// lowering to 3 and raise back in an adversarial run; README says so.)
+func TestBurstLoweredAndRaisedBackForgivesNothing(t *testing.T) {
+	for _, a := range []Algorithm{TokenBucket, GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			tb := mustTable(t, 1)
+			r := Rule{Name: "x", Algorithm: a, Limit: 10, Burst: 10, Period: time.Hour, Version: 1}
+			now := ruleT0
+			if err := tb.SetRules(1, []Rule{r}, now); err != nil {
+				t.Fatal(err)
+			}
+			check := func() bool {
+				t.Helper()
+				now += int64(time.Millisecond)
+				d, err := tb.Check(0, 42, &r, now, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d.Allowed
+			}
+			for i := range 10 {
+				if !check() {
+					t.Fatalf("check %d of a fresh key denied", i+1)
+				}
+			}
+			for cycle := range 5 {
+				for _, burst := range []int64{3, 10} {
+					now += int64(time.Millisecond)
+					r.Burst, r.Version = burst, r.Version+1
+					if err := tb.SetRules(r.Version, []Rule{r}, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if check() {
+					t.Fatalf("cycle %d: a spent key admitted after its burst went 10 → 3 → 10 (6 minutes a token, %v since it was spent)", cycle, time.Duration(now-ruleT0))
+				}
+			}
+		})
+	}
+}
