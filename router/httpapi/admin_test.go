@@ -200,6 +200,17 @@ func TestRulesPutErrors(t *testing.T) {
 	}
 }
 
+// An error's message is written as it reads: "must be > 0", not
+// encoding/json's HTML-escaped "must be \u003e 0" (a new user's walk
+// through the README, reading curl's output).
+func TestErrorMessagesAreNotHTMLEscaped(t *testing.T) {
+	e := newEnv(t, "")
+	rec := e.do("PUT", "/v1/rules", "rules:\n- {name: a, algorithm: gcra, limit: -5, period: 1s}\n")
+	if body := rec.Body.String(); rec.Code != 400 || !strings.Contains(body, `limit: must be > 0, got -5`) {
+		t.Fatalf("%d %s; want 400 with the message as written", rec.Code, body)
+	}
+}
+
 // A rules write whose node side would take longer than the server's
 // write timeout (up to 12s for the Raft write, then 5s for the rules to
 // be in force) answers 503 within its budget instead, with the node's

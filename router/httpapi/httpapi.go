@@ -13,6 +13,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -377,12 +378,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // marshalLine is v as JSON and a trailing newline.
+//
+// Without encoding/json's HTML escaping: an answer is application/json
+// with nosniff, never HTML, and escaped, an error read "limit: must be
+// \u003e 0" in curl's output.
 func marshalLine(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil { // the bodies are plain wire types: cannot happen
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil { // the bodies are plain wire types: cannot happen
 		panic("httpapi: marshal " + err.Error())
 	}
-	return append(b, '\n')
+	return b.Bytes()
 }
 
 // writeBody answers status with body, which is JSON.
