@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
@@ -145,14 +146,4 @@ func (n *Node) awaitRules(ctx context.Context, ok func(*view.View) bool) error {
 }
 
 // sameRules reports whether two rule sets are equal, in order.
-func sameRules(a, b []limiter.Rule) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
+func sameRules(a, b []limiter.Rule) bool { return slices.Equal(a, b) }

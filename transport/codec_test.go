@@ -75,17 +75,7 @@ func genResponse(t *rapid.T) BatchResponse {
 	}
 }
 
-func sameChecks(a, b []Check) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
+func sameChecks(a, b []Check) bool { return slices.Equal(a, b) }
 
 func sameResults(a, b []Result) bool {
 	if len(a) != len(b) {
