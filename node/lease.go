@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -172,7 +173,7 @@ func (n *Node) leaseLoop() {
 		}
 		o := n.owner.Load()
 		if o != nil {
-			lapses.look(n, o.Serving(), time.Now())
+			lapses.look(n, o, time.Now())
 		}
 		granted := n.askLease(every, lease)
 		wait := every
@@ -180,7 +181,7 @@ func (n *Node) leaseLoop() {
 			if !granted && o.Serving() {
 				wait = retry
 			}
-			lapses.look(n, o.Serving(), time.Now())
+			lapses.look(n, o, time.Now())
 		}
 		next.Reset(wait) // Go 1.23+: no stale tick can follow a Reset
 	}
@@ -190,33 +191,52 @@ func (n *Node) leaseLoop() {
 // and when it was back: its checks are answered unavailable in between
 // (by each rule's failure mode), which an operator sees as degraded
 // decisions with no other line saying why (a new user's walk through
-// the README, on a starved machine). At warn level at most every 30s.
+// the README, on a starved machine). At warn level at most every 30s
+// (the renewal after a warned lapse at info, the others at debug). A
+// member that is stopping, removed, or not expected to answer (marked
+// down or dead) is granted no lease and says nothing of it: its stop's
+// drain outlasts its lease (a review: warnings 0.5-1.3 s into every
+// graceful stop).
 type lapseLog struct {
 	serving  bool      // the lease held at the last look
-	since    time.Time // when a lapse was seen; zero while serving
+	since    time.Time // when the lease ran out, once a lapse is seen; zero while serving
+	warned   bool      // the lapse since since was logged at warn level
 	lastWarn time.Time
 }
 
 // look looks at the lease, before the loop asks for it and after (a
 // lease may run out while the ask waits for its answer).
-func (l *lapseLog) look(n *Node, serving bool, now time.Time) {
+func (l *lapseLog) look(n *Node, o *Owner, now time.Time) {
+	serving := o.Serving()
 	switch {
 	case l.serving && !serving:
-		l.since = now
-		lid, _ := n.leader()
-		who, why := "this member's", "the leader ("+lid+") did not renew it in time"
-		if n.isLeader() {
-			who, why = "the leader's", "it has not heard from a quorum of Raft voters within the lease"
+		if n.stopping.Load() || n.removed.Load() || !n.expectsAnswers(n.cfg.ID) {
+			break
 		}
-		msg := who + " lease ran out: its checks are answered unavailable (each rule's failure mode) until it is renewed"
-		if now.Sub(l.lastWarn) >= 30*time.Second {
+		l.since = o.LeaseEnd()
+		if l.since.After(now) {
+			l.since = now
+		}
+		why := "no leader is known"
+		if lid, _ := n.leader(); n.isLeader() {
+			why = "it leads, and has not heard from a quorum of Raft voters within its lease"
+		} else if lid != "" {
+			why = "the leader (" + lid + ") did not renew it in time"
+		}
+		msg := "this member's lease ran out: its checks are answered unavailable (each rule's failure mode) until it is renewed"
+		l.warned = now.Sub(l.lastWarn) >= 30*time.Second
+		if l.warned {
 			n.log.Warn(msg, "why", why, "hint", "a member starved of CPU loses its lease; raise --raft-timeout and --dead-after where the load is over the cores")
 			l.lastWarn = now
 		} else {
 			n.log.Debug(msg, "why", why)
 		}
 	case serving && !l.since.IsZero():
-		n.log.Info("lease renewed: checks answered again", "without_lease_ms", now.Sub(l.since).Milliseconds())
+		level := slog.LevelDebug
+		if l.warned {
+			level = slog.LevelInfo
+		}
+		n.log.Log(context.Background(), level, "lease renewed: checks answered again", "without_lease_ms", now.Sub(l.since).Milliseconds())
 		l.since = time.Time{}
 	}
 	l.serving = serving

@@ -280,6 +280,12 @@ func (o *Owner) LeaseRemaining() (time.Duration, bool) {
 	return o.leaseRemainingAt(time.Since(o.start))
 }
 
+// LeaseEnd is the instant this owner's lease ends (or ended), on the
+// monotonic clock; o's start before the first grant.
+func (o *Owner) LeaseEnd() time.Time {
+	return o.start.Add(time.Duration(o.leaseUntil.Load()))
+}
+
 // leaseRemainingAt is LeaseRemaining at elapsed on the owner's monotonic
 // clock (time since o.start).
 func (o *Owner) leaseRemainingAt(elapsed time.Duration) (time.Duration, bool) {
