@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -88,8 +89,17 @@ func FuzzTakeBuckets(f *testing.F) {
 			}
 			return
 		}
-		if n > len(o.loaded) {
-			t.Fatalf("%d partitions held, %d listed", n, len(o.loaded))
+		held := 0
+		for _, p := range o.loaded {
+			if o.BackupTable().PartitionLen(p) > 0 {
+				held++
+			}
+		}
+		if held > n || n > len(o.loaded) || n == 0 && o.BackupTable().Len() != 0 {
+			t.Fatalf("took %d partitions: %d listed, %d holding states, %d states", n, len(o.loaded), held, o.BackupTable().Len())
+		}
+		if len(slices.Compact(slices.Sorted(slices.Values(o.loaded)))) != len(o.loaded) {
+			t.Fatalf("a partition listed twice taken: %v", o.loaded)
 		}
 	})
 }

@@ -270,6 +270,7 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 		stream []byte
 	}
 	var parts []part
+	seen := map[uint64]bool{}
 	for range n {
 		p, err := next()
 		if err != nil {
@@ -282,6 +283,10 @@ func (o *Owner) takeBuckets(b []byte) (int, error) {
 		if p >= uint64(len(o.moving)) || l > uint64(len(r)) {
 			return 0, fmt.Errorf("partition %d of %d bytes: out of range", p, l)
 		}
+		if seen[p] { // a save writes each once: the later would replace the earlier
+			return 0, fmt.Errorf("partition %d listed twice", p)
+		}
+		seen[p] = true
 		parts = append(parts, part{uint32(p), r[:l]})
 		r = r[l:]
 	}
