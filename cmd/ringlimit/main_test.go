@@ -104,7 +104,9 @@ func TestIsSelf(t *testing.T) {
 		{"n2:8080", "n1:8080", false},
 		{"127.0.0.1:8080", "127.0.0.1:8080", true},
 		{"localhost:8080", "127.0.0.1:8080", true},
-		{"LOCALHOST.:8080", "[::1]:8080", true},
+		{"LOCALHOST.:8080", "127.0.0.1:8080", true},
+		{"localhost:8080", "[::1]:8080", false}, // else a member on 127.0.0.1 and one on ::1 both seed
+		{"[::1]:8080", "localhost:8080", false},
 		{"127.0.0.1:8080", "localhost:8080", true},
 		{"localhost:8080", "127.0.0.2:8080", false},
 		{"localhost:8090", "127.0.0.1:8080", false},

@@ -333,10 +333,12 @@ func checkJoin(join string) error {
 
 // isSelf reports whether the --join address is this node's own advertised
 // HTTP address (host names compared without case or a trailing dot), or
-// names it as localhost where it advertises 127.0.0.1 or ::1 (or the
-// other way round): was not, and members started with --http
-// 127.0.0.1:P and `--join localhost:P,...` had no seed, each waiting for
-// a cluster nobody would bootstrap.
+// names it as localhost where it advertises 127.0.0.1 (or the other way
+// round): was not, and members started with --http 127.0.0.1:P and
+// `--join localhost:P,...` had no seed, each waiting for a cluster nobody
+// would bootstrap. Not ::1 as well: a member on 127.0.0.1:P and another
+// on [::1]:P would both take localhost:P for their own, and both
+// bootstrap (a review).
 func isSelf(join, advHTTP string) bool {
 	if join == "" {
 		return false
@@ -350,9 +352,9 @@ func isSelf(join, advHTTP string) bool {
 	return strings.EqualFold(jh, ah) || localhostOf(jh, ah) || localhostOf(ah, jh)
 }
 
-// localhostOf reports whether name is localhost and ip the loopback
-// address it stands for on this machine (127.0.0.1 or ::1; not the rest
-// of 127.0.0.0/8, where other listeners may be).
+// localhostOf reports whether name is localhost and ip 127.0.0.1, the
+// address Go dials for it first (not ::1, nor the rest of 127.0.0.0/8,
+// where other listeners may be).
 func localhostOf(name, ip string) bool {
-	return strings.EqualFold(name, "localhost") && (ip == "127.0.0.1" || ip == "::1")
+	return strings.EqualFold(name, "localhost") && ip == "127.0.0.1"
 }
