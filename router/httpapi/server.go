@@ -53,6 +53,8 @@ type Server struct {
 	cancel     context.CancelFunc
 	stopping   context.Context // the other requests' context: ends as Shutdown begins
 	stop       context.CancelFunc
+	writes     context.Context // the rules writes' context: see detached
+	endWrites  context.CancelFunc
 	shutdown   atomic.Bool
 	drainState               // Drain was called: every answer closes its connection
 	held       chan struct{} // closed as Shutdown begins: Accept, held since Drain, returns
@@ -91,6 +93,7 @@ func NewServer(h http.Handler) *Server {
 	s.held = make(chan struct{})
 	s.base, s.cancel = context.WithCancel(context.Background())
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	s.writes, s.endWrites = context.WithCancel(context.Background())
 	s.other = fasthttpadaptor.NewFastHTTPHandler(s.detached(h))
 	s.fs = &fasthttp.Server{
 		Handler:                      s.serve,
@@ -121,19 +124,18 @@ func NewServer(h http.Handler) *Server {
 // handler, woken by that very cancel, returns (a data race, seen once
 // in CI under -race).
 //
-// A write (any method but GET and HEAD; a leave aside) runs to its answer
-// instead, as a check does, until Shutdown is done: it is bounded by its
-// own write budget, and canceled at Drain it answered 503 "leader
-// unreachable: context canceled" for a rules write its member had
-// forwarded to the leader, which committed it (4 of 6 tries, 40 ms into
-// a member's stop, in an adversarial run with real processes). A leave
-// still ends at Drain: the member leaving stops as it does, and
-// `ringlimit leave` asks another member how it ended.
+// A rules write runs to its answer instead, until Shutdown's deadline
+// is near (writeMargin before it) or Shutdown is done: canceled at
+// Drain, it answered 503 "leader unreachable: context canceled" for a
+// write its member had forwarded to the leader, which committed it (4 of
+// 6 tries, 40 ms into a member's stop, in an adversarial run with real
+// processes). Other writes still end at Drain: a leave or a state change
+// may be the stopping member's own, and a join is rare.
 func (s *Server) detached(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parent := s.stopping
 		if outlivesDrain(r) {
-			parent = s.base
+			parent = s.writes
 		}
 		ctx, cancel := context.WithCancel(parent)
 		defer cancel()
@@ -141,11 +143,16 @@ func (s *Server) detached(h http.Handler) http.Handler {
 	})
 }
 
-// outlivesDrain reports whether r is a write whose context runs until
-// Shutdown is done rather than ending at Drain (see detached).
+// outlivesDrain reports whether r is a write whose context runs past
+// Drain (see detached).
 func outlivesDrain(r *http.Request) bool {
-	return r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != "/v1/cluster/leave"
+	return r.Method == http.MethodPut && r.URL.Path == "/v1/rules"
 }
+
+// writeMargin is how long before Shutdown's deadline the writes that
+// outlive Drain are ended (at most half of what is left), so that they
+// answer (503, their outcome unknown) and Shutdown ends in time.
+const writeMargin = 500 * time.Millisecond
 
 // discard is a fasthttp.Logger that drops its lines.
 type discard struct{}
@@ -192,7 +199,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.stop()
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		t := time.AfterFunc(left-min(writeMargin, left/2), s.endWrites)
+		defer t.Stop()
+	}
 	err := s.fs.ShutdownWithContext(ctx)
+	s.endWrites()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil // a listener Drain closed
 	}

@@ -527,3 +527,50 @@ func TestServerDrainLetsWritesInProgressAnswer(t *testing.T) {
 		t.Fatalf("answers %v, want %v: the write in progress answered, the poll and the leave ended by the drain", got, want)
 	}
 }
+
+// A rules write still running as Shutdown's deadline nears is ended
+// (writeMargin before it, at most half of what is left), so that it
+// answers and Shutdown ends in time rather than report its deadline
+// passed with the write under way (and the member's stop go on to close
+// the node under it).
+func TestServerShutdownEndsWritesBeforeItsDeadline(t *testing.T) {
+	started := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(h)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	c := dialRaw(t, ln.Addr().String())
+	answered := make(chan int, 1)
+	go func() {
+		body := `{"rules":[]}`
+		code := 0
+		if _, err := fmt.Fprintf(c.c, "PUT /v1/rules HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err == nil {
+			if resp, err := http.ReadResponse(c.br, nil); err == nil {
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+		}
+		answered <- code
+	}()
+	<-started
+	s.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown = %v with a write under way; want it ended before the deadline", err)
+	}
+	if code := <-answered; code != http.StatusServiceUnavailable {
+		t.Fatalf("the write answered %d, want the 503 of its ended context", code)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Serve = %v", err)
+	}
+}
