@@ -198,7 +198,7 @@ func (n *Node) leaseLoop() {
 // drain outlasts its lease (a review: warnings 0.5-1.3 s into every
 // graceful stop).
 type lapseLog struct {
-	serving  bool      // the lease held at the last look
+	serving  bool      // a granted lease held at the last look
 	since    time.Time // when the lease ran out, once a lapse is seen; zero while serving
 	warned   bool      // the lapse since since was logged at warn level
 	lastWarn time.Time
@@ -206,9 +206,18 @@ type lapseLog struct {
 
 // look looks at the lease, before the loop asks for it and after (a
 // lease may run out while the ask waits for its answer).
+//
+// A lapse is of a lease granted: a member whose ring lists only itself
+// needs none and serves, and the lease it needs once others are in its
+// ring is its first, not one that ran out (was: every follower warned
+// about a second into a whole-cluster restart, found in a Compose walk
+// through the deployment docs).
 func (l *lapseLog) look(n *Node, o *Owner, now time.Time) {
-	serving := o.Serving()
+	left, needed := o.LeaseRemaining()
+	serving := needed && left > 0 // holds a granted lease
 	switch {
+	case !needed:
+		l.since = time.Time{} // answers without one
 	case l.serving && !serving:
 		if n.stopping.Load() || n.removed.Load() || !n.expectsAnswers(n.cfg.ID) {
 			break

@@ -210,3 +210,26 @@ func TestGracefulStopSaysNothingOfItsLease(t *testing.T) {
 		})
 	}
 }
+
+// A whole cluster started again says nothing of leases: a member serves
+// without one while its ring lists only itself (a lone member needs
+// none), and the lease it needs once the others are back is its first,
+// not one that ran out. Was: every follower warned of a lapse about a
+// second into every whole-cluster restart (a Compose walk through the
+// deployment docs).
+func TestWholeClusterRestartSaysNothingOfLeases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &logbuf.Buffer{}
+		c := New(t, 3, Options{DataDirs: true, Logs: logs})
+		stopTogether(c)
+		logs.Take()
+		for _, m := range c.Members() {
+			c.Restart(m.ID)
+		}
+		c.WaitSettled(3)
+		time.Sleep(5 * time.Second) // in the bubble's time: the lease loops keep looking
+		if out := logs.String(); strings.Contains(out, "lease ran out") {
+			t.Fatalf("a whole-cluster restart logged a lease lapse:\n%s", out)
+		}
+	})
+}
