@@ -37,6 +37,8 @@ type fakeAPI struct {
 	// go without an answer (the connection drops), as from a member that
 	// left and stopped.
 	leaveGone int
+	// notReady, when set, answers GET /readyz 503 with it.
+	notReady string
 
 	checks             atomic.Int64 // checks decided
 	requests           atomic.Int64 // check requests received
@@ -82,6 +84,12 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.Method + " " + r.URL.Path {
 	case "POST /v1/check":
 		f.serveCheck(w, r)
+	case "GET /readyz":
+		if f.notReady != "" {
+			f.writeErr(w, 503, api.CodeUnavailable, f.notReady)
+			return
+		}
+		w.Write([]byte("ready\n"))
 	case "GET /v1/cluster":
 		f.clusterGets.Add(1)
 		json.NewEncoder(w).Encode(f.cluster)

@@ -14,7 +14,8 @@ import (
 )
 
 // runStatus is `ringlimit status`: the membership as --addr sees it, as a
-// table or (--json) as the /v1/cluster object. It exits 0, or 2 on error,
+// table or (--json) as the /v1/cluster object. It exits 0; 1 when the
+// cluster has no leader or, with --ready, the member is not ready; 2 on error,
 // which includes a node that has no view of the cluster yet (not joined,
 // or just started): it answers 503, or (an older version) lists no
 // members, and status says so rather than print a cluster of nobody.
@@ -23,6 +24,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	addr := fs.String("addr", defaultAddr, "HTTP address of any member (host:port or URL)")
 	asJSON := fs.Bool("json", false, "print the /v1/cluster object")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
+	ready := fs.Bool("ready", false, "exit 1 unless the member at --addr is ready too (its /readyz): a health check for an image with no curl")
 	if code, ok := parseOrExit(fs, args, getenv); !ok {
 		return code
 	}
@@ -53,6 +55,16 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		// a health check could not tell from a healthy cluster.
 		fmt.Fprintln(stderr, "ringlimit status: no leader (an election, or too few voters reach each other): members may not answer, and no membership or rules change can be made")
 		return exitNoLeader
+	}
+	if *ready {
+		// The cluster has a leader, but this member may not serve yet
+		// (just started, or marked down): what a container's health
+		// check means by healthy (was: Compose's health check ran status
+		// alone, healthy while the member's /readyz said 503).
+		if err := c.Ready(ctx); err != nil {
+			fmt.Fprintf(stderr, "ringlimit status: the member at %s is not ready: %v\n", hostPort(*addr), err)
+			return exitNoLeader
+		}
 	}
 	return exitOK
 }

@@ -106,6 +106,25 @@ func TestStatusNoLeader(t *testing.T) {
 	}
 }
 
+// --ready: a cluster with a leader is not enough, the member at --addr
+// must be ready too (exit 1 saying why): Compose's health check ran
+// status alone, healthy while the member's /readyz said 503 (a walk
+// through the deployment docs).
+func TestStatusReady(t *testing.T) {
+	f := newFakeAPI(t)
+	if code, _, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr, "--ready"); code != 0 {
+		t.Fatalf("ready: exit %d, stderr %q", code, errs)
+	}
+	f.notReady = "not ready: marked down"
+	code, _, errs := runCmd(context.Background(), runStatus, nil, "--addr", f.addr, "--ready")
+	if code != 1 || !strings.Contains(errs, "is not ready") || !strings.Contains(errs, "marked down") {
+		t.Fatalf("not ready: exit %d, stderr %q; want 1 and the member's reason", code, errs)
+	}
+	if code, _, _ := runCmd(context.Background(), runStatus, nil, "--addr", f.addr); code != 0 {
+		t.Fatalf("without --ready a member not ready is no failure of status: exit %d", code)
+	}
+}
+
 // A node with no view of the cluster yet is an error (exit 2) that says
 // so, not a cluster of nobody: a member that has not joined answers 503,
 // and a node that lists no members (an older version) is taken the same
