@@ -182,7 +182,7 @@ func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
 
 // insureWithBackups pushes parts, hand-offs of a stopping (or removed)
 // member that its target (to) did not answer, to their partitions'
-// backups in this member's view, as backup copies, and returns the
+// backups (see below), as backup copies, and returns the
 // partitions a backup took: the target may have crashed, not yet
 // marked dead, and this member will be gone when it is; the backup, which
 // then owns the partition, promotes the copy. (The parts are kept in the
@@ -192,8 +192,18 @@ func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
 // copy with what it holds, as it does any copy that is not the owner's
 // own push, so a target that was only slow, and pushes the partition
 // whole once it took the hand-off, loses nothing either.
+//
+// The backups are those of the owner's view, which Apply set before the
+// hand-offs began, not of the node's: refresh stores that after starting
+// them, and a push refused at once (a crashed target's closed port) found
+// the ring before there, where the target was often the partition's
+// backup itself, and insured nothing (about 1 harness run in 15).
 func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.PushPart) (taken []uint32) {
-	v := n.cell.Load()
+	o := n.owner.Load()
+	if o == nil {
+		return nil
+	}
+	v := o.cell.Load()
 	if v == nil {
 		return nil
 	}

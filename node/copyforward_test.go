@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -350,6 +351,40 @@ func TestCopiesAreSentAgainAfterAFailedPush(t *testing.T) {
 		d.ExpireAwaiting([]uint32{p})
 		if r := handle(d, 2, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Allowed {
 			t.Errorf("d serves p without the copy its %d failed pushes held back: %+v, want denied (2 of 2 spent at a)", copyAttempts-1, r)
+		}
+	})
+}
+
+// A going member's first hand-off push to a target that does not answer
+// may fail before its refresh has stored the view of the ring it hands
+// off under (the deliveries start first): the insurance goes to the
+// partitions' backups in the ring the owner applied, not in the node's
+// view of the ring before, where the target was itself the backup and
+// nothing went. Was: in about 1 run of 15, the harness's stop and leave
+// tests found every key handed to the crashed member reset.
+func TestInsuranceGoesToTheBackupsOfTheRingHandedOffUnder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "c")
+		p, h := movedPart(t, v1, v2, "b", "a", "a")
+		b := servingOwner(t, "b", v1)
+		handle(b, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+		c := servingOwner(t, "c", v2)
+		dp := &recordPushes{pushOwners: pushOwners{"c:1": c}, backup: map[string]int{}}
+		n := handoffNode(t, b, dp)
+		n.cell.Store(v1) // the node's view, not yet stored anew
+		var part []transport.PushPart
+		for _, og := range b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)) {
+			if og.Part.Partition == p {
+				part = n.sendable([]Outgoing{og})
+			}
+		}
+		if len(part) != 1 {
+			t.Fatalf("b hands p off in %d parts, want 1", len(part))
+		}
+		taken := n.insureWithBackups(v2.Epoch(), "a", part)
+		if !slices.Equal(taken, []uint32{p}) || dp.backup["c:1"] != 1 || c.BackupTable().PartitionLen(p) == 0 {
+			t.Fatalf("insured %v, %d parts pushed to c, c holds %d states of p; want p, its new backup, holding it",
+				taken, dp.backup["c:1"], c.BackupTable().PartitionLen(p))
 		}
 	})
 }
