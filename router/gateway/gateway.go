@@ -308,7 +308,17 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 // a backslash for a slash, serves a resource below it (README: an
 // exemption never covers more than it says). Other escapes (%C3%A9 as
 // %c3%a9, %61) are what they decode to. Was: exempt.
+//
+// A backslash is looked for in the decoded path: %5C is Go's own
+// encoding of one, so RawPath is empty for a path that sends it so (and
+// for one that sends it as is, which Go accepts), and /public/%5C,
+// /public/..%5Cadmin and /public/..\admin were exempt under /public/*,
+// forwarded to an upstream that may read /admin (a helper attacking the
+// gateway).
 func exemptAsSent(u *url.URL) bool {
+	if strings.ContainsRune(u.Path, '\\') {
+		return false
+	}
 	raw := u.RawPath // "" when the path was sent as its decoded form's encoding
 	for i := strings.IndexByte(raw, '%'); i >= 0 && i+2 < len(raw); i = strings.IndexByte(raw, '%') {
 		switch strings.ToUpper(raw[i+1 : i+3]) {
@@ -641,8 +651,11 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 // "/x/../chat" or "//chat" serves "/chat": matched as they came, such
 // paths went past "/chat"'s limits. Being decoded, an encoded slash
 // ("%2F") is a slash here: "/a%2Fb" is matched as "/a/b", and
-// "/login%2F" as "/login/".
+// "/login%2F" as "/login/". So is a backslash, sent as is or as %5C:
+// an upstream may take it for a slash (IIS, and servers on Windows), and
+// "/admin\users" or "/x/..\admin" went past "/admin/users"'s limits.
 func matchPath(p string) string {
+	p = strings.ReplaceAll(p, "\\", "/")
 	if p == "" || p[0] != '/' {
 		p = "/" + p
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -1049,6 +1050,64 @@ func TestExemptionCoversThePathAsSent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A backslash, sent as is or encoded in either case, is never exempt and
+// is matched as a slash, as an upstream that takes it for one reads it.
+// Was: /static/%5C, /static/..%5Cadmin and /static/..\admin exempt under
+// /static/* (Go leaves RawPath empty for %5C, its own encoding of a
+// backslash, and a literal one was never looked for), and /admin%5Cusers
+// past /admin/users's limit (a helper attacking the gateway).
+func TestBackslashIsASlashAndNeverExempt(t *testing.T) {
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		target string // the request target as sent
+		rule   string // the rule that limits it
+	}{
+		{"/static/%5C", "all"},
+		{"/static/%5c", "all"},
+		{"/static/a%5Cb", "all"},
+		{"/static/..%5Cadmin%5Cusers", "adm"},
+		{"/static/..\\admin\\users", "adm"},
+		{"/admin%5Cusers", "adm"},
+		{"/admin\\users", "adm"},
+	} {
+		hour := func(name string) limiter.Rule {
+			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}
+		}
+		c := newChecker(t, hour("adm"), hour("all"))
+		s := front(t, up, c, Config{Routes: []rules.Route{
+			{Name: "exempt", Path: "/static/*", Unlimited: true},
+			{Name: "admin", Path: "/admin/users", Limits: []rules.Limit{{Rule: "adm", Cost: 1}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}},
+		}})
+		for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			status, policy := rawGet(t, s.Listener.Addr().String(), tc.target)
+			if status != want || !strings.HasPrefix(policy, `"`+tc.rule+`"`) {
+				t.Fatalf("%s, request %d: %d with RateLimit-Policy %q; want %d, limited by %s", tc.target, i, status, policy, want, tc.rule)
+			}
+		}
+	}
+}
+
+// rawGet sends GET target, byte for byte, to addr and returns the answer's
+// status and RateLimit-Policy.
+func rawGet(t *testing.T, addr, target string) (int, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", target); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("RateLimit-Policy")
 }
 
 // upstreamErrors is the gateway's upstream error count in reg for
