@@ -300,6 +300,17 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	client.WriteError(w, status, code, msg)
 }
 
+// underscored returns the first key of h that spells name with
+// underscores for (some of) its dashes, or "" when none does.
+func underscored(h http.Header, name string) string {
+	for k := range h {
+		if strings.Contains(k, "_") && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
+			return k
+		}
+	}
+	return ""
+}
+
 // exemptAsSent reports whether an unlimited route that matched u's
 // decoded path may exempt it: not when the path as sent holds an
 // encoded slash or backslash (%2F, %5C, either case). Decoded, those
@@ -466,6 +477,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reqs[i] = router.Request{Rule: l.Rule, Key: key, Cost: l.Cost}
 		if h := l.CostHeader(); h != "" {
 			reqs[i].Cost = 1
+			if k := underscored(r.Header, h); k != "" {
+				// CGI, WSGI and Rack read X_Token_Estimate as
+				// X-Token-Estimate: the upstream got a cost the gateway
+				// never read, and charged 1 (a helper attacking the
+				// gateway: 300 tokens through a limit of 100). Refused
+				// as a cost given twice is.
+				g.m.outcome(route.Name, "bad_request")
+				client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("%s: the cost header %s spelled with underscores, which upstreams may read as it; send %s once", k, h, h))
+				return
+			}
 			vs := r.Header.Values(h)
 			if len(vs) > 1 {
 				// Was: the first value spent (r.Header.Get) while the

@@ -1240,17 +1240,27 @@ func outcomeCount(t *testing.T, reg *prometheus.Registry, route, outcome string)
 
 // A weighted cost header given twice is refused (400) and spends
 // nothing, as one line "1, 99" is. Was: the first value spent (1) while
-// the upstream got both and could read 99.
+// the upstream got both and could read 99. So is one spelled with
+// underscores (X_Token_Estimate), which CGI, WSGI and Rack upstreams read
+// as the header: was forwarded while the gateway charged 1 (a helper
+// attacking the gateway: 300 tokens through a limit of 100).
 func TestRepeatedCostHeaderIsRefused(t *testing.T) {
 	c := newChecker(t, limiter.Rule{Name: "tpm", Algorithm: limiter.SlidingWindow, Limit: 100, Period: time.Minute})
 	up := newUpstream(t)
 	s := front(t, up, c, Config{Routes: []rules.Route{
 		{Name: "chat", Path: "/*", Limits: []rules.Limit{{Rule: "tpm", CostFrom: "header:X-Token-Estimate"}}},
 	}})
-	for _, vs := range [][]string{{"1", "99"}, {"1, 99"}, {"5", "5"}} {
-		resp, body := requestHeader(t, http.MethodPost, s.URL+"/chat", http.Header{"X-Token-Estimate": vs})
+	for _, h := range []http.Header{
+		{"X-Token-Estimate": {"1", "99"}},
+		{"X-Token-Estimate": {"1, 99"}},
+		{"X-Token-Estimate": {"5", "5"}},
+		{"X_Token_Estimate": {"100"}},
+		{"X-Token-Estimate": {"1"}, "X_token_estimate": {"99"}},
+		{"X-Token_Estimate": {"100"}},
+	} {
+		resp, body := requestHeader(t, http.MethodPost, s.URL+"/chat", h)
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "X-Token-Estimate") {
-			t.Errorf("X-Token-Estimate %q: %d %s, want 400 naming the header", vs, resp.StatusCode, body)
+			t.Errorf("%v: %d %s, want 400 naming the header", h, resp.StatusCode, body)
 		}
 	}
 	if len(c.keys()) != 0 || up.hits.Load() != 0 {
