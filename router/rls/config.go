@@ -113,6 +113,44 @@ func (c *Config) Domains() int { return len(c.domains) }
 // Limits returns the number of descriptors with a rate_limit.
 func (c *Config) Limits() int { return c.limits }
 
+// EmptyDomains returns, sorted, the domains with no rate_limit in any
+// of their descriptors: every call of theirs is answered OK.
+func (c *Config) EmptyDomains() []string {
+	var out []string
+	for name, l := range c.domains {
+		if !l.limited() {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// limited reports whether a descriptor of l or below it has a
+// rate_limit.
+func (l *level) limited() bool {
+	if l == nil {
+		return false
+	}
+	has := func(n *descNode) bool { return n.limit != nil || n.children.limited() }
+	for _, n := range l.exact {
+		if has(n) {
+			return true
+		}
+	}
+	for _, n := range l.anyValue {
+		if has(n) {
+			return true
+		}
+	}
+	for _, p := range l.prefix {
+		if has(p.node) {
+			return true
+		}
+	}
+	return false
+}
+
 // level is one list of descriptors: by (key, value), by key alone (no
 // value: any value, each its own counter), and by value prefix (a value
 // ending in '*'), tried in that order as envoyproxy/ratelimit does.

@@ -406,6 +406,31 @@ func TestConfigDirectoryFiles(t *testing.T) {
 	}
 }
 
+// A config whose domain has descriptors but no rate_limit in any (a file
+// cut short by a writer that stalled: its domain and first key) is
+// loaded, as envoyproxy/ratelimit loads it, and said in a warning that
+// names the domain; a domain with a limit somewhere below is not named.
+// Was: loaded with 0 limits in silence, every call answered OK (a helper
+// attacking the RLS door).
+func TestConfigDomainWithoutLimitsIsWarned(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("cut.yaml", "domain: cut\ndescriptors:\n  - key: message_type\n")
+	write("nested.yaml", "domain: nested\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 5}\n")
+	var logs logbuf.Buffer
+	if _, err := New(Options{ConfigPath: dir, Interval: -1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "level=WARN msg=\"envoy config: domains with no rate_limit") || !strings.Contains(out, "domains=[cut]") {
+		t.Fatalf("want a warning naming domain cut alone; logs:\n%s", out)
+	}
+}
+
 // serviceHalfDown is a service with headers on whose keys are owned by
 // "self" (a live owner at t0) or by "far" (never answers; the router's
 // timeout is 250ms), with one open and one closed limit per minute; and

@@ -281,6 +281,12 @@ func (s *Server) reload(want *[sha256.Size]byte) error {
 		// A directory of another layout (envoyproxy/ratelimit's config/
 		// subdirectory, say) loads as no config at all.
 		s.log.Warn("envoy config holds no domain: every call is answered OK (a directory is read for *.yaml and *.yml files, not its subdirectories)", "path", s.opts.ConfigPath)
+	} else if empty := c.EmptyDomains(); len(empty) > 0 {
+		// A file cut short by a writer that stalled (its domain and the
+		// first descriptor's key, no rate_limit yet) parses, and two
+		// reads agree on it: it was loaded with 0 limits in silence, and
+		// every call answered OK (a helper attacking the RLS door).
+		s.log.Warn("envoy config: domains with no rate_limit in any descriptor; their calls are all answered OK (a file cut short?)", "path", s.opts.ConfigPath, "domains", empty)
 	}
 	return nil
 }
