@@ -474,13 +474,7 @@ func TestServerDrainLetsWritesInProgressAnswer(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(h)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	s, ln, served := serveHandler(t, h)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -540,13 +534,7 @@ func TestServerShutdownEndsWritesBeforeItsDeadline(t *testing.T) {
 		<-r.Context().Done()
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(h)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	s, ln, served := serveHandler(t, h)
 	c := dialRaw(t, ln.Addr().String())
 	answered := make(chan int, 1)
 	go func() {
@@ -573,4 +561,18 @@ func TestServerShutdownEndsWritesBeforeItsDeadline(t *testing.T) {
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		t.Fatalf("Serve = %v", err)
 	}
+}
+
+// serveHandler serves h with a Server on a loopback listener; the
+// channel gets what Serve returns.
+func serveHandler(t *testing.T, h http.Handler) (*Server, net.Listener, <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(h)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	return s, ln, served
 }
