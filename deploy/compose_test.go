@@ -116,6 +116,25 @@ func TestComposeCluster(t *testing.T) {
 		t.Logf("through the gateway: 100 of 150 forwarded to the upstream, 50 answered 429 (Retry-After %s s)", retry)
 	}
 
+	// The members' health check (status --ready, the image has no curl)
+	// says healthy once they are ready: by now, within a few of its 5 s
+	// intervals. A check the binary cannot run would leave them unhealthy.
+	healthDeadline := time.Now().Add(45 * time.Second)
+	for _, svc := range []string{"n1", "n2", "n3"} {
+		for {
+			idOut, _ := dc(30*time.Second, "ps", "-q", svc)
+			health, _ := run(ctx, 30*time.Second, nil, "docker", "inspect", "--format", "{{.State.Health.Status}}", strings.TrimSpace(idOut))
+			if strings.TrimSpace(health) == "healthy" {
+				break
+			}
+			if time.Now().After(healthDeadline) {
+				t.Fatalf("%s: health %q, want healthy once ready", svc, strings.TrimSpace(health))
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	t.Logf("3 members healthy (status --ready) after %v", time.Since(up).Round(time.Millisecond))
+
 	// Stop the leader's container (SIGTERM: drain, hand off, step down).
 	leader := cl.Leader
 	var survivors []string
