@@ -65,7 +65,7 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 	// member at --addr is then the only one asked, as before.
 	if at, _ := memberAt(cl, hostPort(*addr)); err == nil && at == target {
 		for _, m := range cl.Members {
-			if m.ID != target && m.HTTP != "" && m.HTTP != hostPort(*addr) {
+			if m.ID != target && m.HTTP != "" && !isSelf(*addr, m.HTTP) {
 				o := client.New(baseURL(m.HTTP), client.WithAdminToken(*token))
 				defer o.CloseIdleConnections()
 				askers = append(askers, o)
@@ -129,12 +129,15 @@ func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stde
 	}
 }
 
-// memberAt returns the id of the one member whose HTTP address is addr.
+// memberAt returns the id of the one member whose HTTP address is addr,
+// compared as serve compares its --join entries with its own address
+// (isSelf: host names without case or a trailing dot, localhost for
+// 127.0.0.1).
 func memberAt(cl api.Cluster, addr string) (string, error) {
 	var ids, all []string
 	for _, m := range cl.Members {
 		all = append(all, m.ID+"="+m.HTTP)
-		if m.HTTP == addr {
+		if isSelf(addr, m.HTTP) {
 			ids = append(ids, m.ID)
 		}
 	}

@@ -163,6 +163,8 @@ func TestMemberAt(t *testing.T) {
 		wantErr string
 	}{
 		{cl, "h1:1", "a", ""},
+		{cl, "H1.:1", "a", ""},
+		{api.Cluster{Members: []api.Member{{ID: "a", HTTP: "127.0.0.1:8080"}, {ID: "b", HTTP: "127.0.0.2:8080"}}}, "localhost:8080", "a", ""},
 		{cl, "h3:3", "", "no member has HTTP address h3:3"},
 		{cl, "h2:2", "", "members b, c all have"},
 		{api.Cluster{}, "h1:1", "", "no members"},
