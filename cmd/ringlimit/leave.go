@@ -57,13 +57,17 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 				hostPort(*addr), target, envName("id"), envID, target, target))
 		}
 	}
-	// The member asked is the one leaving, which stops: if it goes before
-	// its answer reaches us, the others say how the leave ended. With
-	// --id naming it too (was: only without --id, and `leave --addr
-	// <n3's> --id n3` exited 2 on a leave that succeeded, asking the
-	// stopped member again). With --id the cluster need not answer: the
-	// member at --addr is then the only one asked, as before.
-	if at, _ := memberAt(cl, hostPort(*addr)); err == nil && at == target {
+	// The member asked may stop under the leave: it is the one leaving,
+	// or it is stopped meanwhile. If it goes before its answer reaches
+	// us, the others say how the leave ended. With --id too (was: only
+	// without --id, and `leave --addr <n3's> --id n3` exited 2 on a leave
+	// that succeeded, asking the stopped member again). With --id the
+	// cluster need not answer: the member at --addr is then the only one
+	// asked, as before.
+	leaving := false // the member asked is the one leaving
+	if err == nil {
+		at, _ := memberAt(cl, hostPort(*addr))
+		leaving = at == target
 		for _, m := range cl.Members {
 			if m.ID != target && m.HTTP != "" && !isSelf(*addr, m.HTTP) {
 				o := client.New(baseURL(m.HTTP), client.WithAdminToken(*token))
@@ -72,7 +76,7 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 			}
 		}
 	}
-	if err := leaveRetrying(ctx, askers, target, stderr); err != nil {
+	if err := leaveRetrying(ctx, askers, target, leaving, stderr); err != nil {
 		return fail(stderr, "leave", fmt.Errorf("member %q: %w", target, err))
 	}
 	fmt.Fprintf(stdout, "member %s left the cluster\n", target)
@@ -84,11 +88,13 @@ func runLeave(ctx context.Context, args []string, getenv func(string) string, st
 var leaveRetry, leaveRetryMax = 250 * time.Millisecond, 4 * time.Second
 
 // leaveRetrying asks askers[0] for id's removal until it is done, the
-// answer is an error other than 503, or ctx ends (see runLeave). More
-// than one asker means askers[0] may be the member leaving: after its
-// first 503 (its relay to the leader cut short as it stops, or no leader
-// yet) or once it stops answering, the next of askers is asked instead.
-func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stderr io.Writer) error {
+// answer is an error other than 503, or ctx ends (see runLeave). Once
+// askers[0] stops answering after a 503, the next of askers is asked
+// instead; when askers[0] is the member leaving (leaving), at its first
+// 503 already (its relay to the leader cut short as it stops, or no
+// leader yet). A member asked that is not the one leaving is asked again
+// after a 503 (an election), as before.
+func leaveRetrying(ctx context.Context, askers []*client.Client, id string, leaving bool, stderr io.Writer) error {
 	wait := leaveRetry
 	var unavailable error // the last 503 or silence, once there was one
 	for {
@@ -107,14 +113,14 @@ func leaveRetrying(ctx context.Context, askers []*client.Client, id string, stde
 			continue
 		case !errors.As(err, &ae) || ae.Code != api.CodeUnavailable:
 			return err
-		case len(askers) > 1:
+		case leaving && len(askers) > 1:
 			// The member leaving answers 503 as it stops (or before a
 			// leader has its leave): the others say how it ends. Said
 			// as the progress it is, the 503 last: was "the member
 			// leaving answered unavailable (503): leader unreachable:
 			// …" first, which read as a failure of a leave that went
 			// on to succeed.
-			unavailable, askers = err, askers[1:]
+			unavailable, askers, leaving = err, askers[1:], false
 			fmt.Fprintf(stderr, "ringlimit leave: asking another member how the leave of %s ends (a member stops as it leaves; %s answered %v)\n", id, id, err)
 			continue
 		}

@@ -152,6 +152,28 @@ func TestLeaveNoMatchingMember(t *testing.T) {
 	}
 }
 
+// The member at --addr, relaying the leave of another member, is stopped
+// meanwhile: it answers 503 (its relay cut short at its drain), is asked
+// again as a member that is not leaving is, no longer answers, and
+// another member says how the leave ended (404: removed). Was: it was the
+// only one asked, and the leave exited 2 on a removal that succeeded (a
+// review).
+func TestLeaveThroughAMemberThatStopsMeanwhile(t *testing.T) {
+	leaveRetry, leaveRetryMax = time.Millisecond, 4*time.Millisecond
+	t.Cleanup(func() { leaveRetry, leaveRetryMax = 250*time.Millisecond, 4*time.Second })
+	asked, other := newFakeAPI(t), newFakeAPI(t)
+	asked.cluster.Members = append(asked.cluster.Members, api.Member{ID: "n3", State: "active", HTTP: other.addr})
+	asked.leaveAnswers, asked.leaveGone = []int{503}, 1
+	other.leaveAnswers = []int{404}
+	code, out, errs := runCmd(context.Background(), runLeave, nil, "--addr", asked.addr, "--id", "n1")
+	if code != 0 || !strings.Contains(out, "member n1 left") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want n1 left, said by another member", code, out, errs)
+	}
+	if got := other.left(); len(got) != 1 || got[0] != "n1" {
+		t.Fatalf("the other member was asked to remove %q, want [n1]", got)
+	}
+}
+
 func TestMemberAt(t *testing.T) {
 	cl := api.Cluster{Members: []api.Member{
 		{ID: "a", HTTP: "h1:1"}, {ID: "b", HTTP: "h2:2"}, {ID: "c", HTTP: "h2:2"},
