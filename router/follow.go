@@ -22,8 +22,10 @@ type ViewSource interface {
 // yet). A view whose ring epoch is older than the one installed is
 // ignored (a lagging member); one equal to it in epoch and rules changes
 // nothing. A failed fetch keeps the view the router has and is retried
-// at the next period (or refetchGap, as above). Follow returns ctx's
-// error.
+// at the next period (or refetchGap, as above). Asked at once again
+// within refetchGap of a read that installed nothing, it waits for the
+// rest of the gap: at most one read per refetchGap while an owner stays
+// unreachable. Follow returns ctx's error.
 //
 // Follow is meant for a router with no local handler (a stateless router,
 // a gateway, a client); a member's router is fed by its node instead.
@@ -35,13 +37,31 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 	defer r.following.Store(false)
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var lastEnd time.Time // when the last fetch ended
+	lastNew := true       // the last fetch installed a view
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
 		case <-r.stale:
+			// Asked again within refetchGap of a read that brought
+			// nothing new: wait out the gap. Each check answered at once
+			// for an owner found gone asks (the ring may have moved), and
+			// a crashed owner, until it is marked dead, made every router
+			// and Go client read the view back to back (a helper: ~70
+			// reads/s per member, 22 MB/s of a 2,000-rule view).
+			if wait := refetchGap - time.Since(lastEnd); !lastNew && wait > 0 {
+				hold := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					hold.Stop()
+					return ctx.Err()
+				case <-hold.C:
+				}
+			}
 		}
+		before := r.View()
 		r.beginFetch()
 		fctx, cancel := context.WithTimeout(ctx, every)
 		v, err := src.FetchView(fctx)
@@ -60,6 +80,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 			r.lastViewOK.Store(time.Now().UnixNano())
 		}
 		r.fetched()
+		lastEnd, lastNew = time.Now(), err == nil && r.View() != before
 		if !t.Stop() {
 			select { // drain a fire that raced with the stale signal
 			case <-t.C:
