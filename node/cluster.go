@@ -253,7 +253,11 @@ func (n *Node) leaderHTTP() (string, error) {
 // write was itself forwarded here by a node that took us for the leader.
 func (n *Node) forwardTo(ctx context.Context) (string, error) {
 	if api.Forwarded(ctx) {
-		return "", fmt.Errorf("%w: forwarded here, but this node is not the leader either", api.ErrUnavailable)
+		// The sender's view of the leader is stale (an election under
+		// way, or just over): say that a retry is what to do. Was "forwarded
+		// here, but this node is not the leader either", which a caller
+		// could not read as safe to retry (a helper saw 19 in 1.6 s).
+		return "", fmt.Errorf("%w: the leadership is changing (forwarded to a member that no longer leads): not written; retry", api.ErrUnavailable)
 	}
 	return n.leaderHTTP()
 }
