@@ -379,25 +379,7 @@ func TestFollowerRetriesAnOwnerThatIsGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := testRules(t)
 		r1, r2 := mustRing(t, 5, "a", "b"), mustRing(t, 6, "b")
-		net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules), "b:1": newOwner(t, "b", r2, rules)},
-			closed: map[string]bool{"a:1": true}}
-		rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, net)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
-		src := &source{v: view.New(r1, 7, ruleList(rules), 0)}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go func() { _ = rt.Follow(ctx, src, time.Second) }()
-		synctest.Wait()
-		var key string // one a owns under r1
-		for i := 0; ; i++ {
-			key = strconv.Itoa(i)
-			if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(7, key))); o.ID == "a" {
-				break
-			}
-		}
+		rt, src, key := followerWithAGone(t, rules, r1, r2)
 		check := func() (Result, time.Duration) {
 			start := time.Now()
 			out := make([]Result, 1)
@@ -440,27 +422,8 @@ func TestFollowerRetriesAnOwnerThatIsGone(t *testing.T) {
 // client, 22 MB/s of a 2,000-rule view, for as long as --dead-after).
 func TestFollowerReadsTheViewAtMostOncePerGapWhileAnOwnerIsGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rules := testRules(t)
 		r1 := mustRing(t, 5, "a", "b")
-		net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules), "b:1": newOwner(t, "b", r1, rules)},
-			closed: map[string]bool{"a:1": true}}
-		rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, net)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
-		src := &source{v: view.New(r1, 7, ruleList(rules), 0)}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go func() { _ = rt.Follow(ctx, src, time.Second) }()
-		synctest.Wait()
-		var key string // one a owns
-		for i := 0; ; i++ {
-			key = strconv.Itoa(i)
-			if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(7, key))); o.ID == "a" {
-				break
-			}
-		}
+		rt, src, key := followerWithAGone(t, testRules(t), r1, r1)
 		before := src.count()
 		start := time.Now()
 		for time.Since(start) < 2*time.Second {
@@ -534,4 +497,29 @@ func TestViewAgeGrowsWhileReadsFail(t *testing.T) {
 			t.Fatalf("11 s of failed reads: age %v, want 11.5s", age)
 		}
 	})
+}
+
+// followerWithAGone is a router following src (the view of r1, read
+// every second) whose owner a refuses every connection, b deciding under
+// bRing; and a key a owns under r1. Call it inside a synctest bubble.
+func followerWithAGone(t *testing.T, rules map[string]*limiter.Rule, r1, bRing *ring.Ring) (*Router, *source, string) {
+	t.Helper()
+	net := &network{owners: map[string]*owner{"a:1": newOwner(t, "a", r1, rules), "b:1": newOwner(t, "b", bRing, rules)},
+		closed: map[string]bool{"a:1": true}}
+	rt, err := New(Config{Timeout: 250 * time.Millisecond}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	src := &source{v: view.New(r1, 7, ruleList(rules), 0)}
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	go func() { _ = rt.Follow(ctx, src, time.Second) }()
+	synctest.Wait()
+	for i := 0; ; i++ {
+		key := strconv.Itoa(i)
+		if o, _ := r1.Owner(r1.Partition(limiter.KeyHash(7, key))); o.ID == "a" {
+			return rt, src, key
+		}
+	}
 }
