@@ -105,6 +105,7 @@ type yamlReplace struct {
 type Config struct {
 	domains map[string]*level
 	limits  int
+	empty   []string // the domains that limit nothing (EmptyDomains)
 }
 
 // Domains returns the number of domains.
@@ -116,39 +117,7 @@ func (c *Config) Limits() int { return c.limits }
 // EmptyDomains returns, sorted, the domains with no rate_limit in any
 // of their descriptors: every call of theirs is answered OK.
 func (c *Config) EmptyDomains() []string {
-	var out []string
-	for name, l := range c.domains {
-		if !l.limited() {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// limited reports whether a descriptor of l or below it has a
-// rate_limit.
-func (l *level) limited() bool {
-	if l == nil {
-		return false
-	}
-	has := func(n *descNode) bool { return n.limit != nil || n.children.limited() }
-	for _, n := range l.exact {
-		if has(n) {
-			return true
-		}
-	}
-	for _, n := range l.anyValue {
-		if has(n) {
-			return true
-		}
-	}
-	for _, p := range l.prefix {
-		if has(p.node) {
-			return true
-		}
-	}
-	return false
+	return slices.Sorted(slices.Values(c.empty))
 }
 
 // level is one list of descriptors: by (key, value), by key alone (no
@@ -239,11 +208,15 @@ func ParseConfig(files ...File) (*Config, error) {
 		}
 		from[y.Domain] = f.Name
 		b := builder{c: c, file: f.Name, domain: y.Domain, paths: map[string]bool{}}
+		before := c.limits
 		lv, err := b.level(y.Descriptors, "", 1)
 		if err != nil {
 			return nil, err
 		}
 		c.domains[y.Domain] = lv
+		if c.limits == before {
+			c.empty = append(c.empty, y.Domain)
+		}
 	}
 	return c, nil
 }
