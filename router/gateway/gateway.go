@@ -301,10 +301,10 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 }
 
 // underscored returns the first key of h that spells name with
-// underscores for (some of) its dashes, or "" when none does.
+// underscores for (some of) its dashes (dashed), or "" when none does.
 func underscored(h http.Header, name string) string {
 	for k := range h {
-		if strings.Contains(k, "_") && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
+		if d := dashed(k); d != "" && strings.EqualFold(d, name) {
 			return k
 		}
 	}

@@ -301,11 +301,7 @@ func (id *Identity) forwarding(r *http.Request) {
 			delete(h, k)
 		}
 		for k := range h {
-			if !strings.Contains(k, "_") {
-				continue
-			}
-			dashed := textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))
-			if slices.Contains(forwardingHeaders[:], dashed) || (id.APIKeyHeader != "" && strings.EqualFold(dashed, id.APIKeyHeader)) {
+			if d := dashed(k); d != "" && (slices.Contains(forwardingHeaders[:], d) || id.APIKeyHeader != "" && strings.EqualFold(d, id.APIKeyHeader)) {
 				delete(h, k)
 			}
 		}
@@ -320,6 +316,16 @@ func (id *Identity) forwarding(r *http.Request) {
 		}
 		h.Set("X-Forwarded-Proto", proto)
 	}
+}
+
+// dashed is the header a key spelled with underscores for dashes stands
+// for to an upstream that reads it so (CGI, WSGI and Rack: X_Api_Key as
+// X-Api-Key), canonical; "" for a key with no underscore.
+func dashed(k string) string {
+	if !strings.Contains(k, "_") {
+		return ""
+	}
+	return textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))
 }
 
 // parseHop reads one X-Forwarded-For entry: an address, or an address
