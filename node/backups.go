@@ -61,7 +61,7 @@ func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint
 	if !n.goLoop(func() {
 		defer n.copying.Done()
 		defer o.ReleaseCopies(epoch, kept)
-		silent := n.silentOwners(plan)
+		silent := n.silentOwners(epoch, plan)
 		if len(silent) == 0 {
 			return
 		}
@@ -151,10 +151,9 @@ func (n *Node) waitCopies(ctx context.Context) error {
 const copyPingTimeout = 500 * time.Millisecond
 
 // silentOwners pings, at once, the old owners of plan (PlanCopyForwards)
-// at the addresses of the ring that planned it, and returns those that
-// did not answer within copyPingTimeout.
-func (n *Node) silentOwners(plan map[uint32]ring.Member) map[string]bool {
-	epoch := n.cell.Load().Epoch()
+// at the addresses of the ring that planned it, the ring of epoch, and
+// returns those that did not answer within copyPingTimeout.
+func (n *Node) silentOwners(epoch uint64, plan map[uint32]ring.Member) map[string]bool {
 	owners := map[string]ring.Member{}
 	for _, m := range plan {
 		if m.ID != n.cfg.ID {

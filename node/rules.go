@@ -52,7 +52,7 @@ func (n *Node) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.
 		// a write that landed after this one in the same update never
 		// showed: 5 s, then 503 (an audit: 8 of 1,350 racing PUTs). A
 		// leader of an earlier release says no version: the set, then.
-		ok := func(v *view.View) bool { return sameRules(v.List, set) }
+		ok := func(v *view.View) bool { return slices.Equal(v.List, set) }
 		if version > 0 {
 			ok = func(v *view.View) bool { return v.RulesVersion >= version }
 		}
@@ -144,6 +144,3 @@ func (n *Node) awaitRules(ctx context.Context, ok func(*view.View) bool) error {
 	}
 	return nil
 }
-
-// sameRules reports whether two rule sets are equal, in order.
-func sameRules(a, b []limiter.Rule) bool { return slices.Equal(a, b) }
