@@ -199,22 +199,11 @@ func TestRefreshFetchesNowAndWaits(t *testing.T) {
 func TestUnknownRuleRefetchesTheView(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := testRules(t)
-		r1 := mustRing(t, 1, "a")
-		net := &network{owners: map[string]*owner{}}
-		rt, err := New(Config{}, nil, net)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
+		rt, net, r1, src, cancel := ruleFollower(t, rules)
 		out := make([]Result, 1)
 		check := func(rule string) error {
 			return rt.Check(t.Context(), []Request{{Rule: rule, Key: "k", Cost: 1}}, out)
 		}
-		src := &source{v: view.New(r1, 7, ruleList(rules), 1)}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go func() { _ = rt.Follow(ctx, src, time.Hour) }()
-		synctest.Wait()
 
 		rules["new"] = &limiter.Rule{Name: "new", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
 		net.owners["a:1"] = newOwner(t, "a", r1, rules)
@@ -282,19 +271,7 @@ func TestUnknownRuleRefetchesTheView(t *testing.T) {
 func TestUnknownRuleReadsAgainPastALaggingMember(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := testRules(t)
-		r1 := mustRing(t, 1, "a")
-		net := &network{owners: map[string]*owner{}}
-		rt, err := New(Config{}, nil, net)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close()
-		old := view.New(r1, 7, ruleList(rules), 1)
-		src := &source{v: old}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go func() { _ = rt.Follow(ctx, src, time.Hour) }()
-		synctest.Wait()
+		rt, net, r1, src, _ := ruleFollower(t, rules)
 		time.Sleep(refetchGap)
 
 		rules["fresh"] = &limiter.Rule{Name: "fresh", Algorithm: limiter.GCRA, Limit: 1, Period: time.Second}
@@ -522,4 +499,24 @@ func followerWithAGone(t *testing.T, rules map[string]*limiter.Rule, r1, bRing *
 			return rt, src, key
 		}
 	}
+}
+
+// ruleFollower is a router following src (the view of ring r1, with rules
+// at version 1, read every hour), whose one owner a has no table yet;
+// cancel ends its Follow. Call it inside a synctest bubble.
+func ruleFollower(t *testing.T, rules map[string]*limiter.Rule) (rt *Router, net *network, r1 *ring.Ring, src *source, cancel context.CancelFunc) {
+	t.Helper()
+	r1 = mustRing(t, 1, "a")
+	net = &network{owners: map[string]*owner{}}
+	rt, err := New(Config{}, nil, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	src = &source{v: view.New(r1, 7, ruleList(rules), 1)}
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	go func() { _ = rt.Follow(ctx, src, time.Hour) }()
+	synctest.Wait()
+	return rt, net, r1, src, cancel
 }
