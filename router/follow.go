@@ -37,8 +37,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 	defer r.following.Store(false)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var lastEnd time.Time // when the last fetch ended
-	lastNew := true       // the last fetch installed a view
+	lastNew := true // the last fetch installed a view
 	for {
 		select {
 		case <-ctx.Done():
@@ -51,14 +50,8 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 			// a crashed owner, until it is marked dead, made every router
 			// and Go client read the view back to back (a helper: ~70
 			// reads/s per member, 22 MB/s of a 2,000-rule view).
-			if wait := refetchGap - time.Since(lastEnd); !lastNew && wait > 0 {
-				hold := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					hold.Stop()
-					return ctx.Err()
-				case <-hold.C:
-				}
+			if !lastNew && r.waitGap(ctx) != nil {
+				return ctx.Err()
 			}
 		}
 		before := r.View()
@@ -80,7 +73,7 @@ func (r *Router) Follow(ctx context.Context, src ViewSource, every time.Duration
 			r.lastViewOK.Store(time.Now().UnixNano())
 		}
 		r.fetched()
-		lastEnd, lastNew = time.Now(), err == nil && r.View() != before
+		lastNew = err == nil && r.View() != before
 		if !t.Stop() {
 			select { // drain a fire that raced with the stale signal
 			case <-t.C:
@@ -209,6 +202,23 @@ func (r *Router) beginFetch() {
 	default:
 	}
 	r.fetchMu.Unlock()
+}
+
+// waitGap waits until refetchGap has passed since Follow's last fetch
+// ended (at once when it has), or ctx ends (its error).
+func (r *Router) waitGap(ctx context.Context) error {
+	wait := refetchGap - time.Since(time.Unix(0, r.lastFetch.Load()))
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // fetched wakes the callers of Refresh waiting for this fetch.

@@ -289,16 +289,7 @@ func (r *Router) CheckBy(ctx context.Context, by time.Time, reqs []Request, out 
 	// it: the rule does not exist.
 	for read := 0; read < 2; read++ {
 		was, begun := r.View(), r.fetchesBegun()
-		if wait := refetchGap - time.Since(time.Unix(0, r.lastFetch.Load())); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-rctx.Done():
-				t.Stop()
-				return err
-			}
-		}
-		if r.refreshAfter(rctx, begun) != nil {
+		if r.waitGap(rctx) != nil || r.refreshAfter(rctx, begun) != nil {
 			return err
 		}
 		err = r.check(ctx, by, reqs, out) // nothing was spent: validation comes first
