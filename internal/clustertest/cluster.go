@@ -387,7 +387,8 @@ func (l *localHandler) HandleBatch(ctx context.Context, req *transport.BatchRequ
 
 func (l *localHandler) Prompt(req *transport.BatchRequest) bool { return l.n.Prompt(req) }
 
-// logger writes the members' logs to stderr when CLUSTERTEST_LOG is set.
+// logger writes the members' logs to Options.Logs when set, and to
+// stderr when CLUSTERTEST_LOG is; nil (discarded) when neither.
 func (c *Cluster) logger() *slog.Logger {
 	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
 	var hs []slog.Handler
@@ -397,11 +398,8 @@ func (c *Cluster) logger() *slog.Logger {
 	if os.Getenv("CLUSTERTEST_LOG") != "" {
 		hs = append(hs, slog.NewTextHandler(os.Stderr, debug))
 	}
-	switch len(hs) {
-	case 0:
+	if len(hs) == 0 {
 		return nil
-	case 1:
-		return slog.New(hs[0])
 	}
 	return slog.New(slog.NewMultiHandler(hs...))
 }
