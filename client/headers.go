@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -68,9 +69,8 @@ func WriteDenied(w http.ResponseWriter, rl RateLimit, now time.Time) {
 		// looking for a client that had exceeded nothing.
 		msg = "rate limit " + strconv.Quote(rl.Policy) + " could not be checked (the rate limiter did not answer in time) and its rule denies until it can; retry in " + fmtInt(retry) + "s"
 	}
-	body, _ := json.Marshal(Denied{Error: "rate_limited", RetryAfterSeconds: retry, Message: msg})
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(jsonLine(Denied{Error: "rate_limited", RetryAfterSeconds: retry, Message: msg}))
 }
 
 func ceilSeconds(ms int64) int64 {
@@ -102,4 +102,15 @@ func sfString(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// jsonLine is v as JSON and a newline, without encoding/json's HTML
+// escaping: the bodies are application/json with nosniff, never HTML,
+// and escaped, a rule named "a<b" read "a\u003cb" in a 429's message.
+func jsonLine(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v) // plain strings and integers: cannot fail
+	return b.Bytes()
 }

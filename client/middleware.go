@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -65,7 +64,7 @@ type MiddlewareConfig struct {
 // it reaches next, with the gateway's headers (SetHeaders on allowed
 // answers, WriteDenied's 429 on denied ones). A decision with a delay
 // (leaky_bucket) holds the request that long, and drops it if the client
-// leaves meanwhile.
+// leaves meanwhile. next finds the decision with FromContext.
 func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler {
 	if cfg.Key == nil {
 		cfg.Key = KeyByIP
@@ -125,6 +124,7 @@ func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler
 				return
 			}
 			SetHeaders(w.Header(), rl, cfg.Now())
+			r = r.WithContext(context.WithValue(r.Context(), decisionKey{}, rl))
 			if d.DelayMs > 0 {
 				t := time.NewTimer(time.Duration(d.DelayMs) * time.Millisecond)
 				defer t.Stop()
@@ -137,6 +137,18 @@ func Middleware(c Checker, cfg MiddlewareConfig) func(http.Handler) http.Handler
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+type decisionKey struct{}
+
+// FromContext returns the decision Middleware made for the request whose
+// context is ctx, as next sees it: ok is false for a request it did not
+// check (a cost of 0). An admission with Decision.Degraded set was let
+// through by the rule's failure_mode open while the key's owner could not
+// be asked: next may log it, or do less for such a request.
+func FromContext(ctx context.Context) (rl RateLimit, ok bool) {
+	rl, ok = ctx.Value(decisionKey{}).(RateLimit)
+	return rl, ok
 }
 
 func window(c Checker, cfg MiddlewareConfig) time.Duration {
@@ -198,7 +210,6 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
-	body, _ := json.Marshal(api.Error{Code: code, Message: msg})
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(jsonLine(api.Error{Code: code, Message: msg}))
 }

@@ -259,3 +259,51 @@ func TestWriteDeniedSaysWhenDegraded(t *testing.T) {
 		}
 	}
 }
+
+// A 429's and an error's message are written as sent: a rule named
+// "a<b>&c" read "a\u003cb\u003e\u0026c" (encoding/json's HTML escaping)
+// to anyone reading the body raw.
+func TestDeniedAndErrorBodiesAreNotHTMLEscaped(t *testing.T) {
+	rec := httptest.NewRecorder()
+	WriteDenied(rec, RateLimit{Policy: "a<b>&c", Window: time.Second, Decision: api.Decision{Limit: 1, RetryAfterMs: 1}}, time.Unix(0, 0))
+	if !strings.Contains(rec.Body.String(), `rate limit \"a<b>&c\" exceeded`) || strings.HasSuffix(rec.Body.String(), "\n\n") || !strings.HasSuffix(rec.Body.String(), "}\n") {
+		t.Errorf("429 body %q; want the rule's name as sent, one newline", rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	WriteError(rec, http.StatusBadRequest, api.CodeBadRequest, "cost must be <= 5")
+	if want := `{"error":"bad_request","message":"cost must be <= 5"}` + "\n"; rec.Body.String() != want {
+		t.Errorf("error body %q; want %q", rec.Body.String(), want)
+	}
+}
+
+// next finds the decision the middleware made, a degraded admission
+// included (a fail-open rule whose owner could not be asked was a plain
+// 200 that nothing told the application of); a free request has none.
+func TestMiddlewareHandsTheDecisionToNext(t *testing.T) {
+	for _, degraded := range []bool{false, true} {
+		c := checkerFunc(func(context.Context, string, string, int64) (api.Decision, error) {
+			return api.Decision{Allowed: true, Limit: 3, Remaining: 2, Degraded: degraded}, nil
+		})
+		var got RateLimit
+		var ok bool
+		h := Middleware(c, MiddlewareConfig{Rule: "api", Window: time.Minute})(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			got, ok = FromContext(r.Context())
+		}))
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+		if !ok || got.Policy != "api" || got.Window != time.Minute || got.Decision.Remaining != 2 || got.Decision.Degraded != degraded {
+			t.Errorf("degraded %v: next saw %+v, %v", degraded, got, ok)
+		}
+	}
+	free := Middleware(checkerFunc(nil), MiddlewareConfig{Rule: "api", Cost: func(*http.Request) int64 { return 0 }})(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if _, ok := FromContext(r.Context()); ok {
+			t.Error("a free request carries a decision")
+		}
+	}))
+	free.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+}
+
+type checkerFunc func(ctx context.Context, rule, key string, cost int64) (api.Decision, error)
+
+func (f checkerFunc) Check(ctx context.Context, rule, key string, cost int64) (api.Decision, error) {
+	return f(ctx, rule, key, cost)
+}
