@@ -48,7 +48,8 @@ func (p *partition) noteChanged(k uint64) {
 // and reports whole, when all is set, when the table does not track
 // changes, or when too many changed to be listed. A state written and
 // then dropped as idle is not in the stream: the importer's older copy of
-// it is idle too. The sets refs knows are named by reference (nil: none,
+// it is idle too. Its sliding logs are coarse (appendCoarseLog): the
+// stream is a backup copy, which admits no more than the owner. The sets refs knows are named by reference (nil: none,
 // every set in full).
 func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool, refs SetRefs) (stream []byte, whole bool) {
 	p := t.part(part)
@@ -57,7 +58,7 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool, refs
 	g := t.sets.Load() // under the lock: see freeTag
 	if all || !p.track || p.changedAll {
 		p.changedAll, p.changed = false, p.changed[:0]
-		return t.appendLive(dst, part, p, g, now, refs), true
+		return t.appendLive(dst, part, p, g, now, refs, true), true
 	}
 	// The keys sorted once (8 bytes each, a key listed twice once), then
 	// looked up kind by kind: the records come out in stream order, and
@@ -90,7 +91,7 @@ func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool, refs
 	}
 	p.changed = p.changed[:0]
 	*scratch = recs // released grown, and cleared
-	return appendStream(dst, part, recs, g, now, refs), false
+	return appendStream(dst, part, recs, g, now, refs, true), false
 }
 
 // ImportChanges takes a stream made by ExportChanges (or Export) into

@@ -207,3 +207,78 @@ func TestExportChangesNamesKnownSetsByReference(t *testing.T) {
 		t.Errorf("import of the restamped stream: %v", err)
 	}
 }
+
+// A backup copy of a long sliding log (ExportChanges) holds at most
+// maxCoarseLog entries and admits no more than the owner's log, at any
+// later instant, while it forgets each admission at most a bin (span /
+// maxCoarseLog ≤ period / maxCoarseLog) later than the owner does. (It
+// carried every entry at every push: a 10,000-per-hour log was ~70 KB.)
+func TestCoarseBackupLogAdmitsNoMoreAndLittleLonger(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		r := &Rule{Name: "log", Algorithm: SlidingLog,
+			Limit:  rapid.Int64Range(maxCoarseLog/2, 3000).Draw(t, "limit"),
+			Period: rapid.SampledFrom(tablePeriods[1:]).Draw(t, "period")}
+		owner, backup := mustTable(t, 1), mustTable(t, 1)
+		owner.TrackChanges()
+		const h = 0x9e3779b97f4a7c15
+		now := rapid.Int64Range(0, 1<<60).Draw(t, "start")
+		step := int64(r.Period) / rapid.Int64Range(r.Limit/2, 4*r.Limit).Draw(t, "checks per period")
+		weighted := rapid.Bool().Draw(t, "weighted")
+		for range rapid.IntRange(int(r.Limit), int(3*r.Limit)).Draw(t, "checks") {
+			now += rapid.Int64Range(0, 2*step).Draw(t, "gap")
+			cost := int64(1)
+			if weighted {
+				cost = rapid.Int64Range(1, min(3, r.Limit)).Draw(t, "cost")
+			}
+			if _, err := owner.Check(0, h, r, now, cost); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stream, whole := owner.ExportChanges(nil, 0, now, rapid.Bool().Draw(t, "all"), nil)
+		if whole {
+			_, err := backup.Import(0, stream, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := backup.ImportChanges(0, stream, now); err != nil {
+			t.Fatal(err)
+		}
+		held, copied := owner.part(0).logs[slotKey(h)], backup.part(0).logs[slotKey(h)]
+		if held == nil {
+			return // every admission had expired
+		}
+		if copied == nil || copied.Len() > maxCoarseLog || (held.Len() <= maxCoarseLog && copied.Len() != held.Len()) {
+			t.Fatalf("owner's log of %d entries, backup's %v", held.Len(), copied)
+		}
+		// Exported once at now: a query at a later instant expires what
+		// the table holds, and a later probe may come earlier.
+		exact, coarse := owner.Export(nil, 0, now), backup.Export(nil, 0, now)
+		bin := int64(r.Period)/maxCoarseLog + 1
+		const probes = 50 // evenly over the period, from a drawn offset
+		off := rapid.Int64Range(0, int64(r.Period)/probes).Draw(t, "probe offset")
+		for i := range int64(probes) {
+			at := now + bin + off + i*int64(r.Period)/probes
+			d, b := query(t, exact, now, h, r, at), query(t, coarse, now, h, r, at)
+			if b.Remaining > d.Remaining || (b.Allowed && !d.Allowed) {
+				t.Fatalf("at +%v the backup admits more: %+v, owner %+v", time.Duration(at-now), b, d)
+			}
+			if early := query(t, exact, now, h, r, at-bin); b.Remaining < early.Remaining {
+				t.Fatalf("at +%v the backup holds admissions the owner forgot a bin (%v) earlier: %+v, owner then %+v", time.Duration(at-now), time.Duration(bin), b, early)
+			}
+		}
+	})
+}
+
+// query is what a cost-0 check of key h under r at "at" answers on a
+// table holding stream, exported at now.
+func query(t *rapid.T, stream []byte, now int64, h uint64, r *Rule, at int64) Decision {
+	c := mustTable(t, 1)
+	if _, err := c.Import(0, stream, now); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.Check(0, h, r, at, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -63,3 +63,38 @@ func exportFixture(b *testing.B) (*Table, int64) {
 	}
 	return tb, now
 }
+
+// BenchmarkExportLongLogs exports a partition of 100 sliding logs of
+// 5,000 entries each (a 10,000-per-hour rule's busy keys): exact, as a
+// hand-off does (Export) and as a backup push did before its logs were
+// coarsened, and coarse, as a backup push does (ExportChanges).
+func BenchmarkExportLongLogs(b *testing.B) {
+	tb := mustTable(b, 1)
+	tb.TrackChanges()
+	r := &Rule{Name: "sl", Algorithm: SlidingLog, Limit: MaxLogLimit, Period: time.Hour}
+	now := benchStart
+	for range 5000 {
+		now += int64(time.Hour) / 10_000
+		for h := range uint64(100) {
+			if _, err := tb.Check(0, (h+1)*0x9e3779b97f4a7c15, r, now, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, bc := range []struct {
+		name   string
+		export func([]byte) []byte
+	}{
+		{"exact", func(dst []byte) []byte { return tb.Export(dst, 0, now) }},
+		{"coarse", func(dst []byte) []byte { s, _ := tb.ExportChanges(dst, 0, now, true, nil); return s }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			buf := bc.export(nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = bc.export(buf[:0])
+			}
+			b.ReportMetric(float64(len(buf)), "bytes/export")
+		})
+	}
+}
