@@ -85,9 +85,10 @@ const (
 
 // pushCopies pushes b, copies passed on (sendCopies), and again, up to
 // copyAttempts times in all, the parts not taken for a reason that may
-// pass (pushBackups). A part answered NOT_OWNER is not sent again: the
-// ring moved on, and the member that owns it now got or gets the copy
-// from its own ring change or not at all. Was: one attempt, so a new
+// pass (pushBackups). A part answered NOT_OWNER by a member at b's ring
+// or a newer one is not sent again: the ring moved on, and the member
+// that owns it now got or gets the copy from its own ring change or not
+// at all. Was: one attempt, so a new
 // member more than ~0.7 s behind the sender lost the copies, and served
 // from nothing.
 func (n *Node) pushCopies(b *BackupBatch) {
@@ -98,10 +99,15 @@ func (n *Node) pushCopies(b *BackupBatch) {
 // pushBackups pushes b's parts to b.To as backup copies, up to attempts
 // times, copyRetry apart and doubling, sending again the parts not taken
 // for a reason that may pass: the push failed (the member busy or
-// unreachable for a moment), or the member refused them as not ready
-// (its ring had not reached b's epoch after epochWait, on a starved
-// machine). It returns the partitions taken, how many parts were left
-// untaken for such a reason, and the last push's error.
+// unreachable for a moment), or the member was not ready for them: its
+// ring had not reached b's epoch after epochWait (a starved machine, a
+// member whose Raft lags), and it refused them or, by its older ring,
+// answered NOT_OWNER (its ack's epoch is below b's). Was: that NOT_OWNER
+// was taken for final, and a stopping member's copies of a crashed
+// owner's partitions, passed on to a new backup that lagged, were
+// dropped: served from nothing once the crash was marked. It returns the
+// partitions taken, how many parts were left untaken for such a reason,
+// and the last push's error.
 func (n *Node) pushBackups(b *BackupBatch, attempts int) (taken []uint32, left int, err error) {
 	parts, wait := b.Parts, copyRetry
 	for attempt := 1; len(parts) > 0; attempt++ {
@@ -109,10 +115,13 @@ func (n *Node) pushBackups(b *BackupBatch, attempts int) (taken []uint32, left i
 		var ack transport.PushAck
 		err = n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: parts}, &ack)
 		cancel()
+		// Behind: it judged the parts by a ring older than b's.
+		behind := err == nil && ack.Epoch < b.Epoch
 		var again []transport.PushPart
 		for i, pt := range parts {
 			switch {
-			case err != nil || i >= len(ack.Status) || ack.Status[i] == transport.PushRejected:
+			case err != nil || i >= len(ack.Status) || ack.Status[i] == transport.PushRejected,
+				behind && ack.Status[i] == transport.PushNotOwner:
 				again = append(again, pt)
 			case ack.Status[i] == transport.PushOK:
 				taken = append(taken, pt.Partition)

@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -248,4 +249,45 @@ func TestStopEndsOnceItsUnansweredHandoffsAreInsured(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The stopping member passes its copies of the crashed owner's
+// partitions on to a new backup whose Raft lags (its link to the others
+// cut for a second): the backup, past its wait for the ring of the copies,
+// judges them by its older ring, where it is not their backup yet, and
+// answers NOT_OWNER. That is not ready, and the copies go again once it
+// has caught up. Was: taken for final, and the copies dropped: once the
+// crash was marked, that backup served the partitions from nothing (the
+// keys of one of n5's two partitions reset, in a rare harness flake of
+// TestCrashedOwnersBackupStopsBeforeItIsMarkedDead).
+func TestCopiesPassedOnReachABackupWhoseRingLags(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 5, Options{DeadAfter: 30 * time.Second})
+		c.PutRules("n1", logRule)
+		v := c.Member("n1").Node().View()
+		after, err := ring.New(v.Ring.Config(), v.Epoch()+1, slices.DeleteFunc(v.Ring.Members(), func(m ring.Member) bool { return m.ID == "n2" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for i := 0; len(keys) < 40; i++ {
+			k := c.KeyOwnedBy("n5", i)
+			p := v.Ring.Partition(limiter.KeyHash(v.Seed, k))
+			b, _ := v.Ring.Backup(p)
+			b2, _ := after.Backup(p)
+			if b.ID == "n2" && b2.ID == "n3" {
+				keys = append(keys, k)
+			}
+		}
+		spendHalf(t, c, keys)
+		c.Partition("n5")
+		c.CutRaft("n3")
+		go func() {
+			time.Sleep(time.Second) // n3's Raft lags a second: past the copies' first push
+			c.cutBetween([]string{"n3"}, func(l *link) { l.raftCut = false })
+		}()
+		c.Stop("n2", 10*time.Second)
+		waitDeadAndReady(c, "n5", "n1", "n3", "n4")
+		wantHalfLeft(t, c, keys, "after n5's crash and n2's stop, n3's Raft lagging")
+	})
 }
