@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ringlimit/ringlimit/internal/logbuf"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/transport"
@@ -479,7 +481,13 @@ func TestPlanMoves(t *testing.T) {
 // rule "r" (token bucket, 10/s), on the clock *now, and its view.
 func capOwner(t *testing.T, now *int64) (*Owner, *view.View) {
 	t.Helper()
-	o, err := NewOwner("a", 64, func() int64 { return *now }, nil)
+	return capOwnerLogging(t, now, nil)
+}
+
+// capOwnerLogging is capOwner logging to log.
+func capOwnerLogging(t *testing.T, now *int64, log *slog.Logger) (*Owner, *view.View) {
+	t.Helper()
+	o, err := NewOwner("a", 64, func() int64 { return *now }, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,6 +529,51 @@ func TestKeyCap(t *testing.T) {
 	o.RefreshFull()
 	if st := check(3); st != transport.StatusOK {
 		t.Fatalf("after the sweep: %v, want OK", st)
+	}
+}
+
+// An owner that reaches its key cap says so at warn, once, and again
+// only after capWarnEvery, however often it reaches it meanwhile (after
+// each sweep that freed keys). Was: only counted, in a metric.
+func TestKeyCapIsLogged(t *testing.T) {
+	now := int64(1e18)
+	var buf logbuf.Buffer
+	o, v := capOwnerLogging(t, &now, slog.New(slog.NewJSONHandler(&buf, nil)))
+	o.SetMaxKeys(2)
+	fill := func() {
+		for _, h := range []uint64{1, 2} {
+			handle(o, 1, transport.Check{Rule: "r", KeyHash: h, Partition: v.Ring.Partition(h), Cost: 1})
+		}
+		o.RefreshFull()
+	}
+	lines := func() int {
+		n := 0
+		for _, l := range logbuf.Parse(t, buf.String()) {
+			if strings.Contains(l["msg"].(string), "--max-keys") && l["level"] == "WARN" && l["max_keys"] == float64(2) {
+				n++
+			}
+		}
+		return n
+	}
+	o.RefreshFull()
+	if n := lines(); n != 0 {
+		t.Fatalf("%d lines below the cap", n)
+	}
+	fill()
+	o.RefreshFull()
+	if n := lines(); n != 1 {
+		t.Fatalf("%d lines at the cap, want 1", n)
+	}
+	for _, gap := range []time.Duration{10 * time.Second, 21 * time.Second} {
+		now += int64(gap) // both keys idle: the sweep frees them
+		for p := range uint32(64) {
+			o.Sweep(p)
+		}
+		o.RefreshFull()
+		fill()
+	}
+	if n := lines(); n != 2 {
+		t.Fatalf("%d lines after reaching the cap again 10 s and 31 s later, want 2", n)
 	}
 }
 

@@ -110,9 +110,10 @@ type Owner struct {
 
 	rules atomic.Pointer[versionedRules] // the view's rules, each carrying its set's version
 
-	maxKeys      int         // the most bucket states tracked; 0 = no cap
-	refreshEvery uint64      // decided checks between two RefreshFull below the cap (SetMaxKeys)
-	full         atomic.Bool // the table holds maxKeys states or more (refreshed by the sweep and by checks)
+	maxKeys      int          // the most bucket states tracked; 0 = no cap
+	refreshEvery uint64       // decided checks between two RefreshFull below the cap (SetMaxKeys)
+	full         atomic.Bool  // the table holds maxKeys states or more (refreshed by the sweep and by checks)
+	capWarned    atomic.Int64 // bucket clock of the last "at the key cap" line; 0 = none yet
 	overCapacity atomic.Int64
 }
 
@@ -133,10 +134,25 @@ func (o *Owner) SetMaxKeys(n int) {
 	o.refreshEvery = uint64(min(max(n/16, 1), 4096))
 }
 
-// RefreshFull recomputes whether the table is at its key cap.
+// RefreshFull recomputes whether the table is at its key cap, and logs
+// (at most every capWarnEvery) when it has just reached it.
 func (o *Owner) RefreshFull() {
-	o.full.Store(o.maxKeys > 0 && o.table.Len() >= o.maxKeys)
+	full := o.maxKeys > 0 && o.table.Len() >= o.maxKeys
+	if was := o.full.Swap(full); !full || was {
+		return
+	}
+	now, last := o.now(), o.capWarned.Load()
+	if (last != 0 && now-last < int64(capWarnEvery)) || !o.capWarned.CompareAndSwap(last, now) {
+		return
+	}
+	o.log.Warn("this member tracks --max-keys bucket states: checks of new keys are answered by their rule's failure_mode (degraded) until idle keys are swept; raise --max-keys or add members",
+		"max_keys", o.maxKeys, "refused_so_far", o.overCapacity.Load())
 }
+
+// capWarnEvery is the least time between two lines saying that the
+// owner reached its key cap: a table at the cap reaches it again after
+// every sweep that freed a few keys. Was: never logged, only counted.
+const capWarnEvery = 30 * time.Second
 
 // OverCapacity is how many checks of new keys were refused at the cap.
 func (o *Owner) OverCapacity() int64 { return o.overCapacity.Load() }
