@@ -281,6 +281,10 @@ func (s *Server) Handler() http.Handler { return s.http.Handler }
 // so the other members take its partitions while it is away.
 func (s *Server) Shutdown(ctx context.Context) error { return s.stop(ctx, true) }
 
+// overrunClose bounds closing the listeners and connections of a stop
+// whose hand-offs and bucket save took its whole deadline.
+const overrunClose = time.Second
+
 // connDrainMax bounds how long a graceful stop waits for its HTTP
 // clients' connections to close once its partitions are handed off.
 const connDrainMax = 2 * time.Second
@@ -307,6 +311,19 @@ func (s *Server) stop(ctx context.Context, markDown bool) error {
 			s.log.Warn("graceful stop incomplete: the partitions not handed off are "+where+" if the cluster marks this member dead before it returns", "err", err)
 		}
 		cancel()
+		if ctx.Err() != nil {
+			// The hand-offs and the bucket save took the whole deadline
+			// (a large table on a slow disk): what they kept is kept.
+			// Close the rest at once rather than fail the stop for it,
+			// under a deadline of its own. Was: every shutdown below
+			// got the spent one, failed with it after "bucket state
+			// saved", and serve exited 1.
+			s.log.Warn("the graceful stop took all of its deadline before its connections drained (hand-offs, or saving the bucket state): closing them now; raise --drain-timeout, and the orchestrator's grace period past it",
+				"drain_timeout", s.cfg.DrainTimeout.String())
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), overrunClose)
+			defer cancel()
+		}
 		// Its data plane closes first: it owns nothing now, and a router
 		// whose view still names it gets a refused dial, which it retries
 		// under a newer view, not an owner's refusal that its rules'
