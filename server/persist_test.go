@@ -156,13 +156,7 @@ func restartMemberAt(t *testing.T, id, dir string, addrs [3]string) *Server {
 // node.ErrBucketsNotSaved, and serve exits 1 on it. Was: a WARN saying
 // the state was kept in the data dir, and exit 0.
 func TestStopThatCannotSaveBucketsFails(t *testing.T) {
-	dir := t.TempDir()
-	s := startMember(t, "solo", dir, "")
-	waitSettled(t, []*Server{s}, 1)
-	putRules(t, []*Server{s}, limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
-	if r := check(t, s, "hourly", "spent"); !r.Allowed {
-		t.Fatalf("check: %+v", r)
-	}
+	s, dir := spentSolo(t)
 	if err := os.Mkdir(filepath.Join(dir, "buckets.rlsnap"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -206,13 +200,7 @@ func TestSingleMemberWithADamagedBucketFileCountsItsResets(t *testing.T) {
 // exited 1 (a helper's 8M-key member: 12 s stops under a 10 s
 // --drain-timeout).
 func TestStopPastItsDeadlineAfterSavingSucceeds(t *testing.T) {
-	dir := t.TempDir()
-	s := startMember(t, "solo", dir, "")
-	waitSettled(t, []*Server{s}, 1)
-	putRules(t, []*Server{s}, limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
-	if r := check(t, s, "hourly", "spent"); !r.Allowed {
-		t.Fatalf("check: %+v", r)
-	}
+	s, dir := spentSolo(t)
 	c, err := net.Dial("tcp", s.cfg.HTTPAdvertise) // a client's kept connection, idle
 	if err != nil {
 		t.Fatal(err)
@@ -232,4 +220,18 @@ func TestStopPastItsDeadlineAfterSavingSucceeds(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "buckets.rlsnap")); err != nil {
 		t.Fatalf("no bucket file: %v", err)
 	}
+}
+
+// spentSolo is a single member, settled, with one key of an hourly
+// sliding_log rule spent once, and its data dir.
+func spentSolo(t *testing.T) (*Server, string) {
+	t.Helper()
+	dir := t.TempDir()
+	s := startMember(t, "solo", dir, "")
+	waitSettled(t, []*Server{s}, 1)
+	putRules(t, []*Server{s}, limiter.Rule{Name: "hourly", Algorithm: limiter.SlidingLog, Limit: 3, Period: time.Hour})
+	if r := check(t, s, "hourly", "spent"); !r.Allowed {
+		t.Fatalf("check: %+v", r)
+	}
+	return s, dir
 }
