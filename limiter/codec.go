@@ -44,7 +44,9 @@ import (
 //
 // The encoding is canonical: one set of states at one now (and one
 // choice of the sets named by reference) has exactly one stream, and
-// Import rejects every other byte string. A valid stream has
+// Import rejects every other byte string. (ExportChanges writes coarse
+// sliding logs, which are other states: its bytes differ from Export's
+// for the same table.) A valid stream has
 //
 //   - format 3 only when a set is named by reference;
 //   - sets in strictly increasing rules version, each used by a record,
@@ -313,7 +315,8 @@ const maxCoarseLog = 64
 // rule is ~70 KB, and 3,000 busy keys of one such rule held the owners
 // of a 3-member cluster at both cores (1.1–1.3 s of backup lag, the
 // leader stepping down, 86,555 degraded answers in 100 s). Coarsened,
-// a log costs at most ~64 × 8 bytes and O(64 log n) to write. The copy
+// a log costs at most ~64 × 8 bytes and O(64 log n) to write (a
+// weighted log, whose costs are summed, O(n) additions). The copy
 // then admits less than the owner's log, never more: every admission it
 // holds is forgotten at the latest expiry of its bin, at most span / 64
 // (≤ the rule's period / 64) later than the owner forgets it; so a
@@ -343,11 +346,8 @@ func appendCoarseLog(dst []byte, r *exportRec, set uint64, now int64) []byte {
 			j = len(run1) + from + k
 		}
 		cost := int64(j - i)
-		if l.costs != nil {
-			cost = 0
-			for k := i; k < j; k++ {
-				cost += int64(l.costs[l.slot(k)])
-			}
+		if l.costs != nil { // a weighted log: summed, run by run
+			cost = sumCosts(l.costs[l.head:int(l.head)+len(run1)], i, j) + sumCosts(l.costs[:len(run2)], i-len(run1), j-len(run1))
 		}
 		bins[nb] = logEntry{exp: l.exps[l.slot(j-1)], cost: cost}
 		i = j
@@ -359,6 +359,16 @@ func appendCoarseLog(dst []byte, r *exportRec, set uint64, now int64) []byte {
 		dst = binary.AppendUvarint(dst, uint64(b.cost))
 	}
 	return dst
+}
+
+// sumCosts is the sum of run[i:j], i and j clamped to the run.
+func sumCosts(run []uint16, i, j int) int64 {
+	lo, hi := min(max(i, 0), len(run)), min(max(j, 0), len(run))
+	sum := int64(0)
+	for _, c := range run[lo:max(hi, lo)] {
+		sum += int64(c)
+	}
+	return sum
 }
 
 // appendRecordHead appends what precedes record r's payload: its key,

@@ -42,14 +42,15 @@ func (p *partition) noteChanged(k uint64) {
 	p.changed = append(p.changed, k)
 }
 
-// ExportChanges appends to dst the stream (as Export) of the states of
+// ExportChanges appends to dst the stream (as Export, but for its
+// sliding logs, which are coarse: appendCoarseLog) of the states of
 // partition part that checks wrote since the previous ExportChanges and
-// that are live at now, and forgets them. It exports the whole partition,
+// that are live at now, and forgets them. The stream is a backup copy,
+// which admits no more than the owner. It exports the whole partition,
 // and reports whole, when all is set, when the table does not track
 // changes, or when too many changed to be listed. A state written and
 // then dropped as idle is not in the stream: the importer's older copy of
-// it is idle too. Its sliding logs are coarse (appendCoarseLog): the
-// stream is a backup copy, which admits no more than the owner. The sets refs knows are named by reference (nil: none,
+// it is idle too. The sets refs knows are named by reference (nil: none,
 // every set in full).
 func (t *Table) ExportChanges(dst []byte, part uint32, now int64, all bool, refs SetRefs) (stream []byte, whole bool) {
 	p := t.part(part)

@@ -216,16 +216,19 @@ func TestExportChangesNamesKnownSetsByReference(t *testing.T) {
 func TestCoarseBackupLogAdmitsNoMoreAndLittleLonger(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		r := &Rule{Name: "log", Algorithm: SlidingLog,
-			Limit:  rapid.Int64Range(maxCoarseLog/2, 3000).Draw(t, "limit"),
+			Limit:  rapid.Int64Range(2*maxCoarseLog, 2000).Draw(t, "limit"),
 			Period: rapid.SampledFrom(tablePeriods[1:]).Draw(t, "period")}
 		owner, backup := mustTable(t, 1), mustTable(t, 1)
 		owner.TrackChanges()
 		const h = 0x9e3779b97f4a7c15
 		now := rapid.Int64Range(0, 1<<60).Draw(t, "start")
-		step := int64(r.Period) / rapid.Int64Range(r.Limit/2, 4*r.Limit).Draw(t, "checks per period")
+		// Checks over two or three periods, at or past the limit's rate:
+		// the log fills its ring buffer, which then wraps.
+		perPeriod := rapid.Int64Range(r.Limit, 3*r.Limit).Draw(t, "checks per period")
+		step := int64(r.Period) / perPeriod
 		weighted := rapid.Bool().Draw(t, "weighted")
-		for range rapid.IntRange(int(r.Limit), int(3*r.Limit)).Draw(t, "checks") {
-			now += rapid.Int64Range(0, 2*step).Draw(t, "gap")
+		for range rapid.Int64Range(2*perPeriod, 3*perPeriod).Draw(t, "checks") {
+			now += step/2 + rapid.Int64Range(0, step).Draw(t, "gap")
 			cost := int64(1)
 			if weighted {
 				cost = rapid.Int64Range(1, min(3, r.Limit)).Draw(t, "cost")

@@ -65,7 +65,8 @@ func exportFixture(b *testing.B) (*Table, int64) {
 }
 
 // BenchmarkExportLongLogs exports a partition of 100 sliding logs of
-// 5,000 entries each (a 10,000-per-hour rule's busy keys): exact, as a
+// 5,000 entries each (a 10,000-per-hour rule's busy keys; half of them
+// weighted, their costs kept per entry): exact, as a
 // hand-off does (Export) and as a backup push did before its logs were
 // coarsened, and coarse, as a backup push does (ExportChanges).
 func BenchmarkExportLongLogs(b *testing.B) {
@@ -73,10 +74,14 @@ func BenchmarkExportLongLogs(b *testing.B) {
 	tb.TrackChanges()
 	r := &Rule{Name: "sl", Algorithm: SlidingLog, Limit: MaxLogLimit, Period: time.Hour}
 	now := benchStart
-	for range 5000 {
+	for i := range 5000 {
 		now += int64(time.Hour) / 10_000
 		for h := range uint64(100) {
-			if _, err := tb.Check(0, (h+1)*0x9e3779b97f4a7c15, r, now, 1); err != nil {
+			cost := int64(1)
+			if h%2 == 1 && i == 0 {
+				cost = 2 // a weighted log from here on (it keeps its costs)
+			}
+			if _, err := tb.Check(0, (h+1)*0x9e3779b97f4a7c15, r, now, cost); err != nil {
 				b.Fatal(err)
 			}
 		}
