@@ -21,14 +21,22 @@ const MaxSnapshotSize = 256 << 20
 // FSM is the cluster's raft.FSM. The zero value is not usable; use New.
 // See the package comment for the model and concurrency rules.
 type FSM struct {
-	state atomic.Pointer[State] // the current state; never nil
+	cur atomic.Pointer[current] // the current state and applied index; never nil
 
 	mu sync.Mutex // serialises writers (Apply, Restore) and guards nothing else
 
-	applied atomic.Uint64 // index of the last log entry Apply returned for
-
 	subMu sync.Mutex                 // guards subs
 	subs  map[chan struct{}]struct{} // Watch subscribers
+}
+
+// current is what the FSM has applied, published as one value: a reader
+// never sees a state without the index of the entry that made it, nor
+// that index before its state, and both are there before any watcher is
+// told (a node's leader, woken, announces the commit of what Applied
+// counts).
+type current struct {
+	state   *State
+	applied uint64 // index of the last log entry Apply returned for
 }
 
 var _ raft.FSM = (*FSM)(nil)
@@ -36,13 +44,13 @@ var _ raft.FSM = (*FSM)(nil)
 // New returns an FSM holding the empty, uninitialized state.
 func New() *FSM {
 	f := &FSM{subs: make(map[chan struct{}]struct{})}
-	f.state.Store(&State{})
+	f.cur.Store(&current{state: &State{}})
 	return f
 }
 
 // State returns the current state. It never returns nil; the result is
 // immutable and stays valid (and unchanged) after later commands.
-func (f *FSM) State() *State { return f.state.Load() }
+func (f *FSM) State() *State { return f.cur.Load().state }
 
 // Watch subscribes to changes. After every command or Restore that changes
 // the state, the returned channel becomes ready; notifications coalesce
@@ -62,8 +70,14 @@ func (f *FSM) Watch() (<-chan struct{}, func()) {
 	}
 }
 
-func (f *FSM) publish(s *State) {
-	f.state.Store(s)
+// publish makes c current, then tells the watchers when its state is
+// new.
+func (f *FSM) publish(c *current) {
+	changed := c.state != f.cur.Load().state
+	f.cur.Store(c)
+	if !changed {
+		return
+	}
 	f.subMu.Lock()
 	defer f.subMu.Unlock()
 	for ch := range f.subs {
@@ -84,22 +98,22 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	defer f.applied.Store(l.Index)
-	cur := f.state.Load()
+	cur := f.cur.Load().state
 	next, err := apply(cur, l.Index, l.Data)
 	if err != nil {
+		f.publish(&current{state: cur, applied: l.Index})
 		return err
 	}
-	if next != cur {
-		f.publish(next)
-	}
+	f.publish(&current{state: next, applied: l.Index})
 	return nil
 }
 
 // Applied is the index of the last log entry Apply has finished with
-// (applied or rejected); 0 before the first. Raft's own AppliedIndex runs
-// ahead of it: Raft counts an entry once it is handed to the FSM.
-func (f *FSM) Applied() uint64 { return f.applied.Load() }
+// (applied or rejected); 0 before the first. It is published with the
+// state that entry made, before the watchers are told of it. Raft's own
+// AppliedIndex runs ahead of it: Raft counts an entry once it is handed
+// to the FSM.
+func (f *FSM) Applied() uint64 { return f.cur.Load().applied }
 
 // Result waits for an applied command and returns its error: the future's
 // (not leader, timeout, shutdown…) or the FSM's response. Use it as
@@ -117,7 +131,7 @@ func Result(fut raft.ApplyFuture) error {
 
 // Snapshot captures the current state; Persist writes it.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	return &snapshot{state: f.state.Load()}, nil
+	return &snapshot{state: f.State()}, nil
 }
 
 type snapshot struct{ state *State }
@@ -156,7 +170,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.publish(s)
+	f.publish(&current{state: s, applied: f.cur.Load().applied})
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -524,6 +525,35 @@ func TestWatch(t *testing.T) {
 	}
 	if n := pending(ch2); n != 1 {
 		t.Errorf("after Restore: %d notifications, want 1", n)
+	}
+}
+
+// A watcher woken by a change finds the entry that made it in Applied,
+// as it finds its state. A node's leader, woken so, sends its followers
+// the commit of what Applied counts (announceCommit): Applied was stored
+// after the watchers were told, and a woken leader that read it first
+// sent nothing, so a write whose caller had given up reached the
+// followers only at Raft's next idle replication (clustertest's
+// TestGivenUpWriteReachesFollowersAtOnce, 1 run in 30–45 under load).
+// The test holds the watchers' lock, so Apply stops where it tells them.
+func TestAppliedBeforeWatchersAreTold(t *testing.T) {
+	m := must(t)
+	f := New()
+	applyAt(t, f, 1, m(Init(testConfig)))
+	before, put := f.State(), m(PutRules([]limiter.Rule{ruleAPI}))
+	f.subMu.Lock()
+	done := make(chan any)
+	go func() { done <- f.Apply(&raft.Log{Index: 2, Term: 1, Type: raft.LogCommand, Data: put}) }()
+	for f.State() == before { // published: Apply now waits for the lock
+		runtime.Gosched()
+	}
+	applied := f.Applied()
+	f.subMu.Unlock()
+	if resp := <-done; resp != nil {
+		t.Fatalf("Apply(PutRules) = %v", resp)
+	}
+	if applied != 2 {
+		t.Errorf("Applied() = %d when entry 2's state was published, before its watchers were told; want 2", applied)
 	}
 }
 
