@@ -472,6 +472,13 @@ func (n *Node) MarkDown(ctx context.Context) error {
 // partitions, and receives those of the members marked down before it.
 func (n *Node) markDown(ctx context.Context) (last bool, err error) {
 	n.stopping.Store(true)
+	// No registration may be under way: a join sent before the
+	// mark-down and answered after it lists this member active again.
+	n.stopRegistering()
+	if err := n.registering.lockCtx(ctx); err != nil {
+		return false, fmt.Errorf("%w: waiting for this member's registration to end: %w", api.ErrUnavailable, err)
+	}
+	n.registering.unlock()
 	st := n.fsm.State()
 	if _, ok := st.Member(n.cfg.ID); !ok {
 		return false, nil

@@ -249,6 +249,16 @@ type Node struct {
 	// listed for each member id; guarded by membership.
 	joined   map[string]string
 	stopping atomic.Bool // marked down for a graceful stop: do not re-register
+	// registering is held by registerLoop from its last look at stopping
+	// until the registration it then sends has returned (registerOnce);
+	// markDown takes it once stopping is set, having cancelled that
+	// registration (stopRegistering), so a join of this member sent
+	// before its mark-down never reaches the leader after it.
+	registering chanLock
+	// registerCtx is what registrations are sent with; stopRegistering
+	// cancels it (markDown).
+	registerCtx     context.Context
+	stopRegistering context.CancelFunc
 	// seeded is closed once a seed with no Raft state has decided
 	// between joining and bootstrapping (seedLoop); registerLoop waits
 	// for it. Nil for every other member.
@@ -349,7 +359,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		cfg.SeedGrace = DefaultSeedGrace
 	}
 	cfg.Join = slices.DeleteFunc(slices.Clone(cfg.Join), func(a string) bool { return a == "" })
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), gainedLead: make(chan struct{}, 1), removedWaited: make(chan struct{})}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), fsm: fsm.New(), now: cfg.Now, membership: make(chanLock, 1), rulesWrite: make(chanLock, 1), registering: make(chanLock, 1), gainedLead: make(chan struct{}, 1), removedWaited: make(chan struct{})}
 	n.h = newHandoffs(n)
 	n.m = newNodeMetrics()
 	n.incarnation = newIncarnation()
@@ -377,6 +387,7 @@ func Open(cfg Config, raftLn net.Listener) (*Node, error) {
 		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.registerCtx, n.stopRegistering = context.WithCancel(n.ctx)
 	if !rp.hasState && len(cfg.Join) == 0 {
 		f := rp.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
 			ID: raft.ServerID(cfg.ID), Address: raft.ServerAddress(cfg.RaftAdvertise), Suffrage: raft.Voter,
