@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -268,6 +270,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 	backoff := 20 * time.Millisecond
 	d := &delivery{group: group, insured: map[uint32]bool{}}
 	insuredTo := map[string]bool{} // targets whose parts went to the backups (insureWithBackups)
+	warnedTooLarge := false        // a part too large for any push was logged
 	h.mu.Lock()
 	h.under[d] = struct{}{}
 	h.mu.Unlock()
@@ -292,7 +295,8 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 			}
 		}
 		push := &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}
-		push.Parts = n.sendable(batch)
+		batch, over := n.fitPush(push, batch)
+		rest = append(rest, over...)
 		var ack transport.PushAck
 		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
@@ -305,6 +309,11 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		settled := 0 // parts this attempt settled (taken, or given up)
 		if err != nil {
 			n.log.Debug("hand-off failed", "to", to.ID, "parts", len(batch), "lost", lostParts(batch), "err", err)
+			if tooLarge := (*transport.FrameTooLargeError)(nil); errors.As(err, &tooLarge) && !warnedTooLarge {
+				// One part alone (fitPush): no attempt will carry it.
+				warnedTooLarge = true
+				n.log.Error("a partition's hand-off is larger than the data plane's largest frame and cannot be sent; its owner will serve it without this state", "to", to.ID, "partition", batch[0].Part.Partition, "err", err)
+			}
 			if (n.stopping.Load() || n.removed.Load()) && !insuredTo[to.ID] {
 				// Going, and its target does not answer: the target may
 				// have crashed, and this member will not see it marked
@@ -438,6 +447,37 @@ func (n *Node) sendable(batch []Outgoing) []transport.PushPart {
 		parts[i] = o.sendable(og, now)
 	}
 	return parts
+}
+
+// fitPush fills push with the parts of batch as they go out now
+// (sendable), in order, while its frame stays within the data plane's
+// largest (Config.MaxPushFrame), and returns the parts of batch it holds
+// and those left for the next push. It takes one part at least: one
+// that alone is larger cannot go in any push (deliver says so).
+//
+// Was: every part for one member in one push. A whole cluster's last
+// member, restarted after the others with busy sliding logs in its
+// bucket file (exact: ~26 MB for one owner's share), had its hand-off
+// refused by its own client before it left (over the 16 MiB frame),
+// again every second and logged at debug alone, while the owner served
+// those partitions from nothing once its hand-off wait ended.
+func (n *Node) fitPush(push *transport.Push, batch []Outgoing) (in, over []Outgoing) {
+	limit := n.cfg.MaxPushFrame
+	if limit <= 0 {
+		limit = transport.DefaultMaxFrameSize
+	}
+	// With room for the varint of the part count to grow.
+	size := transport.PushFrameSize(push) + binary.MaxVarintLen32
+	for i := range batch {
+		pt := n.sendable(batch[i : i+1])[0]
+		k := transport.PushPartSize(&pt)
+		if i > 0 && size+k > limit {
+			return batch[:i], batch[i:]
+		}
+		push.Parts = append(push.Parts, pt)
+		size += k
+	}
+	return batch, nil
 }
 
 // readdress sends parts where view v says they belong now: to another

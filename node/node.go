@@ -127,6 +127,11 @@ type Config struct {
 	// BackupInterval is how often changed partitions are pushed to their
 	// backups (20ms).
 	BackupInterval time.Duration
+	// MaxPushFrame is the largest frame DataPlane carries, length prefix
+	// included (its transport.Limits' MaxFrameSize, which the receiving
+	// members' servers must accept too; 0: transport.DefaultMaxFrameSize).
+	// A hand-off larger than that goes as several pushes (fitPush).
+	MaxPushFrame int
 	// MaxKeys caps the bucket states this member tracks as an owner (0:
 	// no cap); see Owner.SetMaxKeys for the behaviour at the cap.
 	MaxKeys int
@@ -182,6 +187,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: forwarder is nil")
 	case c.SeedGrace < 0:
 		return fmt.Errorf("node: seed grace %v is negative", c.SeedGrace)
+	case c.MaxPushFrame < 0:
+		return fmt.Errorf("node: max push frame %d is negative (0 means transport.DefaultMaxFrameSize)", c.MaxPushFrame)
 	case c.MaxKeys < 0:
 		return fmt.Errorf("node: max keys %d is negative (0 means no cap)", c.MaxKeys)
 	case c.DeadAfter < 0:

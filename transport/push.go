@@ -156,6 +156,30 @@ func AppendPush(dst []byte, id uint64, p *Push) []byte {
 	return finish(dst, start)
 }
 
+// PushFrameSize is the length of the frame AppendPush makes of p, length
+// prefix included: what a Client compares with its Limits before it
+// sends, so that a sender can split what it pushes into frames that go.
+func PushFrameSize(p *Push) int {
+	n := HeaderSize + 1 + uvarintLen(p.Epoch) + uvarintLen(uint64(len(p.From))) + len(p.From) + uvarintLen(uint64(len(p.Parts)))
+	for i := range p.Parts {
+		n += PushPartSize(&p.Parts[i])
+	}
+	return n
+}
+
+// PushPartSize is what part pt adds to a push's frame (PushFrameSize).
+func PushPartSize(pt *PushPart) int {
+	return uvarintLen(uint64(pt.Partition)) + 1 + uvarintLen(uint64(len(pt.Data))) + len(pt.Data)
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
+}
+
 // DecodePush decodes a whole FramePushRequest frame into p. The parts'
 // Data are copied out of frame, so frame may be reused afterwards.
 func (l Limits) DecodePush(frame []byte, p *Push) (id uint64, err error) {

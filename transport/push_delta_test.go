@@ -56,3 +56,21 @@ func TestLeaseRequestSaysRulesVersion(t *testing.T) {
 		}
 	}
 }
+
+// PushFrameSize is the length of the frame AppendPush makes, whatever
+// the lengths of its varints.
+func TestPushFrameSize(t *testing.T) {
+	for _, p := range []*Push{
+		{Kind: PushPing, From: "n1"},
+		{Kind: PushHandoff, Epoch: 1 << 40, From: "a-longer-member-id", Parts: []PushPart{{Partition: 5, Lost: true}}},
+		{Kind: PushBackup, Epoch: 300, From: "n2", Parts: []PushPart{
+			{Partition: 1 << 20, Data: make([]byte, 200)},
+			{Partition: 127, Delta: true, Data: make([]byte, 1<<14)},
+			{Partition: 128, Data: make([]byte, 127)},
+		}},
+	} {
+		if got, want := PushFrameSize(p), len(AppendPush(nil, 1<<60, p)); got != want {
+			t.Errorf("PushFrameSize(%d parts from %q) = %d, want %d", len(p.Parts), p.From, got, want)
+		}
+	}
+}

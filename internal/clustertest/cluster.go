@@ -106,6 +106,13 @@ type Options struct {
 	// the answer (an error) or drop its epoch (0, as a member older than
 	// the epoch answers).
 	JoinAnswer func(from string, epoch uint64, err error) (uint64, error)
+	// MaxFrame is the largest data-plane frame (transport.Limits'
+	// MaxFrameSize; transport.DefaultMaxFrameSize): a push whose frame is
+	// larger fails with a *transport.FrameTooLargeError, as the real
+	// client's does, before anything is sent. Every member is told
+	// (node.Config.MaxPushFrame). A small one lets a test push more than
+	// fits in a frame without 16 MiB of state; SetMaxFrame changes it.
+	MaxFrame int
 }
 
 // Cluster is N members in one process. Create it with New.
@@ -237,10 +244,23 @@ func newCluster(t testing.TB, opts Options) *Cluster {
 	if opts.RouterTimeout == 0 {
 		opts.RouterTimeout = 250 * time.Millisecond
 	}
+	if opts.MaxFrame == 0 {
+		opts.MaxFrame = transport.DefaultMaxFrameSize
+	}
 	c := &Cluster{t: t, opts: opts, net: newNetwork(), changed: make(chan struct{}), httpCut: map[[2]string]bool{}}
 	c.net.log = c.logger()
+	c.net.maxFrame = opts.MaxFrame
 	t.Cleanup(c.close)
 	return c
+}
+
+// SetMaxFrame makes n the data plane's largest frame (Options.MaxFrame)
+// from now on, for the pushes of members started after it and of those
+// running, which were told another.
+func (c *Cluster) SetMaxFrame(n int) {
+	c.net.mu.Lock()
+	c.net.maxFrame = n
+	c.net.mu.Unlock()
 }
 
 // Join starts a new member that joins the cluster, and waits until every
@@ -321,6 +341,7 @@ func (c *Cluster) start(m *Member) {
 		RaftTransport: raftTrans, LogStore: stallingLog{m.logs, m}, StableStore: m.stable, SnapshotStore: m.snaps,
 		DataPlane: endpoint{c.net, m.ID}, DeadAfter: c.opts.DeadAfter, DataDir: m.dir,
 		BackupInterval: c.opts.BackupInterval,
+		MaxPushFrame:   c.net.frameLimit(),
 		Forward:        forwarder{c, m.ID},
 		Prober:         c.prober(m.ID),
 		Logger:         c.logger(),

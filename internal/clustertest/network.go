@@ -30,17 +30,25 @@ type link struct {
 // in-memory transports follow too. Addresses are member ids prefixed with
 // "peer-"; every call knows its sender, so links are directional.
 type network struct {
-	mu      sync.Mutex
-	members map[string]*Member // by id; guarded by mu
-	links   map[[2]string]link // (from, to) → state; guarded by mu
-	byPeer  map[string]string  // peer address → id; guarded by mu
-	byHTTP  map[string]string  // HTTP address → id; guarded by mu
-	drops   map[[2]string]int  // calls dropped per link, for tests; guarded by mu
-	log     *slog.Logger       // set once: each decided check at debug (CLUSTERTEST_LOG), or nil
+	mu       sync.Mutex
+	members  map[string]*Member // by id; guarded by mu
+	links    map[[2]string]link // (from, to) → state; guarded by mu
+	byPeer   map[string]string  // peer address → id; guarded by mu
+	byHTTP   map[string]string  // HTTP address → id; guarded by mu
+	drops    map[[2]string]int  // calls dropped per link, for tests; guarded by mu
+	log      *slog.Logger       // set once: each decided check at debug (CLUSTERTEST_LOG), or nil
+	maxFrame int                // the largest push frame that goes (Options.MaxFrame); guarded by mu
 }
 
 func newNetwork() *network {
 	return &network{members: map[string]*Member{}, links: map[[2]string]link{}, byPeer: map[string]string{}, byHTTP: map[string]string{}, drops: map[[2]string]int{}}
+}
+
+// frameLimit is the largest push frame that goes now.
+func (n *network) frameLimit() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.maxFrame
 }
 
 func (n *network) link(from, to string) link {
@@ -113,6 +121,10 @@ func (e endpoint) Do(ctx context.Context, addr string, req *transport.BatchReque
 }
 
 func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	// As transport.Client refuses it: before it goes anywhere.
+	if size, limit := transport.PushFrameSize(push), e.net.frameLimit(); size > limit {
+		return &transport.FrameTooLargeError{Size: uint64(size), Limit: limit}
+	}
 	m, err := e.net.route(ctx, e.from, addr)
 	if err != nil {
 		return err
