@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 	"time"
 
@@ -20,11 +21,7 @@ func (n *Node) backupLoop() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
-				defer cancel()
-				push := &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: b.Parts}
-				var ack transport.PushAck
-				err := n.cfg.DataPlane.Push(ctx, b.To.Peer, push, &ack)
+				ack, err := n.pushParts(b.To.Peer, transport.PushBackup, b.Epoch, b.Parts)
 				if err != nil {
 					n.m.backupErrors.Inc()
 				}
@@ -111,10 +108,8 @@ func (n *Node) pushCopies(b *BackupBatch) {
 func (n *Node) pushBackups(b *BackupBatch, attempts int) (taken []uint32, left int, err error) {
 	parts, wait := b.Parts, copyRetry
 	for attempt := 1; len(parts) > 0; attempt++ {
-		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 		var ack transport.PushAck
-		err = n.cfg.DataPlane.Push(ctx, b.To.Peer, &transport.Push{Kind: transport.PushBackup, Epoch: b.Epoch, From: n.cfg.ID, Parts: parts}, &ack)
-		cancel()
+		ack, err = n.pushParts(b.To.Peer, transport.PushBackup, b.Epoch, parts)
 		// Behind: it judged the parts by a ring older than b's.
 		behind := err == nil && ack.Epoch < b.Epoch
 		var again []transport.PushPart
@@ -230,4 +225,42 @@ func (n *Node) insureWithBackups(epoch uint64, to string, parts []transport.Push
 		taken = append(taken, k...)
 	}
 	return taken
+}
+
+// pushParts pushes parts to the member at peer, as pushes of kind at
+// epoch that each fit the data plane's largest frame (maxPushFrame), in
+// order, each within a second, and returns their answers as one: the
+// parts' statuses in order, and the lowest epoch answered. It stops at
+// the first push that fails, with its error; the parts after it are not
+// sent. Was: one push, so a member whose backup copies came to more
+// than 16 MiB (about a million token-bucket keys for one backup member,
+// a round after a ring change, when whole partitions go) had every
+// round's push refused by its own client before it left, and its
+// backups held nothing.
+func (n *Node) pushParts(peer string, kind transport.PushKind, epoch uint64, parts []transport.PushPart) (transport.PushAck, error) {
+	var all transport.PushAck
+	limit := n.maxPushFrame()
+	for len(parts) > 0 {
+		push := &transport.Push{Kind: kind, Epoch: epoch, From: n.cfg.ID}
+		size, k := transport.PushFrameSize(push)+binary.MaxVarintLen32, 0
+		for ; k < len(parts); k++ {
+			if size += transport.PushPartSize(&parts[k]); k > 0 && size > limit {
+				break
+			}
+		}
+		push.Parts = parts[:k]
+		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		var ack transport.PushAck
+		err := n.cfg.DataPlane.Push(ctx, peer, push, &ack)
+		cancel()
+		if err != nil {
+			return all, err
+		}
+		if all.Status == nil || ack.Epoch < all.Epoch {
+			all.Epoch = ack.Epoch
+		}
+		all.Status = append(all.Status, ack.Status...)
+		parts = parts[k:]
+	}
+	return all, nil
 }

@@ -462,10 +462,7 @@ func (n *Node) sendable(batch []Outgoing) []transport.PushPart {
 // again every second and logged at debug alone, while the owner served
 // those partitions from nothing once its hand-off wait ended.
 func (n *Node) fitPush(push *transport.Push, batch []Outgoing) (in, over []Outgoing) {
-	limit := n.cfg.MaxPushFrame
-	if limit <= 0 {
-		limit = transport.DefaultMaxFrameSize
-	}
+	limit := n.maxPushFrame()
 	// With room for the varint of the part count to grow.
 	size := transport.PushFrameSize(push) + binary.MaxVarintLen32
 	for i := range batch {
@@ -478,6 +475,15 @@ func (n *Node) fitPush(push *transport.Push, batch []Outgoing) (in, over []Outgo
 		size += k
 	}
 	return batch, nil
+}
+
+// maxPushFrame is the most bytes one push's frame may hold
+// (Config.MaxPushFrame, the data plane's default when 0).
+func (n *Node) maxPushFrame() int {
+	if n.cfg.MaxPushFrame > 0 {
+		return n.cfg.MaxPushFrame
+	}
+	return transport.DefaultMaxFrameSize
 }
 
 // readdress sends parts where view v says they belong now: to another

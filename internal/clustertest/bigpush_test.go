@@ -56,3 +56,25 @@ func TestHandoffLargerThanAFrameGoesInPieces(t *testing.T) {
 		}
 	})
 }
+
+// Backup copies larger than the data plane's largest frame reach their
+// backups all the same, as several pushes: a crashed owner's keys keep
+// their budgets. Was: one push a backup member a round, so an owner
+// whose copies for one backup came to more than 16 MiB (about a million
+// token-bucket keys, in the round after a ring change, when whole
+// partitions go) had every round's push refused by its own client, and
+// its backups held nothing. A small frame stands in for 16 MiB.
+func TestBackupsLargerThanAFrameGoInPieces(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{MaxFrame: 2 << 10})
+		c.PutRules("n1", logRule)
+		var keys []string
+		for i := range 300 { // ~6 KB of copies for each of n2's two backups
+			keys = append(keys, c.KeyOwnedBy("n2", i))
+		}
+		spendHalf(t, c, keys)
+		c.Crash("n2")
+		waitDeadAndReady(c, "n2", "n1", "n3")
+		wantHalfLeft(t, c, keys, "after n2's crash")
+	})
+}
