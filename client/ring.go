@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/pause"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/transport"
@@ -217,7 +218,7 @@ func NewRing(cfg RingConfig) (*Ring, error) {
 	var seed [16]byte
 	_, _ = rand.Read(seed[:])
 	c := &Ring{rt: rt, pool: pool, src: NewViewSource(cfg.Members, opts...), retry: cfg.Retry.withDefaults(),
-		done: make(chan struct{}), sleep: sleepCtx, refresh: cmp.Or(cfg.Refresh, time.Second),
+		done: make(chan struct{}), sleep: pause.For, refresh: cmp.Or(cfg.Refresh, time.Second),
 		rnd: mrand.New(mrand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:])))}
 	for _, m := range cfg.Members {
 		c.http = append(c.http, New(m, opts...))
@@ -523,17 +524,6 @@ func (c *Ring) HTTPFallbacks() int64 {
 	c.fbMu.Lock()
 	defer c.fbMu.Unlock()
 	return c.fbCount
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // DecisionOf is a router result as the API shows it: durations in whole

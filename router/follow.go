@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"time"
+
+	"github.com/ringlimit/ringlimit/internal/pause"
 )
 
 // ViewSource gives a router that is not a member the cluster's current
@@ -207,18 +209,11 @@ func (r *Router) beginFetch() {
 // waitGap waits until refetchGap has passed since Follow's last fetch
 // ended (at once when it has), or ctx ends (its error).
 func (r *Router) waitGap(ctx context.Context) error {
-	wait := refetchGap - time.Since(time.Unix(0, r.lastFetch.Load()))
-	if wait <= 0 {
+	left := refetchGap - time.Since(time.Unix(0, r.lastFetch.Load()))
+	if left <= 0 {
 		return nil
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return pause.For(ctx, left)
 }
 
 // fetched wakes the callers of Refresh waiting for this fetch.

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/api"
+	"github.com/ringlimit/ringlimit/internal/pause"
 )
 
 // Bounds of a Config.
@@ -239,7 +240,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 		scheduled := due
 		if interval > 0 {
 			if wait := time.Until(due); wait > 0 {
-				if !sleepCtx(ctx, wait) {
+				if pause.For(ctx, wait) != nil {
 					return
 				}
 				w.wakeLate.Record(max(time.Since(due), 0))
@@ -268,7 +269,7 @@ func (w *worker) run(ctx context.Context, cfg Config, targets []CheckFunc, names
 			w.errors++
 			w.noteError(err)
 			backoff = min(max(2*backoff, time.Millisecond), 50*time.Millisecond)
-			if !sleepCtx(ctx, backoff) {
+			if pause.For(ctx, backoff) != nil {
 				return
 			}
 			continue
@@ -299,18 +300,6 @@ func (w *worker) noteError(err error) {
 		msg = "(other)"
 	}
 	w.errKinds[msg]++
-}
-
-// sleepCtx waits d or until ctx is done; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // Histogram is a log-linear histogram of durations in nanoseconds: exact
