@@ -18,6 +18,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/api"
 	"github.com/ringlimit/ringlimit/internal/logbuf"
+	"github.com/ringlimit/ringlimit/internal/pause"
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/router"
@@ -119,14 +120,10 @@ func takes(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w: the write ran out of time (%w)", api.ErrUnavailable, ctx.Err())
+	if err := pause.For(ctx, d); err != nil {
+		return fmt.Errorf("%w: the write ran out of time (%w)", api.ErrUnavailable, err)
 	}
+	return nil
 }
 
 func (a *fakeAdmin) PutRules(ctx context.Context, written []limiter.Rule) ([]limiter.Rule, error) {
