@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -579,20 +580,59 @@ func (n *Node) handoffWait() time.Duration {
 // their hand-off under the ring of epoch, that still await it once
 // handoffWait has passed; one that began awaiting afresh under a newer
 // ring meanwhile waits for that ring's timer (Owner.ExpireAwaitingSince).
+// One whose hand-off is still arriving then waits on, up to
+// handoffWaitMore longer (expireUnlessArriving).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	h.after(h.n.handoffWait(), func(o *Owner) {
-		k, bare := o.expireAwaitingSince(epoch, parts)
-		if k > bare {
-			h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k-bare)
-		}
-		if bare > 0 {
-			// Was: counted in the line above, so an owner and its
-			// backup lost together read as a failover that kept the
-			// budgets.
-			h.n.log.Warn("hand-off did not arrive in time and this member holds no backup copy: serving the partitions from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
-		}
+		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), false)
 	})
 }
+
+// expireUnlessArriving promotes the partitions of parts (awaiting since
+// the ring of epoch) whose hand-off is not arriving, and looks again at
+// the others every handoffRecheck: each waits on while its hand-off's
+// sender (any sender, for a partition awaited from no one member alone)
+// had a part taken here in the last handoffTimeout, until until
+// (monotonic ns since the owner's start), after which all are promoted.
+// kept says the wait was extended already (logged once).
+//
+// Was: every partition promoted when handoffWait ended. A member joining
+// a cluster of 8M keys on a starved machine was still being sent its
+// hand-offs, in 16 MiB pushes, when its 3 s wait ended: it served
+// 159–198 partitions from nothing, their keys' budgets full again until
+// the late hand-offs were merged (TestSlowHandoffIsAwaitedWhileItArrives).
+func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, until int64, kept bool) {
+	since := int64(math.MaxInt64) // past until: no more waiting
+	if now := o.mono(); now < until {
+		since = now - int64(handoffTimeout)
+	}
+	k, bare, arriving := o.expireAwaitingSince(epoch, parts, since)
+	if k > bare {
+		h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k-bare)
+	}
+	if bare > 0 {
+		// Was: counted in the line above, so an owner and its
+		// backup lost together read as a failover that kept the
+		// budgets.
+		h.n.log.Warn("hand-off did not arrive in time and this member holds no backup copy: serving the partitions from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
+	}
+	if len(arriving) == 0 {
+		return
+	}
+	if !kept {
+		h.n.log.Info("hand-offs still arriving at the end of the hand-off wait: their partitions wait on while parts keep coming",
+			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
+	}
+	h.after(handoffRecheck, func(o *Owner) { h.expireUnlessArriving(o, epoch, arriving, until, true) })
+}
+
+// handoffWaitMore is how much longer than its hand-off wait a partition
+// may wait for a hand-off that is still arriving (expireUnlessArriving);
+// handoffRecheck is how often such a wait is looked at again.
+const (
+	handoffWaitMore = 30 * time.Second
+	handoffRecheck  = 500 * time.Millisecond
+)
 
 // dropLoadedLater drops the loaded copies of parts that handOffLoaded
 // kept, once handoffWait has passed: by then their hand-offs have landed,

@@ -402,3 +402,60 @@ func TestDeliveryEndingAfterAbandonEndsCleanly(t *testing.T) {
 		}
 	})
 }
+
+// A partition whose hand-off wait ends while parts of its hand-off are
+// still being taken from the member it awaits waits on, until parts stop
+// coming for handoffTimeout or handoffWaitMore has passed; parts from
+// another member, or an owner known silent, do not hold it. Was:
+// promoted when the wait ended, from nothing on a joining member whose
+// large hand-off was still arriving.
+func TestHandoffWaitGoesOnWhilePartsArrive(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		from   string        // whose parts keep coming
+		silent bool          // the owner awaited is known silent
+		last   time.Duration // when the last one comes (one a second from the ring on)
+		want   time.Duration // when the partition is served, from the ring (up to a recheck later)
+	}{
+		{"its sender's parts keep coming", "a", false, 10 * time.Second, 10*time.Second + handoffTimeout},
+		{"its sender's parts stop", "a", false, time.Second, time.Second + handoffTimeout},
+		{"another member's parts", "b", false, 10 * time.Second, handoffTimeout},
+		{"its owner silent", "a", true, 10 * time.Second, handoffTimeout},
+		{"no longer than the bound", "a", false, time.Minute, handoffTimeout + handoffWaitMore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newOwner(t, "c")
+				n := handoffNode(t, c, pushOwners{})
+				v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
+				_, p := partOf(v2, "c")
+				applyRing(n, nil, v1)
+				start := time.Now()
+				applyRing(n, v1, v2) // c joins: p awaits a's hand-off
+				if tc.silent {
+					c.ownerSilent[p].Store(true)
+				}
+				fed := make(chan struct{})
+				go func() {
+					defer close(fed)
+					for {
+						c.sawHandoff(tc.from)
+						if time.Since(start) >= tc.last {
+							return
+						}
+						time.Sleep(time.Second)
+					}
+				}()
+				for c.getState(p) == partAwaiting && time.Since(start) < 2*time.Minute {
+					time.Sleep(10 * time.Millisecond)
+				}
+				defer func() { <-fed }()
+				// Served within one recheck (and this loop's step) of when
+				// it is due.
+				if got := time.Since(start); got < tc.want || got > tc.want+handoffRecheck+10*time.Millisecond {
+					t.Errorf("partition %d served %v after the ring; want %v (within %v)", p, got, tc.want, handoffRecheck)
+				}
+			})
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"strings"
 	"sync"
@@ -592,19 +593,32 @@ func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
 // The state is read under the partition's moving lock: a hand-off taken
 // just before is served as it came, not replaced by the copy.
 func (o *Owner) ExpireAwaitingSince(epoch uint64, parts []uint32) (promoted int) {
-	promoted, _ = o.expireAwaitingSince(epoch, parts)
+	promoted, _, _ = o.expireAwaitingSince(epoch, parts, math.MaxInt64)
 	return promoted
 }
 
 // expireAwaitingSince is ExpireAwaitingSince, also reporting how many of
 // the promoted partitions held nothing to serve from (bare: no copy, no
-// state of their own), counted in ServedFromNothing.
-func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32) (promoted, bare int) {
+// state of their own), counted in ServedFromNothing, except that a
+// partition whose hand-off is still arriving keeps awaiting it and is
+// returned in arriving: one that awaits a member that took part in a
+// hand-off to this owner at or after since (monotonic ns since start,
+// see handoffSeen; any member's when it awaits none alone), unless that
+// owner is known silent. math.MaxInt64 promotes every one.
+func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32, since int64) (promoted, bare int, arriving []uint32) {
 	now := o.now()
+	o.seenMu.Lock()
+	seen := maps.Clone(o.handoffSeen)
+	o.seenMu.Unlock()
 	for _, p := range parts {
 		g := &o.moving[p]
 		g.Lock()
 		if o.getState(p) == partAwaiting && o.awaitFrom[p] <= epoch {
+			if at, ok := seen[o.awaitOwner[p]]; ok && at >= since && !o.ownerSilent[p].Load() {
+				arriving = append(arriving, p)
+				g.Unlock()
+				continue
+			}
 			if !o.holdsAny(p) {
 				bare++
 			}
@@ -614,8 +628,21 @@ func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32) (promoted, bar
 		g.Unlock()
 	}
 	o.servedBare.Add(uint64(bare))
-	return promoted, bare
+	return promoted, bare, arriving
 }
+
+// sawHandoff records that a part of a hand-off push from member from was
+// just taken (handoffSeen).
+func (o *Owner) sawHandoff(from string) {
+	at := o.mono()
+	o.seenMu.Lock()
+	o.handoffSeen[from] = at
+	o.handoffSeen[""] = at
+	o.seenMu.Unlock()
+}
+
+// mono is the monotonic instant now, in ns since the owner began.
+func (o *Owner) mono() int64 { return int64(time.Since(o.start)) }
 
 // AwaitingParts lists the partitions waiting for their state.
 func (o *Owner) AwaitingParts() []uint32 {
@@ -654,6 +681,12 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 	}
 	ack.Epoch = v.Epoch()
 	var late lateHandoffs
+	taken := false
+	defer func() {
+		if taken {
+			o.sawHandoff(push.From)
+		}
+	}()
 	for i := range push.Parts {
 		pt := &push.Parts[i]
 		if int(pt.Partition) >= len(o.moving) {
@@ -664,6 +697,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		case transport.PushHandoff:
 			if ack.Status[i] = o.takeHandoff(v, pt, now, &late, false); ack.Status[i] == transport.PushOK {
 				o.handoffsIn.Add(1)
+				taken = true
 			}
 		case transport.PushBackup:
 			ack.Status[i] = o.takeBackup(v, pt, push.From, push.Epoch, now)

@@ -85,6 +85,13 @@ type Owner struct {
 	mu      sync.Mutex    // guards changed
 	changed chan struct{} // closed when a partition becomes servable
 
+	seenMu sync.Mutex // guards handoffSeen
+	// handoffSeen is, per sending member, the instant (ns since start,
+	// monotonic) this owner last took a part of a hand-off push from
+	// it; the "" entry is any member's. A wait that ends while its
+	// hand-off is still arriving goes on (expireAwaitingSince).
+	handoffSeen map[string]int64
+
 	refsMu sync.Mutex          // guards refs
 	refs   map[string]*setRefs // per backup member id: the rule sets it holds (BackupPushes)
 
@@ -243,7 +250,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), handoffSeen: map[string]int64{}, start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.

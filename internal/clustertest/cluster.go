@@ -720,6 +720,18 @@ func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 	c.relink()
 }
 
+// SetHandoffDelay holds each hand-off push from → to for d before it is
+// delivered, as a large hand-off over a slow link or to a starved member
+// takes that long; checks, pings, leases and backups pass at once. Heal
+// clears it.
+func (c *Cluster) SetHandoffDelay(from, to string, d time.Duration) {
+	c.net.mu.Lock()
+	l := c.net.links[[2]string{from, to}]
+	l.handoffDelay = d
+	c.net.links[[2]string{from, to}] = l
+	c.net.mu.Unlock()
+}
+
 func (c *Cluster) prober(id string) node.Prober {
 	if c.opts.Prober == nil && c.opts.ProbeLinks {
 		return linkProber{c, id}

@@ -24,6 +24,9 @@ type link struct {
 	// callsCut drops the data-plane calls made in this direction alone:
 	// the other side's calls, and their answers, still pass (see CutCalls).
 	callsCut bool
+	// handoffDelay holds each hand-off push that long before delivery
+	// (see SetHandoffDelay); every other call passes at once.
+	handoffDelay time.Duration
 }
 
 // network is the in-memory data plane and the link table that Raft's
@@ -93,6 +96,23 @@ func (n *network) route(ctx context.Context, from, addr string) (*Member, error)
 	return m, nil
 }
 
+// holdHandoff waits out the hand-off delay of the link from → to, or
+// until ctx ends.
+func (n *network) holdHandoff(ctx context.Context, from, to string) error {
+	d := n.link(from, to).handoffDelay
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // endpoint is one member's (or router's) side of the data plane: it
 // implements router.Remote and node.DataPlane.
 type endpoint struct {
@@ -128,6 +148,11 @@ func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, a
 	m, err := e.net.route(ctx, e.from, addr)
 	if err != nil {
 		return err
+	}
+	if push.Kind == transport.PushHandoff {
+		if err := e.net.holdHandoff(ctx, e.from, m.ID); err != nil {
+			return err
+		}
 	}
 	// Every field as the wire carries it (a copy named fields once, and
 	// lost Delta and the rules version as they came), the data copied as
