@@ -148,3 +148,24 @@ func TestAnswersWaitIsBounded(t *testing.T) {
 		}
 	})
 }
+
+// Once Raft shuts down, a future handed to answers gets no goroutine to
+// wait for it: Raft may drop it unanswered, and its waiter would wait for
+// ever (in a synctest bubble, a deadlock at the bubble's end). The
+// answer's channel never delivers; await returns on the node's end.
+func TestNoWaiterForAnswersOnceRaftShutsDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var a answers
+		a.close()
+		dropped := stuckFuture{make(chan struct{})} // never answered
+		done := a.of(dropped)
+		if k := a.wait(time.Second); k != 0 {
+			t.Fatalf("wait after close with a dropped future = %d waiting, want 0", k)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("an answer (%v) to a future Raft never answered", err)
+		case <-time.After(time.Minute):
+		}
+	})
+}
