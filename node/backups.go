@@ -249,7 +249,7 @@ func (n *Node) pushParts(peer string, kind transport.PushKind, epoch uint64, par
 			}
 		}
 		push.Parts = parts[:k]
-		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		ctx, cancel := context.WithTimeout(n.ctx, pushTimeout(time.Second, push))
 		var ack transport.PushAck
 		err := n.cfg.DataPlane.Push(ctx, peer, push, &ack)
 		cancel()

@@ -299,7 +299,7 @@ func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
 		batch, over := n.fitPush(push, batch)
 		rest = append(rest, over...)
 		var ack transport.PushAck
-		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+		ctx, cancel := context.WithTimeout(n.ctx, pushTimeout(2*time.Second, push))
 		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
 		cancel()
 		if n.log.Enabled(n.ctx, slog.LevelDebug) {
@@ -476,6 +476,16 @@ func (n *Node) fitPush(push *transport.Push, batch []Outgoing) (in, over []Outgo
 		size += k
 	}
 	return batch, nil
+}
+
+// pushTimeout is how long a push may take to be answered: base, plus
+// 0.25 s for each MiB of its frame (4 s more for a full 16 MiB frame).
+// Was: base alone (2 s for a hand-off, 1 s for a backup push), whatever
+// the push carried: on a machine starved of CPU a 16 MiB push, written,
+// read and imported, can take longer, and a push that always times out
+// is sent again and again and never counts as taken.
+func pushTimeout(base time.Duration, push *transport.Push) time.Duration {
+	return base + time.Duration(transport.PushFrameSize(push))*time.Second/(4<<20)
 }
 
 // maxPushFrame is the most bytes one push's frame may hold

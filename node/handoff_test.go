@@ -459,3 +459,79 @@ func TestHandoffWaitGoesOnWhilePartsArrive(t *testing.T) {
 		})
 	}
 }
+
+// slowPushes delivers each push after d (a large push to a member
+// starved of CPU), or fails with its caller's context when that ends
+// first; it records each push's time allowed.
+type slowPushes struct {
+	d       time.Duration
+	next    DataPlane
+	allowed []time.Duration
+}
+
+func (s *slowPushes) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	if dl, ok := ctx.Deadline(); ok {
+		s.allowed = append(s.allowed, time.Until(dl))
+	}
+	select {
+	case <-time.After(s.d):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.next.Push(ctx, addr, push, ack)
+}
+
+// A hand-off push is allowed time for its size: 2 s, and 0.25 s a MiB.
+// Was 2 s whatever it carried, so a push of megabytes that took longer
+// to be answered (here 2.3 s, a member starved of CPU) timed out at every
+// attempt and was never taken.
+func TestLargeHandoffPushHasTimeForItsSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []limiter.Rule{{Name: "r", Algorithm: limiter.TokenBucket, Limit: 1, Period: time.Hour}}
+		a, b := newOwner(t, "a"), newOwner(t, "b")
+		slow := &slowPushes{d: 2300 * time.Millisecond, next: pushOwners{"b:1": b}}
+		n := handoffNode(t, a, slow)
+		v1, v2 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "b"), 9, rule, 1)
+		_, p := partOf(v2, "b")
+		applyRing(n, nil, v1)
+		a.ExpireAwaiting(a.AwaitingParts())
+		const keys = 120_000 // ~2 MiB of token-bucket states in p
+		batch := make([]transport.Check, 0, 1000)
+		for k := range keys {
+			batch = append(batch, transport.Check{Rule: "r", KeyHash: uint64(k)<<20 | uint64(p), Partition: p, Cost: 1})
+			if len(batch) == cap(batch) || k == keys-1 {
+				for i, r := range handle(a, 1, batch...).Results {
+					if r.Status != transport.StatusOK || !r.Allowed {
+						t.Fatalf("spending key %d at a: %+v", batch[i].KeyHash, r)
+					}
+				}
+				batch = batch[:0]
+			}
+		}
+		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
+		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)) // p awaits a's hand-off
+		n.h.send(2, applyRing(n, v1, v2))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := n.h.wait(ctx); err != nil {
+			t.Fatalf("a's hand-off of partition %d not taken in 30s (pushes allowed %v each): %v", p, slow.allowed, err)
+		}
+		ck := transport.Check{Rule: "r", KeyHash: 7<<20 | uint64(p), Partition: p, Cost: 1}
+		if r := handle(b, 2, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+			t.Fatalf("a spent key at b after the hand-off: %+v, want denied", r)
+		}
+	})
+}
+
+// A backup push is allowed time for its size too: 1 s, and 0.25 s a MiB.
+func TestLargeBackupPushHasTimeForItsSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newOwner(t, "b")
+		slow := &slowPushes{d: 1300 * time.Millisecond, next: pushOwners{"b:1": b}}
+		n := handoffNode(t, newOwner(t, "a"), slow)
+		parts := []transport.PushPart{{Partition: 1, Data: make([]byte, 2<<20)}} // 2 MiB: 1.5 s
+		if _, err := n.pushParts("b:1", transport.PushBackup, 1, parts); err != nil {
+			t.Fatalf("a 2 MiB backup push answered after 1.3s: %v (allowed %v)", err, slow.allowed)
+		}
+	})
+}
