@@ -198,7 +198,13 @@ func (h *handoffs) send(epoch uint64, out []Outgoing) {
 		byOwner[o.To.ID] = append(byOwner[o.To.ID], o)
 	}
 	for _, group := range byOwner {
-		h.n.goLoop(func() { h.deliver(epoch, group) })
+		// Registered now, not on its goroutine: owes counts it from here.
+		d := h.register(group)
+		if !h.n.goLoop(func() { h.deliverAs(epoch, d) }) {
+			h.mu.Lock()
+			delete(h.under, d)
+			h.mu.Unlock()
+		}
 	}
 	if len(later) > 0 {
 		// A Lost part makes a receiver that holds a copy of the
@@ -217,6 +223,92 @@ func (h *handoffs) send(epoch uint64, out []Outgoing) {
 			h.deliver(epoch, later)
 		})
 	}
+}
+
+// announce tells each of targets, every announceEvery from now on, that
+// a hand-off from this member is on its way to it, with an empty
+// hand-off push (its receiver notes the sender: Owner.sawHandoff, and
+// its hand-off wait goes on: expireUnlessArriving), for as long as this
+// member owes it one (owes), at most handoffWaitMore. The caller is
+// about to apply the ring of epoch that moves partitions of this member
+// to targets, and calls the function returned once it has handed their
+// hand-offs to send: the exports come first, and a new owner's hand-off
+// wait counts from its own apply of the ring.
+//
+// Was: nothing until the first push, which a sender of a million states
+// exports, restamps and encodes first: 2–3 s on a starved machine, most
+// of a joining member's 3.75 s wait.
+func (h *handoffs) announce(epoch uint64, targets []ring.Member) (sent func()) {
+	if len(targets) == 0 {
+		return func() {}
+	}
+	exporting := make(chan struct{})
+	n := h.n
+	for _, to := range targets {
+		n.goLoop(func() {
+			t := time.NewTicker(announceEvery)
+			defer t.Stop()
+			until := time.Now().Add(handoffWaitMore)
+			for {
+				ctx, cancel := context.WithTimeout(n.ctx, announceEvery)
+				_ = n.cfg.DataPlane.Push(ctx, to.Peer, &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}, &transport.PushAck{})
+				cancel()
+				select {
+				case <-n.ctx.Done():
+					return
+				case <-h.given:
+					return
+				case <-t.C:
+				}
+				select {
+				case <-exporting:
+					if !h.owes(to.ID) {
+						return
+					}
+				default:
+				}
+				if time.Now().After(until) {
+					return
+				}
+			}
+		})
+	}
+	return sync.OnceFunc(func() { close(exporting) })
+}
+
+// handoffTargets lists, once each, the members of rg that lost names as
+// the new owners of partitions this member gives up (Moves.Lost).
+func handoffTargets(rg *ring.Ring, lost map[uint32]string) []ring.Member {
+	var out []ring.Member
+	seen := map[string]bool{}
+	for _, id := range lost {
+		if id == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		if m, ok := rg.Member(id); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// announceEvery is how often announce tells a member that a hand-off is
+// on its way (well within the handoffTimeout a receiver looks back).
+const announceEvery = time.Second
+
+// owes reports whether a delivery under way has a part for member id.
+func (h *handoffs) owes(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for d := range h.under {
+		for _, og := range d.group {
+			if og.To.ID == id {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lostDelay is how long a Lost part for a partition this member awaited
@@ -267,14 +359,26 @@ func (h *handoffs) Pending() int {
 // Every attempt sends them as of its own instant (sendable): a part that
 // waited for a retry or a new owner arrives as old as its states are.
 func (h *handoffs) deliver(epoch uint64, group []Outgoing) {
-	n := h.n
-	backoff := 20 * time.Millisecond
+	h.deliverAs(epoch, h.register(group))
+}
+
+// register records a delivery of group as under way (and so owed to its
+// targets: owes) and returns it, for deliverAs.
+func (h *handoffs) register(group []Outgoing) *delivery {
 	d := &delivery{group: group, insured: map[uint32]bool{}}
-	insuredTo := map[string]bool{} // targets whose parts went to the backups (insureWithBackups)
-	warnedTooLarge := false        // a part too large for any push was logged
 	h.mu.Lock()
 	h.under[d] = struct{}{}
 	h.mu.Unlock()
+	return d
+}
+
+// deliverAs is deliver for the delivery d, registered (register).
+func (h *handoffs) deliverAs(epoch uint64, d *delivery) {
+	n := h.n
+	group := d.group
+	backoff := 20 * time.Millisecond
+	insuredTo := map[string]bool{} // targets whose parts went to the backups (insureWithBackups)
+	warnedTooLarge := false        // a part too large for any push was logged
 	defer func() {
 		h.mu.Lock()
 		delete(h.under, d)
@@ -602,8 +706,9 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 // the ring of epoch) whose hand-off is not arriving, and looks again at
 // the others every handoffRecheck: each waits on while its hand-off's
 // sender (any sender, for a partition awaited from no one member alone)
-// had a part taken here in the last handoffTimeout, until until
-// (monotonic ns since the owner's start), after which all are promoted.
+// had a hand-off push arrive here, or parts of one taken, in the last
+// handoffTimeout, until until (monotonic ns since the owner's start),
+// after which all are promoted.
 // kept says the wait was extended already (logged once).
 //
 // Was: every partition promoted when handoffWait ended. A member joining

@@ -464,12 +464,16 @@ func TestHandoffWaitGoesOnWhilePartsArrive(t *testing.T) {
 // starved of CPU), or fails with its caller's context when that ends
 // first; it records each push's time allowed.
 type slowPushes struct {
-	d       time.Duration
-	next    DataPlane
-	allowed []time.Duration
+	d         time.Duration
+	next      DataPlane
+	partsOnly bool // only pushes that carry parts are slow (and recorded)
+	allowed   []time.Duration
 }
 
 func (s *slowPushes) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	if s.partsOnly && len(push.Parts) == 0 {
+		return s.next.Push(ctx, addr, push, ack)
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		s.allowed = append(s.allowed, time.Until(dl))
 	}
@@ -495,19 +499,7 @@ func TestLargeHandoffPushHasTimeForItsSize(t *testing.T) {
 		_, p := partOf(v2, "b")
 		applyRing(n, nil, v1)
 		a.ExpireAwaiting(a.AwaitingParts())
-		const keys = 120_000 // ~2 MiB of token-bucket states in p
-		batch := make([]transport.Check, 0, 1000)
-		for k := range keys {
-			batch = append(batch, transport.Check{Rule: "r", KeyHash: uint64(k)<<20 | uint64(p), Partition: p, Cost: 1})
-			if len(batch) == cap(batch) || k == keys-1 {
-				for i, r := range handle(a, 1, batch...).Results {
-					if r.Status != transport.StatusOK || !r.Allowed {
-						t.Fatalf("spending key %d at a: %+v", batch[i].KeyHash, r)
-					}
-				}
-				batch = batch[:0]
-			}
-		}
+		spendKeys(t, a, p, 120_000) // ~2 MiB of token-bucket states in p
 		b.Apply(v1, PlanMoves(nil, v1.Ring, "b", allAlive, false, false))
 		b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", allAlive, false, false)) // p awaits a's hand-off
 		n.h.send(2, applyRing(n, v1, v2))
@@ -523,6 +515,24 @@ func TestLargeHandoffPushHasTimeForItsSize(t *testing.T) {
 	})
 }
 
+// spendKeys spends keys keys of partition p at a (key k's hash is
+// k<<20|p), each once, under rule "r" of a's view at epoch 1.
+func spendKeys(t *testing.T, a *Owner, p uint32, keys int) {
+	t.Helper()
+	batch := make([]transport.Check, 0, 1000)
+	for k := range keys {
+		batch = append(batch, transport.Check{Rule: "r", KeyHash: uint64(k)<<20 | uint64(p), Partition: p, Cost: 1})
+		if len(batch) == cap(batch) || k == keys-1 {
+			for i, r := range handle(a, 1, batch...).Results {
+				if r.Status != transport.StatusOK || !r.Allowed {
+					t.Fatalf("spending key %d at a: %+v", batch[i].KeyHash, r)
+				}
+			}
+			batch = batch[:0]
+		}
+	}
+}
+
 // A backup push is allowed time for its size too: 1 s, and 0.25 s a MiB.
 func TestLargeBackupPushHasTimeForItsSize(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -534,4 +544,94 @@ func TestLargeBackupPushHasTimeForItsSize(t *testing.T) {
 			t.Fatalf("a 2 MiB backup push answered after 1.3s: %v (allowed %v)", err, slow.allowed)
 		}
 	})
+}
+
+// A hand-off push that has arrived but is not yet taken when the wait
+// ends (a 16 MiB push of a million states takes a second to take on a
+// starved machine) keeps its partitions waiting. Here the push waits for
+// the ring it was sent under, which its receiver has not applied yet.
+// Was: the sender noted only once the push was taken, and a joining
+// member whose first pushes came 3 s into its 3.75 s wait served ~200
+// partitions from nothing while it took them.
+func TestHandoffArrivingAtTheEndOfTheWaitIsAwaited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newOwner(t, "c")
+		n := handoffNode(t, c, pushOwners{})
+		v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
+		_, p := partOf(v2, "c")
+		applyRing(n, nil, v1)
+		applyRing(n, v1, v2) // c joins: p awaits a's hand-off
+		time.Sleep(handoffTimeout - epochWait/2)
+		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "a", Parts: []transport.PushPart{{Partition: p}}}
+		handled := make(chan struct{})
+		go func() {
+			defer close(handled)
+			c.HandlePush(context.Background(), push, &transport.PushAck{Status: make([]transport.PushStatus, 1)})
+		}()
+		time.Sleep(epochWait * 3 / 4) // the wait ends while the push waits for epoch 3
+		synctest.Wait()
+		if st := c.getState(p); st != partAwaiting {
+			t.Errorf("partition %d served (state %d) at the end of its wait, a hand-off push from its owner being taken", p, st)
+		}
+		<-handled
+	})
+}
+
+// A hand-off whose first push comes after the receiver's hand-off wait
+// is awaited all the same while its sender says it is on its way
+// (announce): a sender of a million states exports, restamps and encodes
+// them first, 2–3 s on a starved machine, most of the 3.75 s wait of a
+// joining member; and a 16 MiB push then takes a while to be written,
+// read and decoded. Was: served from nothing at the end of the wait, and
+// the hand-off merged when it came.
+func TestHandoffAnnouncedIsAwaitedPastTheWait(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keys      int           // token-bucket states handed off (~17 B each)
+		exportFor time.Duration // from the ring to the hand-off's send
+		pushFor   time.Duration // from its send to its arrival
+	}{
+		{"a slow export", 10, 5 * time.Second, 0},
+		// A push of ~6.4 MiB is allowed 3.6s (pushTimeout); it arrives
+		// 3.9s after the last word said before the send.
+		{"a slow export, then a slow push", 450_000, 5500 * time.Millisecond, 3400 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, c := newOwner(t, "a"), newOwner(t, "c")
+				slow := &slowPushes{d: tc.pushFor, next: pushOwners{"c:1": c}, partsOnly: true}
+				na, nc := handoffNode(t, a, slow), handoffNode(t, c, pushOwners{"a:1": a})
+				rule := []limiter.Rule{{Name: "r", Algorithm: limiter.TokenBucket, Limit: 1, Period: time.Hour}}
+				v1, v2 := view.New(testRing(t, 1, "a"), 9, rule, 1), view.New(testRing(t, 2, "a", "c"), 9, rule, 1)
+				_, p := partOf(v2, "c")
+				applyRing(na, nil, v1)
+				a.ExpireAwaiting(a.AwaitingParts())
+				spendKeys(t, a, p, tc.keys)
+				applyRing(nc, nil, v1)
+
+				// The ring gives p to c. a announces its hand-off and
+				// exports it, which takes exportFor; c's wait begins.
+				moves := PlanMoves(v1.Ring, v2.Ring, "a", allAlive, false, false)
+				sent := na.h.announce(2, handoffTargets(v2.Ring, moves.Lost))
+				out := a.Apply(v2, moves)
+				na.cell.Store(v2)
+				applyRing(nc, v1, v2)
+				time.Sleep(tc.exportFor)
+				na.h.send(2, out)
+				sent()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := na.h.wait(ctx); err != nil {
+					t.Fatalf("hand-off not taken: %v (pushes allowed %v, each taking %v)", err, slow.allowed, tc.pushFor)
+				}
+				if k := c.ServedFromNothing(); k != 0 {
+					t.Errorf("c served %d partitions from nothing, their hand-off announced", k)
+				}
+				ck := transport.Check{Rule: "r", KeyHash: 7<<20 | uint64(p), Partition: p, Cost: 1}
+				if r := handle(c, 2, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+					t.Errorf("key spent at a, checked at c after the hand-off: %+v, want denied", r)
+				}
+			})
+		})
+	}
 }

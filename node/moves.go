@@ -631,8 +631,8 @@ func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32, since int64) (
 	return promoted, bare, arriving
 }
 
-// sawHandoff records that a part of a hand-off push from member from was
-// just taken (handoffSeen).
+// sawHandoff records that a hand-off push from member from just arrived,
+// or had parts taken (handoffSeen).
 func (o *Owner) sawHandoff(from string) {
 	at := o.mono()
 	o.seenMu.Lock()
@@ -668,6 +668,15 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 		}
 		return
 	}
+	if push.Kind == transport.PushHandoff {
+		// Arrived: a wait for this sender's hand-off that ends while the
+		// push is being taken (a 16 MiB push of a million states takes a
+		// second on a starved machine) goes on. Was: noted only once it
+		// was taken, and a joining member whose first pushes came 3 s
+		// into its 3.75 s wait served ~200 partitions from nothing while
+		// it took them.
+		o.sawHandoff(push.From)
+	}
 	// The pushed states are normalised to their sender's now at its send
 	// (Outgoing): their ages count from their arrival, not from after
 	// the wait for the push's epoch below, or they would be that much
@@ -683,7 +692,7 @@ func (o *Owner) HandlePush(ctx context.Context, push *transport.Push, ack *trans
 	var late lateHandoffs
 	taken := false
 	defer func() {
-		if taken {
+		if taken { // and again once taken
 			o.sawHandoff(push.From)
 		}
 	}()

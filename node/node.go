@@ -639,6 +639,7 @@ func (n *Node) refresh() {
 		copyPlan := PlanCopyForwards(prevRing, next.Ring, n.cfg.ID)
 		kept := o.KeepCopies(next.Epoch(), &moves, copyPlan)
 		o.EnableLease(len(next.Ring.Members()) > 1)
+		sent := n.h.announce(next.Epoch(), handoffTargets(next.Ring, moves.Lost))
 		out := append(o.Apply(next, moves), forwards...)
 		if bucketsLost && len(next.Ring.Members()) == 1 {
 			// Alone in its ring, nobody holds a copy of what the file
@@ -653,6 +654,7 @@ func (n *Node) refresh() {
 			n.h.dropLoadedLater(away)
 		}
 		n.h.send(next.Epoch(), out)
+		sent()
 		n.sendCopies(next.Epoch(), copyPlan, kept)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)

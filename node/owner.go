@@ -87,8 +87,8 @@ type Owner struct {
 
 	seenMu sync.Mutex // guards handoffSeen
 	// handoffSeen is, per sending member, the instant (ns since start,
-	// monotonic) this owner last took a part of a hand-off push from
-	// it; the "" entry is any member's. A wait that ends while its
+	// monotonic) a hand-off push from it last arrived here or had parts
+	// taken; the "" entry is any member's. A wait that ends while its
 	// hand-off is still arriving goes on (expireAwaitingSince).
 	handoffSeen map[string]int64
 

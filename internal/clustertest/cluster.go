@@ -720,10 +720,11 @@ func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 	c.relink()
 }
 
-// SetHandoffDelay holds each hand-off push from → to for d before it is
-// delivered, as a large hand-off over a slow link or to a starved member
-// takes that long; checks, pings, leases and backups pass at once. Heal
-// clears it.
+// SetHandoffDelay holds each hand-off push from → to that carries parts
+// for d before it is delivered, as a large hand-off (exported, encoded,
+// sent and taken on a starved machine) takes that long; checks, pings,
+// leases, backups and a sender's word that a hand-off is on its way pass
+// at once. Heal clears it.
 func (c *Cluster) SetHandoffDelay(from, to string, d time.Duration) {
 	c.net.mu.Lock()
 	l := c.net.links[[2]string{from, to}]

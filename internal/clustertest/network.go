@@ -24,8 +24,9 @@ type link struct {
 	// callsCut drops the data-plane calls made in this direction alone:
 	// the other side's calls, and their answers, still pass (see CutCalls).
 	callsCut bool
-	// handoffDelay holds each hand-off push that long before delivery
-	// (see SetHandoffDelay); every other call passes at once.
+	// handoffDelay holds each hand-off push that carries parts that
+	// long before delivery (see SetHandoffDelay); every other call
+	// passes at once.
 	handoffDelay time.Duration
 }
 
@@ -149,7 +150,7 @@ func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, a
 	if err != nil {
 		return err
 	}
-	if push.Kind == transport.PushHandoff {
+	if push.Kind == transport.PushHandoff && len(push.Parts) > 0 {
 		if err := e.net.holdHandoff(ctx, e.from, m.ID); err != nil {
 			return err
 		}
