@@ -403,6 +403,18 @@ func TestDeliveryEndingAfterAbandonEndsCleanly(t *testing.T) {
 	})
 }
 
+// joiningC is member c, with its hand-off timers, joining a (ring 1 to
+// ring 2): partition p, which it gains, awaits a's hand-off from now.
+func joiningC(t *testing.T) (c *Owner, p uint32) {
+	c = newOwner(t, "c")
+	n := handoffNode(t, c, pushOwners{})
+	v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
+	_, p = partOf(v2, "c")
+	applyRing(n, nil, v1)
+	applyRing(n, v1, v2)
+	return c, p
+}
+
 // A partition whose hand-off wait ends while parts of its hand-off are
 // still being taken from the member it awaits waits on, until parts stop
 // coming for handoffTimeout or handoffWaitMore has passed; parts from
@@ -425,13 +437,8 @@ func TestHandoffWaitGoesOnWhilePartsArrive(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				c := newOwner(t, "c")
-				n := handoffNode(t, c, pushOwners{})
-				v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
-				_, p := partOf(v2, "c")
-				applyRing(n, nil, v1)
 				start := time.Now()
-				applyRing(n, v1, v2) // c joins: p awaits a's hand-off
+				c, p := joiningC(t)
 				if tc.silent {
 					c.ownerSilent[p].Store(true)
 				}
@@ -555,12 +562,7 @@ func TestLargeBackupPushHasTimeForItsSize(t *testing.T) {
 // partitions from nothing while it took them.
 func TestHandoffArrivingAtTheEndOfTheWaitIsAwaited(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newOwner(t, "c")
-		n := handoffNode(t, c, pushOwners{})
-		v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
-		_, p := partOf(v2, "c")
-		applyRing(n, nil, v1)
-		applyRing(n, v1, v2) // c joins: p awaits a's hand-off
+		c, p := joiningC(t)
 		time.Sleep(handoffTimeout - epochWait/2)
 		push := &transport.Push{Kind: transport.PushHandoff, Epoch: 3, From: "a", Parts: []transport.PushPart{{Partition: p}}}
 		handled := make(chan struct{})

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ringlimit/ringlimit/internal/pause"
 	"github.com/ringlimit/ringlimit/transport"
 )
 
@@ -83,12 +84,8 @@ func (n *network) route(ctx context.Context, from, addr string) (*Member, error)
 		return nil, ctx.Err()
 	}
 	if l.delay > 0 {
-		t := time.NewTimer(l.delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
+		if err := pause.For(ctx, l.delay); err != nil {
+			return nil, err
 		}
 	}
 	if !m.running() {
@@ -100,18 +97,10 @@ func (n *network) route(ctx context.Context, from, addr string) (*Member, error)
 // holdHandoff waits out the hand-off delay of the link from → to, or
 // until ctx ends.
 func (n *network) holdHandoff(ctx context.Context, from, to string) error {
-	d := n.link(from, to).handoffDelay
-	if d <= 0 {
-		return nil
+	if d := n.link(from, to).handoffDelay; d > 0 {
+		return pause.For(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // endpoint is one member's (or router's) side of the data plane: it
