@@ -249,11 +249,8 @@ func (n *Node) pushParts(peer string, kind transport.PushKind, epoch uint64, par
 			}
 		}
 		push.Parts = parts[:k]
-		ctx, cancel := context.WithTimeout(n.ctx, pushTimeout(time.Second, push))
 		var ack transport.PushAck
-		err := n.cfg.DataPlane.Push(ctx, peer, push, &ack)
-		cancel()
-		if err != nil {
+		if err := n.pushWithin(time.Second, peer, push, &ack); err != nil {
 			return all, err
 		}
 		if all.Status == nil || ack.Epoch < all.Epoch {

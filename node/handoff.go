@@ -403,9 +403,7 @@ func (h *handoffs) deliverAs(epoch uint64, d *delivery) {
 		batch, over := n.fitPush(push, batch)
 		rest = append(rest, over...)
 		var ack transport.PushAck
-		ctx, cancel := context.WithTimeout(n.ctx, pushTimeout(2*time.Second, push))
-		err := n.cfg.DataPlane.Push(ctx, to.Peer, push, &ack)
-		cancel()
+		err := n.pushWithin(2*time.Second, to.Peer, push, &ack)
 		if n.log.Enabled(n.ctx, slog.LevelDebug) {
 			n.log.Debug("hand-off pushed", "to", to.ID, "epoch", epoch, "parts", debugParts(push.Parts, ack.Status), "ack_epoch", ack.Epoch, "err", err)
 		}
@@ -582,14 +580,18 @@ func (n *Node) fitPush(push *transport.Push, batch []Outgoing) (in, over []Outgo
 	return batch, nil
 }
 
-// pushTimeout is how long a push may take to be answered: base, plus
-// 0.25 s for each MiB of its frame (4 s more for a full 16 MiB frame).
-// Was: base alone (2 s for a hand-off, 1 s for a backup push), whatever
-// the push carried: on a machine starved of CPU a 16 MiB push, written,
-// read and imported, can take longer, and a push that always times out
-// is sent again and again and never counts as taken.
-func pushTimeout(base time.Duration, push *transport.Push) time.Duration {
-	return base + time.Duration(transport.PushFrameSize(push))*time.Second/(4<<20)
+// pushWithin pushes push to the member at peer over the data plane,
+// allowed base to be answered plus 0.25 s for each MiB of its frame (4 s
+// more for a full 16 MiB frame). Was: base alone (2 s for a hand-off,
+// 1 s for a backup push), whatever the push carried: on a machine
+// starved of CPU a 16 MiB push, written, read and imported, can take
+// longer, and a push that always times out is sent again and again and
+// never counts as taken.
+func (n *Node) pushWithin(base time.Duration, peer string, push *transport.Push, ack *transport.PushAck) error {
+	d := base + time.Duration(transport.PushFrameSize(push))*time.Second/(4<<20)
+	ctx, cancel := context.WithTimeout(n.ctx, d)
+	defer cancel()
+	return n.cfg.DataPlane.Push(ctx, peer, push, ack)
 }
 
 // maxPushFrame is the most bytes one push's frame may hold

@@ -594,7 +594,7 @@ func TestHandoffAnnouncedIsAwaitedPastTheWait(t *testing.T) {
 		pushFor   time.Duration // from its send to its arrival
 	}{
 		{"a slow export", 10, 5 * time.Second, 0},
-		// A push of ~6.4 MiB is allowed 3.6s (pushTimeout); it arrives
+		// A push of ~6.4 MiB is allowed 3.6s (pushWithin); it arrives
 		// 3.9s after the last word said before the send.
 		{"a slow export, then a slow push", 450_000, 5500 * time.Millisecond, 3400 * time.Millisecond},
 	} {
