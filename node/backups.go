@@ -40,7 +40,7 @@ func (n *Node) backupLoop() {
 // plan (PlanCopyForwards for the ring of epoch) on to their owner and
 // backup in the ring of the moment it sends (Owner.CopiesFor; again
 // while a push fails for now: pushCopies), then releases the copies
-// KeepCopies kept (kept). They stand in for a
+// KeepCopies kept (kept) copyReserve later. They stand in for a
 // hand-off or a whole push from an old owner that may have crashed, so
 // they go only for partitions whose old owner does not answer a ping
 // (copyPingTimeout): an owner that answers hands them off and pushes
@@ -48,16 +48,18 @@ func (n *Node) backupLoop() {
 // (a join over 633k keys: 21 → 29 MB on loopback, its new member ready
 // 0.1 s later). The ring may move on during the ping: the copies go where
 // it is then (was: where the planning ring said, which refused them).
-// A graceful stop waits for these sends (StopGracefully).
+// A graceful stop waits for these sends (StopGracefully), not for the
+// release.
 func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint32) {
+	o := n.owner.Load()
 	if len(plan) == 0 {
+		n.releaseLater(o, epoch, kept)
 		return
 	}
-	o := n.owner.Load()
-	n.copying.Add(1)
+	n.copying.add()
 	if !n.goLoop(func() {
-		defer n.copying.Done()
-		defer o.ReleaseCopies(epoch, kept)
+		defer n.copying.done()
+		defer n.releaseLater(o, epoch, kept)
 		silent := n.silentOwners(epoch, plan)
 		if len(silent) == 0 {
 			return
@@ -69,8 +71,34 @@ func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint
 		}
 		wg.Wait()
 	}) {
-		n.copying.Done()
+		n.copying.done()
 	}
+}
+
+// copyReserve is how long a member keeps the backup copies it kept
+// through a ring change (KeepCopies) once it has passed on those of
+// silent owners: long enough for the partitions' owners to push them
+// whole to their new backups (seconds under load), and for the crash of
+// one that did not, before that, to be marked (--dead-after), when the
+// kept copy is the only one (Reserves). Was: released at once, and such
+// a crash lost every key of those partitions.
+func (n *Node) copyReserve() time.Duration { return n.cfg.DeadAfter + 30*time.Second }
+
+// releaseLater releases kept (KeepCopies for the ring of epoch) after
+// copyReserve, unless the node stops first.
+func (n *Node) releaseLater(o *Owner, epoch uint64, kept []uint32) {
+	if len(kept) == 0 {
+		return
+	}
+	n.goLoop(func() {
+		t := time.NewTimer(n.copyReserve())
+		defer t.Stop()
+		select {
+		case <-t.C:
+			o.ReleaseCopies(epoch, kept)
+		case <-n.ctx.Done():
+		}
+	})
 }
 
 // copyAttempts bounds how often pushCopies sends a batch whose push
@@ -140,14 +168,51 @@ func (n *Node) pushBackups(b *BackupBatch, attempts int) (taken []uint32, left i
 
 // waitCopies waits until sendCopies has sent what it had to, or ctx ends.
 func (n *Node) waitCopies(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { n.copying.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-n.copying.idle():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// underWay counts work under way that a caller may wait for while more
+// of it starts, which a sync.WaitGroup forbids (an Add from zero during
+// a Wait: a ring change's sendCopies while a graceful stop waits). The
+// zero value is idle.
+type underWay struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0
+}
+
+func (u *underWay) add() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n == 0 {
+		u.zero = make(chan struct{})
+	}
+	u.n++
+}
+
+func (u *underWay) done() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n--; u.n == 0 {
+		close(u.zero)
+	}
+}
+
+// idle is closed once nothing is under way (at once if nothing is).
+func (u *underWay) idle() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n == 0 {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return u.zero
 }
 
 // copyPingTimeout is how long sendCopies waits for an old owner's answer

@@ -156,7 +156,9 @@ func (d *recordPushes) Push(ctx context.Context, addr string, push *transport.Pu
 // none within copyPingTimeout): a running owner hands its partitions off
 // and pushes them to their new backups itself, and copies would double a
 // graceful change's traffic. Either way, the copies it no longer backs up
-// are dropped once that is decided.
+// are kept for copyReserve after that is decided (for a crash of the
+// owner before its new backup holds a whole copy: Reserves), then
+// dropped.
 func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 	for _, owner := range []string{"answers", "refuses", "hangs"} {
 		t.Run(owner, func(t *testing.T) {
@@ -200,8 +202,13 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 				if owner != "answers" && dp.backup["d:1"] == 0 {
 					t.Errorf("a is silent: b pushed copies %v, want some to d, p's new owner", dp.backup)
 				}
+				if n := b.BackupTable().PartitionLen(p); n != 1 {
+					t.Errorf("b holds %d states of p once it decided, want its copy kept for a while (1)", n)
+				}
+				time.Sleep(n.copyReserve())
+				synctest.Wait()
 				if n := b.BackupTable().PartitionLen(p); n != 0 {
-					t.Errorf("b still holds %d states of p, which it neither owns nor backs up now", n)
+					t.Errorf("b still holds %d states of p, which it neither owns nor backs up, %v after the ring", n, time.Since(start))
 				}
 				if owner != "answers" {
 					d := owners["d"]
@@ -223,7 +230,7 @@ func applyWithCopies(n *Node, prev, next *view.View) (send func()) {
 	o := n.owner.Load()
 	m := PlanMoves(prev.Ring, next.Ring, o.self, allAlive, false, false)
 	plan := PlanCopyForwards(prev.Ring, next.Ring, o.self)
-	kept := o.KeepCopies(next.Epoch(), &m, plan)
+	kept := o.KeepCopies(next.Epoch(), &m, plan, next.Ring)
 	o.Apply(next, m)
 	n.cell.Store(next)
 	return func() { n.sendCopies(next.Epoch(), plan, kept) }
@@ -387,4 +394,39 @@ func TestInsuranceGoesToTheBackupsOfTheRingHandedOffUnder(t *testing.T) {
 				taken, dp.backup["c:1"], c.BackupTable().PartitionLen(p))
 		}
 	})
+}
+
+// A graceful stop waits for the copies under way while a ring change
+// starts more (underWay): was a sync.WaitGroup, whose Add from zero
+// during a Wait is a misuse (a race report, or a panic, under -race in
+// the harness's stop-together tests).
+func TestUnderWayWaitsForWorkStartedWhileWaiting(t *testing.T) {
+	var u underWay
+	closed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	if !closed(u.idle()) {
+		t.Fatal("idle with nothing under way is not closed")
+	}
+	u.add()
+	first := u.idle()
+	u.add()
+	u.done()
+	if closed(first) {
+		t.Fatal("idle closed with one still under way")
+	}
+	u.done()
+	if !closed(first) || !closed(u.idle()) {
+		t.Fatal("idle not closed once nothing is under way")
+	}
+	u.add() // idle again, then busy: a new wait
+	if closed(u.idle()) {
+		t.Fatal("idle closed while busy again")
+	}
+	u.done()
 }

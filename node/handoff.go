@@ -44,9 +44,19 @@ func NextView(prev *view.View, st *fsm.State) (*view.View, error) {
 func (m Moves) awaiting() []uint32 {
 	var ps []uint32
 	for p, g := range m.Gained {
-		if g == GainAwait {
+		if g == GainAwait && !m.CopyOnly[p] {
 			ps = append(ps, p)
 		}
+	}
+	return ps
+}
+
+// awaitingCopies lists the partitions m awaits for a backup copy alone
+// (AwaitCopies).
+func (m Moves) awaitingCopies() []uint32 {
+	var ps []uint32
+	for p := range m.CopyOnly {
+		ps = append(ps, p)
 	}
 	return ps
 }
@@ -702,6 +712,15 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	h.after(h.n.handoffWait(), func(o *Owner) {
 		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), false)
 	})
+}
+
+// expireCopiesLater serves parts, awaited for a backup copy alone under
+// the ring of epoch (AwaitCopies), that still await one after
+// handoffTimeout from nothing, counted: no copy is coming. Their owner
+// is dead, its lease long over (it went without contact for
+// --dead-after), so their wait need not be handoffWait.
+func (h *handoffs) expireCopiesLater(epoch uint64, parts []uint32) {
+	h.after(handoffTimeout, func(o *Owner) { h.expireUnlessArriving(o, epoch, parts, 0, false) })
 }
 
 // expireUnlessArriving promotes the partitions of parts (awaiting since

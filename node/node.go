@@ -224,7 +224,7 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the goroutines Close waits for (goLoop)
 	// copying counts sendCopies under way, which a graceful stop waits for.
-	copying sync.WaitGroup
+	copying underWay
 	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
 	// nothing more.
 	loopsMu     sync.Mutex
@@ -635,9 +635,18 @@ func (n *Node) refresh() {
 		if restarted && n.savedState.Load() {
 			moves.resume(o.loaded)
 		}
+		o.AwaitCopies(&moves, next.Ring)
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
 		copyPlan := PlanCopyForwards(prevRing, next.Ring, n.cfg.ID)
-		kept := o.KeepCopies(next.Epoch(), &moves, copyPlan)
+		for p, was := range o.Reserves(next.Ring) {
+			if _, ok := copyPlan[p]; !ok {
+				if copyPlan == nil {
+					copyPlan = map[uint32]ring.Member{}
+				}
+				copyPlan[p] = was
+			}
+		}
+		kept := o.KeepCopies(next.Epoch(), &moves, copyPlan, next.Ring)
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		sent := n.h.announce(next.Epoch(), handoffTargets(next.Ring, moves.Lost))
 		out := append(o.Apply(next, moves), forwards...)
@@ -658,6 +667,9 @@ func (n *Node) refresh() {
 		n.sendCopies(next.Epoch(), copyPlan, kept)
 		if awaiting := moves.awaiting(); len(awaiting) > 0 {
 			n.h.expireLater(next.Epoch(), awaiting)
+		}
+		if copies := moves.awaitingCopies(); len(copies) > 0 {
+			n.h.expireCopiesLater(next.Epoch(), copies)
 		}
 		if prev != nil {
 			n.log.Info("ring changed", "epoch", next.Epoch(), "members", len(next.Ring.Members()),

@@ -712,11 +712,7 @@ func (c *Cluster) CutHTTP(from, to string) {
 // hang until their deadline), delay holds each call that long. A cut
 // also cuts Raft in that direction.
 func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
-	c.net.mu.Lock()
-	l := c.net.links[[2]string{from, to}]
-	l.cut, l.delay = cut, delay
-	c.net.links[[2]string{from, to}] = l
-	c.net.mu.Unlock()
+	c.setLink(from, to, func(l *link) { l.cut, l.delay = cut, delay })
 	c.relink()
 }
 
@@ -726,9 +722,23 @@ func (c *Cluster) SetLink(from, to string, cut bool, delay time.Duration) {
 // leases, backups and a sender's word that a hand-off is on its way pass
 // at once. Heal clears it.
 func (c *Cluster) SetHandoffDelay(from, to string, d time.Duration) {
+	c.setLink(from, to, func(l *link) { l.handoffDelay = d })
+}
+
+// SetBackupDelay holds each backup push from → to that carries parts
+// (an owner's round, or copies passed on) for d before it is delivered:
+// longer than the push's timeout, the backup gets none of them, as when
+// a large whole push cannot finish on a starved machine. Every other
+// call passes at once. Heal clears it.
+func (c *Cluster) SetBackupDelay(from, to string, d time.Duration) {
+	c.setLink(from, to, func(l *link) { l.backupDelay = d })
+}
+
+// setLink changes the link from → to by set.
+func (c *Cluster) setLink(from, to string, set func(*link)) {
 	c.net.mu.Lock()
 	l := c.net.links[[2]string{from, to}]
-	l.handoffDelay = d
+	set(&l)
 	c.net.links[[2]string{from, to}] = l
 	c.net.mu.Unlock()
 }
@@ -776,11 +786,7 @@ func (linkProber) Ready(context.Context, string) error { return nil }
 // (a firewall that drops one side's connections to the other's data-plane
 // port). Heal restores it.
 func (c *Cluster) CutCalls(from, to string) {
-	c.net.mu.Lock()
-	l := c.net.links[[2]string{from, to}]
-	l.callsCut = true
-	c.net.links[[2]string{from, to}] = l
-	c.net.mu.Unlock()
+	c.setLink(from, to, func(l *link) { l.callsCut = true })
 }
 
 // CutRaft cuts Raft's links between the given members and the others,

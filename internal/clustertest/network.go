@@ -25,10 +25,10 @@ type link struct {
 	// callsCut drops the data-plane calls made in this direction alone:
 	// the other side's calls, and their answers, still pass (see CutCalls).
 	callsCut bool
-	// handoffDelay holds each hand-off push that carries parts that
-	// long before delivery (see SetHandoffDelay); every other call
-	// passes at once.
-	handoffDelay time.Duration
+	// handoffDelay and backupDelay hold each hand-off push, and each
+	// backup push, that carries parts that long before delivery (see
+	// SetHandoffDelay, SetBackupDelay); every other call passes at once.
+	handoffDelay, backupDelay time.Duration
 }
 
 // network is the in-memory data plane and the link table that Raft's
@@ -94,10 +94,17 @@ func (n *network) route(ctx context.Context, from, addr string) (*Member, error)
 	return m, nil
 }
 
-// holdHandoff waits out the hand-off delay of the link from → to, or
-// until ctx ends.
-func (n *network) holdHandoff(ctx context.Context, from, to string) error {
-	if d := n.link(from, to).handoffDelay; d > 0 {
+// holdPush waits out the delay of the link from → to for a push of
+// kind that carries parts, or until ctx ends.
+func (n *network) holdPush(ctx context.Context, from, to string, kind transport.PushKind) error {
+	l, d := n.link(from, to), time.Duration(0)
+	switch kind {
+	case transport.PushHandoff:
+		d = l.handoffDelay
+	case transport.PushBackup:
+		d = l.backupDelay
+	}
+	if d > 0 {
 		return pause.For(ctx, d)
 	}
 	return nil
@@ -139,8 +146,8 @@ func (e endpoint) Push(ctx context.Context, addr string, push *transport.Push, a
 	if err != nil {
 		return err
 	}
-	if push.Kind == transport.PushHandoff && len(push.Parts) > 0 {
-		if err := e.net.holdHandoff(ctx, e.from, m.ID); err != nil {
+	if len(push.Parts) > 0 {
+		if err := e.net.holdPush(ctx, e.from, m.ID, push.Kind); err != nil {
 			return err
 		}
 	}
