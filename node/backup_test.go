@@ -316,3 +316,62 @@ func servingOwner(t *testing.T, id string, v *view.View) *Owner {
 	o.ExpireAwaiting(o.AwaitingParts())
 	return o
 }
+
+// After a ring change an owner pushes whole only the partitions whose
+// backup changed; one whose backup stayed gets its changes as a delta,
+// taken there. Was: every owned partition went whole after any change,
+// so a join made each owner's first round its whole table (seconds at
+// millions of keys on a starved machine), and the partitions whose
+// backup moved to the joiner waited that long for a copy.
+func TestRingChangePushesWholeOnlyWhereTheBackupChanged(t *testing.T) {
+	v1, v2 := testView(t, 1, "a", "b", "c"), testView(t, 2, "a", "b", "c", "d")
+	owners := map[string]*Owner{}
+	for _, id := range []string{"a", "b", "c"} {
+		owners[id] = servingOwner(t, id, v1)
+	}
+	owners["d"] = newOwner(t, "d")
+	var kept, moved []transport.Check
+	for h := uint64(1); h < 1<<16 && (len(kept) == 0 || len(moved) == 0); h++ {
+		p := v1.Ring.Partition(h)
+		o1, _ := v1.Ring.Owner(p)
+		o2, _ := v2.Ring.Owner(p)
+		if o1.ID != "a" || o2.ID != "a" {
+			continue
+		}
+		c := transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}
+		if sameBackup(v1.Ring, v2.Ring, p) {
+			kept = append(kept, c)
+		} else if b, _ := v2.Ring.Backup(p); b.ID == "d" {
+			moved = append(moved, c)
+		}
+	}
+	if len(kept) == 0 || len(moved) == 0 {
+		t.Fatalf("partitions a keeps: %d with the same backup, %d with d for backup; want some of each", len(kept), len(moved))
+	}
+	spend := []transport.Check{kept[0], moved[0]}
+	handle(owners["a"], 1, spend...)
+	deliver(t, owners["a"], owners) // whole: the first round after a view
+	for id, o := range owners {
+		o.Apply(v2, PlanMoves(v1.Ring, v2.Ring, id, allAlive, false, false))
+	}
+	owners["d"].ExpireAwaiting(owners["d"].AwaitingParts())
+	handle(owners["a"], 2, spend...)
+	parts, sts := deliver(t, owners["a"], owners)
+	for i, pt := range parts {
+		if sts[i] != transport.PushOK {
+			t.Errorf("partition %d (delta %v): %v, want taken", pt.Partition, pt.Delta, sts[i])
+		}
+		switch b, _ := v2.Ring.Backup(pt.Partition); {
+		case sameBackup(v1.Ring, v2.Ring, pt.Partition) && !pt.Delta:
+			t.Errorf("partition %d, its backup %s unchanged, pushed whole", pt.Partition, b.ID)
+		case !sameBackup(v1.Ring, v2.Ring, pt.Partition) && pt.Delta:
+			t.Errorf("partition %d, its backup now %s, pushed as a delta", pt.Partition, b.ID)
+		}
+	}
+	if n := owners["b"].BackupTable().PartitionLen(kept[0].Partition) + owners["c"].BackupTable().PartitionLen(kept[0].Partition); n != 1 {
+		t.Errorf("the unchanged backup's copy of partition %d holds %d states, want 1", kept[0].Partition, n)
+	}
+	if n := owners["d"].BackupTable().PartitionLen(moved[0].Partition); n != 1 {
+		t.Errorf("d's copy of partition %d holds %d states, want 1", moved[0].Partition, n)
+	}
+}

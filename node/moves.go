@@ -622,10 +622,21 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 			o.promote(p, now)
 		}
 	}
-	// The owners' backups may have changed: send every owned partition
-	// to its (possibly new) backup at the next backup round.
+	// An owned partition whose backup changed goes whole to the new one
+	// at the next backup round; one whose backup stayed the same member
+	// has a whole copy there, and its changes go on as deltas (a copy
+	// lost meanwhile refuses them, and is then sent whole: MarkDirty). A
+	// partition gained goes whole when it is served (promote,
+	// takeHandoff). Was: every owned partition went whole after any ring
+	// change, so after a join each owner's first round carried its whole
+	// table (seconds of 16 MiB pushes under load at millions of keys),
+	// and the partitions whose backup had moved waited that long for a
+	// copy (Reserves).
+	prev := o.cell.Load()
 	for _, p := range next.Ring.PartitionsOf(o.self) {
-		o.markWhole(p)
+		if prev == nil || !sameBackup(prev.Ring, next.Ring, p) {
+			o.markWhole(p)
+		}
 	}
 	o.cell.Store(next)
 	if o.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -642,6 +653,14 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		o.log.Debug("moves applied", "epoch", next.Epoch(), "gained", b.String(), "out", l.String(), "restart", m.Restart)
 	}
 	return out
+}
+
+// sameBackup reports whether a and b give partition p the same backup
+// member, with the same addresses.
+func sameBackup(a, b *ring.Ring, p uint32) bool {
+	ba, ok1 := a.Backup(p)
+	bb, ok2 := b.Backup(p)
+	return ok1 && ok2 && ba == bb
 }
 
 // promote makes partition p servable from our backup copy (empty if we
