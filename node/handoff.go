@@ -720,7 +720,15 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 // is dead, its lease long over (it went without contact for
 // --dead-after), so their wait need not be handoffWait.
 func (h *handoffs) expireCopiesLater(epoch uint64, parts []uint32) {
-	h.after(handoffTimeout, func(o *Owner) { h.expireUnlessArriving(o, epoch, parts, 0, false) })
+	h.after(handoffTimeout, func(o *Owner) {
+		k, bare, _ := o.expireAwaitingSince(epoch, parts, math.MaxInt64)
+		if k > bare {
+			h.n.log.Info("a dead owner's partitions this member held no copy of: serving the copies passed on", "epoch", epoch, "partitions", k-bare)
+		}
+		if bare > 0 {
+			h.n.log.Warn("a dead owner's partitions this member held no copy of, and no member passed one on: serving them from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
+		}
+	})
 }
 
 // expireUnlessArriving promotes the partitions of parts (awaiting since
