@@ -57,9 +57,21 @@ func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint
 		return
 	}
 	n.copying.add()
+	copied := make(chan struct{})
+	for _, to := range copyTargets(o.self, o.cell.Load().Ring, plan) {
+		n.h.announceWhile(epoch, to, func() bool {
+			select {
+			case <-copied:
+				return false
+			default:
+				return true
+			}
+		})
+	}
 	if !n.goLoop(func() {
 		defer n.copying.done()
 		defer n.releaseLater(o, epoch, kept)
+		defer close(copied)
 		silent := n.silentOwners(epoch, plan)
 		if len(silent) == 0 {
 			return
@@ -72,7 +84,29 @@ func (n *Node) sendCopies(epoch uint64, plan map[uint32]ring.Member, kept []uint
 		wg.Wait()
 	}) {
 		n.copying.done()
+		close(copied)
 	}
+}
+
+// copyTargets lists, once each, the owners in rg (the ring the copies of
+// plan go under) of the partitions of plan whose old owner rg no longer
+// lists (marked dead, or gone), self excepted: they hold nothing of
+// those partitions, maybe (AwaitCopies), and are told that a copy is on
+// its way while sendCopies pings, exports and pushes, seconds on a
+// starved machine (announceWhile), so that their wait for it goes on.
+func copyTargets(self string, rg *ring.Ring, plan map[uint32]ring.Member) []ring.Member {
+	var out []ring.Member
+	seen := map[string]bool{self: true}
+	for p, was := range plan {
+		if _, in := rg.Member(was.ID); in {
+			continue
+		}
+		if ow, ok := rg.Owner(p); ok && !seen[ow.ID] {
+			seen[ow.ID] = true
+			out = append(out, ow)
+		}
+	}
+	return out
 }
 
 // copyReserve is how long a member keeps the backup copies it kept

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -227,13 +228,79 @@ func TestCopiesGoOnlyForASilentOwner(t *testing.T) {
 // Apply and publish next. The returned send passes them on in the
 // background, as refresh does next.
 func applyWithCopies(n *Node, prev, next *view.View) (send func()) {
+	return applyAfterDeath(n, prev, next, "")
+}
+
+// applyAfterDeath is applyWithCopies with member dead gone from prev to
+// next (marked dead, "": none), and the waits refresh starts: for
+// hand-offs, and for copies of what this member held nothing of
+// (AwaitCopies).
+func applyAfterDeath(n *Node, prev, next *view.View, dead string) (send func()) {
 	o := n.owner.Load()
-	m := PlanMoves(prev.Ring, next.Ring, o.self, allAlive, false, false)
-	plan := PlanCopyForwards(prev.Ring, next.Ring, o.self)
-	kept := o.KeepCopies(next.Epoch(), &m, plan, next.Ring)
+	m := PlanMoves(prev.Ring, next.Ring, o.self, func(id string) bool { return id != dead }, false, false)
+	o.AwaitCopies(&m, next.Ring)
+	plan, kept := keepCopies(o, prev.Ring, next, &m)
 	o.Apply(next, m)
+	if awaiting := m.awaiting(); len(awaiting) > 0 {
+		n.h.expireLater(next.Epoch(), awaiting)
+	}
+	if copies := m.awaitingCopies(); len(copies) > 0 {
+		n.h.expireCopiesLater(next.Epoch(), copies)
+	}
 	n.cell.Store(next)
 	return func() { n.sendCopies(next.Epoch(), plan, kept) }
+}
+
+// An owner dies a few seconds after a member joined, before its first
+// push to the joiner, its partition's new backup: the joiner owns the
+// partition then and holds nothing of it, and awaits the copy that the
+// partition's backup before the join kept (Reserves). That member,
+// starved, applies the ring that marks the owner dead 2.5 s after the
+// joiner and takes another 1.4 s to push its copy (a ping that hangs,
+// a slow push): it says the copy is on its way (announceWhile), and the
+// joiner's wait goes on past its 3 s until the copy has come. Was:
+// served from nothing at 3 s (seen live under 16 busy loops: 46–67
+// partitions, the copies merged 0.2–1.4 s later).
+func TestCopyOfADeadOwnersPartitionIsAwaitedWhileItIsOnItsWay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1, v2, v3 := testView(t, 1, "a", "b"), testView(t, 2, "a", "b", "d"), testView(t, 3, "b", "d")
+		var p uint32
+		var h uint64
+		for h = 1; h < 1<<16; h++ {
+			p = v1.Ring.Partition(h)
+			o1, _ := v1.Ring.Owner(p)
+			b2, _ := v2.Ring.Backup(p)
+			o2, _ := v2.Ring.Owner(p)
+			o3, _ := v3.Ring.Owner(p)
+			if o1.ID == "a" && o2.ID == "a" && b2.ID == "d" && o3.ID == "d" {
+				break
+			}
+		}
+		a, b, d := servingOwner(t, "a", v1), servingOwner(t, "b", v1), newOwner(t, "d")
+		handle(a, 1, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 2})
+		deliver(t, a, map[string]*Owner{"b": b})
+		bdp := &crashable{next: &slowPushes{d: 900 * time.Millisecond, next: pushOwners{"a:1": a, "d:1": d}, partsOnly: true}, addr: "a:1"}
+		nb := handoffNode(t, b, bdp)
+		nd := handoffNode(t, d, pushOwners{})
+		// d joins; a keeps p, its backup now d, which gets none of its
+		// pushes; b keeps its copy.
+		d.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "d", allAlive, false, false))
+		d.ExpireAwaiting(d.AwaitingParts())
+		before := d.ServedFromNothing() // what d gained at its join, taken by none
+		applyAfterDeath(nb, v1, v2, "")()
+		// a dies: d applies the ring at once, b 2.5 s later.
+		applyAfterDeath(nd, v2, v3, "a")
+		time.Sleep(2500 * time.Millisecond)
+		bdp.crashed.Store(true)
+		applyAfterDeath(nb, v2, v3, "a")()
+		time.Sleep(10 * time.Second)
+		if k := d.ServedFromNothing() - before; k != 0 {
+			t.Errorf("d served %d partitions from nothing while b's copy was on its way", k)
+		}
+		if r := handle(d, 3, transport.Check{Rule: "r", KeyHash: h, Partition: p, Cost: 1}).Results[0]; r.Status != transport.StatusOK || r.Allowed {
+			t.Errorf("key spent 2 of 2 at a, checked at d: %+v, want denied", r)
+		}
+	})
 }
 
 // movedPart returns a partition (and a key hash in it) that v1 gives to
@@ -429,4 +496,19 @@ func TestUnderWayWaitsForWorkStartedWhileWaiting(t *testing.T) {
 		t.Fatal("idle closed while busy again")
 	}
 	u.done()
+}
+
+// crashable passes pushes on to next until crashed is set; from then on
+// a push to addr is refused at once, as by a crashed process's port.
+type crashable struct {
+	next    DataPlane
+	addr    string
+	crashed atomic.Bool
+}
+
+func (c *crashable) Push(ctx context.Context, addr string, push *transport.Push, ack *transport.PushAck) error {
+	if addr == c.addr && c.crashed.Load() {
+		return errors.New("connection refused")
+	}
+	return c.next.Push(ctx, addr, push, ack)
 }

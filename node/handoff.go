@@ -253,37 +253,44 @@ func (h *handoffs) announce(epoch uint64, targets []ring.Member) (sent func()) {
 		return func() {}
 	}
 	exporting := make(chan struct{})
-	n := h.n
 	for _, to := range targets {
-		n.goLoop(func() {
-			t := time.NewTicker(announceEvery)
-			defer t.Stop()
-			until := time.Now().Add(handoffWaitMore)
-			for {
-				ctx, cancel := context.WithTimeout(n.ctx, announceEvery)
-				_ = n.cfg.DataPlane.Push(ctx, to.Peer, &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}, &transport.PushAck{})
-				cancel()
-				select {
-				case <-n.ctx.Done():
-					return
-				case <-h.given:
-					return
-				case <-t.C:
-				}
-				select {
-				case <-exporting:
-					if !h.owes(to.ID) {
-						return
-					}
-				default:
-				}
-				if time.Now().After(until) {
-					return
-				}
+		h.announceWhile(epoch, to, func() bool {
+			select {
+			case <-exporting:
+				return h.owes(to.ID)
+			default:
+				return true
 			}
 		})
 	}
 	return sync.OnceFunc(func() { close(exporting) })
+}
+
+// announceWhile sends member to an empty hand-off push of the ring of
+// epoch now and every announceEvery while on() holds, at most
+// handoffWaitMore (see announce).
+func (h *handoffs) announceWhile(epoch uint64, to ring.Member, on func() bool) {
+	n := h.n
+	n.goLoop(func() {
+		t := time.NewTicker(announceEvery)
+		defer t.Stop()
+		until := time.Now().Add(handoffWaitMore)
+		for {
+			ctx, cancel := context.WithTimeout(n.ctx, announceEvery)
+			_ = n.cfg.DataPlane.Push(ctx, to.Peer, &transport.Push{Kind: transport.PushHandoff, Epoch: epoch, From: n.cfg.ID}, &transport.PushAck{})
+			cancel()
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-h.given:
+				return
+			case <-t.C:
+			}
+			if !on() || time.Now().After(until) {
+				return
+			}
+		}
+	})
 }
 
 // handoffTargets lists, once each, the members of rg that lost names as
@@ -710,26 +717,34 @@ func (n *Node) handoffWait() time.Duration {
 // handoffWaitMore longer (expireUnlessArriving).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	h.after(h.n.handoffWait(), func(o *Owner) {
-		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), false)
+		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), waitHandoffs)
 	})
 }
 
 // expireCopiesLater serves parts, awaited for a backup copy alone under
-// the ring of epoch (AwaitCopies), that still await one after
-// handoffTimeout from nothing, counted: no copy is coming. Their owner
-// is dead, its lease long over (it went without contact for
-// --dead-after), so their wait need not be handoffWait.
+// the ring of epoch (AwaitCopies), after handoffTimeout: from the copies
+// that came, or from nothing, counted. Their owner is dead, its lease
+// long over (it went without contact for --dead-after), so their wait
+// need not be handoffWait. A copy still on its way then (its holder,
+// starved, applied the ring that marked the owner dead a second or two
+// after this member, and says so: Node.sendCopies) is waited for on, as
+// a hand-off is (expireUnlessArriving).
 func (h *handoffs) expireCopiesLater(epoch uint64, parts []uint32) {
 	h.after(handoffTimeout, func(o *Owner) {
-		k, bare, _ := o.expireAwaitingSince(epoch, parts, math.MaxInt64)
-		if k > bare {
-			h.n.log.Info("a dead owner's partitions this member held no copy of: serving the copies passed on", "epoch", epoch, "partitions", k-bare)
-		}
-		if bare > 0 {
-			h.n.log.Warn("a dead owner's partitions this member held no copy of, and no member passed one on: serving them from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
-		}
+		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), waitCopies)
 	})
 }
+
+// waitState says what a wait of expireUnlessArriving awaits, and whether
+// it was extended already (logged once).
+type waitState uint8
+
+const (
+	waitHandoffs waitState = iota
+	waitHandoffsOn
+	waitCopies
+	waitCopiesOn
+)
 
 // expireUnlessArriving promotes the partitions of parts (awaiting since
 // the ring of epoch) whose hand-off is not arriving, and looks again at
@@ -737,24 +752,32 @@ func (h *handoffs) expireCopiesLater(epoch uint64, parts []uint32) {
 // sender (any sender, for a partition awaited from no one member alone)
 // had a hand-off push arrive here, or parts of one taken, in the last
 // handoffTimeout, until until (monotonic ns since the owner's start),
-// after which all are promoted.
-// kept says the wait was extended already (logged once).
+// after which all are promoted. w says whether the parts await hand-offs
+// or copies (AwaitCopies), for the log, and whether the wait was
+// extended already.
 //
 // Was: every partition promoted when handoffWait ended. A member joining
 // a cluster of 8M keys on a starved machine was still being sent its
 // hand-offs, in 16 MiB pushes, when its 3 s wait ended: it served
 // 159–198 partitions from nothing, their keys' budgets full again until
 // the late hand-offs were merged (TestSlowHandoffIsAwaitedWhileItArrives).
-func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, until int64, kept bool) {
+func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, until int64, w waitState) {
 	since := int64(math.MaxInt64) // past until: no more waiting
 	if now := o.mono(); now < until {
 		since = now - int64(handoffTimeout)
 	}
+	copies := w == waitCopies || w == waitCopiesOn
 	k, bare, arriving := o.expireAwaitingSince(epoch, parts, since)
-	if k > bare {
+	switch {
+	case k > bare && copies:
+		h.n.log.Info("a dead owner's partitions this member held no copy of: serving the copies passed on", "epoch", epoch, "partitions", k-bare)
+	case k > bare:
 		h.n.log.Warn("hand-off did not arrive in time; serving the backup copies", "epoch", epoch, "partitions", k-bare)
 	}
-	if bare > 0 {
+	switch {
+	case bare > 0 && copies:
+		h.n.log.Warn("a dead owner's partitions this member held no copy of, and no member passed one on: serving them from nothing, their keys' budgets start full", "epoch", epoch, "partitions", bare)
+	case bare > 0:
 		// Was: counted in the line above, so an owner and its
 		// backup lost together read as a failover that kept the
 		// budgets.
@@ -763,11 +786,17 @@ func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, 
 	if len(arriving) == 0 {
 		return
 	}
-	if !kept {
+	switch w {
+	case waitHandoffs:
 		h.n.log.Info("hand-offs still arriving at the end of the hand-off wait: their partitions wait on while parts keep coming",
 			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
+		w = waitHandoffsOn
+	case waitCopies:
+		h.n.log.Info("backup copies of a dead owner's partitions still on their way at the end of the wait for them: those partitions wait on",
+			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
+		w = waitCopiesOn
 	}
-	h.after(handoffRecheck, func(o *Owner) { h.expireUnlessArriving(o, epoch, arriving, until, true) })
+	h.after(handoffRecheck, func(o *Owner) { h.expireUnlessArriving(o, epoch, arriving, until, w) })
 }
 
 // handoffWaitMore is how much longer than its hand-off wait a partition

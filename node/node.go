@@ -637,16 +637,7 @@ func (n *Node) refresh() {
 		}
 		o.AwaitCopies(&moves, next.Ring)
 		forwards := o.ForwardBackups(next, PlanBackupForwards(prevRing, next.Ring, n.cfg.ID, flapped))
-		copyPlan := PlanCopyForwards(prevRing, next.Ring, n.cfg.ID)
-		for p, was := range o.Reserves(next.Ring) {
-			if _, ok := copyPlan[p]; !ok {
-				if copyPlan == nil {
-					copyPlan = map[uint32]ring.Member{}
-				}
-				copyPlan[p] = was
-			}
-		}
-		kept := o.KeepCopies(next.Epoch(), &moves, copyPlan, next.Ring)
+		copyPlan, kept := keepCopies(o, prevRing, next, &moves)
 		o.EnableLease(len(next.Ring.Members()) > 1)
 		sent := n.h.announce(next.Epoch(), handoffTargets(next.Ring, moves.Lost))
 		out := append(o.Apply(next, moves), forwards...)
@@ -696,6 +687,23 @@ func (n *Node) refresh() {
 	} else if old == nil {
 		n.leftBeforeRestart()
 	}
+}
+
+// keepCopies plans the backup copies member o may have to pass on as
+// the ring goes from prev to next (PlanCopyForwards, and the copies it
+// kept from earlier rings: Reserves), and keeps them through Apply of m
+// (KeepCopies), which it returns.
+func keepCopies(o *Owner, prev *ring.Ring, next *view.View, m *Moves) (plan map[uint32]ring.Member, kept []uint32) {
+	plan = PlanCopyForwards(prev, next.Ring, o.self)
+	for p, was := range o.Reserves(next.Ring) {
+		if _, ok := plan[p]; !ok {
+			if plan == nil {
+				plan = map[uint32]ring.Member{}
+			}
+			plan[p] = was
+		}
+	}
+	return plan, o.KeepCopies(next.Epoch(), m, plan, next.Ring)
 }
 
 // noteRemoved is this member's exit from the cluster: once, it logs why,
