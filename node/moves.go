@@ -303,10 +303,9 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 // to another member than that owner, itself excepted. Kept copies
 // outlive the ring change that took them from this member
 // (Node.copyReserve): a partition's owner that keeps it pushes it whole
-// to its new backup at its next backup round, seconds later under load
-// (every partition it owns goes whole after a ring change), and if it
-// crashes before that push got through, this member's copy is the only
-// one. That owner's crash, once marked, is such a ring: the copy goes
+// to its new backup at its next backup round, seconds later at millions
+// of keys under load, and if it crashes before that push got through,
+// this member's copy is the only one. That owner's crash, once marked, is such a ring: the copy goes
 // on as any copy of a silent owner's partition does (Node.sendCopies),
 // to the owner in next (its new backup, which holds nothing of it:
 // AwaitCopies) and its backup.
@@ -335,10 +334,10 @@ func (o *Owner) Reserves(next *ring.Ring) map[uint32]ring.Member {
 // has other members: a member that backed it up or owned it in an
 // earlier ring may keep one (Reserves) and is passing it on. Copies
 // that come are merged (takeCopy: several may, of different ages), and
-// served after handoffTimeout (Node.expireCopiesLater); with none, the
-// partition is served from nothing then, and counted
-// (ServedFromNothing). Was: served from nothing at once, uncounted, and
-// any copy merged when it came: a
+// served after handoffTimeout, or later while copies are said to be on
+// their way (handoffs.expireCopiesLater); with none, the partition is
+// served from nothing then, and counted (ServedFromNothing). Was: served
+// from nothing at once, uncounted, and any copy merged when it came: a
 // member that crashed seconds after another joined, before its first
 // whole push reached the joiner, its new backup, had every key of those
 // partitions admitted again (live: 83 of 226 partitions).
