@@ -10,6 +10,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/limiter"
 	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/view"
 )
 
 // A member crashes and, before it is marked dead, the ring changes for
@@ -29,10 +30,7 @@ func TestCrashedOwnersPartitionsMovedBeforeItIsMarkedDeadKeepTheirBudget(t *test
 		// alone): keys of n3's whose partition gets another owner than
 		// its backup, and keys whose partition gets another backup.
 		v := c.Member("n1").Node().View()
-		after, err := ring.New(v.Ring.Config(), v.Epoch()+1, append(v.Ring.Members(), ring.Member{ID: "n4"}))
-		if err != nil {
-			t.Fatal(err)
-		}
+		after := nextRing(t, v, append(v.Ring.Members(), ring.Member{ID: "n4"}))
 		var owned, backed []string
 		for i := 0; i < 5000 && (len(owned) < 20 || len(backed) < 20); i++ {
 			k := c.KeyOwnedBy("n3", i)
@@ -265,10 +263,7 @@ func TestCopiesPassedOnReachABackupWhoseRingLags(t *testing.T) {
 		c := New(t, 5, Options{DeadAfter: 30 * time.Second})
 		c.PutRules("n1", logRule)
 		v := c.Member("n1").Node().View()
-		after, err := ring.New(v.Ring.Config(), v.Epoch()+1, slices.DeleteFunc(v.Ring.Members(), func(m ring.Member) bool { return m.ID == "n2" }))
-		if err != nil {
-			t.Fatal(err)
-		}
+		after := nextRing(t, v, slices.DeleteFunc(v.Ring.Members(), func(m ring.Member) bool { return m.ID == "n2" }))
 		var keys []string
 		for i := 0; len(keys) < 40; i++ {
 			k := c.KeyOwnedBy("n5", i)
@@ -323,10 +318,7 @@ func ownerCrashBeforeItsNewBackupHoldsACopy(t *testing.T, copiesCome bool) {
 		// backup then another member (kept), or handed to n3 by their
 		// owner (which keeps them).
 		v := c.Member("n1").Node().View()
-		after, err := ring.New(v.Ring.Config(), v.Epoch()+1, append(v.Ring.Members(), ring.Member{ID: "n4"}))
-		if err != nil {
-			t.Fatal(err)
-		}
+		after := nextRing(t, v, append(v.Ring.Members(), ring.Member{ID: "n4"}))
 		var kept, handed, keys, holders []string
 		for i := 0; i < 20000 && (len(kept) < 20 || len(handed) < 20); i++ {
 			k := fmt.Sprintf("k%d", i)
@@ -395,4 +387,15 @@ func ownerCrashBeforeItsNewBackupHoldsACopy(t *testing.T, copiesCome bool) {
 			t.Errorf("n4 served %d partitions from nothing", k)
 		}
 	})
+}
+
+// nextRing is the ring of members that follows v's (placement depends on
+// the ids alone): where a join or a removal will put each partition.
+func nextRing(t *testing.T, v *view.View, members []ring.Member) *ring.Ring {
+	t.Helper()
+	r, err := ring.New(v.Ring.Config(), v.Epoch()+1, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
