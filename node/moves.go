@@ -270,7 +270,7 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 		}
 		g := &o.moving[p]
 		g.Lock()
-		o.keptFor[p] = epoch
+		o.keptFor[p], o.keptFrom[p] = epoch, ring.Member{}
 		o.keptOwner[p], _ = next.Owner(p)
 		g.Unlock()
 		kept = append(kept, p)
@@ -291,6 +291,15 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 		if dropped[p] || o.keptFor[p] != 0 {
 			o.keptFor[p] = epoch
 			o.keptOwner[p], _ = next.Owner(p)
+			// The member planned (its owner before) is handing the
+			// partition off to that owner, unless it is gone: then its
+			// copy is passed on now, if it is silent (Node.sendCopies).
+			o.keptFrom[p] = ring.Member{}
+			if was := plan[p]; was.ID != o.keptOwner[p].ID {
+				if _, in := next.Member(was.ID); in {
+					o.keptFrom[p] = was
+				}
+			}
 			kept = append(kept, p)
 		}
 		g.Unlock()
@@ -308,18 +317,30 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 // this member's copy is the only one. That owner's crash, once marked, is such a ring: the copy goes
 // on as any copy of a silent owner's partition does (Node.sendCopies),
 // to the owner in next (its new backup, which holds nothing of it:
-// AwaitCopies) and its backup.
+// AwaitCopies) and its backup. So is one whose owner before that ring
+// change was handing it off to its owner and has since left the ring
+// (keptFrom: a member killed while a joiner awaited its hand-offs),
+// to the owner that may have served it from nothing meanwhile: merged
+// there, it spends again what the lost hand-off held.
 func (o *Owner) Reserves(next *ring.Ring) map[uint32]ring.Member {
 	var out map[uint32]ring.Member
 	for p := range o.moving {
 		g := &o.moving[p]
 		g.Lock()
 		if o.keptFor[p] != 0 && o.keptOwner[p].ID != "" {
-			if ow, ok := next.Owner(uint32(p)); !ok || ow.ID != o.keptOwner[p].ID && ow.ID != o.self {
+			ow, ok := next.Owner(uint32(p))
+			var ask ring.Member // the member whose silence sends the copy on
+			switch _, senderIn := next.Member(o.keptFrom[p].ID); {
+			case !ok || ow.ID != o.keptOwner[p].ID && ow.ID != o.self:
+				ask = o.keptOwner[p]
+			case o.keptFrom[p].ID != "" && !senderIn && ow.ID != o.self:
+				ask = o.keptFrom[p] // crashed while handing it off
+			}
+			if ask.ID != "" {
 				if out == nil {
 					out = map[uint32]ring.Member{}
 				}
-				out[uint32(p)] = o.keptOwner[p]
+				out[uint32(p)] = ask
 			}
 		}
 		g.Unlock()
@@ -376,7 +397,7 @@ func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
 		g := &o.moving[p]
 		g.Lock()
 		if o.keptFor[p] == epoch {
-			o.keptFor[p], o.keptOwner[p] = 0, ring.Member{}
+			o.keptFor[p], o.keptOwner[p], o.keptFrom[p] = 0, ring.Member{}, ring.Member{}
 			ow, _ := v.Ring.Owner(p)
 			b, _ := v.Ring.Backup(p)
 			if ow.ID != o.self && b.ID != o.self {

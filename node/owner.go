@@ -71,9 +71,12 @@ type Owner struct {
 	// that ring's epoch, until ReleaseCopies; 0 otherwise. keptOwner is
 	// the partition's owner in that ring, whose crash before the
 	// partition's new backup holds a whole copy leaves this copy the
-	// only one (Reserves). Both guarded by its moving lock.
+	// only one (Reserves); keptFrom its owner before, when that one was
+	// handing it off to keptOwner (a crash of it then leaves the
+	// hand-off undelivered). All guarded by its moving lock.
 	keptFor   []uint64
 	keptOwner []ring.Member
+	keptFrom  []ring.Member
 	// applyMu serializes Apply and ReleaseCopies.
 	applyMu sync.Mutex
 	// ownerSilent is, per partition in partAwaiting, whether a backup
@@ -254,7 +257,7 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), keptOwner: make([]ring.Member, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), handoffSeen: map[string]int64{}, start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), keptOwner: make([]ring.Member, partitions), keptFrom: make([]ring.Member, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), handoffSeen: map[string]int64{}, start: time.Now()}, nil
 }
 
 // Partitions is the table's partition count.

@@ -272,6 +272,11 @@ func (c *Cluster) Join(id string) *Member {
 	return m
 }
 
+// StartJoin starts a new member that joins the cluster, and returns at
+// once: the cluster may not settle (a member crashes while the joiner
+// awaits its hand-offs).
+func (c *Cluster) StartJoin(id string) *Member { return c.add(id, true) }
+
 func (c *Cluster) add(id string, join bool) *Member {
 	m := &Member{ID: id, c: c, logs: raft.NewInmemStore(), stable: raft.NewInmemStore(), snaps: raft.NewInmemSnapshotStore(), joined: join}
 	if c.opts.DataDirs {

@@ -399,3 +399,48 @@ func nextRing(t *testing.T, v *view.View, members []ring.Member) *ring.Ring {
 	}
 	return r
 }
+
+// A member is killed while a joiner awaits its hand-offs (16M keys on
+// a starved machine: the exports take seconds). Its partitions' backup
+// before the join keeps its copy (Reserves: the killed member answered
+// its ping then) and, once the kill is marked, passes it on to the
+// joiner, which merges it into what it serves: the keys spent before
+// the join are spent again. Was: the joiner, its wait over, served those
+// partitions from nothing, counted, but for good (live: 6 partitions,
+// 140 of a 20,000-key sample admitted again).
+func TestHandoffSenderKilledDuringAJoinIsMadeGoodFromAKeptCopy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, 3, Options{DeadAfter: 5 * time.Second})
+		c.PutRules("n1", logRule)
+		v := c.Member("n1").Node().View()
+		after := nextRing(t, v, append(v.Ring.Members(), ring.Member{ID: "n4"}))
+		var keys []string
+		for i := 0; i < 20000 && len(keys) < 20; i++ {
+			k := fmt.Sprintf("k%d", i)
+			p := v.Ring.Partition(limiter.KeyHash(v.Seed, k))
+			o, _ := v.Ring.Owner(p)
+			o2, _ := after.Owner(p)
+			if o.ID == "n2" && o2.ID == "n4" {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) < 20 {
+			t.Fatalf("n4's join moves %d keys from n2 to n4; want 20", len(keys))
+		}
+		spendHalf(t, c, keys)
+		c.SetHandoffDelay("n2", "n4", time.Hour) // n2's exports take longer than it lives
+		n4 := c.StartJoin("n4")
+		c.WaitFor("n4 in its ring", time.Minute, func() bool {
+			if nd := n4.Node(); nd != nil {
+				v := nd.View()
+				return v != nil && len(v.Ring.Members()) == 4
+			}
+			return false
+		})
+		time.Sleep(time.Second)
+		c.Crash("n2")
+		waitDeadAndReady(c, "n2", "n1", "n3", "n4")
+		time.Sleep(2 * time.Second) // the kept copies passed on and merged
+		wantHalfLeft(t, c, keys, "after n4's join and n2's death during its hand-offs")
+	})
+}
