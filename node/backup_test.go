@@ -165,7 +165,7 @@ func TestServedFromNothingCountsPartitionsWithoutACopy(t *testing.T) {
 	}
 	v2 := testView(t, 2, "b")
 	b.Apply(v2, PlanMoves(v1.Ring, v2.Ring, "b", func(id string) bool { return id == "b" }, false, false))
-	promoted, bare, _ := b.expireAwaitingSince(2, b.AwaitingParts(), math.MaxInt64)
+	promoted, bare, _ := b.expireAwaitingSince(2, b.AwaitingParts(), math.MaxInt64, false)
 	if bare != want || promoted <= bare {
 		t.Fatalf("promoted %d, of which %d from nothing; want %d from nothing and the rest from copies", promoted, bare, want)
 	}

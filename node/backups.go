@@ -263,6 +263,36 @@ func (n *Node) silentOwners(epoch uint64, plan map[uint32]ring.Member) map[strin
 			owners[m.ID] = m
 		}
 	}
+	return n.silentOf(epoch, owners)
+}
+
+// memberSilent reports whether a member of this member's ring, itself
+// excepted, does not answer a ping within copyPingTimeout (or what
+// cfg.silentHook says, in tests).
+func (n *Node) memberSilent() bool {
+	if n.silentHook != nil {
+		return n.silentHook()
+	}
+	o := n.owner.Load()
+	if o == nil {
+		return false
+	}
+	v := o.cell.Load()
+	if v == nil {
+		return false
+	}
+	members := map[string]ring.Member{}
+	for _, m := range v.Ring.Members() {
+		if m.ID != n.cfg.ID {
+			members[m.ID] = m
+		}
+	}
+	return len(n.silentOf(v.Epoch(), members)) > 0
+}
+
+// silentOf pings members (by id), at once, and returns those that did not
+// answer within copyPingTimeout.
+func (n *Node) silentOf(epoch uint64, owners map[string]ring.Member) map[string]bool {
 	var mu sync.Mutex
 	silent := map[string]bool{}
 	var wg sync.WaitGroup
@@ -271,7 +301,13 @@ func (n *Node) silentOwners(epoch uint64, plan map[uint32]ring.Member) map[strin
 			ctx, cancel := context.WithTimeout(n.ctx, copyPingTimeout)
 			defer cancel()
 			var ack transport.PushAck
-			if n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: epoch, From: n.cfg.ID}, &ack) != nil {
+			// No From: a leader takes a ping that names its sender for
+			// that member's lease request (noteLeaseRequest), and a
+			// liveness check from a member whose log is stuck cleared
+			// the leader's count of it as behind, which then never
+			// marked it dead (TestMemberWhoseRingOrRulesCannotFollowIsMarkedDead,
+			// once memberSilent pinged at every hand-off wait's end).
+			if n.cfg.DataPlane.Push(ctx, m.Peer, &transport.Push{Kind: transport.PushPing, Epoch: epoch}, &ack) != nil {
 				mu.Lock()
 				silent[id] = true
 				mu.Unlock()

@@ -35,7 +35,8 @@ func (d pushOwners) Push(ctx context.Context, addr string, push *transport.Push,
 // end with the test.
 func handoffNode(t *testing.T, o *Owner, dp DataPlane) *Node {
 	t.Helper()
-	n := &Node{cfg: Config{ID: o.self, DataPlane: dp}, log: slog.New(slog.DiscardHandler), m: newNodeMetrics()}
+	n := &Node{cfg: Config{ID: o.self, DataPlane: dp}, log: slog.New(slog.DiscardHandler), m: newNodeMetrics(),
+		silentHook: func() bool { return false }} // every member answers (see TestBareWaitGoesOnWhileAMemberIsSilent)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.h = newHandoffs(n)
 	n.owner.Store(o)
@@ -632,6 +633,60 @@ func TestHandoffAnnouncedIsAwaitedPastTheWait(t *testing.T) {
 				ck := transport.Check{Rule: "r", KeyHash: 7<<20 | uint64(p), Partition: p, Cost: 1}
 				if r := handle(c, 2, ck).Results[0]; r.Status != transport.StatusOK || r.Allowed {
 					t.Errorf("key spent at a, checked at c after the hand-off: %+v, want denied", r)
+				}
+			})
+		})
+	}
+}
+
+// A partition that holds nothing when its hand-off wait ends waits on
+// while a member of the ring does not answer a ping (killed, not yet
+// marked dead: its hand-off, or the copy another member kept of it,
+// comes once the kill is marked), up to handoffWaitMore; then it is
+// served from what came, or from nothing, counted. Was: served from
+// nothing when the wait ended (a member killed during a join: 6 to 77
+// partitions, for good until a copy was merged).
+func TestBareWaitGoesOnWhileAMemberIsSilent(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		silent time.Duration // how long a member is silent, from the ring
+		copyAt time.Duration // when a copy comes (0: none)
+		want   time.Duration // when the partition is served
+		bare   bool          // p served from nothing
+	}{
+		{"no member silent", 0, 0, handoffTimeout, true},
+		{"a member silent 8s, no copy", 8 * time.Second, 0, 8 * time.Second, true},
+		{"a copy while a member is silent", time.Minute, 6200 * time.Millisecond, 6500 * time.Millisecond, false},
+		{"no longer than the bound", time.Hour, 0, handoffTimeout + handoffWaitMore, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				c := newOwner(t, "c")
+				n := handoffNode(t, c, pushOwners{})
+				n.silentHook = func() bool { return time.Since(start) < tc.silent }
+				v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
+				_, p := partOf(v2, "c")
+				applyRing(n, nil, v1)
+				applyRing(n, v1, v2)
+				if tc.copyAt > 0 {
+					time.Sleep(tc.copyAt)
+					a := servingOwner(t, "a", v1)
+					pt := transport.PushPart{Partition: p, Data: a.Table().Export(nil, p, c.now())}
+					if st, ok := c.takeCopy(v2, &pt, 2, c.now()); !ok || st != transport.PushOK {
+						t.Fatalf("copy: %v %v", st, ok)
+					}
+				}
+				for c.getState(p) == partAwaiting && time.Since(start) < 2*time.Minute {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if got := time.Since(start); got < tc.want || got > tc.want+handoffRecheck+10*time.Millisecond {
+					t.Errorf("partition %d served %v after the ring; want %v (within %v)", p, got, tc.want, handoffRecheck)
+				}
+				// c gains other partitions, bare too, served at the same
+				// time as p unless p's copy came.
+				if k := c.ServedFromNothing(); (k > 0) != tc.bare {
+					t.Errorf("served from nothing: %d partitions, want some: %v", k, tc.bare)
 				}
 			})
 		})

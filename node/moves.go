@@ -726,7 +726,7 @@ func (o *Owner) ExpireAwaiting(parts []uint32) (promoted int) {
 // The state is read under the partition's moving lock: a hand-off taken
 // just before is served as it came, not replaced by the copy.
 func (o *Owner) ExpireAwaitingSince(epoch uint64, parts []uint32) (promoted int) {
-	promoted, _, _ = o.expireAwaitingSince(epoch, parts, math.MaxInt64)
+	promoted, _, _ = o.expireAwaitingSince(epoch, parts, math.MaxInt64, false)
 	return promoted
 }
 
@@ -737,8 +737,10 @@ func (o *Owner) ExpireAwaitingSince(epoch uint64, parts []uint32) (promoted int)
 // returned in arriving: one that awaits a member that took part in a
 // hand-off to this owner at or after since (monotonic ns since start,
 // see handoffSeen; any member's when it awaits none alone), unless that
-// owner is known silent. math.MaxInt64 promotes every one.
-func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32, since int64) (promoted, bare int, arriving []uint32) {
+// owner is known silent. math.MaxInt64 promotes every one. holdBare
+// keeps those that hold nothing (bare) awaiting too, returned in
+// arriving.
+func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32, since int64, holdBare bool) (promoted, bare int, arriving []uint32) {
 	now := o.now()
 	o.seenMu.Lock()
 	seen := maps.Clone(o.handoffSeen)
@@ -753,6 +755,11 @@ func (o *Owner) expireAwaitingSince(epoch uint64, parts []uint32, since int64) (
 				continue
 			}
 			if !o.holdsAny(p) {
+				if holdBare {
+					arriving = append(arriving, p)
+					g.Unlock()
+					continue
+				}
 				bare++
 			}
 			o.promoteLocked(p, now)

@@ -225,6 +225,9 @@ type Node struct {
 	wg     sync.WaitGroup // the goroutines Close waits for (goLoop)
 	// copying counts sendCopies under way, which a graceful stop waits for.
 	copying underWay
+	// silentHook, when set (tests of the Owner without a cluster),
+	// answers memberSilent instead of pinging.
+	silentHook func() bool
 	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
 	// nothing more.
 	loopsMu     sync.Mutex
