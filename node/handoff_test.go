@@ -658,6 +658,9 @@ func TestBareWaitGoesOnWhileAMemberIsSilent(t *testing.T) {
 		{"a member silent 8s, no copy", 8 * time.Second, 0, 8 * time.Second, true},
 		{"a copy while a member is silent", time.Minute, 6200 * time.Millisecond, 6500 * time.Millisecond, false},
 		{"no longer than the bound", time.Hour, 0, handoffTimeout + handoffWaitMore, true},
+		// A member left the ring 1 s after this one (marked dead): none is
+		// silent, and copies may be on their way for handoffTimeout.
+		{"a member gone", -time.Second, 0, time.Second + handoffTimeout, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -665,6 +668,9 @@ func TestBareWaitGoesOnWhileAMemberIsSilent(t *testing.T) {
 				c := newOwner(t, "c")
 				n := handoffNode(t, c, pushOwners{})
 				n.silentHook = func() bool { return time.Since(start) < tc.silent }
+				if tc.silent < 0 {
+					n.memberGone.Store(start.Add(-tc.silent).UnixNano())
+				}
 				v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
 				_, p := partOf(v2, "c")
 				applyRing(n, nil, v1)

@@ -228,6 +228,9 @@ type Node struct {
 	// silentHook, when set (tests of the Owner without a cluster),
 	// answers memberSilent instead of pinging.
 	silentHook func() bool
+	// memberGone is when (Unix ns) a ring this member applied last had a
+	// member fewer than the one before it (memberSilent); 0 never.
+	memberGone atomic.Int64
 	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
 	// nothing more.
 	loopsMu     sync.Mutex
@@ -627,6 +630,12 @@ func (n *Node) refresh() {
 		var prevRing *ring.Ring
 		if prev != nil {
 			prevRing = prev.Ring
+			for _, m := range prevRing.Members() {
+				if _, in := next.Ring.Member(m.ID); !in {
+					n.memberGone.Store(time.Now().UnixNano())
+					break
+				}
+			}
 		}
 		alive := func(id string) bool { m, ok := st.Member(id); return !ok || m.State != fsm.Dead }
 		restarted := n.raft.hasState && prev == nil && len(st.Active()) > 1
