@@ -266,9 +266,9 @@ func (h *handoffs) announce(epoch uint64, targets []ring.Member) (sent func()) {
 	return sync.OnceFunc(func() { close(exporting) })
 }
 
-// announceWhile sends member to an empty hand-off push of the ring of
-// epoch now and every announceEvery while on() holds, at most
-// handoffWaitMore (see announce).
+// announceWhile sends member to, now and every announceEvery while on()
+// holds, at most handoffWaitMore, an empty hand-off push of the ring of
+// epoch (see announce).
 func (h *handoffs) announceWhile(epoch uint64, to ring.Member, on func() bool) {
 	n := h.n
 	n.goLoop(func() {
@@ -717,7 +717,7 @@ func (n *Node) handoffWait() time.Duration {
 // handoffWaitMore longer (expireUnlessArriving).
 func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 	h.after(h.n.handoffWait(), func(o *Owner) {
-		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), waitHandoffs)
+		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), false, false)
 	})
 }
 
@@ -731,20 +731,9 @@ func (h *handoffs) expireLater(epoch uint64, parts []uint32) {
 // a hand-off is (expireUnlessArriving).
 func (h *handoffs) expireCopiesLater(epoch uint64, parts []uint32) {
 	h.after(handoffTimeout, func(o *Owner) {
-		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), waitCopies)
+		h.expireUnlessArriving(o, epoch, parts, o.mono()+int64(handoffWaitMore), true, false)
 	})
 }
-
-// waitState says what a wait of expireUnlessArriving awaits, and whether
-// it was extended already (logged once).
-type waitState uint8
-
-const (
-	waitHandoffs waitState = iota
-	waitHandoffsOn
-	waitCopies
-	waitCopiesOn
-)
 
 // expireUnlessArriving promotes the partitions of parts (awaiting since
 // the ring of epoch) whose hand-off is not arriving, and looks again at
@@ -753,28 +742,27 @@ const (
 // had a hand-off push arrive here, or parts of one taken, in the last
 // handoffTimeout, until until (monotonic ns since the owner's start),
 // after which all are promoted. One that holds nothing to serve from
-// waits on too while a member of the ring does not answer a ping
-// (anyMemberSilent): killed, not yet marked dead, it may have been
-// handing the partition off, and once the kill is marked the member that
-// kept a copy passes it on (Owner.Reserves); serving it from nothing
-// meanwhile readmits every spent key (live, scenario 14 with a kill: 6
-// to 77 partitions, 140 to 1,480 of a 20,000-key sample). w says whether the parts await hand-offs
-// or copies (AwaitCopies), for the log, and whether the wait was
-// extended already.
+// waits on too while a member of the ring does not answer a ping, or
+// just left it (Node.memberSilent): killed, not yet marked dead, it may
+// have been handing the partition off, and once the kill is marked the
+// member that kept a copy passes it on (Owner.Reserves); serving it from
+// nothing meanwhile readmits every spent key (live, scenario 14 with a
+// kill: 6 to 77 partitions, 140 to 1,480 of a 20,000-key sample).
+// copies says the parts await copies (AwaitCopies), not hand-offs, and
+// kept that the wait was extended already (both for the log).
 //
 // Was: every partition promoted when handoffWait ended. A member joining
 // a cluster of 8M keys on a starved machine was still being sent its
 // hand-offs, in 16 MiB pushes, when its 3 s wait ended: it served
 // 159–198 partitions from nothing, their keys' budgets full again until
 // the late hand-offs were merged (TestSlowHandoffIsAwaitedWhileItArrives).
-func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, until int64, w waitState) {
+func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, until int64, copies, kept bool) {
 	since := int64(math.MaxInt64) // past until: no more waiting
 	hold := false
 	if now := o.mono(); now < until {
 		since = now - int64(handoffTimeout)
 		hold = h.n.memberSilent()
 	}
-	copies := w == waitCopies || w == waitCopiesOn
 	k, bare, arriving := o.expireAwaitingSince(epoch, parts, since, hold)
 	switch {
 	case k > bare && copies:
@@ -794,17 +782,15 @@ func (h *handoffs) expireUnlessArriving(o *Owner, epoch uint64, parts []uint32, 
 	if len(arriving) == 0 {
 		return
 	}
-	switch w {
-	case waitHandoffs:
-		h.n.log.Info("hand-offs still arriving at the end of the hand-off wait: their partitions wait on while parts keep coming",
-			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
-		w = waitHandoffsOn
-	case waitCopies:
+	switch {
+	case !kept && copies:
 		h.n.log.Info("backup copies of a dead owner's partitions still on their way at the end of the wait for them: those partitions wait on",
 			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
-		w = waitCopiesOn
+	case !kept:
+		h.n.log.Info("hand-offs still arriving at the end of the hand-off wait: their partitions wait on while parts keep coming",
+			"epoch", epoch, "partitions", len(arriving), "at_most", handoffWaitMore)
 	}
-	h.after(handoffRecheck, func(o *Owner) { h.expireUnlessArriving(o, epoch, arriving, until, w) })
+	h.after(handoffRecheck, func(o *Owner) { h.expireUnlessArriving(o, epoch, arriving, until, copies, true) })
 }
 
 // handoffWaitMore is how much longer than its hand-off wait a partition

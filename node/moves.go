@@ -268,10 +268,10 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 		if b, ok := next.Backup(p); to == "" || ok && b.ID == o.self {
 			continue
 		}
+		ow, _ := next.Owner(p)
 		g := &o.moving[p]
 		g.Lock()
-		o.keptFor[p], o.keptFrom[p] = epoch, ring.Member{}
-		o.keptOwner[p], _ = next.Owner(p)
+		o.kept[p] = keptCopy{epoch: epoch, owner: ow}
 		g.Unlock()
 		kept = append(kept, p)
 	}
@@ -288,18 +288,18 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 	for p := range plan {
 		g := &o.moving[p]
 		g.Lock()
-		if dropped[p] || o.keptFor[p] != 0 {
-			o.keptFor[p] = epoch
-			o.keptOwner[p], _ = next.Owner(p)
+		if dropped[p] || o.kept[p].epoch != 0 {
+			k := keptCopy{epoch: epoch}
+			k.owner, _ = next.Owner(p)
 			// The member planned (its owner before) is handing the
 			// partition off to that owner, unless it is gone: then its
 			// copy is passed on now, if it is silent (Node.sendCopies).
-			o.keptFrom[p] = ring.Member{}
-			if was := plan[p]; was.ID != o.keptOwner[p].ID {
+			if was := plan[p]; was.ID != k.owner.ID {
 				if _, in := next.Member(was.ID); in {
-					o.keptFrom[p] = was
+					k.from = was
 				}
 			}
+			o.kept[p] = k
 			kept = append(kept, p)
 		}
 		g.Unlock()
@@ -319,7 +319,7 @@ func (o *Owner) KeepCopies(epoch uint64, m *Moves, plan map[uint32]ring.Member, 
 // to the owner in next (its new backup, which holds nothing of it:
 // AwaitCopies) and its backup. So is one whose owner before that ring
 // change was handing it off to its owner and has since left the ring
-// (keptFrom: a member killed while a joiner awaited its hand-offs),
+// (keptCopy.from: a member killed while a joiner awaited its hand-offs),
 // to the owner that may have served it from nothing meanwhile: merged
 // there, it spends again what the lost hand-off held.
 func (o *Owner) Reserves(next *ring.Ring) map[uint32]ring.Member {
@@ -327,14 +327,14 @@ func (o *Owner) Reserves(next *ring.Ring) map[uint32]ring.Member {
 	for p := range o.moving {
 		g := &o.moving[p]
 		g.Lock()
-		if o.keptFor[p] != 0 && o.keptOwner[p].ID != "" {
+		if k := o.kept[p]; k.epoch != 0 && k.owner.ID != "" {
 			ow, ok := next.Owner(uint32(p))
 			var ask ring.Member // the member whose silence sends the copy on
-			switch _, senderIn := next.Member(o.keptFrom[p].ID); {
-			case !ok || ow.ID != o.keptOwner[p].ID && ow.ID != o.self:
-				ask = o.keptOwner[p]
-			case o.keptFrom[p].ID != "" && !senderIn && ow.ID != o.self:
-				ask = o.keptFrom[p] // crashed while handing it off
+			switch _, senderIn := next.Member(k.from.ID); {
+			case !ok || ow.ID != k.owner.ID && ow.ID != o.self:
+				ask = k.owner
+			case k.from.ID != "" && !senderIn && ow.ID != o.self:
+				ask = k.from // crashed while handing it off
 			}
 			if ask.ID != "" {
 				if out == nil {
@@ -396,8 +396,8 @@ func (o *Owner) ReleaseCopies(epoch uint64, kept []uint32) {
 	for _, p := range kept {
 		g := &o.moving[p]
 		g.Lock()
-		if o.keptFor[p] == epoch {
-			o.keptFor[p], o.keptOwner[p], o.keptFrom[p] = 0, ring.Member{}, ring.Member{}
+		if o.kept[p].epoch == epoch {
+			o.kept[p] = keptCopy{}
 			ow, _ := v.Ring.Owner(p)
 			b, _ := v.Ring.Backup(p)
 			if ow.ID != o.self && b.ID != o.self {
@@ -585,7 +585,7 @@ func (o *Owner) Apply(next *view.View, m Moves) []Outgoing {
 		}
 		if src != nil {
 			part.Data = src.Export(nil, p, now)
-			if b, ok := next.Ring.Backup(p); ok && b.ID == o.self || o.keptFor[p] == next.Epoch() {
+			if b, ok := next.Ring.Backup(p); ok && b.ID == o.self || o.kept[p].epoch == next.Epoch() {
 				// We back up the partition we hand off (the usual case: the
 				// backup is the owner of the ring without the new owner),
 				// or keep it for a while (KeepCopies: its backup is another

@@ -66,17 +66,11 @@ type Owner struct {
 	// alone: its owner in the ring just before, when one member changed
 	// in between (Moves.From); "" otherwise. Guarded by its moving lock.
 	awaitOwner []string
-	// keptFor is, per partition whose backup copy this member keeps past
+	// kept is, per partition whose backup copy this member keeps past
 	// the ring that took the partition's backing from it (KeepCopies),
-	// that ring's epoch, until ReleaseCopies; 0 otherwise. keptOwner is
-	// the partition's owner in that ring, whose crash before the
-	// partition's new backup holds a whole copy leaves this copy the
-	// only one (Reserves); keptFrom its owner before, when that one was
-	// handing it off to keptOwner (a crash of it then leaves the
-	// hand-off undelivered). All guarded by its moving lock.
-	keptFor   []uint64
-	keptOwner []ring.Member
-	keptFrom  []ring.Member
+	// until ReleaseCopies, what it was kept for (keptCopy); the zero
+	// value otherwise. Guarded by its moving lock.
+	kept []keptCopy
 	// applyMu serializes Apply and ReleaseCopies.
 	applyMu sync.Mutex
 	// ownerSilent is, per partition in partAwaiting, whether a backup
@@ -257,7 +251,20 @@ func NewOwner(self string, partitions int, now func() int64, log *slog.Logger) (
 	return &Owner{self: self, now: now, log: log, table: t, backup: b,
 		moving: make([]sync.Mutex, partitions), state: make([]atomic.Uint32, partitions),
 		dirty: make([]atomic.Bool, partitions), whole: make([]atomic.Bool, partitions), based: make([]atomic.Bool, partitions),
-		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), keptFor: make([]uint64, partitions), keptOwner: make([]ring.Member, partitions), keptFrom: make([]ring.Member, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), handoffSeen: map[string]int64{}, start: time.Now()}, nil
+		awaitFrom: make([]uint64, partitions), awaitOwner: make([]string, partitions), kept: make([]keptCopy, partitions), ownerSilent: make([]atomic.Bool, partitions), changed: make(chan struct{}), handoffSeen: map[string]int64{}, start: time.Now()}, nil
+}
+
+// keptCopy is why a member keeps a backup copy it no longer needs for
+// its own role (Owner.kept).
+type keptCopy struct {
+	// epoch is the ring the copy was kept under; 0: none kept.
+	epoch uint64
+	// owner is the partition's owner in that ring, whose crash before
+	// the partition's new backup holds a whole copy leaves this copy the
+	// only one (Reserves); from its owner before, when that one was
+	// handing it off to owner (a crash of it then leaves the hand-off
+	// undelivered).
+	owner, from ring.Member
 }
 
 // Partitions is the table's partition count.
