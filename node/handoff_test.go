@@ -457,6 +457,9 @@ func TestHandoffWaitGoesOnWhilePartsArrive(t *testing.T) {
 				for c.getState(p) == partAwaiting && time.Since(start) < 2*time.Minute {
 					time.Sleep(10 * time.Millisecond)
 				}
+				// The wait may have promoted p and not yet counted the
+				// bare ones (this loop woke at the instant it ran).
+				synctest.Wait()
 				defer func() { <-fed }()
 				// Served within one recheck (and this loop's step) of when
 				// it is due.
@@ -686,6 +689,9 @@ func TestBareWaitGoesOnWhileAMemberIsSilent(t *testing.T) {
 				for c.getState(p) == partAwaiting && time.Since(start) < 2*time.Minute {
 					time.Sleep(10 * time.Millisecond)
 				}
+				// The wait may have promoted p and not yet counted the
+				// bare ones (this loop woke at the instant it ran).
+				synctest.Wait()
 				if got := time.Since(start); got < tc.want || got > tc.want+handoffRecheck+10*time.Millisecond {
 					t.Errorf("partition %d served %v after the ring; want %v (within %v)", p, got, tc.want, handoffRecheck)
 				}

@@ -488,3 +488,41 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Fatalf("f = %q after the failed write of another file", b)
 	}
 }
+
+// The last member's bucket file lists its idle partitions too (no
+// states). Restarted listed active (Moves.resume) in a ring of two, it
+// serves them at once from the file, as it does those with states, and
+// hands the other member's share off as parts with data: AwaitCopies
+// does not take them for a dead owner's partitions it holds nothing of.
+// It did: they awaited copies that never come (counted served from
+// nothing after 3 s), and those given away went as Lost parts, which
+// their new owner, holding nothing either, awaited for its whole
+// hand-off wait (an hour with --dead-after 1h).
+func TestLoadedIdlePartitionsAreServedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	a, _ := spentOwner(t)
+	if _, err := a.saveBuckets(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	a2 := newOwner(t, "a")
+	if _, err := a2.loadBuckets(dir); err != nil {
+		t.Fatal(err)
+	}
+	v2, v3 := testView(t, 2, "a", "c"), testView(t, 3, "a", "b", "c")
+	m := PlanMoves(nil, v2.Ring, "a", allAlive, true, false)
+	m.resume(a2.loaded)
+	a2.AwaitCopies(&m, v2.Ring)
+	if c := m.awaitingCopies(); len(c) > 0 {
+		t.Fatalf("partitions of the bucket file awaiting copies: %v", c)
+	}
+	a2.Apply(v2, m)
+	a2.handOffLoaded(v2)
+	if aw := a2.AwaitingParts(); len(aw) > 0 {
+		t.Fatalf("partitions of the bucket file awaiting at the restart: %v", aw)
+	}
+	for _, og := range a2.Apply(v3, PlanMoves(v2.Ring, v3.Ring, "a", allAlive, false, false)) {
+		if og.Part.Lost {
+			t.Errorf("partition %d handed to %s as Lost: it was served from the file", og.Part.Partition, og.To.ID)
+		}
+	}
+}
