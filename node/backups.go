@@ -276,7 +276,7 @@ func (n *Node) silentOwners(epoch uint64, plan map[uint32]ring.Member) map[strin
 // first served them from nothing (a helper's kill 2.5 s after a join:
 // 92 partitions, the copies merged a moment later).
 func (n *Node) memberSilent() bool {
-	if at := n.memberGone.Load(); at != 0 && time.Since(time.Unix(0, at)) < handoffTimeout {
+	if at := n.memberGone.Load(); at != nil && time.Since(*at) < handoffTimeout {
 		return true
 	}
 	if n.silentHook != nil {

@@ -672,7 +672,8 @@ func TestBareWaitGoesOnWhileAMemberIsSilent(t *testing.T) {
 				n := handoffNode(t, c, pushOwners{})
 				n.silentHook = func() bool { return time.Since(start) < tc.silent }
 				if tc.silent < 0 {
-					n.memberGone.Store(start.Add(-tc.silent).UnixNano())
+					gone := start.Add(-tc.silent)
+					n.memberGone.Store(&gone)
 				}
 				v1, v2 := testView(t, 1, "a"), testView(t, 2, "a", "c")
 				_, p := partOf(v2, "c")

@@ -228,9 +228,11 @@ type Node struct {
 	// silentHook, when set (tests of the Owner without a cluster),
 	// answers memberSilent instead of pinging.
 	silentHook func() bool
-	// memberGone is when (Unix ns) a ring this member applied last had a
-	// member fewer than the one before it (memberSilent); 0 never.
-	memberGone atomic.Int64
+	// memberGone is when a ring this member applied last had a member
+	// fewer than the one before it (memberSilent); nil never. A
+	// time.Time read from the monotonic clock: a step of the wall clock
+	// neither shortens nor lengthens the hold (was Unix ns).
+	memberGone atomic.Pointer[time.Time]
 	// loopsMu guards loopsClosed, set as Close begins: goLoop then starts
 	// nothing more.
 	loopsMu     sync.Mutex
@@ -632,7 +634,8 @@ func (n *Node) refresh() {
 			prevRing = prev.Ring
 			for _, m := range prevRing.Members() {
 				if _, in := next.Ring.Member(m.ID); !in {
-					n.memberGone.Store(time.Now().UnixNano())
+					now := time.Now()
+					n.memberGone.Store(&now)
 					break
 				}
 			}
