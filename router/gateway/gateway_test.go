@@ -1090,6 +1090,53 @@ func TestBackslashIsASlashAndNeverExempt(t *testing.T) {
 	}
 }
 
+// A path with ";" parameters is charged under the route it matches as
+// sent and under the one it matches without them, as a servlet container
+// (Tomcat, Jetty) reads it, and is exempt only when both are. Was:
+// matched as sent alone, so "/login;jsessionid=1" went past "/login"'s
+// limit (charged under "/*" only), and "/static/..;/admin/users" was
+// exempt under "/static/*", forwarded to an upstream that serves
+// "/admin/users".
+func TestPathParametersAreMatchedBothWays(t *testing.T) {
+	up := newUpstream(t)
+	probe := map[string]string{"lg": "/login", "adm": "/admin/users", "all": "/other"}
+	for _, tc := range []struct {
+		target  string
+		charged []string // the rules the request spent
+	}{
+		{"/login;jsessionid=1", []string{"all", "lg"}},
+		{"/static/..;/admin/users", []string{"adm"}},
+		{"/static/x/..;/..;/admin/users;a=b", []string{"adm"}},
+		{"/admin;x/users", []string{"all", "adm"}},
+		{"/static/logo.png;v=2", nil},
+		{"/other;x", []string{"all"}},
+	} {
+		hour := func(name string) limiter.Rule {
+			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}
+		}
+		c := newChecker(t, hour("lg"), hour("adm"), hour("all"))
+		s := front(t, up, c, Config{Routes: []rules.Route{
+			{Name: "exempt", Path: "/static/*", Unlimited: true},
+			{Name: "login", Path: "/login", Limits: []rules.Limit{{Rule: "lg", Cost: 1}}},
+			{Name: "admin", Path: "/admin/users", Limits: []rules.Limit{{Rule: "adm", Cost: 1}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}},
+		}})
+		addr := s.Listener.Addr().String()
+		if status, _ := rawGet(t, addr, tc.target); status != http.StatusOK {
+			t.Fatalf("%s: %d, want 200", tc.target, status)
+		}
+		for _, rule := range []string{"lg", "adm", "all"} {
+			want := http.StatusOK
+			if slices.Contains(tc.charged, rule) {
+				want = http.StatusTooManyRequests
+			}
+			if status, _ := rawGet(t, addr, probe[rule]); status != want {
+				t.Errorf("%s, then %s (rule %s): %d, want %d (charged: %v)", tc.target, probe[rule], rule, status, want, tc.charged)
+			}
+		}
+	}
+}
+
 // rawGet sends GET target, byte for byte, to addr and returns the answer's
 // status and RateLimit-Policy.
 func rawGet(t *testing.T, addr, target string) (int, string) {
