@@ -1,8 +1,12 @@
 package rules
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 func FuzzParse(f *testing.F) {
@@ -57,5 +61,45 @@ func FuzzParse(f *testing.F) {
 		}
 		_ = Effective(rs)
 		_ = Fingerprint(rs)
+	})
+}
+
+// FuzzPlainJSON checks the JSON fast path (plainJSON) against the YAML
+// reading it stands in for: whatever it takes, the YAML parser reads as
+// the same value (or refuses, where YAML 1.1 is narrower than JSON: a
+// key over 1,024 bytes); a repeated key is never taken.
+func FuzzPlainJSON(f *testing.F) {
+	for _, seed := range []string{
+		`{"rules":[{"name":"a","algorithm":"gcra","limit":1,"period":"1s","burst":0,"failure_mode":"closed"}]}`,
+		`{"rules":[{"name":"a","limit":1,"limit":2}]}`,
+		`{"rules":[{"name":"a","limit":1e3}]}`,
+		`{"a":{"b":[1,{"c":null,"d":true}]},"e":"\u00e9\u0000"}`,
+		`{"a":1} {"b":2}`,
+		`{"a":"\u0061","\u0061":1}`,
+		`{"rules":[]}`,
+		`{}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		js, ok := plainJSON(data)
+		if !ok {
+			return
+		}
+		var fast any
+		if err := json.Unmarshal(js, &fast); err != nil {
+			t.Fatalf("plainJSON(%q) = %q, not JSON: %v", data, js, err)
+		}
+		slow, err := yaml.YAMLToJSONStrict(data)
+		if err != nil {
+			return // refused by YAML 1.1, taken as JSON
+		}
+		var want any
+		if err := json.Unmarshal(slow, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(fast, want) {
+			t.Fatalf("plainJSON(%q) reads %v; YAML reads %v", data, fast, want)
+		}
 	})
 }

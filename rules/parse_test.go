@@ -153,6 +153,12 @@ func TestParseErrors(t *testing.T) {
 		{"rules not a list", "rules: 3\n", -1, "", "rules", `rules document: rules: must be a list of rules, got 3`},
 		{"top-level unknown field", "rules: []\nroute: []\n", -1, "", "route", `rules document: route: unknown field (want rules, routes)`},
 		{"duplicate yaml key", base("login", "", "limit: 11"), -1, "", "", ""},
+		// JSON that the fast path (plainJSON) leaves to the YAML reading.
+		{"duplicate json key", `{"rules":[{"name":"a","algorithm":"gcra","limit":1,"limit":2,"period":"1s"}]}`, -1, "", "", ""},
+		{"duplicate json key escaped", `{"rules":[{"name":"a","algorithm":"gcra","limit":1,"\u006cimit":2,"period":"1s"}]}`, -1, "", "", ""},
+		{"duplicate json top key", `{"rules":[],"rules":[{"name":"a","algorithm":"gcra","limit":1,"period":"1s"}]}`, -1, "", "", ""},
+		{"json limit fractional", `{"rules":[{"name":"a","algorithm":"gcra","limit":1.5,"period":"1s"}]}`, 0, "a", "limit", `rule "a": limit: must be an integer, got 1.5`},
+		{"json two objects", `{"rules":[]} {"rules":[]}`, -1, "", "", ""},
 		{"bad yaml", "rules: [\n", -1, "", "", ""},
 	}
 	for _, tt := range tests {
