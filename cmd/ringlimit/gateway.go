@@ -480,6 +480,7 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 		upTimeout  = fs.Duration("upstream-timeout", 0, "how long the upstream may take to send its response headers before the client gets 504 (0: no limit)")
 		tierClaim  = fs.String("tier-claim", "", "JWT claim holding the client's tier")
 		trusted    = fs.String("trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-For is believed")
+		ipv6Prefix = fs.Int("ipv6-prefix", gateway.DefaultIPv6Prefix, "an IPv6 client is keyed by this many leading bits of its address (128: the whole address)")
 		admin      = fs.String("admin", "", "listen address for /metrics, /healthz, /readyz (off when empty)")
 		drainWait  = drainFlag(fs)
 		logLevel   = fs.String("log-level", "info", "debug, info, warn or error")
@@ -530,6 +531,10 @@ func runGateway(ctx context.Context, args []string, getenv func(string) string, 
 	if identities.TrustedProxies, err = gateway.ParseCIDRs(*trusted); err != nil {
 		return fail2(fmt.Errorf("--trusted-proxies: %w", err))
 	}
+	if *ipv6Prefix < 1 || *ipv6Prefix > 128 {
+		return fail2(fmt.Errorf("--ipv6-prefix: want 1 to 128 bits (64: a subscriber's network; 128: the whole address), got %d", *ipv6Prefix))
+	}
+	identities.IPv6Prefix = *ipv6Prefix
 	ln, err := net.Listen("tcp", hostPort(*listen))
 	if err != nil {
 		return fail2(fmt.Errorf("--listen: %w", err))

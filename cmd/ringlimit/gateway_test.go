@@ -398,7 +398,8 @@ func TestInterimRoutesNameOnlyRulesInForce(t *testing.T) {
 // --jwt-audience and --jwt-issuer are checked on tokens verified with
 // --jwt-key: given without it (on the command line or from the
 // environment) they would check nothing, and the gateway refuses to
-// start, exit 2 naming the flag. So does a negative --upstream-timeout.
+// start, exit 2 naming the flag. So does a negative --upstream-timeout,
+// and an --ipv6-prefix outside 1 to 128.
 func TestGatewayRefusesJWTClaimsWithoutKeyAndNegativeTimeout(t *testing.T) {
 	base := []string{"--listen", "127.0.0.1:0", "--cluster", "127.0.0.1:1", "--upstream", "http://127.0.0.1:1"}
 	for _, tc := range []struct {
@@ -410,6 +411,8 @@ func TestGatewayRefusesJWTClaimsWithoutKeyAndNegativeTimeout(t *testing.T) {
 		{nil, []string{"--jwt-issuer", "https://auth.example"}, "--jwt-issuer needs --jwt-key"},
 		{map[string]string{"RINGLIMIT_JWT_ISSUER": "https://auth.example"}, nil, "--jwt-issuer needs --jwt-key"},
 		{nil, []string{"--upstream-timeout", "-1s"}, "--upstream-timeout: must be ≥ 0 (0: no limit), got -1s"},
+		{nil, []string{"--ipv6-prefix", "0"}, "--ipv6-prefix: want 1 to 128 bits"},
+		{nil, []string{"--ipv6-prefix", "129"}, "--ipv6-prefix: want 1 to 128 bits"},
 		{map[string]string{"RINGLIMIT_UPSTREAM_TIMEOUT": "-5ms"}, nil, "--upstream-timeout: must be ≥ 0"},
 	} {
 		// The deadline only ends a gateway that started (the bug).

@@ -467,12 +467,13 @@ func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
 		{"garbage", loop, "not-an-ip", "ip:127.0.0.1"},
 		// Was: garbage (keyed by the proxy, all clients one budget).
 		{"ipv4 with port", loop, "203.0.113.7:80", "ip:203.0.113.7"},
-		{"ipv6 with port", loop, "[2001:db8::1]:443", "ip:2001:db8::1"},
-		{"bracketed ipv6", loop, "[2001:db8::1]", "ip:2001:db8::1"},
+		// IPv6: keyed by the /64 (TestIPv6ClientsAreKeyedByTheirNetwork).
+		{"ipv6 with port", loop, "[2001:db8::1]:443", "ip:2001:db8::/64"},
+		{"bracketed ipv6", loop, "[2001:db8::1]", "ip:2001:db8::/64"},
 		{"trusted hop with port", loop, "203.0.113.7, 127.0.0.5:8080", "ip:203.0.113.7"},
 		// Was: the zone kept, one budget per zone name the client writes.
-		{"ipv6 zone", loop, "2001:db8::1%eth0", "ip:2001:db8::1"},
-		{"ipv6 zone with port", loop, "[fe80::1%25eth0]:443", "ip:fe80::1"},
+		{"ipv6 zone", loop, "2001:db8::1%eth0", "ip:2001:db8::/64"},
+		{"ipv6 zone with port", loop, "[fe80::1%25eth0]:443", "ip:fe80::/64"},
 		{"mapped with port", loop, "[::ffff:203.0.113.7]:80", "ip:203.0.113.7"},
 		{"port alone", loop, ":80", "ip:127.0.0.1"},
 	} {
@@ -490,6 +491,43 @@ func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
 				t.Fatalf("keyed as %v, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// An IPv6 client is keyed by its /64 (or the prefix set): its hosts pick
+// their addresses in it at will. Was: by the whole address, and a client
+// that changed address per request passed a limit of 1 per IP 5 times of
+// 5 (a helper attacking the gateway).
+func TestIPv6ClientsAreKeyedByTheirNetwork(t *testing.T) {
+	for _, tc := range []struct {
+		bits    int
+		allowed int // of 5 requests from 5 addresses of one /64, the first /56's
+		key     string
+	}{
+		{0, 1, "ip:2001:db8:1:2::/64"},
+		{56, 1, "ip:2001:db8:1::/56"},
+		{128, 5, "ip:2001:db8:1:2::1"},
+	} {
+		c := newChecker(t, limiter.Rule{Name: "login-per-ip", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+		g, err := New(Config{Identity: Identity{IPv6Prefix: tc.bits},
+			Routes: []rules.Route{{Name: "login", Path: "/login", Limits: []rules.Limit{{Rule: "login-per-ip", Cost: 1, Key: rules.KeyIP}}}},
+			Next:   http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := 0
+		for i := range 5 {
+			r := httptest.NewRequest(http.MethodPost, "/login", nil)
+			r.RemoteAddr = fmt.Sprintf("[2001:db8:1:2::%x]:5555", i+1)
+			w := httptest.NewRecorder()
+			g.ServeHTTP(w, r)
+			if w.Code == http.StatusOK {
+				allowed++
+			}
+		}
+		if keys := c.keys(); allowed != tc.allowed || keys[0] != tc.key {
+			t.Errorf("prefix /%d: %d of 5 allowed, keyed %v; want %d, keyed %s", tc.bits, allowed, keys, tc.allowed, tc.key)
+		}
 	}
 }
 

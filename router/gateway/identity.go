@@ -144,7 +144,16 @@ type Identity struct {
 	APIKeyHeader string
 	// TrustedProxies are the networks whose X-Forwarded-For is believed.
 	TrustedProxies []netip.Prefix
+	// IPv6Prefix is how many leading bits of an IPv6 client address key
+	// it (ipKey): 0 is DefaultIPv6Prefix, 128 the whole address.
+	IPv6Prefix int
 }
+
+// DefaultIPv6Prefix is the IPv6 prefix length a client is keyed by
+// (Identity.IPv6Prefix): a /64, what one subscriber's network is given
+// (RFC 6177) and what its hosts pick their addresses in at will
+// (privacy addresses, RFC 8981).
+const DefaultIPv6Prefix = 64
 
 // ParseCIDRs reads a comma-separated list of CIDRs or single addresses.
 func ParseCIDRs(s string) ([]netip.Prefix, error) {
@@ -219,9 +228,24 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 }
 
 // ipKey is r's client IP as a key, "ip:ADDR": the last link of the
-// identity chain, and what a route limit with key: ip is keyed by.
+// identity chain, and what a route limit with key: ip is keyed by. An
+// IPv6 client is keyed by its network, "ip:PREFIX/BITS" (IPv6Prefix
+// bits, 64 by default): every host of a /64 picks its addresses in it at
+// will, and keyed by the whole address a client that changed address
+// per request had a fresh budget each time (a helper attacking the
+// gateway: 5 of 5 logins through a limit of 1 per IP).
 func (id *Identity) ipKey(r *http.Request) string {
-	return "ip:" + id.clientIP(r).String()
+	ip := id.clientIP(r)
+	bits := id.IPv6Prefix
+	if bits == 0 {
+		bits = DefaultIPv6Prefix
+	}
+	if ip.Is6() && bits < 128 {
+		if p, err := ip.Prefix(bits); err == nil {
+			return "ip:" + p.String()
+		}
+	}
+	return "ip:" + ip.String()
 }
 
 // bearer returns the token of an Authorization header of the Bearer
