@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -9,9 +10,10 @@ import (
 // are matched against (matchPath, withoutParams) on any path: the path
 // without parameters holds no ";", is unchanged by a second cut and
 // equals the path when it held none; the matched path is absolute and
-// unchanged by a second resolution.
+// unchanged by a second resolution. A request target's readings
+// (readings) are one to four absolute paths, the first its matchPath.
 func FuzzMatchPath(f *testing.F) {
-	for _, p := range []string{"/login;jsessionid=1", "/static/..;/admin", "/a/b/../c/", "//x//y", `\admin\users`, ";", "/;/;;/", ""} {
+	for _, p := range []string{"/login;jsessionid=1", "/static/..;/admin", "/a/b/../c/", "//x//y", `\admin\users`, ";", "/;/;;/", "", "/login;%2F..", "/a/%3B/..;/b", "/a/%2E%2E/b"} {
 		f.Add(p)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
@@ -24,6 +26,17 @@ func FuzzMatchPath(f *testing.F) {
 		}
 		if !strings.Contains(p, ";") && w != p {
 			t.Fatalf("withoutParams(%q) = %q: changed a path without parameters", p, w)
+		}
+		if u, err := url.ParseRequestURI(p); err == nil {
+			rs := readings(u)
+			if len(rs) == 0 || len(rs) > 4 || rs[0] != matchPath(u.Path) {
+				t.Fatalf("readings(%q) = %q", p, rs)
+			}
+			for _, r := range rs {
+				if !strings.HasPrefix(r, "/") {
+					t.Fatalf("readings(%q) = %q: not absolute", p, rs)
+				}
+			}
 		}
 		for _, q := range []string{p, w} {
 			m := matchPath(q)

@@ -36,7 +36,6 @@ import (
 	"net/textproto"
 	"net/url"
 	"path"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,68 +311,6 @@ func underscored(h http.Header, name string) string {
 	return ""
 }
 
-// matchRoute returns the route of routes that decides r, its path
-// matched as path (matchPath), with tier asked of identify when a route
-// with a tier matches (rules.MatchRouteFunc). An unlimited route
-// exempts r only if exemptAsSent: otherwise the routes after it decide.
-func matchRoute(routes []rules.Route, r *http.Request, path string, identify func() (string, error)) (*rules.Route, error) {
-	route, err := rules.MatchRouteFunc(routes, r.Method, path, identify)
-	for err == nil && route != nil && route.Unlimited && !exemptAsSent(r.URL) {
-		i := 0 // the routes after it decide
-		for &routes[i] != route {
-			i++
-		}
-		routes = routes[i+1:]
-		route, err = rules.MatchRouteFunc(routes, r.Method, path, identify)
-	}
-	return route, err
-}
-
-// withoutParams is path p with each segment's parameters cut off: from a
-// ";" up to the next "/" (RFC 3986's path parameters), as servlet
-// containers (Tomcat, Jetty: the upstreams of Spring applications) read
-// a path before they route it: "/login;jsessionid=1" is "/login", and
-// "/public/..;/admin" is "/public/../admin", that is "/admin".
-//
-// A path holding ";" is matched twice, as sent and so (ServeHTTP): a
-// request is charged under the limits of both routes when they differ
-// (joinLimits), and passes unlimited only when neither form is limited,
-// since the gateway cannot know which reading its upstream makes
-// (Express and Go's ServeMux keep ";" in the segment). Was: matched as
-// sent only, so "/login;x" went past "/login"'s limit to a Tomcat that
-// served it as "/login", and "/public/..;/admin" was exempt under
-// "/public/*".
-func withoutParams(p string) string {
-	var b strings.Builder
-	for {
-		i := strings.IndexByte(p, ';')
-		if i < 0 {
-			b.WriteString(p)
-			return b.String()
-		}
-		b.WriteString(p[:i])
-		j := strings.IndexByte(p[i:], '/')
-		if j < 0 {
-			return b.String()
-		}
-		p = p[i+j:]
-	}
-}
-
-// joinLimits returns a route named as a that has a's limits, then those
-// of b that a lacks (the two readings of a path with ";" parameters:
-// withoutParams).
-func joinLimits(a, b *rules.Route) *rules.Route {
-	j := *a
-	j.Limits = slices.Clip(a.Limits)
-	for _, l := range b.Limits {
-		if !slices.Contains(j.Limits, l) {
-			j.Limits = append(j.Limits, l)
-		}
-	}
-	return &j
-}
-
 // exemptAsSent reports whether an unlimited route that matched u's
 // decoded path may exempt it: not when the path as sent holds an
 // encoded slash or backslash (%2F, %5C, either case). Decoded, those
@@ -496,21 +433,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return who.tier, whoErr
 	}
-	routes := *g.routes.Load()
-	route, err := matchRoute(routes, r, matchPath(r.URL.Path), identify)
-	var also *rules.Route // the route of the path without its ";" parameters, when another
-	if err == nil && strings.IndexByte(r.URL.Path, ';') >= 0 {
-		var alsoErr error
-		also, alsoErr = matchRoute(routes, r, matchPath(withoutParams(r.URL.Path)), identify)
-		switch {
-		case alsoErr != nil:
-			route, err = also, alsoErr
-		case also == nil || also.Unlimited || also == route:
-			also = nil
-		case route == nil || route.Unlimited:
-			route, also = also, nil
-		}
-	}
+	route, also, err := matchReadings(*g.routes.Load(), r, identify)
 	if err == nil && route != nil && !route.Unlimited {
 		_, err = identify()
 	}
@@ -538,8 +461,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	route = g.resolvable(route, now)
-	if also != nil {
-		route = joinLimits(route, g.resolvable(also, now))
+	for _, a := range also {
+		route = joinLimits(route, g.resolvable(a, now))
 	}
 	reqs := make([]router.Request, len(route.Limits))
 	ipKey := ""

@@ -494,6 +494,79 @@ func TestClientIPFromTrustedProxiesOnly(t *testing.T) {
 	}
 }
 
+// Go's ServeMux resolves dot segments in the path as sent: "%2E%2E" is a
+// name to it, and "/api/%2E%2E/static/x" is served by "/api/". The
+// gateway charges it under "/api/*" as well as exempting nothing. Was:
+// decoded and resolved to "/static/x", exempt.
+func TestEncodedDotSegmentsAreChargedAsServeMuxServesThem(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "api") })
+	mux.HandleFunc("/static/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "static") })
+	up := httptest.NewServer(mux)
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	c := newChecker(t, limiter.Rule{Name: "api", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	g, err := New(Config{Upstream: u, Routes: []rules.Route{
+		{Name: "static", Path: "/static/*", Unlimited: true},
+		{Name: "api", Path: "/api/*", Limits: []rules.Limit{{Rule: "api", Cost: 1}}},
+	}}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httptest.NewServer(g)
+	t.Cleanup(s.Close)
+	served := 0
+	for range 3 {
+		status, _ := rawGet(t, s.Listener.Addr().String(), "/api/%2E%2E/static/x")
+		if status == http.StatusOK {
+			served++
+		}
+	}
+	if served != 1 {
+		t.Errorf("/api/%%2E%%2E/static/x, served by ServeMux's /api/: %d of 3 passed a limit of 1", served)
+	}
+}
+
+// A POST that names another method in an override header or a _method
+// query parameter (Rails, Symfony, Laravel, Express's method-override
+// serve it as that method) is charged under that method's routes too.
+// Was: a POST with "X-HTTP-Method-Override: GET" went past a GET
+// route's limit (a helper attacking the gateway).
+func TestMethodOverrideIsChargedAsTheMethodItNames(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		header string
+	}{
+		{"/search", "X-HTTP-Method-Override: GET"},
+		{"/search", "X-Http-Method: get"},
+		{"/search", "X-Method-Override: PATCH, GET"},
+		{"/search?_method=get", ""},
+	} {
+		c := newChecker(t, limiter.Rule{Name: "search", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+		s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{
+			{Name: "search", Methods: []string{"GET"}, Path: "/search", Limits: []rules.Limit{{Rule: "search", Cost: 1}}},
+		}})
+		if resp := get(t, s.URL+"/search", nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /search: %d", resp.StatusCode)
+		}
+		req, err := http.NewRequest(http.MethodPost, s.URL+tc.target, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k, v, ok := strings.Cut(tc.header, ": "); ok {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("POST %s with %q after GET /search: %d, want 429", tc.target, tc.header, resp.StatusCode)
+		}
+	}
+}
+
 // An IPv6 client is keyed by its /64 (or the prefix set): its hosts pick
 // their addresses in it at will. Was: by the whole address, and a client
 // that changed address per request passed a limit of 1 per IP 5 times of
@@ -1128,13 +1201,18 @@ func TestBackslashIsASlashAndNeverExempt(t *testing.T) {
 	}
 }
 
-// A path with ";" parameters is charged under the route it matches as
-// sent and under the one it matches without them, as a servlet container
-// (Tomcat, Jetty) reads it, and is exempt only when both are. Was:
-// matched as sent alone, so "/login;jsessionid=1" went past "/login"'s
-// limit (charged under "/*" only), and "/static/..;/admin/users" was
-// exempt under "/static/*", forwarded to an upstream that serves
-// "/admin/users".
+// A path is charged under the route of every reading an upstream may
+// make of it (readings): as sent, resolved; without its ";" parameters,
+// as a servlet container (Tomcat, Jetty) reads it, cut as sent or
+// decoded; with its dot segments kept, as Express reads it. It is
+// exempt only when every reading is. Was: matched in the first reading
+// alone, so "/login;jsessionid=1" went past "/login"'s limit (charged
+// under "/*" only), and "/static/..;/admin/users" was exempt under
+// "/static/*", forwarded to an upstream that serves "/admin/users"; then
+// (b03617b: parameters cut after decoding) "/login;%2F.." still went
+// past, "/admin/%3B/..;/users" was charged as "/users", and
+// "/admin/users/../../static/x" was exempt (a helper attacking the
+// gateway).
 func TestPathParametersAreMatchedBothWays(t *testing.T) {
 	up := newUpstream(t)
 	probe := map[string]string{"lg": "/login", "adm": "/admin/users", "all": "/other"}
@@ -1148,6 +1226,18 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 		{"/admin;x/users", []string{"all", "adm"}},
 		{"/static/logo.png;v=2", nil},
 		{"/other;x", []string{"all"}},
+		// Tomcat ends a parameter at a "/" sent as such, not at %2F: it
+		// serves /login (and /admin/users).
+		{"/login;%2F..", []string{"all", "lg"}},
+		{"/login;jsessionid=x%2F..%2F..", []string{"all", "lg"}},
+		{"/admin;%2F../users", []string{"all", "adm"}},
+		// Tomcat takes %3B for a name, not a parameter: /admin/users.
+		{"/admin/%3B/..;/users", []string{"all", "adm"}},
+		// An upstream that resolves no dot segment (Express) serves a
+		// path under /admin/users, not /static/x: not exempt.
+		{"/admin/users/../../static/x", []string{"all"}},
+		{"/admin/users/%2E%2E/%2e%2E/static/x", []string{"all"}},
+		{"/static/./x", nil},
 	} {
 		hour := func(name string) limiter.Rule {
 			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}
