@@ -11,7 +11,7 @@ import (
 
 // matchReadings returns the route that decides r, and the other limited
 // routes it is charged under too: r is matched in every reading an
-// upstream may make of it (readings, methods), and is charged under the
+// upstream may make of it (otherReadings, otherMethods), and is charged under the
 // limits of every limited route one of them matches; it passes unlimited
 // only when none does. route is the first limited route, or with none
 // the first route a reading matched (unlimited) or nil; on an error (its
@@ -23,9 +23,15 @@ import (
 // (no dot segment, no ";", no method override: nearly all) has a single
 // reading, and is matched once.
 func matchReadings(routes []rules.Route, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
+	first := matchPath(r.URL.Path)
+	paths, ms := otherReadings(r.URL, first), otherMethods(r)
+	if paths == nil && ms == nil {
+		route, err = matchRoute(routes, r.Method, r.URL, first, identify)
+		return route, nil, err
+	}
 	var limited []*rules.Route
-	for _, method := range methods(r) {
-		for _, path := range readings(r.URL) {
+	for _, method := range append([]string{r.Method}, ms...) {
+		for _, path := range append([]string{first}, paths...) {
 			m, err := matchRoute(routes, method, r.URL, path, identify)
 			switch {
 			case err != nil:
@@ -62,10 +68,11 @@ func matchRoute(routes []rules.Route, method string, u *url.URL, path string, id
 	return route, err
 }
 
-// readings returns the paths a request for u is matched as, each once:
+// otherReadings returns the paths a request for u is matched as besides
+// first, its decoded path with dot segments resolved and repeated
+// slashes merged (matchPath(u.Path): what most upstreams serve), each
+// once and none equal to first; nil when there are none:
 //
-//   - its decoded path with dot segments resolved and repeated slashes
-//     merged (matchPath): what most upstreams serve;
 //   - when its path as sent holds ";", that path with each segment's
 //     parameters cut off, from a ";" to the next "/" as sent, then
 //     decoded and resolved: how Tomcat reads it ("/login;jsessionid=1"
@@ -86,10 +93,14 @@ func matchRoute(routes []rules.Route, method string, u *url.URL, path string, id
 // serves "/admin/users"; and "/graphql/../static/x" was exempt under
 // "/static/*" while Express served "/graphql" (a helper attacking the
 // gateway, with a real Express 4 and Go's ServeMux behind it).
-func readings(u *url.URL) []string {
-	paths := []string{matchPath(u.Path)}
+func otherReadings(u *url.URL, first string) []string {
+	semi, dots := strings.IndexByte(u.Path, ';') >= 0, hasDotSegment(u.Path)
+	if !semi && !dots {
+		return nil // a ";" sent as such decodes to one: u.Path has it too
+	}
+	var paths []string
 	add := func(p string) {
-		if !slices.Contains(paths, p) {
+		if p != first && !slices.Contains(paths, p) {
 			paths = append(paths, p)
 		}
 	}
@@ -98,10 +109,10 @@ func readings(u *url.URL) []string {
 			add(matchPath(p))
 		}
 	}
-	if strings.IndexByte(u.Path, ';') >= 0 {
+	if semi {
 		add(matchPath(withoutParams(u.Path)))
 	}
-	if hasDotSegment(u.Path) {
+	if dots {
 		p := u.Path
 		if p == "" || p[0] != '/' {
 			p = "/" + p
@@ -113,6 +124,9 @@ func readings(u *url.URL) []string {
 
 // hasDotSegment reports whether path p holds a "." or ".." segment.
 func hasDotSegment(p string) bool {
+	if !strings.Contains(p, ".") {
+		return false
+	}
 	for seg := range strings.SplitSeq(p, "/") {
 		if seg == "." || seg == ".." {
 			return true
@@ -124,7 +138,7 @@ func hasDotSegment(p string) bool {
 // withoutParams is path p with each segment's parameters cut off: from a
 // ";" up to the next "/" (RFC 3986's path parameters), as servlet
 // containers (Tomcat, Jetty: the upstreams of Spring applications) read
-// a path before they route it (readings).
+// a path before they route it (otherReadings).
 func withoutParams(p string) string {
 	var b strings.Builder
 	for {
@@ -148,23 +162,23 @@ func withoutParams(p string) string {
 // that method.
 var overrideHeaders = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
-// methods returns the methods a request r is matched as: its own, and
-// for a POST each method an override header or a "_method" query
-// parameter (Laravel, Symfony when enabled) names, upper-cased as those
-// frameworks read it. Was: its own alone, so a POST with
+// otherMethods returns the methods a request r is matched as besides
+// its own (nil: none): for a POST, each method an override header or a
+// "_method" query parameter (Laravel, Symfony when enabled) names,
+// upper-cased as those frameworks read it. Was: its own alone, so a POST with
 // "X-HTTP-Method-Override: GET" went past a GET route's limit to a Rails
 // upstream that served it as that GET. A "_method" field in a form body
 // is not read (the body is the upstream's): a route listing methods
 // does not catch such a POST unless it lists POST too.
-func methods(r *http.Request) []string {
-	ms := []string{r.Method}
+func otherMethods(r *http.Request) []string {
 	if r.Method != http.MethodPost {
-		return ms
+		return nil
 	}
+	var ms []string
 	add := func(v string) {
-		// At most maxMethods: each is matched against every route, in
-		// every reading of the path.
-		if v = strings.ToUpper(strings.TrimSpace(v)); v != "" && len(ms) < maxMethods && !slices.Contains(ms, v) {
+		// At most maxMethods in all: each is matched against every
+		// route, in every reading of the path.
+		if v = strings.ToUpper(strings.TrimSpace(v)); v != "" && v != r.Method && len(ms) < maxMethods-1 && !slices.Contains(ms, v) {
 			ms = append(ms, v)
 		}
 	}
@@ -183,7 +197,7 @@ func methods(r *http.Request) []string {
 	return ms
 }
 
-// maxMethods bounds the methods one request is matched as (methods).
+// maxMethods bounds the methods one request is matched as (otherMethods).
 const maxMethods = 4
 
 // joinLimits returns a route named as a that has a's limits, then those
