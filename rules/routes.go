@@ -411,25 +411,23 @@ func containsFold(list []string, s string) bool {
 }
 
 // matchPath matches a path against a route pattern (see MatchRoute);
-// loose ignores trailing slashes on both.
+// loose ignores trailing slashes on both. Its cost is the pattern's
+// length, and for a "*" segment the path segment's: never the path's
+// (matchSegments).
 func matchPath(pattern, path string, loose bool) bool {
-	prefix, ok := strings.CutSuffix(pattern, "/*")
+	prefix, below := strings.CutSuffix(pattern, "/*")
 	if loose {
 		// After the cut: "/x/*/" is still one segment under "/x", not
 		// the final wildcard "/x/*".
-		pattern, path = trimSlashes(pattern), trimSlashes(path)
+		path = trimSlashes(path)
+		if !below {
+			prefix = trimSlashes(prefix)
+		}
 	}
-	switch {
-	case !ok:
-		return matchSegments(pattern, path)
-	case prefix == "":
+	if below && prefix == "" {
 		return true
 	}
-	// The prefix's segments against as many of the path's.
-	if cut := nthSlash(path, strings.Count(prefix, "/")+1); cut >= 0 {
-		path = path[:cut]
-	}
-	return matchSegments(prefix, path)
+	return matchSegments(prefix, path, below)
 }
 
 // trimSlashes returns p without its trailing slashes; "/" stays "/".
@@ -440,34 +438,45 @@ func trimSlashes(p string) string {
 	return "/"
 }
 
-// nthSlash returns the index of the n-th "/" of s (1-based), or -1.
-func nthSlash(s string, n int) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '/' {
-			n--
-			if n == 0 {
-				return i
+// matchSegments reports whether path matches pattern segment by segment,
+// "*" matching any one segment; with below, path may go on under the
+// pattern ("/x" matches "/x/y"). A literal segment is compared as a
+// prefix of the rest of the path, so that a path segment of 60,000 bytes
+// costs no more than the pattern's. Was: each path segment found first
+// (IndexByte, and for a prefix route a byte-by-byte count of slashes
+// over the whole path), which a helper attacking the gateway made cost
+// 0.5 s per request with a 60 KB path and 1,000 prefix routes.
+func matchSegments(pattern, path string, below bool) bool {
+	for {
+		seg, restPattern, last := pattern, "", true
+		if i := strings.IndexByte(pattern, '/'); i >= 0 {
+			seg, restPattern, last = pattern[:i], pattern[i+1:], false
+		}
+		var rest string
+		more := false // the path goes on after this segment
+		if seg == "*" {
+			if i := strings.IndexByte(path, '/'); i >= 0 {
+				rest, more = path[i+1:], true
+			}
+		} else {
+			if !strings.HasPrefix(path, seg) {
+				return false
+			}
+			switch r := path[len(seg):]; {
+			case r == "":
+			case r[0] == '/':
+				rest, more = r[1:], true
+			default:
+				return false // the path's segment is longer
 			}
 		}
-	}
-	return -1
-}
-
-// matchSegments matches segment by segment, "*" matching any one segment.
-func matchSegments(pattern, path string) bool {
-	for {
-		pi := strings.IndexByte(pattern, '/')
-		qi := strings.IndexByte(path, '/')
-		if (pi < 0) != (qi < 0) {
-			return false
+		if last {
+			return !more || below
 		}
-		if pi < 0 {
-			return pattern == "*" || pattern == path
+		if !more {
+			return false // the path ends before the pattern
 		}
-		if p, q := pattern[:pi], path[:qi]; p != "*" && p != q {
-			return false
-		}
-		pattern, path = pattern[pi+1:], path[qi+1:]
+		pattern, path = restPattern, rest
 	}
 }
 
