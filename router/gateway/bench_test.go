@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/ringlimit/ringlimit/rules"
@@ -48,5 +50,42 @@ func BenchmarkMatchReadings(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkMatchReadingsWorstCase is the most one request can make the
+// gateway match: a 60 KB path with a ";" parameter, an encoded ";" and a
+// dot segment (nine readings, eight besides the first) and three
+// override methods (four in all), against 1,000 routes, prefix routes
+// ("/svcN/*") or routes with a "*" segment ("/svcN/items/*/detail").
+func BenchmarkMatchReadingsWorstCase(b *testing.B) {
+	identify := func() (string, error) { return "", nil }
+	for _, prefix := range []bool{true, false} {
+		var routes []rules.Route
+		for i := range 999 {
+			p := fmt.Sprintf("/svc%d/items/*/detail", i)
+			if prefix {
+				p = fmt.Sprintf("/svc%d/*", i)
+			}
+			routes = append(routes, rules.Route{Name: fmt.Sprintf("r%d", i), Path: p, Limits: []rules.Limit{{Rule: "x", Cost: 1}}})
+		}
+		routes = append(routes, rules.Route{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}})
+		for _, tc := range []struct{ name, target, override string }{
+			{"short plain", "/v1/chat/completions", ""},
+			{"60 KB plain", "/" + strings.Repeat("a", 60000), ""},
+			{"60 KB, every reading and method", "/" + strings.Repeat("a", 60000) + ";x/%3Bq/./b", "A, B, C"},
+		} {
+			r := httptest.NewRequest("POST", tc.target, nil)
+			if tc.override != "" {
+				r.Header.Set("X-HTTP-Method-Override", tc.override)
+			}
+			b.Run(fmt.Sprintf("prefix=%v/%s", prefix, tc.name), func(b *testing.B) {
+				for b.Loop() {
+					if route, _, err := matchReadings(routes, r, identify); route == nil || err != nil {
+						b.Fatal(route, err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -437,6 +437,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil && route != nil && !route.Unlimited {
 		_, err = identify()
 	}
+	if errors.Is(err, errTooManyMethods) {
+		g.m.outcome("", "bad_request")
+		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error()+"; name one")
+		return
+	}
 	if errors.Is(err, ErrAmbiguous) {
 		g.m.outcome(route.Name, "bad_request")
 		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, strings.TrimPrefix(err.Error(), "gateway: "))
@@ -511,6 +516,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				reqs[i].Cost = max(n, 1)
 			}
 		}
+	}
+	if len(also) > 0 {
+		reqs, route = mergeRepeated(reqs, route)
 	}
 	out, err := g.decide(r.Context(), reqs)
 	if err != nil {

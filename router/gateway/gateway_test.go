@@ -527,42 +527,82 @@ func TestEncodedDotSegmentsAreChargedAsServeMuxServesThem(t *testing.T) {
 	}
 }
 
-// A POST that names another method in an override header or a _method
-// query parameter (Rails, Symfony, Laravel, Express's method-override
-// serve it as that method) is charged under that method's routes too.
-// Was: a POST with "X-HTTP-Method-Override: GET" went past a GET
-// route's limit (a helper attacking the gateway).
+// A request that names another method in an override header or a
+// _method query parameter (Rails, Symfony, Laravel, Slim, Express's
+// method-override serve it as that method) is charged under that
+// method's routes too; one naming more than 3 methods is refused (400).
+// Was: a POST with "X-HTTP-Method-Override: GET" went past a GET route's
+// limit; then junk named first, an encoded or PHP-mangled _method key,
+// an underscore-spelled header, "post" and a GET naming POST did (two
+// helpers attacking the gateway).
 func TestMethodOverrideIsChargedAsTheMethodItNames(t *testing.T) {
 	for _, tc := range []struct {
-		target string
-		header string
+		method, target, route string
+		header                []string
+		want                  int
 	}{
-		{"/search", "X-HTTP-Method-Override: GET"},
-		{"/search", "X-Http-Method: get"},
-		{"/search", "X-Method-Override: PATCH, GET"},
-		{"/search?_method=get", ""},
+		{"POST", "/search", "GET", []string{"X-HTTP-Method-Override: GET"}, http.StatusTooManyRequests},
+		{"POST", "/search", "GET", []string{"X-Http-Method: get"}, http.StatusTooManyRequests},
+		{"POST", "/search", "GET", []string{"X-Method-Override: PATCH, GET"}, http.StatusTooManyRequests},
+		{"POST", "/search?_method=get", "GET", nil, http.StatusTooManyRequests},
+		{"POST", "/search?%5Fmethod=GET", "GET", nil, http.StatusTooManyRequests},
+		{"POST", "/search?.method=GET", "GET", nil, http.StatusTooManyRequests},
+		{"POST", "/search?+method=GET", "GET", nil, http.StatusTooManyRequests},
+		{"POST", "/search", "GET", []string{"X_HTTP_Method_Override: GET"}, http.StatusTooManyRequests},
+		{"post", "/search", "GET", []string{"X-HTTP-Method-Override: GET"}, http.StatusTooManyRequests},
+		{"GET", "/search", "POST", []string{"X-Http-Method-Override: POST"}, http.StatusTooManyRequests},
+		{"PUT", "/search", "POST", []string{"X-Http-Method-Override: POST"}, http.StatusTooManyRequests},
+		{"POST", "/search?_method=A&_method=B&_method=C&_method=GET", "GET", nil, http.StatusBadRequest},
+		{"POST", "/search?_method=GET", "GET", []string{"X-Method-Override: A, B, C"}, http.StatusBadRequest},
+		{"POST", "/search", "GET", []string{"X-Method-Override: A, B, GET"}, http.StatusTooManyRequests},
 	} {
 		c := newChecker(t, limiter.Rule{Name: "search", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
 		s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{
-			{Name: "search", Methods: []string{"GET"}, Path: "/search", Limits: []rules.Limit{{Rule: "search", Cost: 1}}},
+			{Name: "search", Methods: []string{tc.route}, Path: "/search", Limits: []rules.Limit{{Rule: "search", Cost: 1}}},
 		}})
-		if resp := get(t, s.URL+"/search", nil); resp.StatusCode != http.StatusOK {
-			t.Fatalf("GET /search: %d", resp.StatusCode)
+		addr := s.Listener.Addr().String()
+		if status := rawDo(t, addr, tc.route, "/search"); status != http.StatusOK {
+			t.Fatalf("%s /search: %d", tc.route, status)
 		}
-		req, err := http.NewRequest(http.MethodPost, s.URL+tc.target, nil)
-		if err != nil {
-			t.Fatal(err)
+		if status := rawDo(t, addr, tc.method, tc.target, tc.header...); status != tc.want {
+			t.Errorf("%s %s %q after %s /search: %d, want %d", tc.method, tc.target, tc.header, tc.route, status, tc.want)
 		}
-		if k, v, ok := strings.Cut(tc.header, ": "); ok {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusTooManyRequests {
-			t.Errorf("POST %s with %q after GET /search: %d, want 429", tc.target, tc.header, resp.StatusCode)
+	}
+}
+
+// Two routes of two readings of one request that name one rule (at two
+// costs, or keyed by the client and by the IP of a client known by its
+// IP alone) charge it once, at the higher cost. Was: the group named
+// the rule and key twice, which the router refuses: a request with a
+// jsessionid was refused (a helper attacking the gateway).
+func TestOneRuleOfTwoReadingsIsChargedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		routes []rules.Route
+		spent  int64 // of 100, after one request
+	}{
+		{"costs differ", []rules.Route{
+			{Name: "upload", Path: "/upload", Limits: []rules.Limit{{Rule: "api", Cost: 5}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "api", Cost: 1}}},
+		}, 5},
+		{"key client spelled out", []rules.Route{
+			{Name: "upload", Path: "/upload", Limits: []rules.Limit{{Rule: "api", Cost: 1, Key: rules.KeyClient}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "api", Cost: 1}}},
+		}, 1},
+		{"ip and client, anonymous", []rules.Route{
+			{Name: "upload", Path: "/upload", Limits: []rules.Limit{{Rule: "api", Cost: 1, Key: rules.KeyIP}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "api", Cost: 1}}},
+		}, 1},
+	} {
+		for _, target := range []string{"/upload;jsessionid=ABC", "/upload/x/.."} {
+			c := newChecker(t, limiter.Rule{Name: "api", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour})
+			s := front(t, newUpstream(t), c, Config{Routes: tc.routes})
+			if status := rawDo(t, s.Listener.Addr().String(), "GET", target); status != http.StatusOK {
+				t.Errorf("%s: GET %s: %d, want 200", tc.name, target, status)
+			}
+			if got := c.remaining(t, "api", "ip:127.0.0.1"); got != 100-tc.spent {
+				t.Errorf("%s: GET %s left %d of 100, want %d", tc.name, target, got, 100-tc.spent)
+			}
 		}
 	}
 }
@@ -1238,6 +1278,11 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 		{"/admin/users/../../static/x", []string{"all"}},
 		{"/admin/users/%2E%2E/%2e%2E/static/x", []string{"all"}},
 		{"/static/./x", nil},
+		// Node's URL parser, Kestrel, nginx without merge_slashes: ".."
+		// removes the empty segment, /admin/users.
+		{"/admin//../users", []string{"all", "adm"}},
+		// Spring's PathPattern: parameters cut, dots kept: admin, "..", users.
+		{"/static/..;/admin/users;x", []string{"adm"}},
 	} {
 		hour := func(name string) limiter.Rule {
 			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}
@@ -1263,6 +1308,30 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 			}
 		}
 	}
+}
+
+// rawDo sends a request of method for target, byte for byte, with the
+// header lines given, to addr and returns the answer's status.
+func rawDo(t *testing.T, addr, method, target string, header ...string) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n", method, target)
+	for _, h := range header {
+		req += h + "\r\n"
+	}
+	if _, err := io.WriteString(conn, req+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // rawGet sends GET target, byte for byte, to addr and returns the answer's

@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 
+	"github.com/ringlimit/ringlimit/router"
 	"github.com/ringlimit/ringlimit/rules"
 )
 
@@ -24,7 +26,11 @@ import (
 // reading, and is matched once.
 func matchReadings(routes []rules.Route, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
 	first := matchPath(r.URL.Path)
-	paths, ms := otherReadings(r.URL, first), otherMethods(r)
+	ms, err := otherMethods(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	paths := otherReadings(r.URL, first)
 	if paths == nil && ms == nil {
 		route, err = matchRoute(routes, r.Method, r.URL, first, identify)
 		return route, nil, err
@@ -71,32 +77,48 @@ func matchRoute(routes []rules.Route, method string, u *url.URL, path string, id
 // otherReadings returns the paths a request for u is matched as besides
 // first, its decoded path with dot segments resolved and repeated
 // slashes merged (matchPath(u.Path): what most upstreams serve), each
-// once and none equal to first; nil when there are none:
+// once and none equal to first; nil when there are none. Each base —
 //
+//   - its decoded path;
 //   - when its path as sent holds ";", that path with each segment's
 //     parameters cut off, from a ";" to the next "/" as sent, then
-//     decoded and resolved: how Tomcat reads it ("/login;jsessionid=1"
-//     is "/login", "/public/..;/admin" is "/admin", "/login;%2F.." is
-//     "/login": the parameter ends at a "/" sent as such, not at %2F);
-//   - when its decoded path holds ";" (%3B too), the decoded path with
-//     parameters so cut, resolved: how a server that decodes before it
-//     cuts reads it;
-//   - when its decoded path holds a dot segment (%2E%2E included), that
-//     path with its dot segments kept: how an upstream that resolves none
-//     reads it (Node's Express, whose app.use("/graphql") serves
-//     "/graphql/../static/x"; Go's ServeMux, which resolves "%2E%2E" as
-//     the name it is sent as).
+//     decoded: how Tomcat and Spring's PathPattern read it
+//     ("/login;jsessionid=1" is "/login", "/login;%2F.." is "/login": a
+//     parameter ends at a "/" sent as such, not at %2F);
+//   - when its decoded path holds ";" (%3B too), that path with its
+//     parameters so cut: how a server that decodes before it cuts reads
+//     it —
 //
-// Was: the first alone, plus from b03617b the third: "/login;%2F.."
-// (resolved to "/") went past "/login"'s limit to Tomcat, which serves
-// "/login"; "/admin/%3B/..;/users" was charged as "/users" where Tomcat
-// serves "/admin/users"; and "/graphql/../static/x" was exempt under
-// "/static/*" while Express served "/graphql" (a helper attacking the
-// gateway, with a real Express 4 and Go's ServeMux behind it).
+// is read in three forms: resolved as matchPath does (backslashes as
+// slashes, repeated slashes merged: Tomcat, Caddy, nginx, IIS); with its
+// dot segments removed as RFC 3986 (5.2.4) says, repeated slashes kept,
+// so that ".." removes an empty segment ("/api//../login" is
+// "/api/login": the WHATWG URL parser of Node, Deno and Bun, Kestrel,
+// nginx with merge_slashes off, Envoy and Istio's normalisation); and
+// with its dot segments kept (Express: app.use("/graphql") serves
+// "/graphql/../static/x"; Go's ServeMux, to which "%2E%2E" is a name;
+// Spring's PathPattern, which matches "/api/{v}/login" with v "..").
+//
+// Was: the first reading alone, plus from b03617b parameters cut after
+// decoding: "/login;%2F.." (resolved to "/") went past "/login"'s limit
+// to Tomcat, "/admin/%3B/..;/users" was charged as "/users", and
+// "/graphql/../static/x" was exempt under "/static/*" while Express
+// served "/graphql"; then "/api//../login" went past "/api/login"'s
+// limit to Node (two helpers attacking the gateway, with a real Express
+// 4, Node and Go's ServeMux behind it).
 func otherReadings(u *url.URL, first string) []string {
 	semi, dots := strings.IndexByte(u.Path, ';') >= 0, hasDotSegment(u.Path)
 	if !semi && !dots {
 		return nil // a ";" sent as such decodes to one: u.Path has it too
+	}
+	bases := []string{absolute(u.Path)}
+	if sent := u.EscapedPath(); strings.IndexByte(sent, ';') >= 0 {
+		if p, err := url.PathUnescape(withoutParams(sent)); err == nil {
+			bases = append(bases, absolute(p))
+		}
+	}
+	if semi {
+		bases = append(bases, absolute(withoutParams(u.Path)))
 	}
 	var paths []string
 	add := func(p string) {
@@ -104,22 +126,48 @@ func otherReadings(u *url.URL, first string) []string {
 			paths = append(paths, p)
 		}
 	}
-	if sent := u.EscapedPath(); strings.IndexByte(sent, ';') >= 0 {
-		if p, err := url.PathUnescape(withoutParams(sent)); err == nil {
-			add(matchPath(p))
+	for _, b := range bases {
+		add(matchPath(b))
+		if hasDotSegment(b) {
+			add(removeDotSegments(b))
+			add(b)
 		}
-	}
-	if semi {
-		add(matchPath(withoutParams(u.Path)))
-	}
-	if dots {
-		p := u.Path
-		if p == "" || p[0] != '/' {
-			p = "/" + p
-		}
-		add(p)
 	}
 	return paths
+}
+
+// absolute is p with a leading "/" when it has none.
+func absolute(p string) string {
+	if p == "" || p[0] != '/' {
+		return "/" + p
+	}
+	return p
+}
+
+// removeDotSegments resolves the "." and ".." segments of absolute path
+// p as RFC 3986 (5.2.4) does: repeated slashes stay (an empty segment
+// is a segment, and ".." removes it), and a path that ends in a dot
+// segment ends in "/".
+func removeDotSegments(p string) string {
+	segs := strings.Split(p, "/")[1:]
+	out := make([]string, 0, len(segs))
+	for i, s := range segs {
+		last := i == len(segs)-1
+		switch s {
+		case ".":
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+		default:
+			out = append(out, s)
+			continue
+		}
+		if last {
+			out = append(out, "")
+		}
+	}
+	return "/" + strings.Join(out, "/")
 }
 
 // hasDotSegment reports whether path p holds a "." or ".." segment.
@@ -156,49 +204,130 @@ func withoutParams(p string) string {
 	}
 }
 
-// overrideHeaders are the headers a POST names the method it means in:
-// Rails (Rack::MethodOverride), Symfony and Laravel, and Express's
-// method-override middleware read one of them, and serve the request as
-// that method.
-var overrideHeaders = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+// overrideHeaders are the headers a request names the method it means
+// in, lower case: Rails (Rack::MethodOverride), Symfony, Laravel, Slim
+// and Express's method-override read one of them, and serve the request
+// as that method.
+var overrideHeaders = [...]string{"x-http-method-override", "x-http-method", "x-method-override"}
+
+// errTooManyMethods refuses a request that names more methods than a
+// request is matched as (maxMethods).
+var errTooManyMethods = errors.New("a method override names more than 3 methods")
 
 // otherMethods returns the methods a request r is matched as besides
-// its own (nil: none): for a POST, each method an override header or a
-// "_method" query parameter (Laravel, Symfony when enabled) names,
-// upper-cased as those frameworks read it. Was: its own alone, so a POST with
-// "X-HTTP-Method-Override: GET" went past a GET route's limit to a Rails
-// upstream that served it as that GET. A "_method" field in a form body
-// is not read (the body is the upstream's): a route listing methods
-// does not catch such a POST unless it lists POST too.
-func otherMethods(r *http.Request) []string {
-	if r.Method != http.MethodPost {
-		return nil
-	}
+// its own (nil: none): each method an override header names (spelled
+// with dashes or underscores: Rack reads X_HTTP_Method_Override as the
+// dashed header when only that spelling is sent), and each a "_method"
+// query parameter names (Laravel and Symfony), its key read as PHP reads
+// it (decoded, "." and " " as "_": "%5Fmethod", ".method"), all
+// upper-cased as those frameworks read them; on any method, as Slim and
+// Express's method-override (configured so) do, whatever r's method's
+// case. More than maxMethods in all is errTooManyMethods: cut to the
+// first ones, junk named first would push the one the upstream reads out
+// of the match.
+//
+// Was: for a POST only, the dashed headers and "_method" as written, cut
+// to 4: a POST with "X-HTTP-Method-Override: GET" went past a GET
+// route's limit to Rails (fixed), then "?_method=A&_method=B&_method=C&_method=GET",
+// "?%5Fmethod=GET", "X_HTTP_Method_Override: GET", "post" and a GET
+// naming POST to Slim did (two helpers attacking the gateway). A
+// "_method" field in a form body is not read (the body is the
+// upstream's): a route listing methods does not catch such a POST unless
+// it lists POST too.
+func otherMethods(r *http.Request) ([]string, error) {
 	var ms []string
+	var err error
 	add := func(v string) {
-		// At most maxMethods in all: each is matched against every
-		// route, in every reading of the path.
-		if v = strings.ToUpper(strings.TrimSpace(v)); v != "" && v != r.Method && len(ms) < maxMethods-1 && !slices.Contains(ms, v) {
+		v = strings.ToUpper(strings.TrimSpace(v))
+		switch {
+		case v == "" || strings.EqualFold(v, r.Method) || slices.Contains(ms, v):
+		case len(ms) == maxMethods-1:
+			err = errTooManyMethods
+		default:
 			ms = append(ms, v)
 		}
 	}
-	for _, h := range overrideHeaders {
-		for _, v := range r.Header.Values(h) {
+	for k, vs := range r.Header {
+		if !slices.ContainsFunc(overrideHeaders[:], func(h string) bool { return sameHeaderName(k, h) }) {
+			continue
+		}
+		for _, v := range vs {
 			for m := range strings.SplitSeq(v, ",") {
 				add(m)
 			}
 		}
 	}
-	if strings.Contains(r.URL.RawQuery, "_method") {
-		for _, v := range r.URL.Query()["_method"] {
-			add(v)
+	if q := r.URL.RawQuery; strings.Contains(q, "method") || strings.IndexByte(q, '%') >= 0 {
+		for k, vs := range r.URL.Query() {
+			if phpKey(k) == "_method" || phpKey("x"+k) == "x_method" {
+				for _, v := range vs {
+					add(v)
+				}
+			}
 		}
 	}
-	return ms
+	return ms, err
+}
+
+// sameHeaderName reports whether header key k is name (lower case, with
+// dashes), in any case and with any of its dashes spelled "_".
+func sameHeaderName(k, name string) bool {
+	if len(k) != len(name) {
+		return false
+	}
+	for i := range len(k) {
+		c := k[i]
+		switch {
+		case c == '_':
+			c = '-'
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// phpKey is query key k as PHP names the variable: leading spaces
+// dropped, and " ", "." and "[" as "_". (otherMethods also reads a key
+// with its leading spaces kept as "_": " method", sent "+method".)
+func phpKey(k string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ' ' || r == '.' || r == '[' {
+			return '_'
+		}
+		return r
+	}, strings.TrimLeft(k, " "))
 }
 
 // maxMethods bounds the methods one request is matched as (otherMethods).
 const maxMethods = 4
+
+// mergeRepeated returns reqs, the checks of route (one per limit, in
+// order), with the checks of one rule and key merged into the first of
+// them at the highest cost, and route with the limits of the checks
+// kept. Two routes of two readings of one request (joinLimits) may name
+// one rule, at two costs, or keyed by the client and by the IP of a
+// client known by its IP alone: a group names a rule and key once (the
+// router refuses it otherwise). Was: such a request (a jsessionid, an
+// override) was refused.
+func mergeRepeated(reqs []router.Request, route *rules.Route) ([]router.Request, *rules.Route) {
+	out := make([]router.Request, 0, len(reqs))
+	kept := *route
+	kept.Limits = make([]rules.Limit, 0, len(reqs))
+	for i, q := range reqs {
+		j := slices.IndexFunc(out, func(o router.Request) bool { return o.Rule == q.Rule && o.Key == q.Key })
+		if j >= 0 {
+			out[j].Cost = max(out[j].Cost, q.Cost)
+			continue
+		}
+		out = append(out, q)
+		kept.Limits = append(kept.Limits, route.Limits[i])
+	}
+	return out, &kept
+}
 
 // joinLimits returns a route named as a that has a's limits, then those
 // of b that a lacks (two readings of one request: matchReadings).
