@@ -17,11 +17,26 @@ func FuzzMatchPath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, pattern, path string) {
 		for _, loose := range []bool{false, true} {
-			if got, want := matchPath(pattern, path, loose), refMatchPath(pattern, path, loose); got != want {
+			if got, want := matchPath(pattern, path, loose, false), refMatchPath(pattern, path, loose); got != want {
 				t.Fatalf("matchPath(%q, %q, %v) = %v, the reference says %v", pattern, path, loose, got, want)
+			}
+			// Folded, it is the reference on both lower-cased (ASCII).
+			if got, want := matchPath(pattern, path, loose, true), refMatchPath(lowerASCII(pattern), lowerASCII(path), loose); got != want {
+				t.Fatalf("matchPath(%q, %q, %v, fold) = %v, the reference on both lower-cased says %v", pattern, path, loose, got, want)
 			}
 		}
 	})
+}
+
+// lowerASCII is s with its ASCII letters lower-cased.
+func lowerASCII(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // refMatchPath is matchPath as it was before matchSegments compared

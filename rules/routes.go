@@ -374,6 +374,17 @@ func MatchRoute(routes []Route, method, path, tier string) *Route {
 // decides the route, or when a limit will be checked. When tier fails,
 // MatchRouteFunc returns the route that asked and tier's error.
 func MatchRouteFunc(routes []Route, method, path string, tier func() (string, error)) (*Route, error) {
+	return matchRouteFunc(routes, method, path, false, tier)
+}
+
+// MatchRouteFuncFold is MatchRouteFunc with path patterns compared to
+// the path ASCII case-insensitively, as an upstream that routes so reads
+// a path (Express by default, ASP.NET, IIS): "/LOGIN" matches "/login".
+func MatchRouteFuncFold(routes []Route, method, path string, tier func() (string, error)) (*Route, error) {
+	return matchRouteFunc(routes, method, path, true, tier)
+}
+
+func matchRouteFunc(routes []Route, method, path string, fold bool, tier func() (string, error)) (*Route, error) {
 	asked, t := false, ""
 	for i := range routes {
 		r := &routes[i]
@@ -381,7 +392,7 @@ func MatchRouteFunc(routes []Route, method, path string, tier func() (string, er
 			!(strings.EqualFold(method, http.MethodHead) && containsFold(r.Methods, http.MethodGet)) {
 			continue
 		}
-		if !matchPath(r.Path, path, !r.Unlimited) {
+		if !matchPath(r.Path, path, !r.Unlimited, fold) {
 			continue
 		}
 		if r.Tier != "" {
@@ -411,10 +422,10 @@ func containsFold(list []string, s string) bool {
 }
 
 // matchPath matches a path against a route pattern (see MatchRoute);
-// loose ignores trailing slashes on both. Its cost is the pattern's
-// length, and for a "*" segment the path segment's: never the path's
-// (matchSegments).
-func matchPath(pattern, path string, loose bool) bool {
+// loose ignores trailing slashes on both, fold ASCII case. Its cost is
+// the pattern's length, and for a "*" segment the path segment's: never
+// the path's (matchSegments).
+func matchPath(pattern, path string, loose, fold bool) bool {
 	prefix, below := strings.CutSuffix(pattern, "/*")
 	if loose {
 		// After the cut: "/x/*/" is still one segment under "/x", not
@@ -427,7 +438,7 @@ func matchPath(pattern, path string, loose bool) bool {
 	if below && prefix == "" {
 		return true
 	}
-	return matchSegments(prefix, path, below)
+	return matchSegments(prefix, path, below, fold)
 }
 
 // trimSlashes returns p without its trailing slashes; "/" stays "/".
@@ -446,7 +457,7 @@ func trimSlashes(p string) string {
 // (IndexByte, and for a prefix route a byte-by-byte count of slashes
 // over the whole path), which a helper attacking the gateway made cost
 // 0.5 s per request with a 60 KB path and 1,000 prefix routes.
-func matchSegments(pattern, path string, below bool) bool {
+func matchSegments(pattern, path string, below, fold bool) bool {
 	for {
 		seg, restPattern, last := pattern, "", true
 		if i := strings.IndexByte(pattern, '/'); i >= 0 {
@@ -459,7 +470,7 @@ func matchSegments(pattern, path string, below bool) bool {
 				rest, more = path[i+1:], true
 			}
 		} else {
-			if !strings.HasPrefix(path, seg) {
+			if len(path) < len(seg) || !(path[:len(seg)] == seg || fold && equalFoldASCII(path[:len(seg)], seg)) {
 				return false
 			}
 			switch r := path[len(seg):]; {
@@ -478,6 +489,24 @@ func matchSegments(pattern, path string, below bool) bool {
 		}
 		pattern, path = restPattern, rest
 	}
+}
+
+// equalFoldASCII reports whether a and b, of one length, are equal but
+// for the case of ASCII letters.
+func equalFoldASCII(a, b string) bool {
+	for i := range len(a) {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // FromView returns the rule a View describes, validated: the direct

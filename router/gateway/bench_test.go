@@ -29,7 +29,7 @@ func BenchmarkMatchReadings(b *testing.B) {
 	b.Run("first reading", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if r, err := matchRoute(routes, plain.Method, plain.URL, matchPath(plain.URL.Path), identify); r == nil || err != nil {
+			if r, err := matchRoute(routes, plain.Method, plain.URL, matchPath(plain.URL.Path), false, identify); r == nil || err != nil {
 				b.Fatal(r, err)
 			}
 		}

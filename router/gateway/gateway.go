@@ -437,9 +437,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil && route != nil && !route.Unlimited {
 		_, err = identify()
 	}
-	if errors.Is(err, errTooManyMethods) {
+	if errors.Is(err, errTooManyMethods) || errors.Is(err, errTooManyReadings) {
 		g.m.outcome("", "bad_request")
-		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error()+"; name one")
+		client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	if errors.Is(err, ErrAmbiguous) {

@@ -570,6 +570,21 @@ func TestMethodOverrideIsChargedAsTheMethodItNames(t *testing.T) {
 	}
 }
 
+// A request that can be read in more than maxPasses ways is refused
+// (400): matching it would cost the gateway that many passes over its
+// routes. One with a few is matched in each.
+func TestTooManyReadingsAreRefused(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "api", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "api", Cost: 1}}}}})
+	addr := s.Listener.Addr().String()
+	if status := rawDo(t, addr, "POST", "/A/x.php/b;c/./d.e;f/../g.h", "X-Method-Override: P, Q, R"); status != http.StatusBadRequest {
+		t.Errorf("a path of many readings with 3 override methods: %d, want 400", status)
+	}
+	if status := rawDo(t, addr, "POST", "/index.php/Login.json;jsessionid=1", "X-HTTP-Method-Override: GET"); status != http.StatusOK {
+		t.Errorf("a path of a few readings with an override: %d, want 200", status)
+	}
+}
+
 // Two routes of two readings of one request that name one rule (at two
 // costs, or keyed by the client and by the IP of a client known by its
 // IP alone) charge it once, at the higher cost. Was: the group named
@@ -1283,6 +1298,16 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 		{"/admin//../users", []string{"all", "adm"}},
 		// Spring's PathPattern: parameters cut, dots kept: admin, "..", users.
 		{"/static/..;/admin/users;x", []string{"adm"}},
+		// Express (by default), ASP.NET and IIS route case-insensitively.
+		{"/LOGIN", []string{"all", "lg"}},
+		{"/Login/", []string{"all", "lg"}},
+		{"/STATIC/app.js", []string{"all"}},
+		// Rails' optional (.:format).
+		{"/login.json", []string{"all", "lg"}},
+		{"/static/app.js", nil},
+		// A PHP front controller routes the path after its script.
+		{"/index.php/login", []string{"all", "lg"}},
+		{"/index.php/admin/users.json", []string{"all", "adm"}},
 	} {
 		hour := func(name string) limiter.Rule {
 			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}

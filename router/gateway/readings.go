@@ -22,8 +22,13 @@ import (
 // The gateway cannot know which reading its upstream makes: an exemption
 // covers a request only when it covers every reading, and a limit
 // catches a request whenever it catches one. A request written plainly
-// (no dot segment, no ";", no method override: nearly all) has a single
-// reading, and is matched once.
+// (no dot segment, no ";", no extension, no capital letter, no method
+// override: most) has a single reading, and is matched once. A path
+// with a capital letter is matched case-insensitively too, as Express
+// (by default), ASP.NET and IIS route: "/LOGIN" is "/login" to them (was:
+// not, and a case form per request went past "/login"'s limit). One
+// that can be read in more than maxPasses ways (paths times methods,
+// times two with capitals) is errTooManyReadings.
 func matchReadings(routes []rules.Route, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
 	first := matchPath(r.URL.Path)
 	ms, err := otherMethods(r)
@@ -31,22 +36,32 @@ func matchReadings(routes []rules.Route, r *http.Request, identify func() (strin
 		return nil, nil, err
 	}
 	paths := otherReadings(r.URL, first)
-	if paths == nil && ms == nil {
-		route, err = matchRoute(routes, r.Method, r.URL, first, identify)
+	fold := hasUpper(first) || slices.ContainsFunc(paths, hasUpper)
+	if paths == nil && ms == nil && !fold {
+		route, err = matchRoute(routes, r.Method, r.URL, first, false, identify)
 		return route, nil, err
+	}
+	folds := []bool{false}
+	if fold {
+		folds = append(folds, true)
+	}
+	if (1+len(ms))*(1+len(paths))*len(folds) > maxPasses {
+		return nil, nil, errTooManyReadings
 	}
 	var limited []*rules.Route
 	for _, method := range append([]string{r.Method}, ms...) {
 		for _, path := range append([]string{first}, paths...) {
-			m, err := matchRoute(routes, method, r.URL, path, identify)
-			switch {
-			case err != nil:
-				return m, nil, err
-			case route == nil:
-				route = m
-			}
-			if m != nil && !m.Unlimited && !slices.Contains(limited, m) {
-				limited = append(limited, m)
+			for _, fold := range folds {
+				m, err := matchRoute(routes, method, r.URL, path, fold, identify)
+				switch {
+				case err != nil:
+					return m, nil, err
+				case route == nil:
+					route = m
+				}
+				if m != nil && !m.Unlimited && !slices.Contains(limited, m) {
+					limited = append(limited, m)
+				}
 			}
 		}
 	}
@@ -57,21 +72,39 @@ func matchReadings(routes []rules.Route, r *http.Request, identify func() (strin
 }
 
 // matchRoute returns the route of routes that decides a request of
-// method for u, its path matched as path, with the tier asked of
-// identify when a route with a tier matches (rules.MatchRouteFunc). An
-// unlimited route exempts it only if exemptAsSent: otherwise the routes
-// after it decide.
-func matchRoute(routes []rules.Route, method string, u *url.URL, path string, identify func() (string, error)) (*rules.Route, error) {
-	route, err := rules.MatchRouteFunc(routes, method, path, identify)
+// method for u, its path matched as path (ASCII case-insensitively with
+// fold), with the tier asked of identify when a route with a tier
+// matches (rules.MatchRouteFunc). An unlimited route exempts it only if
+// exemptAsSent: otherwise the routes after it decide.
+func matchRoute(routes []rules.Route, method string, u *url.URL, path string, fold bool, identify func() (string, error)) (*rules.Route, error) {
+	match := rules.MatchRouteFunc
+	if fold {
+		match = rules.MatchRouteFuncFold
+	}
+	route, err := match(routes, method, path, identify)
 	for err == nil && route != nil && route.Unlimited && !exemptAsSent(u) {
 		i := 0 // the routes after it decide
 		for &routes[i] != route {
 			i++
 		}
 		routes = routes[i+1:]
-		route, err = rules.MatchRouteFunc(routes, method, path, identify)
+		route, err = match(routes, method, path, identify)
 	}
 	return route, err
+}
+
+// maxPasses bounds how many times one request is matched against the
+// routes (matchReadings): the worst a request can make the gateway do,
+// ~4 ms at 1,000 routes.
+const maxPasses = 64
+
+// errTooManyReadings refuses a request whose path and method can be
+// read in more than maxPasses ways.
+var errTooManyReadings = errors.New("the request's path and method can be read in too many ways (parameters, dot segments, extensions, overrides)")
+
+// hasUpper reports whether s holds an ASCII capital letter.
+func hasUpper(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return 'A' <= r && r <= 'Z' })
 }
 
 // otherReadings returns the paths a request for u is matched as besides
@@ -109,7 +142,11 @@ func matchRoute(routes []rules.Route, method string, u *url.URL, path string, id
 func otherReadings(u *url.URL, first string) []string {
 	semi, dots := strings.IndexByte(u.Path, ';') >= 0, hasDotSegment(u.Path)
 	if !semi && !dots {
-		return nil // a ";" sent as such decodes to one: u.Path has it too
+		// A ";" sent as such decodes to one: u.Path has it too.
+		if strings.IndexByte(u.Path, '.') < 0 {
+			return nil
+		}
+		return suffixReadings(nil, first)
 	}
 	bases := []string{absolute(u.Path)}
 	if sent := u.EscapedPath(); strings.IndexByte(sent, ';') >= 0 {
@@ -133,7 +170,69 @@ func otherReadings(u *url.URL, first string) []string {
 			add(b)
 		}
 	}
+	return suffixReadings(paths, first)
+}
+
+// suffixReadings returns paths (other readings of a request whose first
+// is first) with, for first and each of paths, the readings of two kinds
+// of upstream added, each once and none equal to first:
+//
+//   - a last segment's extension cut off ("/login.json" as "/login"):
+//     Rails routes every path with an optional "(.:format)", and Spring
+//     MVC's suffix pattern matching did the same;
+//   - a PHP front controller's script segment taken out, when more
+//     segments follow ("/index.php/login" as "/login", and
+//     "/app/index.php/login" as "/app/login" too): Symfony, Laravel,
+//     CodeIgniter and Slim route the path after the script.
+//
+// Was: neither, and "/login.json" (Rails) and "/index.php/login"
+// (Symfony's getPathInfo, run behind the gateway) went past "/login"'s
+// limit (a helper attacking the gateway).
+func suffixReadings(paths []string, first string) []string {
+	add := func(p string) {
+		if p != "" && p != first && !slices.Contains(paths, p) {
+			paths = append(paths, p)
+		}
+	}
+	for _, p := range append([]string{first}, paths...) {
+		for _, q := range afterScript(p) {
+			add(q)
+			add(withoutExtension(q))
+		}
+		add(withoutExtension(p))
+	}
 	return paths
+}
+
+// withoutExtension is absolute path p with its last segment's extension
+// cut off (from its last "."), or "" when it has none: no ".", or one
+// leading it (".well-known") or ending it.
+func withoutExtension(p string) string {
+	i := strings.LastIndexByte(p, '/')
+	seg := p[i+1:]
+	j := strings.LastIndexByte(seg, '.')
+	if j <= 0 || j == len(seg)-1 || seg == ".." {
+		return ""
+	}
+	return p[:i+1] + seg[:j]
+}
+
+// afterScript returns, for absolute path p with a segment ending in
+// ".php" (any case) followed by more segments, the path after the first
+// such segment and p without it; nil otherwise.
+func afterScript(p string) []string {
+	for i := 1; i < len(p); {
+		j := strings.IndexByte(p[i:], '/')
+		if j < 0 {
+			return nil
+		}
+		seg := p[i : i+j]
+		if len(seg) > len(".php") && strings.EqualFold(seg[len(seg)-len(".php"):], ".php") {
+			return []string{p[i+j:], p[:i] + p[i+j+1:]}
+		}
+		i += j + 1
+	}
+	return nil
 }
 
 // absolute is p with a leading "/" when it has none.
@@ -212,7 +311,7 @@ var overrideHeaders = [...]string{"x-http-method-override", "x-http-method", "x-
 
 // errTooManyMethods refuses a request that names more methods than a
 // request is matched as (maxMethods).
-var errTooManyMethods = errors.New("a method override names more than 3 methods")
+var errTooManyMethods = errors.New("a method override names more than 3 methods; name one")
 
 // otherMethods returns the methods a request r is matched as besides
 // its own (nil: none): each method an override header names (spelled
