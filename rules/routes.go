@@ -280,6 +280,10 @@ func parseLimit(raw json.RawMessage, l *Limit, fail func(field, format string, a
 		return fail(".cost", "must be ≥ 0, got %d", l.Cost)
 	case l.CostFrom != "" && (!strings.HasPrefix(l.CostFrom, "header:") || !validHeaderName(l.CostHeader())):
 		return fail(".cost_from", "must be header:NAME, got %s", quoteTrunc(l.CostFrom))
+	case hasCost && l.CostFrom != "":
+		// Was: accepted, and cost never read (a helper trying the
+		// gateway from the README: cost 3 with the header absent spent 1).
+		return fail(".cost", "give cost or cost_from, not both (with cost_from %s the cost is that header's, 1 when it is absent)", quoteTrunc(l.CostFrom))
 	case hasKey && l.Key != KeyClient && l.Key != KeyIP:
 		return fail(".key", "must be %s (the JWT claim, else the API key, else the IP) or %s (the client IP alone), got %s", KeyClient, KeyIP, quoteTrunc(l.Key))
 	}

@@ -132,6 +132,7 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"routes: [{name: a, path: /, unlimited: true, limits: [{rule: r}]}]", `route "a": limits: an unlimited route takes no limits, got 1`},
 		{`routes: [{name: a, path: /, unlimited: "true"}]`, `route "a": unlimited: must be a bool (true or false), got "true"`},
 		{"routes: [{name: a, path: /, limits: [{rule: r, cost_from: body}]}]", `route "a": limits[0].cost_from: must be header:NAME, got "body"`},
+		{"routes: [{name: a, path: /, limits: [{rule: r, cost: 3, cost_from: 'header:X-T'}]}]", `route "a": limits[0].cost: give cost or cost_from, not both (with cost_from "header:X-T" the cost is that header's, 1 when it is absent)`},
 		{"routes: [{name: a, path: /, bogus: 1, limits: [{rule: r}]}]", `route "a": bogus: unknown field`},
 		// Fields are matched exactly: "Path" beside "path" is no alias.
 		{"routes: [{name: a, PATH: /admin/*, limits: [{rule: r}]}]", `route "a": PATH: unknown field`},

@@ -659,6 +659,91 @@ func TestIPv6ClientsAreKeyedByTheirNetwork(t *testing.T) {
 	}
 }
 
+// An IPv6 address that stands for an IPv4 one (NAT64's 64:ff9b::/96,
+// 6to4's 2002::/16) is keyed by that IPv4 address. Was: by its /64, so
+// behind a NAT64 every IPv4 client shared one budget, and one 6to4 host
+// had 65,536 (a helper attacking the gateway).
+func TestIPv6AddressesOfIPv4ClientsAreKeyedByTheirIPv4(t *testing.T) {
+	trusted, _ := ParseCIDRs("127.0.0.0/8")
+	for _, tc := range []struct{ xff, key string }{
+		{"64:ff9b::203.0.113.7", "ip:203.0.113.7"},
+		{"64:ff9b::198.51.100.9", "ip:198.51.100.9"},
+		{"2002:cb00:7107:1::1", "ip:203.0.113.7"},
+		{"2002:cb00:7107:2::1", "ip:203.0.113.7"},
+		{"2001:db8:1:2::1", "ip:2001:db8:1:2::/64"},
+	} {
+		c := newChecker(t)
+		s := front(t, newUpstream(t), c, Config{Identity: Identity{TrustedProxies: trusted}})
+		get(t, s.URL, map[string]string{"X-Forwarded-For": tc.xff})
+		if keys := c.keys(); len(keys) != 1 || keys[0] != tc.key {
+			t.Errorf("%s: keyed %v, want %s", tc.xff, keys, tc.key)
+		}
+	}
+}
+
+// With --api-key-header Authorization (keys sent as "Bearer sk-…"), one
+// key is one client however its scheme is spelled: "Bearer" or "Token",
+// any case, any run of spaces or tabs, as OAuth's and Rails' parsers read
+// it. Was: the header's value as sent, 8 spellings of one key passed a
+// limit of 1 per key 8 times (a helper attacking the gateway).
+func TestAPIKeyInAnAuthorizationHeaderIsItsCredentials(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "per-key", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "Authorization"}, Routes: []rules.Route{
+		{Name: "chat", Path: "/v1/chat/*", Limits: []rules.Limit{{Rule: "per-key", Cost: 1}}},
+	}})
+	passed := 0
+	spellings := []string{"Bearer sk-1", "bearer sk-1", "BEARER sk-1", "Bearer  sk-1", "Bearer\tsk-1", "Token sk-1", "sk-1"}
+	for _, v := range spellings {
+		if request(t, http.MethodPost, s.URL+"/v1/chat/x", map[string]string{"Authorization": v}).StatusCode == http.StatusOK {
+			passed++
+		}
+	}
+	if keys := c.keys(); passed != 1 || keys[0] != "key:sk-1" {
+		t.Errorf("one key in %d spellings: %d passed a limit of 1, keyed %q; want 1, key:sk-1", len(spellings), passed, keys)
+	}
+	// Another scheme, or more than a scheme and a token, is the value as sent.
+	for v, want := range map[string]string{"Basic dXNlcg==": "key:Basic dXNlcg==", "Bearer a b": "key:Bearer a b"} {
+		c := newChecker(t)
+		s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "Authorization"}})
+		get(t, s.URL, map[string]string{"Authorization": v})
+		if keys := c.keys(); keys[0] != want {
+			t.Errorf("%q keyed %q, want %s", v, keys, want)
+		}
+	}
+}
+
+// A token is taken with its exp, nbf and iat up to 30 s off the
+// gateway's clock (an issuer's clock a moment ahead), and with an
+// integer id claim (Django REST SimpleJWT's user_id), keyed in decimal.
+// Was: both refused (401), every fresh token of such issuers (a helper
+// attacking the gateway). Past the leeway, refused still.
+func TestTokensOfSkewedClocksAndIntegerIDs(t *testing.T) {
+	ks := makeKeys(t)
+	now := time.Now()
+	for _, tc := range []struct {
+		name   string
+		claim  string
+		claims jwt.MapClaims
+		want   int
+		key    string
+	}{
+		{"integer user_id", "user_id", jwt.MapClaims{"user_id": 42, "exp": now.Add(time.Hour).Unix()}, http.StatusOK, "sub:42"},
+		{"fractional user_id", "user_id", jwt.MapClaims{"user_id": 4.5, "exp": now.Add(time.Hour).Unix()}, http.StatusUnauthorized, ""},
+		{"nbf and iat 2 s ahead", "sub", jwt.MapClaims{"sub": "alice", "iat": now.Add(2 * time.Second).Unix(), "nbf": now.Add(2 * time.Second).Unix(), "exp": now.Add(time.Hour).Unix()}, http.StatusOK, "sub:alice"},
+		{"expired 10 s ago", "sub", jwt.MapClaims{"sub": "alice", "exp": now.Add(-10 * time.Second).Unix()}, http.StatusOK, "sub:alice"},
+		{"nbf 2 min ahead", "sub", jwt.MapClaims{"sub": "alice", "nbf": now.Add(2 * time.Minute).Unix(), "exp": now.Add(time.Hour).Unix()}, http.StatusUnauthorized, ""},
+		{"expired 2 min ago", "sub", jwt.MapClaims{"sub": "alice", "exp": now.Add(-2 * time.Minute).Unix()}, http.StatusUnauthorized, ""},
+	} {
+		c := newChecker(t)
+		s := front(t, newUpstream(t), c, Config{Identity: Identity{JWT: mustJWT(t, ks.hsSecret), Claim: tc.claim}})
+		tok := sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", tc.claims)
+		status := get(t, s.URL+"/x", map[string]string{"Authorization": "Bearer " + tok}).StatusCode
+		if status != tc.want || tc.key != "" && (len(c.keys()) != 1 || c.keys()[0] != tc.key) {
+			t.Errorf("%s: %d, keyed %v; want %d, keyed %s", tc.name, status, c.keys(), tc.want, tc.key)
+		}
+	}
+}
+
 func TestAPIKeyHeaderBeforeIP(t *testing.T) {
 	c := newChecker(t)
 	s := front(t, newUpstream(t), c, Config{Identity: Identity{APIKeyHeader: "X-Api-Key"}})

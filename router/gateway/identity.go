@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -107,7 +109,7 @@ func fixedKey(k any, methods ...string) *JWTKeys {
 // audience is not "", an aud claim (a string or a list) without it, or
 // none; when issuer is not "", an iss claim other than it, or none.
 func (k *JWTKeys) verify(token string, now time.Time, audience, issuer string) (jwt.MapClaims, error) {
-	opts := []jwt.ParserOption{jwt.WithValidMethods(k.methods), jwt.WithTimeFunc(func() time.Time { return now })}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(k.methods), jwt.WithTimeFunc(func() time.Time { return now }), jwt.WithLeeway(jwtLeeway)}
 	// Only when set: jwt.WithAudience("") would require an aud of "".
 	if audience != "" {
 		opts = append(opts, jwt.WithAudience(audience))
@@ -122,6 +124,12 @@ func (k *JWTKeys) verify(token string, now time.Time, audience, issuer string) (
 	}
 	return claims, nil
 }
+
+// jwtLeeway is how far a token's exp, nbf and iat may be off the
+// gateway's clock: an issuer whose clock is a second or two ahead (iat,
+// nbf) made every fresh token 401 for that long. Spring Security allows
+// 60 s; the gateway, half.
+const jwtLeeway = 30 * time.Second
 
 // Identity says how the gateway tells clients apart, in order of trust:
 // the claim of a verified JWT, the API-key header, the client's IP.
@@ -208,9 +216,9 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 			if claim == "" {
 				claim = "sub"
 			}
-			sub, _ := claims[claim].(string)
+			sub := claimString(claims[claim])
 			if sub == "" {
-				return caller{}, fmt.Errorf("%w: token has no string claim %q", ErrUnauthorized, claim)
+				return caller{}, fmt.Errorf("%w: token has no string or integer claim %q", ErrUnauthorized, claim)
 			}
 			c := caller{key: identity.Key("sub", sub)}
 			if id.TierClaim != "" {
@@ -220,11 +228,42 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 		}
 	}
 	if id.APIKeyHeader != "" {
-		if v := r.Header.Get(id.APIKeyHeader); v != "" {
+		if v := apiKey(r.Header.Get(id.APIKeyHeader)); v != "" {
 			return caller{key: identity.Key("key", v)}, nil
 		}
 	}
 	return caller{key: id.ipKey(r)}, nil
+}
+
+// claimString is a JWT claim's value as a client id: a string as it is,
+// an integer (a JSON number without a fraction: Django REST's SimpleJWT
+// writes user_id so) in decimal, "" for anything else. Was: strings
+// only, and every token of such an issuer was refused (401).
+func claimString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case float64:
+		if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
+			return strconv.FormatInt(int64(v), 10)
+		}
+	}
+	return ""
+}
+
+// apiKey is the client's key in an API-key header's value v: v, or the
+// credentials alone when v is "Bearer" or "Token" (any case), then
+// spaces or tabs, then one token, as OAuth's and Rails' token parsers
+// read it. Was: v as sent, so with --api-key-header Authorization
+// (OpenAI-style keys) "Bearer sk-1", "bearer sk-1", "Bearer  sk-1" and
+// "Token sk-1" were four clients with four budgets, one key to the
+// upstream (a helper attacking the gateway: 8 spellings, 8 passed a
+// limit of 1).
+func apiKey(v string) string {
+	if f := strings.Fields(v); len(f) == 2 && (strings.EqualFold(f[0], "bearer") || strings.EqualFold(f[0], "token")) {
+		return f[1]
+	}
+	return v
 }
 
 // ipKey is r's client IP as a key, "ip:ADDR": the last link of the
@@ -235,7 +274,7 @@ func (id *Identity) identify(r *http.Request, now time.Time) (caller, error) {
 // per request had a fresh budget each time (a helper attacking the
 // gateway: 5 of 5 logins through a limit of 1 per IP).
 func (id *Identity) ipKey(r *http.Request) string {
-	ip := id.clientIP(r)
+	ip := embeddedIPv4(id.clientIP(r))
 	bits := id.IPv6Prefix
 	if bits == 0 {
 		bits = DefaultIPv6Prefix
@@ -266,6 +305,26 @@ func bearer(v string) (string, bool) {
 		return "", false // another scheme ("Bearerx")
 	}
 	return strings.Trim(rest, " \t"), true
+}
+
+// nat64 is the well-known NAT64 prefix (RFC 6052): 64:ff9b::a.b.c.d is
+// IPv4 client a.b.c.d translated. sixToFour is 6to4's (RFC 3056): a
+// 2002:AABB:CCDD::/48 is IPv4 host AA.BB.CC.DD's.
+var nat64, sixToFour = netip.MustParsePrefix("64:ff9b::/96"), netip.MustParsePrefix("2002::/16")
+
+// embeddedIPv4 is the IPv4 address ip stands for when it is a NAT64 or
+// 6to4 address, else ip. Was: keyed by its /64, so behind a NAT64
+// every IPv4 client shared one budget, and one 6to4 host had 65,536
+// (a helper attacking the gateway).
+func embeddedIPv4(ip netip.Addr) netip.Addr {
+	b := ip.As16()
+	switch {
+	case nat64.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[12:16]))
+	case sixToFour.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[2:6]))
+	}
+	return ip
 }
 
 // clientIP is the peer's address, or — when the peer is a trusted proxy
