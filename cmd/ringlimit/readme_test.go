@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/ringlimit/ringlimit/rules"
 )
 
 // readmeSection returns the text of README.md's "## title" section, its
@@ -107,5 +109,42 @@ func TestREADMENamesEveryMetric(t *testing.T) {
 		if !regexp.MustCompile("`" + name + "[`{]").MatchString(sec) {
 			t.Errorf("metric %s is not in README's Metrics section", name)
 		}
+	}
+}
+
+// The README's gateway configuration (its yaml block with rules: and
+// routes:) loads as the gateway loads it: its rules parse, its routes
+// parse, and every route names rules it defines (or default). A user
+// copies it first; a field renamed in the code and not there failed at
+// their gateway's start.
+func TestREADMEGatewayExampleLoads(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := readmeSection(t, string(data), "Gateway")
+	var doc string
+	for _, block := range strings.Split(section, "```yaml\n")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		if strings.Contains(block, "\nroutes:\n") && strings.HasPrefix(block, "rules:\n") {
+			doc = block
+		}
+	}
+	if doc == "" {
+		t.Fatal("the Gateway section has no yaml block of rules: and routes:")
+	}
+	set, err := rules.Parse([]byte(doc))
+	if err != nil {
+		t.Fatalf("its rules: %v", err)
+	}
+	routes, err := rules.ParseRoutes([]byte(doc))
+	if err != nil {
+		t.Fatalf("its routes: %v", err)
+	}
+	if err := rules.CheckRoutes(routes, rules.Effective(set)); err != nil {
+		t.Fatalf("its routes against its rules: %v", err)
+	}
+	if len(routes) < 5 {
+		t.Fatalf("%d routes read; want the whole example", len(routes))
 	}
 }
