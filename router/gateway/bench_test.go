@@ -45,7 +45,7 @@ func BenchmarkMatchReadings(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if route, _, err := matchReadings(routes, r, identify); route == nil || err != nil {
+				if route, _, err := matchReadings(&routeSet{routes: routes}, r, identify); route == nil || err != nil {
 					b.Fatal(route, err)
 				}
 			}
@@ -81,7 +81,7 @@ func BenchmarkMatchReadingsWorstCase(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("prefix=%v/%s", prefix, tc.name), func(b *testing.B) {
 				for b.Loop() {
-					if route, _, err := matchReadings(routes, r, identify); route == nil || err != nil {
+					if route, _, err := matchReadings(&routeSet{routes: routes}, r, identify); route == nil || err != nil {
 						b.Fatal(route, err)
 					}
 				}

@@ -36,6 +36,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,7 +115,7 @@ type Gateway struct {
 	now     func() time.Time
 	after   func(time.Duration) <-chan time.Time
 	m       *metrics
-	routes  atomic.Pointer[[]rules.Route] // the routes in force; SetRoutes swaps them whole
+	routes  atomic.Pointer[routeSet] // the routes in force; SetRoutes swaps them whole
 	// fallback is the routes before the last SetRoutes, or those
 	// SetNextRoutes said come next, for a while (resolvable).
 	fallback atomic.Pointer[routeFallback]
@@ -184,9 +185,18 @@ func (g *Gateway) SetRoutes(routes []rules.Route) {
 	if routes == nil {
 		routes = DefaultRoutes()
 	}
-	if old := g.routes.Swap(&routes); old != nil {
-		g.fallback.Store(&routeFallback{routes: *old, until: g.now().Add(routeFallbackFor)})
+	set := &routeSet{routes: routes, upper: slices.ContainsFunc(routes, func(r rules.Route) bool { return hasUpper(r.Path) })}
+	if old := g.routes.Swap(set); old != nil {
+		g.fallback.Store(&routeFallback{routes: old.routes, until: g.now().Add(routeFallbackFor)})
 	}
+}
+
+// routeSet is the routes in force, and whether a path pattern of theirs
+// holds a capital letter (every request is then matched case-
+// insensitively too: matchReadings).
+type routeSet struct {
+	routes []rules.Route
+	upper  bool
 }
 
 // SetNextRoutes says which routes will be put in force next, once the
@@ -433,7 +443,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return who.tier, whoErr
 	}
-	route, also, err := matchReadings(*g.routes.Load(), r, identify)
+	route, also, err := matchReadings(g.routes.Load(), r, identify)
 	if err == nil && route != nil && !route.Unlimited {
 		_, err = identify()
 	}

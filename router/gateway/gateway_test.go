@@ -570,6 +570,47 @@ func TestMethodOverrideIsChargedAsTheMethodItNames(t *testing.T) {
 	}
 }
 
+// An exemption that names a path exactly ("/robots.txt") keeps it
+// exempt: its reading without the extension is not made, and the client
+// is not identified (an expired token passes, as README says of an
+// unlimited route before the tier routes). Was: "/robots" fell to the
+// catch-all, and "/robots.txt" was limited, an expired token 401 (a
+// helper reviewing the change).
+func TestAnExemptionNamingAPathKeepsIt(t *testing.T) {
+	ks := makeKeys(t)
+	c := newChecker(t, limiter.Rule{Name: "all", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{
+		Identity: Identity{JWT: mustJWT(t, ks.hsSecret), TierClaim: "plan"},
+		Routes: []rules.Route{
+			{Name: "robots", Path: "/robots.txt", Unlimited: true},
+			{Name: "pro", Path: "/*", Tier: "pro", Limits: []rules.Limit{{Rule: "all", Cost: 1}}},
+			{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}},
+		}})
+	expired := "Bearer " + sign(t, jwt.SigningMethodHS256, ks.hsSecret, "", jwt.MapClaims{"sub": "a", "exp": time.Now().Add(-time.Hour).Unix()})
+	for i := range 3 {
+		if status := get(t, s.URL+"/robots.txt", map[string]string{"Authorization": expired}).StatusCode; status != http.StatusOK {
+			t.Fatalf("GET /robots.txt #%d with an expired token: %d, want 200 (exempt)", i, status)
+		}
+	}
+}
+
+// A route pattern with a capital letter ("/Account/Login", as ASP.NET
+// apps are written) is matched case-insensitively too, as those
+// upstreams route: "/account/login" is charged under it. Was: only a
+// request with a capital letter was (a helper reviewing the change).
+func TestAPatternWithACapitalMatchesAnyCase(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "lg", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{
+		{Name: "login", Path: "/Account/Login", Limits: []rules.Limit{{Rule: "lg", Cost: 1}}},
+	}})
+	addr := s.Listener.Addr().String()
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests, http.StatusTooManyRequests} {
+		if status := rawDo(t, addr, "POST", "/account/login"); status != want {
+			t.Errorf("POST /account/login #%d: %d, want %d", i, status, want)
+		}
+	}
+}
+
 // A request that can be read in more than maxPasses ways is refused
 // (400): matching it would cost the gateway that many passes over its
 // routes. One with a few is matched in each.
@@ -1391,6 +1432,7 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 		{"/STATIC/app.js", []string{"all"}},
 		// Rails' optional (.:format).
 		{"/login.json", []string{"all", "lg"}},
+		{"/login.json/", []string{"all", "lg"}},
 		{"/static/app.js", nil},
 		// A PHP front controller routes the path after its script.
 		{"/index.php/login", []string{"all", "lg"}},

@@ -29,17 +29,28 @@ import (
 // not, and a case form per request went past "/login"'s limit). One
 // that can be read in more than maxPasses ways (paths times methods,
 // times two with capitals) is errTooManyReadings.
-func matchReadings(routes []rules.Route, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
+//
+// A path that an unlimited route names exactly ("/robots.txt") is not
+// read without its extension or script: the exemption was written for
+// that very path. Was: "/robots" fell to the catch-all, and
+// "/robots.txt" was limited (and identified: 401 for an expired token)
+// where it had been exempt (a helper reviewing the change).
+func matchReadings(set *routeSet, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
+	routes := set.routes
 	first := matchPath(r.URL.Path)
 	ms, err := otherMethods(r)
 	if err != nil {
 		return nil, nil, err
 	}
-	paths := otherReadings(r.URL, first)
-	fold := hasUpper(first) || slices.ContainsFunc(paths, hasUpper)
-	if paths == nil && ms == nil && !fold {
-		route, err = matchRoute(routes, r.Method, r.URL, first, false, identify)
+	route, err = matchRoute(routes, r.Method, r.URL, first, false, identify)
+	if err != nil {
 		return route, nil, err
+	}
+	named := route != nil && route.Unlimited && route.Path == first
+	paths := otherReadings(r.URL, first, !named)
+	fold := set.upper || hasUpper(first) || slices.ContainsFunc(paths, hasUpper)
+	if paths == nil && ms == nil && !fold {
+		return route, nil, nil
 	}
 	folds := []bool{false}
 	if fold {
@@ -49,9 +60,15 @@ func matchReadings(routes []rules.Route, r *http.Request, identify func() (strin
 		return nil, nil, errTooManyReadings
 	}
 	var limited []*rules.Route
-	for _, method := range append([]string{r.Method}, ms...) {
-		for _, path := range append([]string{first}, paths...) {
+	if route != nil && !route.Unlimited {
+		limited = append(limited, route)
+	}
+	for i, method := range append([]string{r.Method}, ms...) {
+		for j, path := range append([]string{first}, paths...) {
 			for _, fold := range folds {
+				if i == 0 && j == 0 && !fold {
+					continue // matched above
+				}
 				m, err := matchRoute(routes, method, r.URL, path, fold, identify)
 				switch {
 				case err != nil:
@@ -139,11 +156,11 @@ func hasUpper(s string) bool {
 // served "/graphql"; then "/api//../login" went past "/api/login"'s
 // limit to Node (two helpers attacking the gateway, with a real Express
 // 4, Node and Go's ServeMux behind it).
-func otherReadings(u *url.URL, first string) []string {
+func otherReadings(u *url.URL, first string, suffixes bool) []string {
 	semi, dots := strings.IndexByte(u.Path, ';') >= 0, hasDotSegment(u.Path)
 	if !semi && !dots {
 		// A ";" sent as such decodes to one: u.Path has it too.
-		if strings.IndexByte(u.Path, '.') < 0 {
+		if !suffixes || strings.IndexByte(u.Path, '.') < 0 {
 			return nil
 		}
 		return suffixReadings(nil, first)
@@ -169,6 +186,9 @@ func otherReadings(u *url.URL, first string) []string {
 			add(removeDotSegments(b))
 			add(b)
 		}
+	}
+	if !suffixes {
+		return paths
 	}
 	return suffixReadings(paths, first)
 }
@@ -206,8 +226,13 @@ func suffixReadings(paths []string, first string) []string {
 
 // withoutExtension is absolute path p with its last segment's extension
 // cut off (from its last "."), or "" when it has none: no ".", or one
-// leading it (".well-known") or ending it.
+// leading it (".well-known") or ending it. Trailing slashes go first, as
+// Rails drops them before it routes ("/login.json/" is "/login"; was
+// not cut).
 func withoutExtension(p string) string {
+	if t := strings.TrimRight(p, "/"); t != "" {
+		p = t
+	}
 	i := strings.LastIndexByte(p, '/')
 	seg := p[i+1:]
 	j := strings.LastIndexByte(seg, '.')
@@ -356,13 +381,16 @@ func otherMethods(r *http.Request) ([]string, error) {
 			}
 		}
 	}
-	if q := r.URL.RawQuery; strings.Contains(q, "method") || strings.IndexByte(q, '%') >= 0 {
-		for k, vs := range r.URL.Query() {
-			if phpKey(k) == "_method" || phpKey("x"+k) == "x_method" {
-				for _, v := range vs {
-					add(v)
-				}
-			}
+	for pair := range strings.SplitSeq(r.URL.RawQuery, "&") {
+		k, v, _ := strings.Cut(pair, "=")
+		if !strings.Contains(k, "method") && strings.IndexByte(k, '%') < 0 {
+			continue // not _method, however PHP reads it (was: every query with a % parsed whole)
+		}
+		if k, uerr := url.QueryUnescape(k); uerr != nil || phpKey(k) != "_method" && phpKey("x"+k) != "x_method" {
+			continue
+		}
+		if v, uerr := url.QueryUnescape(v); uerr == nil {
+			add(v)
 		}
 	}
 	return ms, err
