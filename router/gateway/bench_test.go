@@ -54,34 +54,35 @@ func BenchmarkMatchReadings(b *testing.B) {
 }
 
 // BenchmarkMatchReadingsWorstCase is the most one request can make the
-// gateway match: a 60 KB path with a ";" parameter, an encoded ";" and a
-// dot segment (nine readings, eight besides the first) and three
-// override methods (four in all), against 1,000 routes, prefix routes
-// ("/svcN/*") or routes with a "*" segment ("/svcN/items/*/detail").
+// gateway match: a path at the 8 KiB the gateway reads (maxPathBytes),
+// of one long segment or of slashes, with a ";" parameter, an encoded
+// ";" and a dot segment, and three override methods (up to 64 passes in
+// all), against 1,000 routes: prefix routes ("/svcN/*"), routes with a
+// "*" segment ("/svcN/items/*/detail"), or routes starting with one
+// ("/*/svcN").
 func BenchmarkMatchReadingsWorstCase(b *testing.B) {
 	identify := func() (string, error) { return "", nil }
-	for _, prefix := range []bool{true, false} {
+	for _, shape := range []string{"/svc%d/*", "/svc%d/items/*/detail", "/*/svc%d"} {
 		var routes []rules.Route
 		for i := range 999 {
-			p := fmt.Sprintf("/svc%d/items/*/detail", i)
-			if prefix {
-				p = fmt.Sprintf("/svc%d/*", i)
-			}
-			routes = append(routes, rules.Route{Name: fmt.Sprintf("r%d", i), Path: p, Limits: []rules.Limit{{Rule: "x", Cost: 1}}})
+			routes = append(routes, rules.Route{Name: fmt.Sprintf("r%d", i), Path: fmt.Sprintf(shape, i), Limits: []rules.Limit{{Rule: "x", Cost: 1}}})
 		}
 		routes = append(routes, rules.Route{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}})
+		set := &routeSet{routes: routes}
+		long := strings.Repeat("a", maxPathBytes-32)
 		for _, tc := range []struct{ name, target, override string }{
 			{"short plain", "/v1/chat/completions", ""},
-			{"60 KB plain", "/" + strings.Repeat("a", 60000), ""},
-			{"60 KB, every reading and method", "/" + strings.Repeat("a", 60000) + ";x/%3Bq/./b", "A, B, C"},
+			{"8 KiB plain", "/" + long, ""},
+			{"8 KiB, every reading and method", "/" + long + ";x/%3Bq/./b", "A, B, C"},
+			{"8 KiB of slashes, every reading and method", "/A;x/%3Bq/.." + strings.Repeat("/", maxPathBytes-32), "B, C, D"},
 		} {
 			r := httptest.NewRequest("POST", tc.target, nil)
 			if tc.override != "" {
 				r.Header.Set("X-HTTP-Method-Override", tc.override)
 			}
-			b.Run(fmt.Sprintf("prefix=%v/%s", prefix, tc.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/%s", strings.ReplaceAll(shape, "%d", "N"), tc.name), func(b *testing.B) {
 				for b.Loop() {
-					if route, _, err := matchReadings(&routeSet{routes: routes}, r, identify); route == nil || err != nil {
+					if route, _, err := matchReadings(set, r, identify); route == nil || err != nil {
 						b.Fatal(route, err)
 					}
 				}

@@ -594,6 +594,44 @@ func TestAnExemptionNamingAPathKeepsIt(t *testing.T) {
 	}
 }
 
+// An exemption named exactly by the first reading ("/") does not keep
+// the other readings from being read without their extension:
+// "/login.json//.." is "/login.json/" to an upstream that resolves as
+// RFC 3986 says, "/login" to Rails. Was: not read so, exempt.
+func TestAnExactExemptionOfOneReadingLeavesTheOthers(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "lg", Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour},
+		limiter.Rule{Name: "all", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{
+		{Name: "root", Path: "/", Unlimited: true},
+		{Name: "login", Path: "/login", Limits: []rules.Limit{{Rule: "lg", Cost: 1}}},
+		{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}},
+	}})
+	addr := s.Listener.Addr().String()
+	rawDo(t, addr, "GET", "/login.json//..")
+	if status := rawDo(t, addr, "GET", "/login"); status != http.StatusTooManyRequests {
+		t.Errorf("GET /login after GET /login.json//..: %d, want 429 (charged under /login)", status)
+	}
+}
+
+// A path past 8 KiB, decoded or as sent, is refused (414): each reading
+// of it is a pass over the routes. Was: up to 64 KiB, and a path of
+// 60,000 slashes took a second to match (a helper attacking the
+// gateway).
+func TestALongPathIsRefused(t *testing.T) {
+	c := newChecker(t, limiter.Rule{Name: "all", Algorithm: limiter.SlidingLog, Limit: 100, Period: time.Hour})
+	s := front(t, newUpstream(t), c, Config{Routes: []rules.Route{{Name: "all", Path: "/*", Limits: []rules.Limit{{Rule: "all", Cost: 1}}}}})
+	addr := s.Listener.Addr().String()
+	for target, want := range map[string]int{
+		"/" + strings.Repeat("a", maxPathBytes-1):     http.StatusOK,
+		"/" + strings.Repeat("a", maxPathBytes):       http.StatusRequestURITooLong,
+		"/" + strings.Repeat("%61", maxPathBytes/3+1): http.StatusRequestURITooLong,
+	} {
+		if status := rawDo(t, addr, "GET", target); status != want {
+			t.Errorf("a path of %d bytes as sent: %d, want %d", len(target), status, want)
+		}
+	}
+}
+
 // A route pattern with a capital letter ("/Account/Login", as ASP.NET
 // apps are written) is matched case-insensitively too, as those
 // upstreams route: "/account/login" is charged under it. Was: only a
@@ -1437,6 +1475,11 @@ func TestPathParametersAreMatchedBothWays(t *testing.T) {
 		// A PHP front controller routes the path after its script.
 		{"/index.php/login", []string{"all", "lg"}},
 		{"/index.php/admin/users.json", []string{"all", "adm"}},
+		// Symfony takes the script as a string prefix: /login.
+		{"/index.phplogin", []string{"all", "lg"}},
+		{"/index%2Ephplogin", []string{"all", "lg"}},
+		// Java's equalsIgnoreCase reads a dotless i as an i.
+		{"/log%C4%B1n", []string{"all", "lg"}},
 	} {
 		hour := func(name string) limiter.Rule {
 			return limiter.Rule{Name: name, Algorithm: limiter.SlidingLog, Limit: 1, Period: time.Hour}

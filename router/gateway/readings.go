@@ -30,11 +30,14 @@ import (
 // that can be read in more than maxPasses ways (paths times methods,
 // times two with capitals) is errTooManyReadings.
 //
-// A path that an unlimited route names exactly ("/robots.txt") is not
-// read without its extension or script: the exemption was written for
-// that very path. Was: "/robots" fell to the catch-all, and
+// A reading that an unlimited route names exactly ("/robots.txt") is not
+// read further without its extension or script: the exemption was
+// written for that very path. Was: "/robots" fell to the catch-all, and
 // "/robots.txt" was limited (and identified: 401 for an expired token)
-// where it had been exempt (a helper reviewing the change).
+// where it had been exempt (a helper reviewing the change); then, so
+// decided for the first reading alone, "/login.json//.." (first "/",
+// exempt exactly) was not read as "/login" from its RFC 3986 reading
+// "/login.json/" (a helper attacking the gateway).
 func matchReadings(set *routeSet, r *http.Request, identify func() (string, error)) (route *rules.Route, also []*rules.Route, err error) {
 	routes := set.routes
 	first := matchPath(r.URL.Path)
@@ -46,8 +49,7 @@ func matchReadings(set *routeSet, r *http.Request, identify func() (string, erro
 	if err != nil {
 		return route, nil, err
 	}
-	named := route != nil && route.Unlimited && route.Path == first
-	paths := otherReadings(r.URL, first, !named)
+	paths := otherReadings(r.URL, first, set.named)
 	fold := set.upper || hasUpper(first) || slices.ContainsFunc(paths, hasUpper)
 	if paths == nil && ms == nil && !fold {
 		return route, nil, nil
@@ -111,8 +113,8 @@ func matchRoute(routes []rules.Route, method string, u *url.URL, path string, fo
 }
 
 // maxPasses bounds how many times one request is matched against the
-// routes (matchReadings): the worst a request can make the gateway do,
-// ~4 ms at 1,000 routes.
+// routes (matchReadings): with maxPathBytes, the worst a request can make
+// the gateway do, ~8 ms at 1,000 routes.
 const maxPasses = 64
 
 // errTooManyReadings refuses a request whose path and method can be
@@ -156,14 +158,14 @@ func hasUpper(s string) bool {
 // served "/graphql"; then "/api//../login" went past "/api/login"'s
 // limit to Node (two helpers attacking the gateway, with a real Express
 // 4, Node and Go's ServeMux behind it).
-func otherReadings(u *url.URL, first string, suffixes bool) []string {
+func otherReadings(u *url.URL, first string, named map[string]bool) []string {
 	semi, dots := strings.IndexByte(u.Path, ';') >= 0, hasDotSegment(u.Path)
 	if !semi && !dots {
 		// A ";" sent as such decodes to one: u.Path has it too.
-		if !suffixes || strings.IndexByte(u.Path, '.') < 0 {
+		if strings.IndexByte(u.Path, '.') < 0 && !hasFoldRune(u.Path) {
 			return nil
 		}
-		return suffixReadings(nil, first)
+		return suffixReadings(nil, first, named)
 	}
 	bases := []string{absolute(u.Path)}
 	if sent := u.EscapedPath(); strings.IndexByte(sent, ';') >= 0 {
@@ -187,10 +189,7 @@ func otherReadings(u *url.URL, first string, suffixes bool) []string {
 			add(b)
 		}
 	}
-	if !suffixes {
-		return paths
-	}
-	return suffixReadings(paths, first)
+	return suffixReadings(paths, first, named)
 }
 
 // suffixReadings returns paths (other readings of a request whose first
@@ -208,13 +207,25 @@ func otherReadings(u *url.URL, first string, suffixes bool) []string {
 // Was: neither, and "/login.json" (Rails) and "/index.php/login"
 // (Symfony's getPathInfo, run behind the gateway) went past "/login"'s
 // limit (a helper attacking the gateway).
-func suffixReadings(paths []string, first string) []string {
+//
+// And, for a path with a letter that Java's equalsIgnoreCase takes for an
+// ASCII one ("ı" for "i", "ſ" for "s", the Kelvin sign for "k": Spring's
+// AntPathMatcher with case-insensitive matching on), the path with those
+// letters so read ("/logın" as "/login"). None of these for a path an
+// unlimited route names exactly (named).
+func suffixReadings(paths []string, first string, named map[string]bool) []string {
 	add := func(p string) {
 		if p != "" && p != first && !slices.Contains(paths, p) {
 			paths = append(paths, p)
 		}
 	}
 	for _, p := range append([]string{first}, paths...) {
+		if hasFoldRune(p) {
+			add(foldRunes.Replace(p))
+		}
+		if named[p] {
+			continue
+		}
 		for _, q := range afterScript(p) {
 			add(q)
 			add(withoutExtension(q))
@@ -223,6 +234,13 @@ func suffixReadings(paths []string, first string) []string {
 	}
 	return paths
 }
+
+// foldRunes reads the letters that Java's equalsIgnoreCase (and
+// toLowerCase) takes for ASCII ones as those (suffixReadings).
+var foldRunes = strings.NewReplacer("ı", "i", "ſ", "s", "\u212a", "k", "\u212b", "å")
+
+// hasFoldRune reports whether p holds a letter foldRunes reads.
+func hasFoldRune(p string) bool { return strings.ContainsAny(p, "ıſ\u212a\u212b") }
 
 // withoutExtension is absolute path p with its last segment's extension
 // cut off (from its last "."), or "" when it has none: no ".", or one
@@ -242,22 +260,44 @@ func withoutExtension(p string) string {
 	return p[:i+1] + seg[:j]
 }
 
-// afterScript returns, for absolute path p with a segment ending in
-// ".php" (any case) followed by more segments, the path after the first
-// such segment and p without it; nil otherwise.
+// afterScript returns, for absolute path p with a segment that holds
+// ".php" (any case) after at least one byte and has more after it, the
+// path after the ".php" of the first such segment ("/" before it when it
+// has none), and p without the script ("/a/index.php/login": "/login"
+// and "/a/login"); nil otherwise. Symfony takes the script's path as a
+// string prefix of the request's: "/index.phplogin" is "/login" to it
+// (was: not read, a helper attacking the gateway, Symfony 5.4 run).
 func afterScript(p string) []string {
 	for i := 1; i < len(p); {
 		j := strings.IndexByte(p[i:], '/')
 		if j < 0 {
-			return nil
+			j = len(p) - i
 		}
 		seg := p[i : i+j]
-		if len(seg) > len(".php") && strings.EqualFold(seg[len(seg)-len(".php"):], ".php") {
-			return []string{p[i+j:], p[:i] + p[i+j+1:]}
+		if k := indexFold(seg, ".php"); k > 0 {
+			rest := seg[k+len(".php"):] + p[i+j:] // what follows the script
+			switch {
+			case rest == "" || rest == "/":
+			case rest[0] == '/':
+				return []string{rest, p[:i] + rest[1:]}
+			default:
+				return []string{"/" + rest, p[:i] + rest}
+			}
 		}
 		i += j + 1
 	}
 	return nil
+}
+
+// indexFold is the index of the first ASCII case-insensitive match of
+// lower-case sub in s, or -1.
+func indexFold(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return i
+		}
+	}
+	return -1
 }
 
 // absolute is p with a leading "/" when it has none.
