@@ -28,10 +28,14 @@ func checkDrain(d time.Duration) error {
 }
 
 // stopDraining is a router's or a gateway's stop, in two steps bounded
-// together by ctx. First d drains (its port closes; every answer closes
-// its connection) and stopping turns readiness to 503 (stoppable), in
-// that order: keep-alive clients open their next connection elsewhere
-// after an answer, never under a request. The step ends when no
+// together by ctx. First stopping turns readiness to 503 (stoppable) and
+// d drains (its port closes; every answer closes its connection), in
+// that order, so that an answer that closes its connection is never one
+// that says ready: keep-alive clients open their next connection
+// elsewhere after an answer, never under a request. (Was: d drained
+// first, and a readiness check in between was answered "no cluster view
+// yet" with Connection: close, a flaky TestRouterStopDrainsItsConnections.)
+// The step ends when no
 // connection is open, or none has sent a request for
 // httpapi.DrainQuiet, or half of ctx's time is spent. Then shutdown
 // closes what is left once its requests in progress are answered.
@@ -42,8 +46,8 @@ func checkDrain(d time.Duration) error {
 // cannot tell from one that was counted (0–15 a stop of a router under
 // 32 busy clients; BENCHMARKS round twenty-nine).
 func stopDraining(ctx context.Context, d httpapi.Drainer, stopping *atomic.Bool, shutdown func(context.Context) error) error {
-	d.Drain()
 	stopping.Store(true)
+	d.Drain()
 	httpapi.WaitDrained(ctx, d, math.MaxInt64) // at most half of ctx
 	return shutdown(ctx)
 }

@@ -149,21 +149,26 @@ func (k *keptConn) closedByServer() bool {
 	return errors.Is(err, io.EOF)
 }
 
-// drainingAnswer polls path on k until an answer says "stopping" and
-// returns whether that answer closes the connection. The answers before
-// it keep the connection.
-func drainingAnswer(t *testing.T, k *keptConn, path string) (closes bool) {
+// drainingAnswer polls path (a readiness check) on k until an answer
+// closes the connection, and reports whether it says "stopping": once
+// one does, every later one must (readiness turns before the answers
+// start closing their connections: stopDraining).
+func drainingAnswer(t *testing.T, k *keptConn, path string) (stopping bool) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		_, body, closes := k.get(path)
-		if strings.Contains(body, "stopping") {
-			return closes
-		}
-		if closes {
-			t.Fatalf("an answer before the stop closed the connection: %s", body)
+		switch says := strings.Contains(body, "stopping"); {
+		case stopping && !says:
+			t.Fatalf("an answer after one that said stopping: %s", body)
+		case closes && !says:
+			t.Fatalf("an answer that closed its connection without saying stopping: %s", body)
+		case closes:
+			return true
+		default:
+			stopping = says
 		}
 	}
-	t.Fatal("no answer said stopping within 30s")
+	t.Fatal("no answer closed the connection within 30s")
 	return false
 }
 
@@ -188,7 +193,7 @@ func TestRouterStopDrainsItsConnections(t *testing.T) {
 	}
 	cancel()
 	if !drainingAnswer(t, k, "/readyz") || !k.closedByServer() {
-		t.Errorf("the stopping answer did not close its connection")
+		t.Errorf("no answer saying stopping closed its connection, or the server left it open")
 	}
 	if c, err := net.Dial("tcp", httpAddr); err == nil {
 		c.Close()
