@@ -397,8 +397,12 @@ func TestOneWayCut(t *testing.T) {
 	// Who decided the victim's keys around the moment the leader marked
 	// it dead (from the leader's log, to the millisecond; the containers
 	// share the host's clock). Until the victim's own ring drops it (its
-	// log), a check of its keys sent to it, or to the third member
-	// before that one's ring drops it, is decided by the victim; the
+	// log), a check of its keys sent to it, or to the third member and
+	// answered before that one's ring drops it, is decided by the victim
+	// (one answered after may have been routed under the new ring, to
+	// the partition's new owner: a CI run counted 5 sent 1 ms before the
+	// third's "ring changed" line and answered 5 ms after, with every
+	// budget exact and the victim's lease over 250 ms before); the
 	// leader forwards nothing to it through the cut, and from the mark on
 	// decides the partitions it gained from its backup copies. The fix
 	// ends the victim's lease, and so its decisions, before the mark.
@@ -422,7 +426,7 @@ func TestOneWayCut(t *testing.T) {
 	for _, e := range evs {
 		entry := idOf(c, (*l.targets.Load())[e.target])
 		if !isVictims(e.key) || !e.ok || e.degraded || e.sent < tCut || e.recv >= tVictimRing ||
-			entry != victim.id && (entry != third.id || e.sent >= tThirdRing) {
+			entry != victim.id && (entry != third.id || e.recv >= tThirdRing) {
 			continue
 		}
 		lastByVictim = max(lastByVictim, e.recv)
