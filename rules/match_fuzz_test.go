@@ -28,6 +28,14 @@ func FuzzMatchPath(f *testing.F) {
 	})
 }
 
+// matchPath is matchTrimmed on a path not yet trimmed.
+func matchPath(pattern, path string, loose, fold bool) bool {
+	if loose {
+		path = trimSlashes(path)
+	}
+	return matchTrimmed(pattern, path, loose, fold)
+}
+
 // lowerASCII is s with its ASCII letters lower-cased.
 func lowerASCII(s string) string {
 	b := []byte(s)

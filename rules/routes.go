@@ -429,19 +429,11 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// matchPath matches a path against a route pattern (see MatchRoute);
-// loose ignores trailing slashes on both, fold ASCII case. Its cost is
-// the pattern's length, and for a "*" segment the path segment's: never
-// the path's (matchSegments).
-func matchPath(pattern, path string, loose, fold bool) bool {
-	if loose {
-		path = trimSlashes(path)
-	}
-	return matchTrimmed(pattern, path, loose, fold)
-}
-
-// matchTrimmed is matchPath with path's trailing slashes trimmed already
-// when loose.
+// matchTrimmed matches a path against a route pattern (see MatchRoute);
+// loose ignores trailing slashes on both (path's trimmed already by the
+// caller: trimSlashes, once for every route), fold ASCII case. Its cost
+// is the pattern's length, and for a "*" segment the path segment's:
+// never the path's (matchSegments).
 func matchTrimmed(pattern, path string, loose, fold bool) bool {
 	prefix, below := strings.CutSuffix(pattern, "/*")
 	if loose && !below {

@@ -546,15 +546,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// cost of 0 is a query that spends nothing. Was: every
 				// request saying 0 passed while 1 unit was left.
 				reqs[i].Cost = max(n, 1)
-				if v := g.checker.View(); v != nil && v.Rules[l.Rule] != nil && n > v.Rules[l.Rule].Capacity() {
-					// Said in the header's terms. Was the limiter's
-					// "bad request: limiter: cost out of range: cost
-					// 101, rule … allows 0 to 100" (0: a query, which
-					// a forwarded request never is).
-					g.m.outcome(route.Name, "bad_request")
-					client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest,
-						fmt.Sprintf("%s: %d is more than rule %q allows for one request (at most %d)", h, n, l.Rule, v.Rules[l.Rule].Capacity()))
-					return
+				if v := g.checker.View(); v != nil {
+					if rule := v.Rules[l.Rule]; rule != nil && n > rule.Capacity() {
+						// Said in the header's terms. Was the limiter's
+						// "bad request: limiter: cost out of range: cost
+						// 101, rule … allows 0 to 100" (0: a query, which
+						// a forwarded request never is).
+						g.m.outcome(route.Name, "bad_request")
+						client.WriteError(w, http.StatusBadRequest, api.CodeBadRequest,
+							fmt.Sprintf("%s: %d is more than rule %q allows for one request (at most %d)", h, n, l.Rule, rule.Capacity()))
+						return
+					}
 				}
 			}
 		}

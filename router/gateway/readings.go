@@ -412,7 +412,7 @@ func otherMethods(r *http.Request) ([]string, error) {
 		}
 	}
 	for k, vs := range r.Header {
-		if !slices.ContainsFunc(overrideHeaders[:], func(h string) bool { return sameHeaderName(k, h) }) {
+		if !slices.ContainsFunc(overrideHeaders[:], func(h string) bool { return strings.EqualFold(k, h) || strings.EqualFold(dashed(k), h) }) {
 			continue
 		}
 		for _, v := range vs {
@@ -434,27 +434,6 @@ func otherMethods(r *http.Request) ([]string, error) {
 		}
 	}
 	return ms, err
-}
-
-// sameHeaderName reports whether header key k is name (lower case, with
-// dashes), in any case and with any of its dashes spelled "_".
-func sameHeaderName(k, name string) bool {
-	if len(k) != len(name) {
-		return false
-	}
-	for i := range len(k) {
-		c := k[i]
-		switch {
-		case c == '_':
-			c = '-'
-		case 'A' <= c && c <= 'Z':
-			c += 'a' - 'A'
-		}
-		if c != name[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // phpKey is query key k as PHP names the variable: leading spaces
@@ -496,15 +475,11 @@ func mergeRepeated(reqs []router.Request, route *rules.Route) ([]router.Request,
 	return out, &kept
 }
 
-// joinLimits returns a route named as a that has a's limits, then those
-// of b that a lacks (two readings of one request: matchReadings).
+// joinLimits returns a route named as a that has a's limits, then b's
+// (two readings of one request: matchReadings); a limit both name makes
+// one check (mergeRepeated).
 func joinLimits(a, b *rules.Route) *rules.Route {
 	j := *a
-	j.Limits = slices.Clip(a.Limits)
-	for _, l := range b.Limits {
-		if !slices.Contains(j.Limits, l) {
-			j.Limits = append(j.Limits, l)
-		}
-	}
+	j.Limits = slices.Concat(a.Limits, b.Limits)
 	return &j
 }
