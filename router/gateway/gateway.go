@@ -728,10 +728,7 @@ func (g *Gateway) checkError(w http.ResponseWriter, r *http.Request, route *rule
 // an upstream may take it for a slash (IIS, and servers on Windows), and
 // "/admin\users" or "/x/..\admin" went past "/admin/users"'s limits.
 func matchPath(p string) string {
-	p = strings.ReplaceAll(p, "\\", "/")
-	if p == "" || p[0] != '/' {
-		p = "/" + p
-	}
+	p = absolute(strings.ReplaceAll(p, "\\", "/"))
 	c := path.Clean(p)
 	if strings.HasSuffix(p, "/") && c != "/" {
 		c += "/"
