@@ -30,11 +30,12 @@ func checkDrain(d time.Duration) error {
 // stopDraining is a router's or a gateway's stop, in two steps bounded
 // together by ctx. First stopping turns readiness to 503 (stoppable) and
 // d drains (its port closes; every answer closes its connection), in
-// that order, so that an answer that closes its connection is never one
-// that says ready: keep-alive clients open their next connection
-// elsewhere after an answer, never under a request. (Was: d drained
-// first, and a readiness check in between was answered "no cluster view
-// yet" with Connection: close, a flaky TestRouterStopDrainsItsConnections.)
+// that order, so that an answer that closes its connection (its request
+// came once d drained: httpapi.Server.serve) is never one that says
+// ready: keep-alive clients open their next connection elsewhere after an
+// answer, never under a request. (Was: d drained first, and a readiness
+// check in between was answered "no cluster view yet" with Connection:
+// close, a flaky TestRouterStopDrainsItsConnections.)
 // The step ends when no
 // connection is open, or none has sent a request for
 // httpapi.DrainQuiet, or half of ctx's time is spent. Then shutdown

@@ -375,13 +375,21 @@ func WaitDrained(ctx context.Context, d Drainer, most time.Duration) {
 // rest to Handler. The path is compared as the client wrote it (fasthttp
 // normalises //v1/check and /x/../v1/check to /v1/check; Handler sees
 // them as they are, and answers 404).
+//
+// Whether the answer closes its connection (draining) is read before the
+// handler runs, as NetHTTPDrain does: a request that came before the
+// drain is answered as it would have been. Was: read after, so a
+// readiness check that found the process ready was answered with
+// Connection: close when the drain began meanwhile (a flaky
+// TestRouterStopDrainsItsConnections: "no cluster view yet", closing).
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
+	closes := s.request()
 	if s.api != nil && ctx.IsPost() && isCheckPath(ctx.Request.Header.RequestURI()) {
 		s.api.serveCheckFast(s.base, ctx)
 	} else {
 		s.other(ctx)
 	}
-	if s.request() {
+	if closes {
 		ctx.SetConnectionClose() // after the handler: fasthttpadaptor sets the response anew
 	}
 }
